@@ -1,0 +1,418 @@
+//! [`MultiheadAttention`]: the module, its parameters and its forward pass.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use candle::{DType, Module, Result, Tensor};
+use candle_nn::{Init, Linear, VarBuilder};
+
+use super::checks::{check_inputs, Dims};
+use super::dropout::seeded_dropout;
+use super::mask::merged_mask;
+use super::softmax::{safe_softmax_last_dim, softmax_dtype};
+use super::{AttentionOptions, AttentionOutput, MultiheadAttentionConfig};
+use crate::init::{linear_weight, xavier_normal, xavier_uniform};
+use crate::rng::derive_seed;
+
+/// The input projection weights: packed `[3E, E]` when `kdim == vdim == E`, else three.
+#[derive(Clone, Debug)]
+enum InProjWeight {
+    Packed(Tensor),
+    Separate { q: Tensor, k: Tensor, v: Tensor },
+}
+
+/// Multi-head attention, equal to PyTorch's in outputs, weights, gradients and parameter names.
+///
+/// PyTorch equivalent: `torch.nn.MultiheadAttention`, forward as in
+/// `F.multi_head_attention_forward` (the explicit "slow path"; the inference fast path gives
+/// the same numbers).
+///
+/// # Parameters (PyTorch's state_dict names, under the `VarBuilder` prefix)
+/// - `in_proj_weight [3E, E]` (q | k | v row blocks), or `q_proj_weight [E, E]`,
+///   `k_proj_weight [E, kdim]`, `v_proj_weight [E, vdim]` when `kdim` or `vdim` ≠ `E`;
+/// - `in_proj_bias [3E]` (packed in both cases) and `out_proj.bias [E]` when `bias`;
+/// - `bias_k`, `bias_v [1, 1, E]` when `add_bias_kv`; `out_proj.weight [E, E]`.
+///
+/// New parameters are initialised as PyTorch does: xavier-uniform over the whole packed
+/// `[3E, E]` (bound √(6/4E)) or per matrix, `out_proj.weight` U(±1/√E), zero biases,
+/// xavier-normal `bias_k`/`bias_v`. Use [`seeded_var_builder`](crate::seeded_var_builder) to
+/// make them reproducible.
+///
+/// # Shapes
+/// `E` = embed_dim, `H` = num_heads, `L` = target length, `S` = source length, `N` = batch.
+/// - query `(L, N, E)`, key `(S, N, kdim)`, value `(S, N, vdim)`; `(N, ·, ·)` first with
+///   `batch_first`; unbatched `(L, E)`, `(S, kdim)`, `(S, vdim)`.
+/// - see [`AttentionOptions`] for the masks and [`AttentionOutput`] for the results.
+///
+/// # Fully masked rows: the one deliberate difference
+/// A query row whose every key is masked gets zero weights and a zero attention context, so
+/// its output is `out_proj` of zero (the bias), with finite gradients, whatever
+/// `need_weights` is. PyTorch gives NaN there when `need_weights=True` (pytorch#41508) and
+/// these same zeros when `need_weights=False` (its SDPA path).
+///
+/// ```
+/// use candle::{DType, Device, Module, Tensor};
+/// use candle_mha::{seeded_var_builder, AttentionOptions, MultiheadAttention, MultiheadAttentionConfig};
+/// # fn main() -> candle::Result<()> {
+/// let varmap = candle_nn::VarMap::new();
+/// let cfg = MultiheadAttentionConfig::new(8, 2).with_batch_first(true);
+/// let mha = MultiheadAttention::new(cfg, seeded_var_builder(&varmap, 0, DType::F32, &Device::Cpu))?;
+/// let x = Tensor::ones((3, 4, 8), DType::F32, &Device::Cpu)?; // (N, L, E)
+/// let kpm = Tensor::new(&[[0u8, 0, 0, 1], [0, 0, 1, 1], [0, 0, 0, 0]], &Device::Cpu)?;
+/// let opts = AttentionOptions::new().with_key_padding_mask(kpm).with_average_attn_weights(false);
+/// let out = mha.forward(&x, &x, &x, &opts)?;
+/// assert_eq!(out.weights.unwrap().dims(), &[3, 2, 4, 4]); // (N, H, L, S)
+/// assert_eq!(x.apply(&mha)?.dims(), &[3, 4, 8]); // `Module`: self-attention, no weights
+/// assert_eq!(mha.num_parameters(), 4 * 8 * 8 + 4 * 8);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct MultiheadAttention {
+    config: MultiheadAttentionConfig,
+    in_proj_weight: InProjWeight,
+    in_proj_bias: Option<Tensor>,
+    bias_k: Option<Tensor>,
+    bias_v: Option<Tensor>,
+    out_proj: Linear,
+    /// Dropout calls so far: each call without an explicit seed draws a fresh mask.
+    dropout_calls: Arc<AtomicU64>,
+}
+
+/// Builds a [`MultiheadAttention`]; the same as [`MultiheadAttention::new`].
+///
+/// PyTorch equivalent: `torch.nn.MultiheadAttention(...)`.
+pub fn multihead_attention(
+    config: MultiheadAttentionConfig,
+    vb: VarBuilder,
+) -> Result<MultiheadAttention> {
+    MultiheadAttention::new(config, vb)
+}
+
+impl MultiheadAttention {
+    /// Creates the module, taking (or, from a `VarMap`, creating) its parameters under `vb`'s
+    /// prefix with PyTorch's names and initialisation. Fails on an invalid config or a stored
+    /// parameter of the wrong shape.
+    ///
+    /// PyTorch equivalent: `torch.nn.MultiheadAttention(...)`, or `load_state_dict` when `vb`
+    /// reads a checkpoint.
+    pub fn new(config: MultiheadAttentionConfig, vb: VarBuilder) -> Result<Self> {
+        config.validate()?;
+        let (e, kdim, vdim) = (config.embed_dim, config.kdim(), config.vdim());
+        // PyTorch's registration (state_dict) order.
+        let in_proj_weight = if config.qkv_same_embed_dim() {
+            // xavier over the whole packed matrix: fan_in = E, fan_out = 3E.
+            InProjWeight::Packed(vb.get_with_hints(
+                (3 * e, e),
+                "in_proj_weight",
+                xavier_uniform(e, 3 * e),
+            )?)
+        } else {
+            InProjWeight::Separate {
+                q: vb.get_with_hints((e, e), "q_proj_weight", xavier_uniform(e, e))?,
+                k: vb.get_with_hints((e, kdim), "k_proj_weight", xavier_uniform(kdim, e))?,
+                v: vb.get_with_hints((e, vdim), "v_proj_weight", xavier_uniform(vdim, e))?,
+            }
+        };
+        let in_proj_bias = match config.bias {
+            true => Some(vb.get_with_hints(3 * e, "in_proj_bias", Init::Const(0.0))?),
+            false => None,
+        };
+        let (bias_k, bias_v) = match config.add_bias_kv {
+            // xavier_normal on [1, 1, E]: fan_in = fan_out = E, std = 1/√E.
+            true => (
+                Some(vb.get_with_hints((1, 1, e), "bias_k", xavier_normal(e, e))?),
+                Some(vb.get_with_hints((1, 1, e), "bias_v", xavier_normal(e, e))?),
+            ),
+            false => (None, None),
+        };
+        let out_vb = vb.pp("out_proj");
+        let out_weight = out_vb.get_with_hints((e, e), "weight", linear_weight(e))?;
+        let out_bias = match config.bias {
+            true => Some(out_vb.get_with_hints(e, "bias", Init::Const(0.0))?),
+            false => None,
+        };
+        Ok(Self {
+            config,
+            in_proj_weight,
+            in_proj_bias,
+            bias_k,
+            bias_v,
+            out_proj: Linear::new(out_weight, out_bias),
+            dropout_calls: Arc::new(AtomicU64::new(0)),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &MultiheadAttentionConfig {
+        &self.config
+    }
+
+    /// `in_proj_weight [3E, E]`, or `None` when the projections are separate.
+    pub fn in_proj_weight(&self) -> Option<&Tensor> {
+        match &self.in_proj_weight {
+            InProjWeight::Packed(w) => Some(w),
+            InProjWeight::Separate { .. } => None,
+        }
+    }
+
+    /// `q_proj_weight [E, E]`, or `None` when packed.
+    pub fn q_proj_weight(&self) -> Option<&Tensor> {
+        self.separate().map(|(q, _, _)| q)
+    }
+
+    /// `k_proj_weight [E, kdim]`, or `None` when packed.
+    pub fn k_proj_weight(&self) -> Option<&Tensor> {
+        self.separate().map(|(_, k, _)| k)
+    }
+
+    /// `v_proj_weight [E, vdim]`, or `None` when packed.
+    pub fn v_proj_weight(&self) -> Option<&Tensor> {
+        self.separate().map(|(_, _, v)| v)
+    }
+
+    fn separate(&self) -> Option<(&Tensor, &Tensor, &Tensor)> {
+        match &self.in_proj_weight {
+            InProjWeight::Separate { q, k, v } => Some((q, k, v)),
+            InProjWeight::Packed(_) => None,
+        }
+    }
+
+    /// `in_proj_bias [3E]` (q | k | v), or `None` without bias.
+    pub fn in_proj_bias(&self) -> Option<&Tensor> {
+        self.in_proj_bias.as_ref()
+    }
+
+    /// `bias_k [1, 1, E]`, or `None` without `add_bias_kv`.
+    pub fn bias_k(&self) -> Option<&Tensor> {
+        self.bias_k.as_ref()
+    }
+
+    /// `bias_v [1, 1, E]`, or `None` without `add_bias_kv`.
+    pub fn bias_v(&self) -> Option<&Tensor> {
+        self.bias_v.as_ref()
+    }
+
+    /// The output projection (`out_proj.weight [E, E]`, `out_proj.bias [E]`).
+    pub fn out_proj(&self) -> &Linear {
+        &self.out_proj
+    }
+
+    /// Every parameter with its state_dict name (relative to the module), in PyTorch's order.
+    ///
+    /// PyTorch equivalent: `module.named_parameters()` / `module.state_dict().items()`.
+    pub fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        let mut params = Vec::new();
+        let mut push = |name: &str, t: Option<&Tensor>| {
+            if let Some(t) = t {
+                params.push((name.to_string(), t.clone()));
+            }
+        };
+        push("in_proj_weight", self.in_proj_weight());
+        push("q_proj_weight", self.q_proj_weight());
+        push("k_proj_weight", self.k_proj_weight());
+        push("v_proj_weight", self.v_proj_weight());
+        push("in_proj_bias", self.in_proj_bias());
+        push("bias_k", self.bias_k());
+        push("bias_v", self.bias_v());
+        push("out_proj.weight", Some(self.out_proj.weight()));
+        push("out_proj.bias", self.out_proj.bias());
+        params
+    }
+
+    /// The number of scalar parameters; it does not depend on `num_heads`.
+    ///
+    /// PyTorch equivalent: `sum(p.numel() for p in module.parameters())`.
+    pub fn num_parameters(&self) -> usize {
+        self.named_parameters()
+            .iter()
+            .map(|(_, t)| t.elem_count())
+            .sum()
+    }
+
+    fn dtype(&self) -> DType {
+        self.out_proj.weight().dtype()
+    }
+
+    /// Attention of `query` over `key`/`value`.
+    ///
+    /// PyTorch equivalent: `module(query, key, value, key_padding_mask=…, need_weights=…,
+    /// attn_mask=…, average_attn_weights=…, is_causal=…)` with `module.train(opts.train)`.
+    /// Passing the same tensor as query, key and value (self-attention) projects it with one
+    /// matrix product, as PyTorch does.
+    ///
+    /// # Shapes
+    /// See [`MultiheadAttention`], [`AttentionOptions`] and [`AttentionOutput`].
+    ///
+    /// # Errors
+    /// Any argument of the wrong rank, shape, dtype or device, with a message naming it.
+    pub fn forward(
+        &self,
+        query: &Tensor,
+        key: &Tensor,
+        value: &Tensor,
+        opts: &AttentionOptions,
+    ) -> Result<AttentionOutput> {
+        let cfg = &self.config;
+        let dtype = self.dtype();
+        let dims = check_inputs(
+            cfg,
+            dtype,
+            self.out_proj.weight().device(),
+            query,
+            key,
+            value,
+            opts,
+        )?;
+        let Dims { batched, n, l, .. } = dims;
+        let (e, h, hd) = (cfg.embed_dim, cfg.num_heads, cfg.head_dim());
+        // Work in the caller's layout; unbatched input is seq-first with N = 1.
+        let seq_first = !batched || !cfg.batch_first;
+        let batch = |t: &Tensor| {
+            if batched {
+                Ok(t.clone())
+            } else {
+                t.unsqueeze(1)
+            }
+        };
+        let (q_in, k_in, v_in) = (batch(query)?, batch(key)?, batch(value)?);
+        let self_attn = query.id() == key.id() && key.id() == value.id();
+        let kv_same = key.id() == value.id();
+
+        let (q, k, v) = self.in_projection(&q_in, &k_in, &v_in, self_attn, kv_same)?;
+        let to_heads = |t: &Tensor| -> Result<Tensor> {
+            let (a, b, _) = t.dims3()?;
+            let t = t.reshape((a, b, h, hd))?;
+            let t = if seq_first {
+                t.permute((1, 2, 0, 3))?
+            } else {
+                t.permute((0, 2, 1, 3))?
+            };
+            t.contiguous() // (N, H, len, hd)
+        };
+        // q is scaled before the product, by sqrt(1/hd) rounded to the dtype, as PyTorch does.
+        let q = (to_heads(&q)? * (1.0 / hd as f64).sqrt())?;
+        let (mut k, mut v) = (to_heads(&k)?, to_heads(&v)?);
+        let mut extra = 0;
+        if let (Some(bk), Some(bv)) = (&self.bias_k, &self.bias_v) {
+            let row = |b: &Tensor| b.reshape((1, h, 1, hd))?.broadcast_as((n, h, 1, hd));
+            k = Tensor::cat(&[&k, &row(bk)?], 2)?;
+            v = Tensor::cat(&[&v, &row(bv)?], 2)?;
+            extra += 1;
+        }
+        if cfg.add_zero_attn {
+            // Appended after projection and bias: exactly zero in head space.
+            k = k.pad_with_zeros(2, 0, 1)?;
+            v = v.pad_with_zeros(2, 0, 1)?;
+            extra += 1;
+        }
+
+        // Scores and softmax in f32 for the half types.
+        let sm_dtype = softmax_dtype(dtype);
+        let scores = q.matmul(&k.t()?)?.to_dtype(sm_dtype)?; // (N, H, L, S')
+        let scores = match merged_mask(opts, &dims, h, extra, sm_dtype, query.device())? {
+            Some(mask) => scores.broadcast_add(&mask)?,
+            None => scores,
+        };
+        let mut probs = safe_softmax_last_dim(&scores)?;
+        if opts.train && cfg.dropout > 0.0 {
+            let seed = match opts.dropout_seed {
+                Some(seed) => seed,
+                None => {
+                    let call = self.dropout_calls.fetch_add(1, Ordering::Relaxed);
+                    derive_seed(cfg.dropout_seed, &call.to_string())
+                }
+            };
+            probs = seeded_dropout(&probs, cfg.dropout, seed)?;
+        }
+
+        let ctx = probs.to_dtype(dtype)?.matmul(&v)?; // (N, H, L, hd)
+                                                      // Merge heads (feature h*hd + j) back into the caller's layout.
+        let ctx = if seq_first {
+            ctx.permute((2, 0, 1, 3))?
+        } else {
+            ctx.permute((0, 2, 1, 3))?
+        };
+        let (a, b) = if seq_first { (l, n) } else { (n, l) };
+        let output = self.out_proj.forward(&ctx.reshape((a, b, e))?)?;
+        let output = if batched { output } else { output.squeeze(1)? };
+
+        let weights = match opts.need_weights {
+            false => None,
+            true => {
+                let w = match opts.average_attn_weights {
+                    true => probs.mean(1)?,
+                    false => probs,
+                };
+                let w = w.to_dtype(dtype)?;
+                Some(if batched { w } else { w.squeeze(0)? })
+            }
+        };
+        Ok(AttentionOutput { output, weights })
+    }
+
+    /// Projects the 3-D inputs: `x @ W.T + b` for each of q, k, v, in the caller's layout.
+    fn in_projection(
+        &self,
+        query: &Tensor,
+        key: &Tensor,
+        value: &Tensor,
+        self_attn: bool,
+        kv_same: bool,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let e = self.config.embed_dim;
+        let bias = |i: usize, parts: usize| -> Result<Option<Tensor>> {
+            self.in_proj_bias
+                .as_ref()
+                .map(|b| b.narrow(0, i * e, parts * e))
+                .transpose()
+        };
+        match &self.in_proj_weight {
+            InProjWeight::Packed(w) if self_attn => {
+                // One product for all three, as `_in_projection_packed` does.
+                let qkv = linear(query, w, bias(0, 3)?.as_ref())?;
+                Ok((
+                    qkv.narrow(2, 0, e)?,
+                    qkv.narrow(2, e, e)?,
+                    qkv.narrow(2, 2 * e, e)?,
+                ))
+            }
+            InProjWeight::Packed(w) if kv_same => {
+                let q = linear(query, &w.narrow(0, 0, e)?, bias(0, 1)?.as_ref())?;
+                let kv = linear(key, &w.narrow(0, e, 2 * e)?, bias(1, 2)?.as_ref())?;
+                Ok((q, kv.narrow(2, 0, e)?, kv.narrow(2, e, e)?))
+            }
+            InProjWeight::Packed(w) => Ok((
+                linear(query, &w.narrow(0, 0, e)?, bias(0, 1)?.as_ref())?,
+                linear(key, &w.narrow(0, e, e)?, bias(1, 1)?.as_ref())?,
+                linear(value, &w.narrow(0, 2 * e, e)?, bias(2, 1)?.as_ref())?,
+            )),
+            InProjWeight::Separate { q, k, v } => Ok((
+                linear(query, q, bias(0, 1)?.as_ref())?,
+                linear(key, k, bias(1, 1)?.as_ref())?,
+                linear(value, v, bias(2, 1)?.as_ref())?,
+            )),
+        }
+    }
+}
+
+/// `x @ w.T + b` for a 3-D `x (A, B, in)` and `w (out, in)`: one 2-D product.
+fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+    let (a, bsz, d) = x.dims3()?;
+    let y = x.reshape((a * bsz, d))?.matmul(&w.t()?)?;
+    let y = match b {
+        Some(b) => y.broadcast_add(b)?,
+        None => y,
+    };
+    y.reshape((a, bsz, w.dim(0)?))
+}
+
+/// Self-attention `x → output` (query = key = value = `x`), without weights.
+///
+/// PyTorch equivalent: `module(x, x, x, need_weights=False)[0]`.
+impl Module for MultiheadAttention {
+    fn forward(&self, xs: &Tensor) -> Result<Tensor> {
+        let opts = AttentionOptions::new().with_need_weights(false);
+        MultiheadAttention::forward(self, xs, xs, xs, &opts).map(|out| out.output)
+    }
+}

@@ -1,0 +1,15 @@
+//! The attention core: [`MultiheadAttention`] and its configuration, options and output.
+//!
+//! PyTorch equivalent: `torch.nn.MultiheadAttention` and `F.multi_head_attention_forward`.
+
+mod checks;
+mod config;
+pub mod dropout;
+pub mod mask;
+mod mha;
+mod options;
+pub mod softmax;
+
+pub use config::MultiheadAttentionConfig;
+pub use mha::{multihead_attention, MultiheadAttention};
+pub use options::{AttentionOptions, AttentionOutput};

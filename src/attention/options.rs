@@ -1,0 +1,118 @@
+//! [`AttentionOptions`] (the per-call arguments of `forward`) and [`AttentionOutput`].
+
+use candle::Tensor;
+
+/// The per-call arguments of [`MultiheadAttention::forward`](super::MultiheadAttention::forward).
+///
+/// PyTorch equivalent: the keyword arguments of `MultiheadAttention.forward(query, key, value,
+/// key_padding_mask=None, need_weights=True, attn_mask=None, average_attn_weights=True,
+/// is_causal=False)`, plus `train` for `module.train()` / `module.eval()`.
+///
+/// # Masks
+/// PyTorch's bool masks are `u8` tensors here: **nonzero = masked** (PyTorch's `True`, "may not
+/// attend"). Float masks (the query's dtype) are added to the scaled scores. Both kinds may be
+/// mixed; they are combined by addition, as in PyTorch.
+/// - `key_padding_mask`: `(N, S)` batched, `(S)` unbatched.
+/// - `attn_mask`: `(L, S)`, or `(N·H, L, S)` with index `n·H + h` (unbatched: exactly `(H, L, S)`).
+#[derive(Clone, Debug)]
+pub struct AttentionOptions {
+    /// Keys to ignore per batch element. Default `None`.
+    pub key_padding_mask: Option<Tensor>,
+    /// Positions each query may not attend to (u8) or additive biases (float). Default `None`.
+    pub attn_mask: Option<Tensor>,
+    /// Return the attention weights. Default `true`. It never changes the output.
+    pub need_weights: bool,
+    /// Average the returned weights over heads: `(N, L, S')`; else `(N, H, L, S')`. Default `true`.
+    pub average_attn_weights: bool,
+    /// Causal attention. With no `attn_mask` the module builds the causal mask itself (PyTorch
+    /// raises instead); with an `attn_mask` the given mask is used as is, as PyTorch's
+    /// `need_weights=True` path does. Default `false`.
+    pub is_causal: bool,
+    /// Training mode: dropout on the weights is applied only when set. Default `false`
+    /// (PyTorch modules default to training mode; call sites here state it explicitly).
+    pub train: bool,
+    /// Seed of this call's dropout mask. `None` draws the next mask from the module's
+    /// generator. Default `None`. Not in PyTorch.
+    pub dropout_seed: Option<u64>,
+}
+
+impl Default for AttentionOptions {
+    fn default() -> Self {
+        Self {
+            key_padding_mask: None,
+            attn_mask: None,
+            need_weights: true,
+            average_attn_weights: true,
+            is_causal: false,
+            train: false,
+            dropout_seed: None,
+        }
+    }
+}
+
+impl AttentionOptions {
+    /// PyTorch's defaults: no masks, `need_weights` and `average_attn_weights` true,
+    /// `is_causal` and `train` false.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets [`key_padding_mask`](Self::key_padding_mask).
+    pub fn with_key_padding_mask(mut self, mask: Tensor) -> Self {
+        self.key_padding_mask = Some(mask);
+        self
+    }
+
+    /// Sets [`attn_mask`](Self::attn_mask).
+    pub fn with_attn_mask(mut self, mask: Tensor) -> Self {
+        self.attn_mask = Some(mask);
+        self
+    }
+
+    /// Sets [`need_weights`](Self::need_weights).
+    pub fn with_need_weights(mut self, need_weights: bool) -> Self {
+        self.need_weights = need_weights;
+        self
+    }
+
+    /// Sets [`average_attn_weights`](Self::average_attn_weights).
+    pub fn with_average_attn_weights(mut self, average: bool) -> Self {
+        self.average_attn_weights = average;
+        self
+    }
+
+    /// Sets [`is_causal`](Self::is_causal).
+    pub fn with_is_causal(mut self, is_causal: bool) -> Self {
+        self.is_causal = is_causal;
+        self
+    }
+
+    /// Sets [`train`](Self::train).
+    pub fn with_train(mut self, train: bool) -> Self {
+        self.train = train;
+        self
+    }
+
+    /// Sets [`dropout_seed`](Self::dropout_seed).
+    pub fn with_dropout_seed(mut self, seed: u64) -> Self {
+        self.dropout_seed = Some(seed);
+        self
+    }
+}
+
+/// What [`MultiheadAttention::forward`](super::MultiheadAttention::forward) returns.
+///
+/// PyTorch equivalent: the tuple `(attn_output, attn_output_weights)`.
+///
+/// # Shapes
+/// - `output`: `(L, N, E)`, or `(N, L, E)` with `batch_first`, or `(L, E)` unbatched.
+/// - `weights`: `(N, L, S')` averaged or `(N, H, L, S')` per head, always batch-major; `N` is
+///   dropped for unbatched input. `S' = S + add_bias_kv + add_zero_attn`. `None` when
+///   `need_weights` is false. After dropout when training, as in PyTorch.
+#[derive(Clone, Debug)]
+pub struct AttentionOutput {
+    /// The attention output, in the query's layout and dtype.
+    pub output: Tensor,
+    /// The attention weights, in the query's dtype, if requested.
+    pub weights: Option<Tensor>,
+}
