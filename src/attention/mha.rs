@@ -307,6 +307,12 @@ impl MultiheadAttention {
             extra += 1;
         }
 
+        // `cat` and `pad` along a middle dim leave strides matmul cannot take.
+        let (k, v) = if extra > 0 {
+            (k.contiguous()?, v.contiguous()?)
+        } else {
+            (k, v)
+        };
         // Scores and softmax in f32 for the half types.
         let sm_dtype = softmax_dtype(dtype);
         let scores = q.matmul(&k.t()?)?.to_dtype(sm_dtype)?; // (N, H, L, S')

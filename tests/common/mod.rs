@@ -1,0 +1,117 @@
+//! Shared helpers for the integration tests: PyTorch fixtures and tolerant comparisons.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use candle_mha::candle::{DType, Device, Tensor};
+
+/// One PyTorch fixture file: its tensors and its string metadata.
+pub struct Fixture {
+    pub name: String,
+    pub tensors: HashMap<String, Tensor>,
+    pub meta: HashMap<String, String>,
+}
+
+impl Fixture {
+    pub fn load(path: &Path) -> Result<Self> {
+        let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        let (_, header) = safetensors::SafeTensors::read_metadata(&bytes)?;
+        let meta = header.metadata().clone().unwrap_or_default();
+        let tensors = candle_mha::candle::safetensors::load_buffer(&bytes, &Device::Cpu)?;
+        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+        Ok(Self {
+            name,
+            tensors,
+            meta,
+        })
+    }
+
+    pub fn flag(&self, key: &str) -> Result<bool> {
+        match self.meta.get(key).map(String::as_str) {
+            Some("true") => Ok(true),
+            Some("false") => Ok(false),
+            other => bail!("{}: metadata {key} is {other:?}", self.name),
+        }
+    }
+
+    pub fn usize(&self, key: &str) -> Result<usize> {
+        let v = self
+            .meta
+            .get(key)
+            .with_context(|| format!("{}: no {key}", self.name))?;
+        Ok(v.parse()?)
+    }
+
+    pub fn str(&self, key: &str) -> &str {
+        self.meta.get(key).map(String::as_str).unwrap_or("")
+    }
+
+    pub fn tensor(&self, key: &str) -> Result<&Tensor> {
+        self.tensors
+            .get(key)
+            .with_context(|| format!("{}: no tensor {key}", self.name))
+    }
+
+    pub fn dtype(&self) -> Result<DType> {
+        match self.str("dtype") {
+            "f32" => Ok(DType::F32),
+            "f64" => Ok(DType::F64),
+            other => bail!("{}: unknown dtype {other}", self.name),
+        }
+    }
+
+    /// The state_dict entries, `param.` stripped.
+    pub fn params(&self) -> HashMap<String, Tensor> {
+        self.tensors
+            .iter()
+            .filter_map(|(k, t)| k.strip_prefix("param.").map(|k| (k.to_string(), t.clone())))
+            .collect()
+    }
+}
+
+/// Every `*.safetensors` in `tests/fixtures`, sorted by name.
+pub fn fixture_paths() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let mut paths: Vec<_> = std::fs::read_dir(&dir)
+        .expect("tests/fixtures exists")
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .collect();
+    paths.sort();
+    paths
+}
+
+/// max|a - b| / max(max|b|, 1e-30), in f64.
+pub fn rel_err(actual: &Tensor, expected: &Tensor) -> Result<f64> {
+    if actual.dims() != expected.dims() {
+        bail!("shape {:?}, expected {:?}", actual.dims(), expected.dims())
+    }
+    let a = actual
+        .to_dtype(DType::F64)?
+        .flatten_all()?
+        .to_vec1::<f64>()?;
+    let b = expected
+        .to_dtype(DType::F64)?
+        .flatten_all()?
+        .to_vec1::<f64>()?;
+    let scale = b.iter().fold(0f64, |m, v| m.max(v.abs())).max(1e-30);
+    let mut worst = 0f64;
+    for (x, y) in a.iter().zip(&b) {
+        if !x.is_finite() {
+            return Ok(f64::INFINITY);
+        }
+        worst = worst.max((x - y).abs());
+    }
+    Ok(worst / scale)
+}
+
+/// Fails with the tensor's name and the error when `rel_err > tol`; returns the error.
+pub fn assert_close(what: &str, actual: &Tensor, expected: &Tensor, tol: f64) -> Result<f64> {
+    let err = rel_err(actual, expected).with_context(|| what.to_string())?;
+    if err > tol {
+        bail!("{what}: relative error {err:.3e} > {tol:.1e}")
+    }
+    Ok(err)
+}
