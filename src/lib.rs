@@ -25,7 +25,10 @@
 //! [`torch.nn.MultiheadAttention`]: https://pytorch.org/docs/stable/generated/torch.nn.MultiheadAttention.html
 //! [candle]: https://github.com/huggingface/candle
 
-pub extern crate candle_core as candle;
+#![warn(missing_docs)]
+
+/// The candle-core crate this one is built on (re-exported so users match its version).
+pub use candle;
 
 pub mod attention;
 pub mod init;
@@ -36,3 +39,8 @@ pub use attention::{
     MultiheadAttentionConfig,
 };
 pub use init::seeded_var_builder;
+
+/// The README's examples, compiled and run as doctests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

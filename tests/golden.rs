@@ -387,3 +387,42 @@ fn module_trait_is_self_attention() -> Result<()> {
     assert_eq!(Module::forward(&mha, &x)?.dims(), &[4, 2, 8]);
     Ok(())
 }
+
+/// Empty batch, query or key set: results of the right (empty) shapes, as PyTorch's slow path.
+/// With no key at all the context is zero, so the output is `out_proj.bias`.
+#[test]
+fn empty_inputs() -> Result<()> {
+    let mha = uniform_module(false)?;
+    let zeros = |shape: &[usize]| Tensor::zeros(shape, DType::F32, &dev());
+    let out = mha.forward(
+        &zeros(&[0, 3, 2])?,
+        &zeros(&[4, 3, 2])?,
+        &zeros(&[4, 3, 2])?,
+        &AttentionOptions::new(),
+    )?;
+    assert_eq!(
+        (out.output.dims(), out.weights.unwrap().dims()),
+        (&[0, 3, 2][..], &[3, 0, 4][..])
+    );
+    let batch0 = zeros(&[5, 0, 2])?;
+    let out = mha.forward(
+        &batch0,
+        &batch0,
+        &batch0,
+        &AttentionOptions::new().with_average_attn_weights(false),
+    )?;
+    assert_eq!(
+        (out.output.dims(), out.weights.unwrap().dims()),
+        (&[5, 0, 2][..], &[0, 2, 5, 5][..])
+    );
+    let q = Tensor::new(&[[1f32, 2.], [3., 4.]], &dev())?;
+    let out = mha.forward(
+        &q,
+        &zeros(&[0, 2])?,
+        &zeros(&[0, 2])?,
+        &AttentionOptions::new(),
+    )?;
+    assert_eq!(out.output.to_vec2::<f32>()?, vec![vec![0.5, -0.5]; 2]);
+    assert_eq!(out.weights.unwrap().dims(), &[2, 0]);
+    Ok(())
+}

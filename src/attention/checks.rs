@@ -161,7 +161,7 @@ pub(crate) fn check_inputs(
         };
         if m.dims() != expected.as_slice() {
             candle::bail!(
-                "The shape of the {}D attn_mask is {:?}, but should be {:?} ({}).",
+                "The shape of the {}D attn_mask is {:?}, but should be {:?}, i.e. {}.",
                 m.rank(),
                 m.dims(),
                 expected,
@@ -178,7 +178,7 @@ pub(crate) fn check_inputs(
         let expected: Vec<usize> = if batched { vec![n, s] } else { vec![s] };
         if m.dims() != expected.as_slice() {
             candle::bail!(
-                "Expected key_padding_mask shape {:?} ({}), but got {:?}",
+                "Expected key_padding_mask shape {:?}, i.e. {}, but got {:?}",
                 expected,
                 if batched { "(N, S)" } else { "(S)" },
                 m.dims()

@@ -266,6 +266,9 @@ impl MultiheadAttention {
         )?;
         let Dims { batched, n, l, .. } = dims;
         let (e, h, hd) = (cfg.embed_dim, cfg.num_heads, cfg.head_dim());
+        if n == 0 || l == 0 {
+            return self.empty_output(query, opts, &dims);
+        }
         // Work in the caller's layout; unbatched input is seq-first with N = 1.
         let seq_first = !batched || !cfg.batch_first;
         let batch = |t: &Tensor| {
@@ -332,8 +335,12 @@ impl MultiheadAttention {
             probs = seeded_dropout(&probs, cfg.dropout, seed)?;
         }
 
-        let ctx = probs.to_dtype(dtype)?.matmul(&v)?; // (N, H, L, hd)
-                                                      // Merge heads (feature h*hd + j) back into the caller's layout.
+        let ctx = match k.dim(2)? {
+            // No key at all: like a fully masked row, a zero context.
+            0 => q.zeros_like()?,
+            _ => probs.to_dtype(dtype)?.matmul(&v)?, // (N, H, L, hd)
+        };
+        // Merge heads (feature h*hd + j) back into the caller's layout.
         let ctx = if seq_first {
             ctx.permute((2, 0, 1, 3))?
         } else {
@@ -355,6 +362,35 @@ impl MultiheadAttention {
             }
         };
         Ok(AttentionOutput { output, weights })
+    }
+
+    /// The result for an empty batch or query: empty tensors of the right shapes, as PyTorch's
+    /// slow path returns (candle's reshapes of empty tensors fail).
+    fn empty_output(
+        &self,
+        query: &Tensor,
+        opts: &AttentionOptions,
+        dims: &Dims,
+    ) -> Result<AttentionOutput> {
+        let cfg = &self.config;
+        let s1 = dims.s + usize::from(cfg.add_bias_kv) + usize::from(cfg.add_zero_attn);
+        let weights = match opts.need_weights {
+            false => None,
+            true => {
+                let mut shape = vec![dims.n, cfg.num_heads, dims.l, s1];
+                if opts.average_attn_weights {
+                    shape.remove(1);
+                }
+                if !dims.batched {
+                    shape.remove(0);
+                }
+                Some(Tensor::zeros(shape, query.dtype(), query.device())?)
+            }
+        };
+        Ok(AttentionOutput {
+            output: query.zeros_like()?,
+            weights,
+        })
     }
 
     /// Projects the 3-D inputs: `x @ W.T + b` for each of q, k, v, in the caller's layout.

@@ -20,6 +20,10 @@ pub(crate) fn softmax_dtype(dtype: DType) -> DType {
 ///
 /// candle's `softmax_last_dim` has no backward, which is why this is written out.
 pub fn safe_softmax_last_dim(x: &Tensor) -> Result<Tensor> {
+    if x.elem_count() == 0 {
+        // Nothing to normalise (an empty batch, query or key set); reductions would fail.
+        return Ok(x.clone());
+    }
     // The max only shifts for stability: detached, it needs no gradient. A -inf max (a fully
     // masked row) is raised to the dtype's lowest finite value so that `x - max` stays -inf.
     let lowest = match x.dtype() {
