@@ -20,7 +20,7 @@
 //! ```
 //!
 //! Layering (lower layers never import higher ones): [`rng`] and [`init`] (seeded randomness)
-//! → [`attention`] (the module itself).
+//! → [`attention`] (the module itself) → [`checkpoint`] (PyTorch state_dicts in and out).
 //!
 //! [`torch.nn.MultiheadAttention`]: https://pytorch.org/docs/stable/generated/torch.nn.MultiheadAttention.html
 //! [candle]: https://github.com/huggingface/candle
@@ -31,6 +31,7 @@
 pub use candle;
 
 pub mod attention;
+pub mod checkpoint;
 pub mod init;
 pub mod rng;
 

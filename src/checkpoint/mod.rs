@@ -1,0 +1,26 @@
+//! Checkpoint I/O: PyTorch state_dicts in, PyTorch state_dicts out.
+//!
+//! - [`StateDict`] reads safetensors and `torch.save` pickles (also nested under
+//!   `state_dict`/`model`), and writes safetensors with `{"format": "pt"}`, atomically.
+//! - [`load_into_varmap`] loads any model tree held in a `VarMap`, strictly or not, with a
+//!   [`LoadReport`] like PyTorch's `load_state_dict`.
+//! - [`find_attention_modules`] lists the attention layers of a checkpoint;
+//!   [`load_attention`] builds one, inferring its configuration; [`save_modules`] writes
+//!   modules at their prefixes.
+
+mod atomic;
+mod attention_io;
+mod discover;
+mod load;
+mod report;
+mod state_dict;
+
+pub use atomic::write_atomic;
+pub use attention_io::{
+    load_attention, load_attention_file, save_modules, state_dict_of, AttentionLoadOptions,
+    LoadedAttention, NamedParameters,
+};
+pub use discover::{find_attention_modules, InferredAttention};
+pub use load::{load_into_varmap, LoadOptions};
+pub use report::{DtypeCast, LoadReport, ShapeMismatch};
+pub use state_dict::{normalize_prefix, CheckpointFormat, StateDict};

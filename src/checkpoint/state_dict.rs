@@ -1,0 +1,272 @@
+//! [`StateDict`]: named tensors read from a PyTorch checkpoint (safetensors or pickle) or
+//! taken from modules, and written back as PyTorch-compatible safetensors.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use candle::{DType, Device, Result, Tensor};
+
+use super::atomic::write_atomic;
+
+/// Keys under which PyTorch training scripts commonly nest the state_dict in a pickle.
+const NESTING_KEYS: [&str; 5] = ["state_dict", "model", "model_state_dict", "module", "net"];
+
+/// An ordered map of parameter names to tensors, with the file's metadata.
+///
+/// Names are kept in natural order (`layers.2` before `layers.10`). Tensors stay in their stored
+/// dtype on the CPU until loaded into a module.
+///
+/// PyTorch equivalent: the `OrderedDict` of `module.state_dict()` / `torch.load(path)`.
+#[derive(Clone, Debug, Default)]
+pub struct StateDict {
+    tensors: Vec<(String, Tensor)>,
+    metadata: HashMap<String, String>,
+}
+
+/// Compares dotted names segment by segment, numbers numerically.
+fn natural_cmp(a: &str, b: &str) -> std::cmp::Ordering {
+    let (mut x, mut y) = (a.split('.'), b.split('.'));
+    loop {
+        match (x.next(), y.next()) {
+            (None, None) => return std::cmp::Ordering::Equal,
+            (None, _) => return std::cmp::Ordering::Less,
+            (_, None) => return std::cmp::Ordering::Greater,
+            (Some(p), Some(q)) => {
+                let ord = match (p.parse::<u64>(), q.parse::<u64>()) {
+                    (Ok(m), Ok(n)) => m.cmp(&n),
+                    _ => p.cmp(q),
+                };
+                if ord.is_ne() {
+                    return ord;
+                }
+            }
+        }
+    }
+}
+
+/// The on-disk formats [`StateDict::load`] reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CheckpointFormat {
+    /// `.safetensors`.
+    Safetensors,
+    /// A `torch.save` zip pickle (`.pt`, `.pth`, `.bin`, `.ckpt`).
+    Pickle,
+}
+
+impl CheckpointFormat {
+    /// The format of `path`, from its extension, else from its first bytes.
+    pub fn detect(path: &Path) -> Result<Self> {
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("safetensors") => return Ok(Self::Safetensors),
+            Some("pt" | "pth" | "bin" | "ckpt") => return Ok(Self::Pickle),
+            _ => {}
+        }
+        let mut magic = [0u8; 4];
+        let n = std::io::Read::read(&mut open(path)?, &mut magic).map_err(|e| io_err(path, e))?;
+        Ok(if n == 4 && &magic == b"PK\x03\x04" {
+            Self::Pickle
+        } else {
+            Self::Safetensors
+        })
+    }
+}
+
+fn io_err(path: &Path, e: std::io::Error) -> candle::Error {
+    candle::Error::Msg(format!("cannot read checkpoint {}: {e}", path.display()))
+}
+
+fn open(path: &Path) -> Result<std::fs::File> {
+    if path.is_dir() {
+        candle::bail!(
+            "cannot read checkpoint {}: it is a directory, expected a file",
+            path.display()
+        )
+    }
+    std::fs::File::open(path).map_err(|e| io_err(path, e))
+}
+
+impl StateDict {
+    /// A state_dict from named tensors.
+    pub fn from_tensors(tensors: impl IntoIterator<Item = (String, Tensor)>) -> Self {
+        let mut tensors: Vec<_> = tensors.into_iter().collect();
+        tensors.sort_by(|a, b| natural_cmp(&a.0, &b.0));
+        Self {
+            tensors,
+            metadata: HashMap::new(),
+        }
+    }
+
+    /// Reads a checkpoint: safetensors, or a PyTorch pickle (`torch.save`, also with the
+    /// state_dict nested under `state_dict`, `model`, `model_state_dict`, `module` or `net`).
+    ///
+    /// PyTorch equivalent: `safetensors.torch.load_file(path)` / `torch.load(path)["state_dict"]`.
+    pub fn load(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let ctx = |e: candle::Error| {
+            candle::Error::Msg(format!("cannot read checkpoint {}: {e}", path.display()))
+        };
+        match CheckpointFormat::detect(path)? {
+            CheckpointFormat::Safetensors => {
+                let mut bytes = Vec::new();
+                std::io::Read::read_to_end(&mut open(path)?, &mut bytes)
+                    .map_err(|e| io_err(path, e))?;
+                Self::from_safetensors_bytes(&bytes).map_err(ctx)
+            }
+            CheckpointFormat::Pickle => {
+                open(path)?;
+                Self::from_pickle(path).map_err(ctx)
+            }
+        }
+    }
+
+    /// Parses safetensors bytes.
+    pub fn from_safetensors_bytes(bytes: &[u8]) -> Result<Self> {
+        if bytes.is_empty() {
+            candle::bail!("the file is empty, expected a safetensors header")
+        }
+        let (_, header) = safetensors::SafeTensors::read_metadata(bytes)
+            .map_err(|e| candle::Error::Msg(format!("invalid safetensors header: {e}")))?;
+        let metadata = header.metadata().clone().unwrap_or_default();
+        let tensors = candle::safetensors::load_buffer(bytes, &Device::Cpu)?;
+        let mut sd = Self::from_tensors(tensors);
+        sd.metadata = metadata;
+        Ok(sd)
+    }
+
+    fn from_pickle(path: &Path) -> Result<Self> {
+        let mut last_err = None;
+        for key in std::iter::once(None).chain(NESTING_KEYS.iter().map(Some)) {
+            // candle's reader wants the dict's values to be tensors: try the top level, then
+            // the usual nestings.
+            match candle::pickle::read_pth_tensor_info(path, false, key.copied()) {
+                Ok(infos) if !infos.is_empty() => {
+                    let tensors = candle::pickle::read_all_with_key(path, key.copied())?;
+                    let mut sd = Self::from_tensors(tensors);
+                    if let Some(k) = key {
+                        sd.metadata.insert("nested_under".into(), k.to_string());
+                    }
+                    return Ok(sd);
+                }
+                Ok(_) => {}
+                Err(e) => last_err = Some(e),
+            }
+        }
+        match last_err {
+            Some(e) if !e.to_string().contains("not found") => Err(e),
+            _ => candle::bail!(
+                "the pickle holds no tensors (looked at the top level and under {NESTING_KEYS:?}); expected a state_dict saved with torch.save"
+            ),
+        }
+    }
+
+    /// The tensors, in natural name order.
+    pub fn tensors(&self) -> &[(String, Tensor)] {
+        &self.tensors
+    }
+
+    /// The file's metadata (safetensors `__metadata__`).
+    pub fn metadata(&self) -> &HashMap<String, String> {
+        &self.metadata
+    }
+
+    /// The tensor called `name`.
+    pub fn get(&self, name: &str) -> Option<&Tensor> {
+        self.tensors.iter().find(|(n, _)| n == name).map(|(_, t)| t)
+    }
+
+    /// The number of tensors.
+    pub fn len(&self) -> usize {
+        self.tensors.len()
+    }
+
+    /// Whether it holds no tensor.
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty()
+    }
+
+    /// The tensors under `prefix` (`"a.b"` or `"a.b."`), with the prefix removed.
+    ///
+    /// PyTorch equivalent: what `module.load_state_dict` sees for a submodule at that prefix.
+    pub fn under(&self, prefix: &str) -> Self {
+        let prefix = normalize_prefix(prefix);
+        let tensors = self
+            .tensors
+            .iter()
+            .filter_map(|(n, t)| n.strip_prefix(&prefix).map(|n| (n.to_string(), t.clone())))
+            .collect::<Vec<_>>();
+        Self::from_tensors(tensors)
+    }
+
+    /// Every tensor cast to `dtype`.
+    pub fn to_dtype(&self, dtype: DType) -> Result<Self> {
+        let tensors = self
+            .tensors
+            .iter()
+            .map(|(n, t)| Ok((n.clone(), t.to_dtype(dtype)?)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            tensors,
+            metadata: self.metadata.clone(),
+        })
+    }
+
+    /// The safetensors bytes: contiguous tensors with exactly these names, and
+    /// `{"format": "pt"}` in the metadata (what `safetensors.torch` writes and
+    /// `transformers` checks).
+    pub fn to_safetensors_bytes(&self) -> Result<Vec<u8>> {
+        // Contiguous CPU copies: the safetensors `View` of a candle tensor must not fail.
+        let tensors = self
+            .tensors
+            .iter()
+            .map(|(n, t)| Ok((n.clone(), t.to_device(&Device::Cpu)?.contiguous()?)))
+            .collect::<Result<Vec<_>>>()?;
+        let mut metadata = self.metadata.clone();
+        metadata.retain(|k, _| k != "nested_under");
+        metadata.insert("format".into(), "pt".into());
+        safetensors::serialize(tensors, Some(metadata))
+            .map_err(|e| candle::Error::Msg(format!("serializing safetensors: {e}")))
+    }
+
+    /// Writes the tensors as safetensors to `path`, atomically.
+    ///
+    /// PyTorch equivalent: `safetensors.torch.save_file(state_dict, path, {"format": "pt"})`;
+    /// PyTorch reads it back with `load_state_dict(load_file(path), strict=True)`.
+    pub fn save_safetensors(&self, path: impl AsRef<Path>) -> Result<()> {
+        write_atomic(path.as_ref(), &self.to_safetensors_bytes()?)
+    }
+
+    /// Adds `key: value` to the metadata written by [`save_safetensors`](Self::save_safetensors).
+    pub fn with_metadata(mut self, key: &str, value: &str) -> Self {
+        self.metadata.insert(key.into(), value.into());
+        self
+    }
+}
+
+/// `"a.b"` and `"a.b."` → `"a.b."`; `""` stays empty.
+pub fn normalize_prefix(prefix: &str) -> String {
+    let p = prefix.trim_end_matches('.');
+    if p.is_empty() {
+        String::new()
+    } else {
+        format!("{p}.")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn natural_order() {
+        let mut v = vec!["layers.10.a", "layers.2.a", "layers.2", "b"];
+        v.sort_by(|a, b| natural_cmp(a, b));
+        assert_eq!(v, ["b", "layers.2", "layers.2.a", "layers.10.a"]);
+    }
+
+    #[test]
+    fn prefixes() {
+        assert_eq!(normalize_prefix("a.b"), "a.b.");
+        assert_eq!(normalize_prefix("a.b."), "a.b.");
+        assert_eq!(normalize_prefix(""), "");
+    }
+}

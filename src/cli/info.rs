@@ -1,0 +1,60 @@
+//! `mha info FILE`: what a checkpoint holds.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use candle_mha::checkpoint::{find_attention_modules, CheckpointFormat, StateDict};
+
+/// Arguments of `mha info`.
+#[derive(clap::Args, Debug)]
+pub struct InfoArgs {
+    /// A safetensors file or a PyTorch pickle (.pt, .pth, .bin).
+    pub file: PathBuf,
+    /// Only the tensors under this prefix (e.g. `layers.0.self_attn`).
+    #[arg(long, default_value = "")]
+    pub prefix: String,
+}
+
+/// Prints the tensors and the attention modules of a checkpoint.
+pub fn run(args: &InfoArgs) -> Result<()> {
+    let format = CheckpointFormat::detect(&args.file)?;
+    let all =
+        StateDict::load(&args.file).with_context(|| format!("mha info {}", args.file.display()))?;
+    let sd = if args.prefix.is_empty() {
+        all.clone()
+    } else {
+        all.under(&args.prefix)
+    };
+    let params: usize = sd.tensors().iter().map(|(_, t)| t.elem_count()).sum();
+    println!(
+        "{}: {format:?}, {} tensors, {params} parameters",
+        args.file.display(),
+        sd.len()
+    );
+    let mut meta: Vec<_> = all.metadata().iter().collect();
+    meta.sort();
+    for (k, v) in meta {
+        println!("  metadata {k} = {v}");
+    }
+    let width = sd
+        .tensors()
+        .iter()
+        .map(|(n, _)| n.len())
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    println!("\n{:<width$}  {:<5}  shape", "name", "dtype");
+    for (name, t) in sd.tensors() {
+        println!(
+            "{name:<width$}  {:<5}  {:?}",
+            format!("{:?}", t.dtype()).to_lowercase(),
+            t.dims()
+        );
+    }
+    let found = find_attention_modules(&all);
+    println!("\nattention modules ({}):", found.len());
+    for a in &found {
+        println!("  {a}");
+    }
+    Ok(())
+}

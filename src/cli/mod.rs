@@ -1,0 +1,19 @@
+//! The subcommands of the `mha` binary, one per file.
+
+pub mod convert;
+pub mod info;
+
+use candle_mha::candle::DType;
+
+/// Parses a dtype name as the CLI accepts it (`f32`, `f64`, `f16`, `bf16`).
+pub fn parse_dtype(s: &str) -> Result<DType, String> {
+    match s {
+        "f32" | "float32" => Ok(DType::F32),
+        "f64" | "float64" => Ok(DType::F64),
+        "f16" | "float16" | "half" => Ok(DType::F16),
+        "bf16" | "bfloat16" => Ok(DType::BF16),
+        other => Err(format!(
+            "unknown dtype \"{other}\": expected f32, f64, f16 or bf16"
+        )),
+    }
+}

@@ -1,0 +1,41 @@
+//! `mha`: the command-line interface of candle-mha.
+//!
+//! ```text
+//! mha info FILE [--prefix P]                        tensors, dtypes, shapes, attention modules
+//! mha convert IN.pt OUT.safetensors [--dtype D] [--prefix P]   validated conversion
+//! ```
+
+mod cli;
+
+use clap::{Parser, Subcommand};
+
+/// PyTorch's nn.MultiheadAttention on candle: checkpoints, training, analysis.
+#[derive(Parser, Debug)]
+#[command(name = "mha", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// List a checkpoint's tensors (name, dtype, shape) and the attention modules in it.
+    Info(cli::info::InfoArgs),
+    /// Convert a PyTorch checkpoint (.pt/.pth/.bin or safetensors) to safetensors, validated.
+    Convert(cli::convert::ConvertArgs),
+}
+
+fn main() -> std::process::ExitCode {
+    let result = match Cli::parse().command {
+        Command::Info(args) => cli::info::run(&args),
+        Command::Convert(args) => cli::convert::run(&args),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // The whole cause chain on one line, no backtrace: these are user errors.
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,446 @@
+//! Checkpoint interop against PyTorch-made files (`scripts/make_checkpoint_fixtures.py`):
+//! attention layers taken out of a PyTorch `nn.TransformerEncoder` reproduce PyTorch's
+//! outputs; dtype casts, strict/non-strict reports, discovery, saving, and bad files.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+use candle_mha::candle::{DType, Device, Tensor};
+use candle_mha::checkpoint::{
+    find_attention_modules, load_attention, load_attention_file, save_modules,
+    AttentionLoadOptions, NamedParameters, StateDict,
+};
+use candle_mha::{
+    seeded_var_builder, AttentionOptions, MultiheadAttention, MultiheadAttentionConfig,
+};
+use candle_nn::{Optimizer, VarMap};
+use common::{assert_close, Fixture};
+
+fn ckpt(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/checkpoints")
+        .join(name)
+}
+
+/// Loads both encoder attention layers from `file` and compares them with `expected`
+/// (outputs under `{key_prefix}layers.{i}.self_attn.*`).
+fn check_encoder(file: &str, expected: &str, key_prefix: &str) -> Result<()> {
+    let exp = Fixture::load(&ckpt(expected))?;
+    let batch_first = exp.flag("batch_first")?;
+    let x = exp.tensor("input")?;
+    for i in 0..2 {
+        let prefix = format!("layers.{i}.self_attn");
+        let opts = AttentionLoadOptions::new(exp.usize("num_heads")?).with_batch_first(batch_first);
+        let loaded = load_attention_file(ckpt(file), &prefix, &opts, DType::F32, &Device::Cpu)?;
+        assert!(loaded.report.is_clean(), "{}", loaded.report);
+        assert_eq!(loaded.report.loaded.len(), 4, "{}", loaded.report);
+        let out = loaded.module.forward(x, x, x, &AttentionOptions::new())?;
+        let what = format!("{file} {prefix}");
+        assert_close(
+            &what,
+            &out.output,
+            exp.tensor(&format!("{key_prefix}{prefix}.output"))?,
+            2e-5,
+        )?;
+        if key_prefix.is_empty() {
+            assert_close(
+                &what,
+                &out.weights.unwrap(),
+                exp.tensor(&format!("{prefix}.weights"))?,
+                2e-5,
+            )?;
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn encoder_layers_from_safetensors_and_pickles() -> Result<()> {
+    check_encoder(
+        "encoder_seq.safetensors",
+        "encoder_seq_expected.safetensors",
+        "",
+    )?;
+    check_encoder("encoder_seq.pt", "encoder_seq_expected.safetensors", "")?;
+    check_encoder(
+        "encoder_bf.safetensors",
+        "encoder_bf_expected.safetensors",
+        "",
+    )?;
+    check_encoder("encoder_bf.pt", "encoder_bf_expected.safetensors", "")?;
+    check_encoder(
+        "encoder_bf_nested_state_dict.pt",
+        "encoder_bf_expected.safetensors",
+        "",
+    )?;
+    check_encoder(
+        "encoder_bf_nested_model.pt",
+        "encoder_bf_expected.safetensors",
+        "",
+    )
+}
+
+#[test]
+fn half_and_double_checkpoints_load_into_f32_with_their_rounding() -> Result<()> {
+    for (dt, stored) in [
+        ("f16", DType::F16),
+        ("bf16", DType::BF16),
+        ("f64", DType::F64),
+    ] {
+        let file = format!("encoder_bf_{dt}.safetensors");
+        check_encoder(&file, "encoder_bf_expected.safetensors", &format!("{dt}."))?;
+        let opts = AttentionLoadOptions::new(4).with_batch_first(true);
+        let loaded = load_attention_file(
+            ckpt(&file),
+            "layers.0.self_attn",
+            &opts,
+            DType::F32,
+            &Device::Cpu,
+        )?;
+        assert_eq!(loaded.report.casts.len(), 4);
+        assert!(loaded
+            .report
+            .casts
+            .iter()
+            .all(|c| c.from == stored && c.to == DType::F32));
+        assert!(loaded
+            .report
+            .to_string()
+            .contains(&format!("dtype cast {stored:?} -> F32")));
+    }
+    Ok(())
+}
+
+#[test]
+fn separate_projections_and_bias_kv_inferred() -> Result<()> {
+    let exp = Fixture::load(&ckpt("cross_kv_expected.safetensors"))?;
+    let sd = StateDict::load(ckpt("cross_kv.safetensors"))?;
+    let loaded = load_attention(
+        &sd,
+        "decoder.cross_attn",
+        &AttentionLoadOptions::new(2),
+        DType::F32,
+        &Device::Cpu,
+    )?;
+    let cfg = loaded.module.config();
+    assert_eq!(
+        (
+            cfg.embed_dim,
+            cfg.kdim(),
+            cfg.vdim(),
+            cfg.bias,
+            cfg.add_bias_kv
+        ),
+        (8, 6, 4, true, true)
+    );
+    // head.* is outside the prefix: not unexpected.
+    assert!(loaded.report.is_clean(), "{}", loaded.report);
+    let (q, k, v) = (
+        exp.tensor("query")?,
+        exp.tensor("key")?,
+        exp.tensor("value")?,
+    );
+    let out = loaded.module.forward(q, k, v, &AttentionOptions::new())?;
+    assert_close("output", &out.output, exp.tensor("output")?, 2e-5)?;
+    assert_close(
+        "weights",
+        &out.weights.unwrap(),
+        exp.tensor("weights")?,
+        2e-5,
+    )?;
+    Ok(())
+}
+
+#[test]
+fn discovers_every_attention_layer_of_a_transformer() -> Result<()> {
+    let sd = StateDict::load(ckpt("transformer.safetensors"))?;
+    let found = find_attention_modules(&sd);
+    let prefixes: Vec<&str> = found.iter().map(|a| a.prefix.as_str()).collect();
+    assert_eq!(
+        prefixes,
+        [
+            "decoder.layers.0.multihead_attn.",
+            "decoder.layers.0.self_attn.",
+            "encoder.layers.0.self_attn."
+        ]
+    );
+    assert!(found
+        .iter()
+        .all(|a| a.embed_dim == 8 && a.bias && !a.add_bias_kv));
+    let cross = find_attention_modules(&StateDict::load(ckpt("cross_kv.safetensors"))?);
+    assert_eq!((cross.len(), cross[0].kdim, cross[0].vdim), (1, 6, 4));
+    // A bare module at the root, without bias.
+    let bare = find_attention_modules(&StateDict::load(ckpt("mha_bias_false.pt"))?);
+    assert_eq!(
+        (bare.len(), bare[0].prefix.as_str(), bare[0].bias),
+        (1, "", false)
+    );
+    Ok(())
+}
+
+#[test]
+fn strict_fails_with_the_report_and_non_strict_reports() -> Result<()> {
+    let sd = StateDict::load(ckpt("encoder_bf.safetensors"))?;
+    let p = "layers.0.self_attn.";
+    let tensors: Vec<(String, Tensor)> = sd
+        .tensors()
+        .iter()
+        .filter(|(n, _)| n != &format!("{p}in_proj_bias"))
+        .map(|(n, t)| {
+            let t = if n == &format!("{p}out_proj.bias") {
+                t.narrow(0, 0, 8).unwrap()
+            } else {
+                t.clone()
+            };
+            (n.clone(), t)
+        })
+        .chain([(
+            format!("{p}extra"),
+            Tensor::zeros(3, DType::F32, &Device::Cpu)?,
+        )])
+        .collect();
+    let broken = StateDict::from_tensors(tensors);
+    let opts = AttentionLoadOptions::new(4);
+    let err = match load_attention(&broken, p, &opts, DType::F32, &Device::Cpu) {
+        Ok(_) => anyhow::bail!("strict loading accepted a broken state_dict"),
+        Err(e) => e.to_string(),
+    };
+    for needle in [
+        "Error(s) in loading state_dict for MultiheadAttention",
+        "Missing key(s) in state_dict: \"in_proj_bias\"",
+        "Unexpected key(s) in state_dict: \"layers.0.self_attn.extra\"",
+        "size mismatch for out_proj.bias: copying a param with shape [8] from checkpoint, the shape in current model is [16]",
+    ] {
+        assert!(err.contains(needle), "missing {needle:?} in:\n{err}");
+    }
+    let loaded = load_attention(
+        &broken,
+        p,
+        &opts.with_strict(false),
+        DType::F32,
+        &Device::Cpu,
+    )?;
+    let r = &loaded.report;
+    assert_eq!(
+        (r.missing.clone(), r.unexpected.clone()),
+        (vec!["in_proj_bias".to_string()], vec![format!("{p}extra")])
+    );
+    assert_eq!(r.shape_mismatches[0].name, "out_proj.bias");
+    assert_eq!(r.loaded, ["in_proj_weight", "out_proj.weight"]);
+    // Loaded values are the checkpoint's.
+    let w = sd.get(&format!("{p}in_proj_weight")).unwrap();
+    assert_close(
+        "in_proj_weight",
+        loaded.module.in_proj_weight().unwrap(),
+        w,
+        0.0,
+    )?;
+    Ok(())
+}
+
+fn names_shapes_dtypes(sd: &StateDict) -> Vec<(String, Vec<usize>, DType)> {
+    sd.tensors()
+        .iter()
+        .map(|(n, t)| (n.clone(), t.dims().to_vec(), t.dtype()))
+        .collect()
+}
+
+/// A module trained a few steps in Rust and saved: PyTorch's keys, shapes, dtypes and
+/// metadata, exactly; it loads back to the same outputs. (`scripts/verify_roundtrip.py` checked
+/// once that PyTorch loads such a file strictly and reproduces our outputs; see the README.)
+#[test]
+fn save_trained_module_with_pytorch_layout() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let varmap = VarMap::new();
+    let cfg = MultiheadAttentionConfig::new(8, 2)
+        .with_add_bias_kv(true)
+        .with_batch_first(true);
+    let mha = MultiheadAttention::new(
+        cfg,
+        seeded_var_builder(&varmap, 5, DType::F32, &Device::Cpu),
+    )?;
+    let x = candle_mha::rng::normal(0., 1., (2, 4, 8), DType::F32, &Device::Cpu, 1)?;
+    let mut opt = candle_nn::AdamW::new_lr(varmap.all_vars(), 1e-2)?;
+    for _ in 0..3 {
+        let out = mha.forward(&x, &x, &x, &AttentionOptions::new())?.output;
+        opt.backward_step(&out.sqr()?.mean_all()?)?;
+    }
+    let path = dir.path().join("mha.safetensors");
+    save_modules(&path, &[("", &mha)])?;
+    let back = StateDict::load(&path)?;
+    let expected = [
+        ("bias_k", vec![1, 1, 8]),
+        ("bias_v", vec![1, 1, 8]),
+        ("in_proj_bias", vec![24]),
+        ("in_proj_weight", vec![24, 8]),
+        ("out_proj.bias", vec![8]),
+        ("out_proj.weight", vec![8, 8]),
+    ];
+    let want: Vec<_> = expected
+        .iter()
+        .map(|(n, s)| (n.to_string(), s.clone(), DType::F32))
+        .collect();
+    assert_eq!(names_shapes_dtypes(&back), want);
+    let meta: Vec<_> = back
+        .metadata()
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    assert_eq!(meta, [("format", "pt")]);
+    // Exactly our values, and the same outputs after loading.
+    for (name, t) in mha.named_parameters() {
+        assert_close(&name, back.get(&name).unwrap(), &t, 0.0)?;
+    }
+    let opts = AttentionLoadOptions::new(2).with_batch_first(true);
+    let loaded = load_attention_file(&path, "", &opts, DType::F32, &Device::Cpu)?;
+    let a = mha.forward(&x, &x, &x, &AttentionOptions::new())?.output;
+    let b = loaded
+        .module
+        .forward(&x, &x, &x, &AttentionOptions::new())?
+        .output;
+    assert_close("reloaded output", &b, &a, 0.0)?;
+    // Atomic write: nothing but the file is left in the directory.
+    let entries: Vec<_> = std::fs::read_dir(dir.path())?
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(entries, ["mha.safetensors"]);
+    Ok(())
+}
+
+#[test]
+fn save_several_modules_at_prefixes() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let vb = seeded_var_builder(&VarMap::new(), 0, DType::F32, &Device::Cpu);
+    let a = MultiheadAttention::new(MultiheadAttentionConfig::new(8, 2), vb.pp("x"))?;
+    let b = MultiheadAttention::new(
+        MultiheadAttentionConfig::new(8, 2)
+            .with_kdim(4)
+            .with_bias(false),
+        vb.pp("y"),
+    )?;
+    let path = dir.path().join("two.safetensors");
+    let modules: [(&str, &dyn NamedParameters); 2] =
+        [("encoder.layers.0.self_attn", &a), ("decoder.cross", &b)];
+    save_modules(&path, &modules)?;
+    let sd = StateDict::load(&path)?;
+    let names: Vec<&str> = sd.tensors().iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "decoder.cross.k_proj_weight",
+            "decoder.cross.out_proj.weight",
+            "decoder.cross.q_proj_weight",
+            "decoder.cross.v_proj_weight",
+            "encoder.layers.0.self_attn.in_proj_bias",
+            "encoder.layers.0.self_attn.in_proj_weight",
+            "encoder.layers.0.self_attn.out_proj.bias",
+            "encoder.layers.0.self_attn.out_proj.weight",
+        ]
+    );
+    assert_eq!(find_attention_modules(&sd).len(), 2);
+    Ok(())
+}
+
+/// Every bad file gives an error naming the problem, and nothing panics.
+#[test]
+fn bad_files_are_errors_not_panics() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let good = std::fs::read(ckpt("encoder_bf.safetensors"))?;
+    let good_pt = std::fs::read(ckpt("encoder_bf.pt"))?;
+    let header_len = u64::from_le_bytes(good[..8].try_into()?) as usize;
+    let header = std::str::from_utf8(&good[8..8 + header_len])?.to_string();
+    // A header whose offsets claim more data than the file has.
+    let lying = {
+        let grown = header.replacen("\"data_offsets\":[0,", "\"data_offsets\":[0,9", 1);
+        let mut h = grown.into_bytes();
+        h.resize(header_len.max(h.len()), b' ');
+        let mut bytes = (h.len() as u64).to_le_bytes().to_vec();
+        bytes.extend(h);
+        bytes.extend(&good[8 + header_len..]);
+        bytes
+    };
+    let files: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("empty.safetensors", vec![], "empty"),
+        (
+            "truncated.safetensors",
+            good[..good.len() / 2].to_vec(),
+            "cannot read checkpoint",
+        ),
+        (
+            "garbage.safetensors",
+            b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!".to_vec(),
+            "invalid safetensors header",
+        ),
+        (
+            "huge_header.safetensors",
+            u64::MAX.to_le_bytes().to_vec(),
+            "invalid safetensors header",
+        ),
+        ("lying.safetensors", lying, "cannot read checkpoint"),
+        (
+            "truncated.pt",
+            good_pt[..good_pt.len() / 2].to_vec(),
+            "cannot read checkpoint",
+        ),
+        (
+            "garbage.pt",
+            b"PK\x03\x04 this is not a zip archive".to_vec(),
+            "cannot read checkpoint",
+        ),
+        ("empty.pt", vec![], "cannot read checkpoint"),
+    ];
+    let mut cases: Vec<(PathBuf, &str)> = Vec::new();
+    for (name, bytes, needle) in files {
+        let p = dir.path().join(name);
+        std::fs::write(&p, bytes)?;
+        cases.push((p, needle));
+    }
+    cases.push((dir.path().to_path_buf(), "is a directory"));
+    cases.push((
+        dir.path().join("missing.safetensors"),
+        "cannot read checkpoint",
+    ));
+    cases.push((ckpt("no_tensors.pt"), "holds no tensors"));
+    let mut failures = Vec::new();
+    for (path, needle) in &cases {
+        let result = std::panic::catch_unwind(|| StateDict::load(path).map(|sd| sd.len()));
+        match result {
+            Err(_) => failures.push(format!("{}: panicked", path.display())),
+            Ok(Ok(n)) => failures.push(format!("{}: loaded {n} tensors", path.display())),
+            Ok(Err(e)) if !e.to_string().contains(needle) => {
+                failures.push(format!("{}: error {e:?} lacks {needle:?}", path.display()))
+            }
+            Ok(Err(_)) => {}
+        }
+    }
+    // Good file, wrong content for the module: missing prefix, wrong head count.
+    let sd = StateDict::load(ckpt("encoder_bf.safetensors"))?;
+    let opts = AttentionLoadOptions::new(4);
+    let err = load_attention(&sd, "layers.7.self_attn", &opts, DType::F32, &Device::Cpu)
+        .err()
+        .map(|e| e.to_string());
+    assert!(
+        err.as_deref().is_some_and(|e| e
+            .contains("no attention module at prefix \"layers.7.self_attn.\"")
+            && e.contains("layers.0.self_attn.")),
+        "{err:?}"
+    );
+    let err = load_attention(
+        &sd,
+        "layers.0.self_attn",
+        &AttentionLoadOptions::new(3),
+        DType::F32,
+        &Device::Cpu,
+    )
+    .err()
+    .map(|e| e.to_string());
+    assert!(
+        err.as_deref()
+            .is_some_and(|e| e.contains("divisible") && e.contains("[1, 2, 4, 8, 16]")),
+        "{err:?}"
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    Ok(())
+}
