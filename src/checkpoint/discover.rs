@@ -15,7 +15,7 @@ use crate::attention::MultiheadAttentionConfig;
 pub struct InferredAttention {
     /// The prefix in the checkpoint (`""` or ending with `.`).
     pub prefix: String,
-    /// `E`, from `out_proj.weight`, `in_proj_weight` or `q_proj_weight`.
+    /// `E`, from `in_proj_weight [3E, E]` or `q_proj_weight [E, E]`.
     pub embed_dim: usize,
     /// Key feature size (from `k_proj_weight`; `E` when packed).
     pub kdim: usize,
@@ -50,8 +50,8 @@ impl InferredAttention {
                 "no attention module at prefix \"{prefix}\": expected \"{prefix}in_proj_weight\" or \"{prefix}q_proj_weight\"; attention modules in this checkpoint: {found:?}"
             )
         };
-        let embed_dim = dim(&sd, "out_proj.weight", 0)
-            .or_else(|| dim(&sd, "in_proj_weight", 1))
+        // The projection weight decides E: a wrong out_proj then shows as one size mismatch.
+        let embed_dim = dim(&sd, "in_proj_weight", 1)
             .or_else(|| dim(&sd, "q_proj_weight", 0))
             .unwrap_or(0);
         let separate = sd.get("in_proj_weight").is_none();

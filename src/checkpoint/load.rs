@@ -121,6 +121,7 @@ pub fn load_into_varmap(
             name.clone(),
             value.to_dtype(var.dtype())?.to_device(var.device())?,
         ));
+        report.loaded.push(name.clone());
     }
     report.unexpected = stored
         .tensors()
@@ -129,11 +130,10 @@ pub fn load_into_varmap(
         .map(|(n, _)| format!("{prefix}{n}"))
         .collect();
     if opts.strict && !report.is_clean() {
-        candle::bail!("Error(s) in loading state_dict for {report}")
+        candle::bail!("Error(s) in loading state_dict for {report}\tNothing was loaded (strict).")
     }
     for (name, value) in updates {
         data[&name].set(&value)?;
-        report.loaded.push(name);
     }
     Ok(report)
 }

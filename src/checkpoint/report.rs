@@ -39,7 +39,8 @@ pub struct LoadReport {
     pub source: String,
     /// The prefix in the checkpoint the model was read from (`""` or ending with `.`).
     pub prefix: String,
-    /// Parameters set from the checkpoint (model names).
+    /// Parameters found in the checkpoint with the right shape (model names); they are set
+    /// unless strict loading failed.
     pub loaded: Vec<String>,
     /// Model parameters absent from the checkpoint (model names).
     pub missing: Vec<String>,
@@ -75,7 +76,7 @@ impl fmt::Display for LoadReport {
         };
         writeln!(
             f,
-            "{}: loaded {} of {total} parameters from {}{prefix}",
+            "{}: {} of {total} parameters matched in {}{prefix}",
             self.module,
             self.loaded.len(),
             self.source
