@@ -32,8 +32,11 @@ pub use candle;
 
 pub mod attention;
 pub mod checkpoint;
+pub mod data;
 pub mod init;
+pub mod models;
 pub mod rng;
+pub mod training;
 
 pub use attention::{
     multihead_attention, AttentionOptions, AttentionOutput, MultiheadAttention,

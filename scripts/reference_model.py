@@ -1,0 +1,188 @@
+#!/usr/bin/env python3
+"""PyTorch reference twin of candle-mha's `NextTokenPredictor` (a tiny decoder-only LM).
+
+The module tree and state_dict names here match the Rust model exactly:
+
+    token_embedding.weight                      (V, E)
+    position_embedding.weight                   (max_len, E)
+    blocks.<i>.ln1.{weight,bias}                (E,)
+    blocks.<i>.attn.in_proj_weight              (3E, E)   nn.MultiheadAttention
+    blocks.<i>.attn.in_proj_bias                (3E,)
+    blocks.<i>.attn.out_proj.{weight,bias}      (E, E), (E,)
+    blocks.<i>.ln2.{weight,bias}                (E,)
+    blocks.<i>.mlp.fc1.{weight,bias}            (ff, E), (ff,)
+    blocks.<i>.mlp.fc2.{weight,bias}            (E, ff), (E,)
+    ln_f.{weight,bias}                          (E,)
+    head.{weight,bias}                          (V, E), (V,)
+
+Each block is pre-LayerNorm: x + MHA(ln1(x)) with a causal bool mask (True = may not
+attend) and an optional bool key_padding_mask (True = padding), then x + MLP(ln2(x)) with
+an exact (erf) GELU. `masked_loss` is the mean cross-entropy over the positions where the
+bool loss mask is True.
+
+Use as a module (`scripts/make_model_fixtures.py` imports it), or from the command line to
+check a checkpoint trained by `mha train` in PyTorch:
+
+    /tmp/torchvenv/bin/python scripts/reference_model.py CHECKPOINT_DIR
+
+CHECKPOINT_DIR must hold `config.json` (keys vocab_size, max_len, embed_dim, num_heads,
+num_layers, ff_dim, dropout) and `model.safetensors` (the state_dict above). The weights
+are loaded with `load_state_dict(strict=True)`, so a missing, extra or misshapen tensor
+is an error. If `CHECKPOINT_DIR/logits_check.safetensors` exists (tensors `tokens` int64
+(N, L), optional `key_padding_mask` uint8 (N, L) with 1 = padding, and `logits` f32
+(N, L, V)), the logits are recomputed in eval mode (on CPU, with grad enabled so
+nn.MultiheadAttention takes its slow path, as the fixtures do) and compared with the
+stored ones: the max abs difference is printed, followed by PASS when it is at most
+1e-4 * max|stored logits| (exit code 0) or FAIL (exit code 1).
+
+A venv for it (CPU only is enough):
+
+    python3 -m venv /tmp/torchvenv && /tmp/torchvenv/bin/pip install torch numpy safetensors
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+CONFIG_KEYS = ("vocab_size", "max_len", "embed_dim", "num_heads", "num_layers", "ff_dim",
+               "dropout")
+REL_TOL = 1e-4
+
+
+class MLP(nn.Module):
+    def __init__(self, embed_dim, ff_dim):
+        super().__init__()
+        self.fc1 = nn.Linear(embed_dim, ff_dim)
+        self.fc2 = nn.Linear(ff_dim, embed_dim)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))  # exact erf GELU
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block."""
+
+    def __init__(self, embed_dim, num_heads, ff_dim, dropout=0.0):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(embed_dim, eps=1e-5)
+        self.attn = nn.MultiheadAttention(embed_dim, num_heads, dropout=dropout,
+                                          batch_first=True)
+        self.ln2 = nn.LayerNorm(embed_dim, eps=1e-5)
+        self.mlp = MLP(embed_dim, ff_dim)
+
+    def forward(self, x, attn_mask, key_padding_mask):
+        h = self.ln1(x)
+        a = self.attn(h, h, h, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+                      need_weights=False)[0]
+        x = x + a
+        return x + self.mlp(self.ln2(x))
+
+
+class NextTokenPredictor(nn.Module):
+    def __init__(self, vocab_size, max_len, embed_dim, num_heads, num_layers, ff_dim,
+                 dropout=0.0):
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.max_len = max_len
+        self.token_embedding = nn.Embedding(vocab_size, embed_dim)
+        self.position_embedding = nn.Embedding(max_len, embed_dim)
+        self.blocks = nn.ModuleList(
+            [Block(embed_dim, num_heads, ff_dim, dropout) for _ in range(num_layers)])
+        self.ln_f = nn.LayerNorm(embed_dim)
+        self.head = nn.Linear(embed_dim, vocab_size)
+
+    def forward(self, tokens, key_padding_mask=None):
+        """tokens: (N, L) long, L <= max_len; key_padding_mask: (N, L) bool, True = padding.
+
+        Returns logits (N, L, vocab_size)."""
+        L = tokens.shape[1]
+        assert L <= self.max_len, (L, self.max_len)
+        pos = torch.arange(L, device=tokens.device)
+        x = self.token_embedding(tokens) + self.position_embedding(pos)
+        # True = may not attend (causal)
+        mask = torch.triu(torch.ones(L, L, dtype=torch.bool, device=tokens.device), 1)
+        for b in self.blocks:
+            x = b(x, mask, key_padding_mask)
+        return self.head(self.ln_f(x))
+
+
+def masked_loss(logits, targets, loss_mask):
+    """Mean cross-entropy over the positions where loss_mask (bool) is True."""
+    m = loss_mask.bool()
+    return F.cross_entropy(logits[m], targets[m])
+
+
+def from_config(cfg):
+    missing = [k for k in CONFIG_KEYS if k not in cfg]
+    if missing:
+        raise KeyError(f"config lacks {missing}")
+    return NextTokenPredictor(
+        vocab_size=int(cfg["vocab_size"]), max_len=int(cfg["max_len"]),
+        embed_dim=int(cfg["embed_dim"]), num_heads=int(cfg["num_heads"]),
+        num_layers=int(cfg["num_layers"]), ff_dim=int(cfg["ff_dim"]),
+        dropout=float(cfg["dropout"]))
+
+
+def config_from_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def load_checkpoint(ckpt_dir):
+    """Build the model from CKPT_DIR/config.json and load CKPT_DIR/model.safetensors
+    strictly; returns the model in eval() mode."""
+    from safetensors.torch import load_file
+
+    model = from_config(config_from_json(os.path.join(ckpt_dir, "config.json")))
+    sd = load_file(os.path.join(ckpt_dir, "model.safetensors"))
+    model.load_state_dict(sd, strict=True)
+    model.eval()
+    return model
+
+
+def check_logits(model, path):
+    """Recompute logits for the tokens in `path`; returns (max_abs_diff, max_abs_ref, ok)."""
+    from safetensors.torch import load_file
+
+    t = load_file(path)
+    tokens = t["tokens"].long()
+    kpm = t["key_padding_mask"].bool() if "key_padding_mask" in t else None
+    ref = t["logits"].float()
+    with torch.enable_grad():  # parameters require grad -> MHA slow path
+        got = model(tokens, kpm).detach()
+    if got.shape != ref.shape:
+        raise ValueError(f"logits shape {tuple(got.shape)} != stored {tuple(ref.shape)}")
+    diff = (got - ref).abs().max().item()
+    scale = ref.abs().max().item()
+    ok = bool(diff <= REL_TOL * scale)
+    return diff, scale, ok
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(
+        description="Load an `mha train` checkpoint into the PyTorch reference model and "
+                    "check its logits.")
+    ap.add_argument("checkpoint_dir")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    model = load_checkpoint(args.checkpoint_dir)
+    n = sum(p.numel() for p in model.parameters())
+    print(f"torch {torch.__version__}: loaded {args.checkpoint_dir} strictly "
+          f"({len(model.state_dict())} tensors, {n} parameters)")
+    check = os.path.join(args.checkpoint_dir, "logits_check.safetensors")
+    if not os.path.exists(check):
+        print(f"no {check}; nothing to compare")
+        return 0
+    diff, scale, ok = check_logits(model, check)
+    print(f"logits max abs diff {diff:.3e} (tol {REL_TOL:g} * max|logits| "
+          f"= {REL_TOL * scale:.3e}): {'PASS' if ok else 'FAIL'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

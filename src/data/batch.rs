@@ -1,0 +1,101 @@
+//! Padding a few examples into one batch of tensors.
+
+use candle::{Device, Result, Tensor};
+
+use super::example::Example;
+use super::vocab::PAD_ID;
+
+/// A padded batch; all tensors are `(N, L)` with `L` the longest input in the batch, right-padded
+/// with [`PAD_ID`]. Padded positions have `loss_mask` 0 and `key_padding_mask` 1, so the padding
+/// id never matters (it stays 0 even when a tokenizer's own pad id differs).
+///
+/// PyTorch equivalent: the output of a `collate_fn` using
+/// `torch.nn.utils.rnn.pad_sequence(..., batch_first=True)`.
+#[derive(Debug, Clone)]
+pub struct Batch {
+    /// The inputs `tokens[..n-1]`, `u32`, `(N, L)`.
+    pub input: Tensor,
+    /// The targets `tokens[1..]`, `u32`, `(N, L)`.
+    pub targets: Tensor,
+    /// 1 where a prediction counts in the loss, `u8`, `(N, L)`.
+    pub loss_mask: Tensor,
+    /// 1 at padded positions (PyTorch's `key_padding_mask` convention: true = ignore), `u8`,
+    /// `(N, L)`.
+    pub key_padding_mask: Tensor,
+    /// The number of target positions that count (the sum of `loss_mask`).
+    pub num_tokens: usize,
+}
+
+impl Batch {
+    /// Pads `examples` into a batch on `device`.
+    ///
+    /// Errors on an empty slice, on an example with fewer than 2 tokens and on an example whose
+    /// `loss_mask` length is not `tokens.len() - 1`.
+    ///
+    /// PyTorch equivalent: `pad_sequence([torch.tensor(e.tokens) for e in examples],
+    /// batch_first=True, padding_value=0)` followed by slicing into inputs and targets.
+    pub fn from_examples(examples: &[&Example], device: &Device) -> Result<Self> {
+        if examples.is_empty() {
+            return Err(candle::Error::Msg(
+                "cannot build a batch from 0 examples; expected at least 1".into(),
+            ));
+        }
+        for (i, e) in examples.iter().enumerate() {
+            if e.tokens.len() < 2 {
+                return Err(candle::Error::Msg(format!(
+                    "example {i} of the batch has {} token(s); expected at least 2 (one input \
+                     and one target)",
+                    e.tokens.len()
+                )));
+            }
+            if e.loss_mask.len() != e.tokens.len() - 1 {
+                return Err(candle::Error::Msg(format!(
+                    "example {i} of the batch has {} tokens and a loss mask of length {}; \
+                     expected a loss mask of length {}",
+                    e.tokens.len(),
+                    e.loss_mask.len(),
+                    e.tokens.len() - 1
+                )));
+            }
+        }
+        let n = examples.len();
+        let l = examples
+            .iter()
+            .map(|e| e.tokens.len() - 1)
+            .max()
+            .unwrap_or(0);
+        let mut input = vec![PAD_ID; n * l];
+        let mut targets = vec![PAD_ID; n * l];
+        let mut loss_mask = vec![0u8; n * l];
+        let mut key_padding_mask = vec![1u8; n * l];
+        let mut num_tokens = 0;
+        for (row, e) in examples.iter().enumerate() {
+            let len = e.tokens.len() - 1;
+            let base = row * l;
+            input[base..base + len].copy_from_slice(&e.tokens[..len]);
+            targets[base..base + len].copy_from_slice(&e.tokens[1..]);
+            for (j, &m) in e.loss_mask.iter().enumerate() {
+                loss_mask[base + j] = u8::from(m);
+                num_tokens += usize::from(m);
+            }
+            key_padding_mask[base..base + len].fill(0);
+        }
+        Ok(Batch {
+            input: Tensor::from_vec(input, (n, l), device)?,
+            targets: Tensor::from_vec(targets, (n, l), device)?,
+            loss_mask: Tensor::from_vec(loss_mask, (n, l), device)?,
+            key_padding_mask: Tensor::from_vec(key_padding_mask, (n, l), device)?,
+            num_tokens,
+        })
+    }
+
+    /// The number of sequences `N`.
+    pub fn batch_size(&self) -> usize {
+        self.input.dims().first().copied().unwrap_or(0)
+    }
+
+    /// The padded length `L`.
+    pub fn seq_len(&self) -> usize {
+        self.input.dims().get(1).copied().unwrap_or(0)
+    }
+}

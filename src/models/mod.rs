@@ -1,0 +1,8 @@
+//! Models built on the attention core: layers with PyTorch's names and a next-token predictor.
+
+mod config;
+pub mod layers;
+mod next_token;
+
+pub use config::NextTokenPredictorConfig;
+pub use next_token::{masked_cross_entropy, Block, NextTokenPredictor};

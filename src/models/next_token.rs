@@ -1,0 +1,238 @@
+//! [`NextTokenPredictor`]: a small causal transformer over token ids, with PyTorch names.
+
+use candle::{DType, Module, Result, Tensor, D};
+use candle_nn::VarBuilder;
+
+use super::layers::{Embedding, LayerNorm, Linear};
+use super::NextTokenPredictorConfig;
+use crate::attention::mask::causal_mask;
+use crate::attention::{AttentionOptions, MultiheadAttention, MultiheadAttentionConfig};
+use crate::rng::derive_seed;
+
+/// One pre-LayerNorm transformer block: `x + attn(ln1(x))`, then `x + mlp(ln2(x))`.
+///
+/// PyTorch equivalent: `Block` in `scripts/reference_model.py` (`ln1`, `attn`, `ln2`,
+/// `mlp.fc1`, `mlp.fc2`, exact-erf GELU).
+#[derive(Clone, Debug)]
+pub struct Block {
+    ln1: LayerNorm,
+    attn: MultiheadAttention,
+    ln2: LayerNorm,
+    fc1: Linear,
+    fc2: Linear,
+}
+
+impl Block {
+    fn new(cfg: &NextTokenPredictorConfig, vb: VarBuilder) -> Result<Self> {
+        let e = cfg.embed_dim;
+        let attn_cfg = MultiheadAttentionConfig::new(e, cfg.num_heads)
+            .with_batch_first(true)
+            .with_dropout(cfg.dropout);
+        Ok(Self {
+            ln1: LayerNorm::new(e, 1e-5, vb.pp("ln1"))?,
+            attn: MultiheadAttention::new(attn_cfg, vb.pp("attn"))?,
+            ln2: LayerNorm::new(e, 1e-5, vb.pp("ln2"))?,
+            fc1: Linear::new(e, cfg.ff_dim, true, vb.pp("mlp").pp("fc1"))?,
+            fc2: Linear::new(cfg.ff_dim, e, true, vb.pp("mlp").pp("fc2"))?,
+        })
+    }
+
+    /// The block's attention module.
+    pub fn attn(&self) -> &MultiheadAttention {
+        &self.attn
+    }
+
+    fn forward(&self, x: &Tensor, opts: &AttentionOptions) -> Result<(Tensor, Option<Tensor>)> {
+        let h = self.ln1.forward(x)?;
+        let attn = self.attn.forward(&h, &h, &h, opts)?;
+        let x = (x + attn.output)?;
+        let m = self
+            .fc2
+            .forward(&self.fc1.forward(&self.ln2.forward(&x)?)?.gelu_erf()?)?;
+        Ok(((x + m)?, attn.weights))
+    }
+}
+
+/// Token embedding + learned positions + causal transformer blocks + LayerNorm + output head.
+///
+/// PyTorch equivalent: `NextTokenPredictor` in `scripts/reference_model.py`, with the same
+/// state_dict names (`token_embedding.weight`, `position_embedding.weight`,
+/// `blocks.{i}.attn.in_proj_weight`, …, `ln_f.*`, `head.*`): checkpoints move both ways.
+///
+/// # Shapes
+/// tokens `(N, L)` u32 with `L ≤ max_len`; key padding mask `(N, L)` u8 (1 = padding);
+/// logits `(N, L, V)`: position `i` predicts token `i + 1`.
+#[derive(Clone, Debug)]
+pub struct NextTokenPredictor {
+    config: NextTokenPredictorConfig,
+    token_embedding: Embedding,
+    position_embedding: Embedding,
+    blocks: Vec<Block>,
+    ln_f: LayerNorm,
+    head: Linear,
+}
+
+impl NextTokenPredictor {
+    /// Builds the model under `vb` (PyTorch's initialisation for new parameters).
+    pub fn new(config: NextTokenPredictorConfig, vb: VarBuilder) -> Result<Self> {
+        config.validate()?;
+        let (v, e) = (config.vocab_size, config.embed_dim);
+        let blocks = (0..config.num_layers)
+            .map(|i| Block::new(&config, vb.pp("blocks").pp(i)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            token_embedding: Embedding::new(v, e, vb.pp("token_embedding"))?,
+            position_embedding: Embedding::new(config.max_len, e, vb.pp("position_embedding"))?,
+            blocks,
+            ln_f: LayerNorm::new(e, 1e-5, vb.pp("ln_f"))?,
+            head: Linear::new(e, v, true, vb.pp("head"))?,
+            config,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &NextTokenPredictorConfig {
+        &self.config
+    }
+
+    /// The transformer blocks.
+    pub fn blocks(&self) -> &[Block] {
+        &self.blocks
+    }
+
+    fn check_tokens(&self, tokens: &Tensor, kpm: Option<&Tensor>) -> Result<(usize, usize)> {
+        let (n, l) = match tokens.dims() {
+            [n, l] => (*n, *l),
+            d => candle::bail!("tokens must be (N, L), got shape {d:?}"),
+        };
+        if !matches!(tokens.dtype(), DType::U32 | DType::I64) {
+            candle::bail!(
+                "tokens must be u32 or i64 ids, got dtype {:?}",
+                tokens.dtype()
+            )
+        }
+        if l > self.config.max_len {
+            candle::bail!(
+                "sequence of length {l} is longer than the model's context (max_len = {})",
+                self.config.max_len
+            )
+        }
+        if tokens.elem_count() > 0 {
+            let max = tokens
+                .flatten_all()?
+                .to_dtype(DType::I64)?
+                .max(0)?
+                .to_scalar::<i64>()?;
+            let min = tokens
+                .flatten_all()?
+                .to_dtype(DType::I64)?
+                .min(0)?
+                .to_scalar::<i64>()?;
+            if min < 0 || max as usize >= self.config.vocab_size {
+                candle::bail!(
+                    "token ids must be in [0, {}), got ids from {min} to {max}",
+                    self.config.vocab_size
+                )
+            }
+        }
+        if let Some(m) = kpm {
+            if m.dims() != [n, l] {
+                candle::bail!(
+                    "key_padding_mask must be {:?} like the tokens, got {:?}",
+                    [n, l],
+                    m.dims()
+                )
+            }
+        }
+        Ok((n, l))
+    }
+
+    fn run(
+        &self,
+        tokens: &Tensor,
+        kpm: Option<&Tensor>,
+        dropout_seed: Option<u64>,
+        need_weights: bool,
+    ) -> Result<(Tensor, Vec<Tensor>)> {
+        let (_, l) = self.check_tokens(tokens, kpm)?;
+        let dev = tokens.device();
+        let positions = Tensor::arange(0u32, l as u32, dev)?;
+        let x = self.token_embedding.forward(tokens)?;
+        let mut x = x.broadcast_add(&self.position_embedding.forward(&positions)?)?;
+        let mut weights = Vec::new();
+        for (i, block) in self.blocks.iter().enumerate() {
+            let mut opts = AttentionOptions::new()
+                .with_attn_mask(causal_mask(l, l, dev)?)
+                .with_need_weights(need_weights)
+                .with_average_attn_weights(false);
+            if let Some(m) = kpm {
+                opts = opts.with_key_padding_mask(m.clone());
+            }
+            if let Some(seed) = dropout_seed {
+                // Each layer's mask comes from (seed, layer): resumable exactly.
+                opts = opts
+                    .with_train(true)
+                    .with_dropout_seed(derive_seed(seed, &i.to_string()));
+            }
+            let (y, w) = block.forward(&x, &opts)?;
+            x = y;
+            weights.extend(w);
+        }
+        Ok((self.head.forward(&self.ln_f.forward(&x)?)?, weights))
+    }
+
+    /// Logits `(N, L, V)` in evaluation mode.
+    ///
+    /// PyTorch equivalent: `model.eval(); model(tokens, key_padding_mask)`.
+    pub fn forward(&self, tokens: &Tensor, kpm: Option<&Tensor>) -> Result<Tensor> {
+        self.run(tokens, kpm, None, false).map(|(logits, _)| logits)
+    }
+
+    /// Logits in training mode: attention dropout drawn from `dropout_seed`.
+    ///
+    /// PyTorch equivalent: `model.train(); model(tokens, key_padding_mask)`.
+    pub fn forward_train(
+        &self,
+        tokens: &Tensor,
+        kpm: Option<&Tensor>,
+        dropout_seed: u64,
+    ) -> Result<Tensor> {
+        self.run(tokens, kpm, Some(dropout_seed), false)
+            .map(|(logits, _)| logits)
+    }
+
+    /// Logits and every layer's per-head attention weights `(N, H, L, L)`, in evaluation mode.
+    pub fn forward_with_attention(
+        &self,
+        tokens: &Tensor,
+        kpm: Option<&Tensor>,
+    ) -> Result<(Tensor, Vec<Tensor>)> {
+        self.run(tokens, kpm, None, true)
+    }
+}
+
+/// Mean cross-entropy of `logits (N, L, V)` against `targets (N, L)` over the positions where
+/// `mask (N, L)` is nonzero. Errors if no position counts.
+///
+/// PyTorch equivalent: `F.cross_entropy(logits[mask], targets[mask])`.
+pub fn masked_cross_entropy(logits: &Tensor, targets: &Tensor, mask: &Tensor) -> Result<Tensor> {
+    let (n, l, v) = logits.dims3()?;
+    if targets.dims() != [n, l] || mask.dims() != [n, l] {
+        candle::bail!(
+            "targets {:?} and mask {:?} must be (N, L) = {:?}",
+            targets.dims(),
+            mask.dims(),
+            [n, l]
+        )
+    }
+    let logp = candle_nn::ops::log_softmax(&logits.reshape((n * l, v))?, D::Minus1)?;
+    let picked = logp
+        .gather(&targets.reshape((n * l, 1))?.to_dtype(DType::U32)?, 1)?
+        .squeeze(1)?;
+    let mask = mask.reshape(n * l)?.ne(0u8)?.to_dtype(logits.dtype())?;
+    let count = mask.sum_all()?.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+    if count == 0.0 {
+        candle::bail!("the loss mask selects no position")
+    }
+    ((picked * mask)?.sum_all()? / -count)?.to_dtype(logits.dtype())
+}

@@ -1,0 +1,222 @@
+//! [`AdamW`] with PyTorch's update and a state that can be saved and restored, and
+//! [`clip_grad_norm`].
+//!
+//! candle-nn's `AdamW` keeps its moments private, so a run cannot be checkpointed and resumed
+//! exactly; this one exposes them as a [`StateDict`].
+
+use candle::backprop::GradStore;
+use candle::{DType, Result, Tensor, Var};
+use candle_nn::VarMap;
+
+use crate::checkpoint::StateDict;
+
+/// AdamW hyper-parameters; defaults are `torch.optim.AdamW`'s.
+///
+/// PyTorch equivalent: `torch.optim.AdamW(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
+/// weight_decay=0.01)` (no `amsgrad`, no `maximize`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct AdamWConfig {
+    /// Learning rate. Default `1e-3`.
+    pub lr: f64,
+    /// First-moment decay. Default `0.9`.
+    pub beta1: f64,
+    /// Second-moment decay. Default `0.999`.
+    pub beta2: f64,
+    /// Denominator term. Default `1e-8`.
+    pub eps: f64,
+    /// Decoupled weight decay, applied to every parameter. Default `0.01`.
+    pub weight_decay: f64,
+}
+
+impl Default for AdamWConfig {
+    fn default() -> Self {
+        Self {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+        }
+    }
+}
+
+struct Slot {
+    name: String,
+    var: Var,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    step: u64,
+}
+
+/// AdamW over named variables.
+///
+/// PyTorch equivalent: `torch.optim.AdamW` (single-tensor path): per parameter,
+/// `p *= 1 - lr·wd; m.lerp_(g, 1-β1); v = β2 v + (1-β2) g²;
+/// p -= lr/(1-β1ᵗ) · m / (√v/√(1-β2ᵗ) + eps)`, with a step count per parameter; a
+/// parameter without gradient is skipped, as PyTorch skips `grad is None`.
+pub struct AdamW {
+    slots: Vec<Slot>,
+    config: AdamWConfig,
+}
+
+impl AdamW {
+    /// An optimizer over `params` (name, variable).
+    pub fn new(params: Vec<(String, Var)>, config: AdamWConfig) -> Result<Self> {
+        let slots = params
+            .into_iter()
+            .map(|(name, var)| {
+                let zeros = var.as_tensor().zeros_like()?;
+                Ok(Slot {
+                    name,
+                    exp_avg: zeros.clone(),
+                    exp_avg_sq: zeros,
+                    var,
+                    step: 0,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self { slots, config })
+    }
+
+    /// An optimizer over every variable of `varmap`, in name order (deterministic).
+    pub fn from_varmap(varmap: &VarMap, config: AdamWConfig) -> Result<Self> {
+        let data = varmap.data().lock().unwrap_or_else(|p| p.into_inner());
+        let mut params: Vec<(String, Var)> =
+            data.iter().map(|(n, v)| (n.clone(), v.clone())).collect();
+        params.sort_by(|a, b| a.0.cmp(&b.0));
+        drop(data);
+        Self::new(params, config)
+    }
+
+    /// The hyper-parameters.
+    pub fn config(&self) -> &AdamWConfig {
+        &self.config
+    }
+
+    /// The current learning rate.
+    pub fn lr(&self) -> f64 {
+        self.config.lr
+    }
+
+    /// Sets the learning rate (for schedules).
+    ///
+    /// PyTorch equivalent: `for g in opt.param_groups: g["lr"] = lr`.
+    pub fn set_lr(&mut self, lr: f64) {
+        self.config.lr = lr;
+    }
+
+    /// The variables, in optimizer order.
+    pub fn vars(&self) -> Vec<Var> {
+        self.slots.iter().map(|s| s.var.clone()).collect()
+    }
+
+    /// One update from `grads`.
+    ///
+    /// PyTorch equivalent: `optimizer.step()`.
+    pub fn step(&mut self, grads: &GradStore) -> Result<()> {
+        let AdamWConfig {
+            lr,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+        } = self.config;
+        for slot in self.slots.iter_mut() {
+            let Some(g) = grads.get(slot.var.as_tensor()) else {
+                continue;
+            };
+            slot.step += 1;
+            let t = slot.step as i32;
+            let p = slot.var.as_tensor();
+            let p = (p * (1.0 - lr * weight_decay))?;
+            // m.lerp_(g, 1 - β1) = m + (1 - β1)(g - m)
+            slot.exp_avg = (&slot.exp_avg + ((g - &slot.exp_avg)? * (1.0 - beta1))?)?;
+            slot.exp_avg_sq = ((&slot.exp_avg_sq * beta2)? + (g.sqr()? * (1.0 - beta2))?)?;
+            let step_size = lr / (1.0 - beta1.powi(t));
+            let bias2_sqrt = (1.0 - beta2.powi(t)).sqrt();
+            let denom = ((slot.exp_avg_sq.sqrt()? / bias2_sqrt)? + eps)?;
+            let update = ((&slot.exp_avg / denom)? * step_size)?;
+            slot.var.set(&(p - update)?)?;
+        }
+        Ok(())
+    }
+
+    /// The moments and step counts: `exp_avg.<name>`, `exp_avg_sq.<name>`, `step.<name>`
+    /// (f64 scalar), and the hyper-parameters in the metadata.
+    ///
+    /// PyTorch equivalent: `optimizer.state_dict()`.
+    pub fn state_dict(&self) -> Result<StateDict> {
+        let mut tensors = Vec::new();
+        for s in &self.slots {
+            tensors.push((format!("exp_avg.{}", s.name), s.exp_avg.clone()));
+            tensors.push((format!("exp_avg_sq.{}", s.name), s.exp_avg_sq.clone()));
+            tensors.push((
+                format!("step.{}", s.name),
+                Tensor::new(s.step as f64, s.var.device())?,
+            ));
+        }
+        let c = &self.config;
+        Ok(StateDict::from_tensors(tensors)
+            .with_metadata("lr", &c.lr.to_string())
+            .with_metadata("beta1", &c.beta1.to_string())
+            .with_metadata("beta2", &c.beta2.to_string())
+            .with_metadata("eps", &c.eps.to_string())
+            .with_metadata("weight_decay", &c.weight_decay.to_string()))
+    }
+
+    /// Restores what [`state_dict`](Self::state_dict) saved; every parameter must be present
+    /// with its shape.
+    ///
+    /// PyTorch equivalent: `optimizer.load_state_dict(state)`.
+    pub fn load_state_dict(&mut self, sd: &StateDict) -> Result<()> {
+        for s in self.slots.iter_mut() {
+            let get = |key: String, like: &Tensor| -> Result<Tensor> {
+                let t = sd
+                    .get(&key)
+                    .ok_or_else(|| candle::Error::Msg(format!("optimizer state has no {key}")))?;
+                if t.dims() != like.dims() {
+                    candle::bail!(
+                        "optimizer state {key} has shape {:?}, expected {:?}",
+                        t.dims(),
+                        like.dims()
+                    )
+                }
+                t.to_dtype(like.dtype())?.to_device(like.device())
+            };
+            s.exp_avg = get(format!("exp_avg.{}", s.name), s.var.as_tensor())?;
+            s.exp_avg_sq = get(format!("exp_avg_sq.{}", s.name), s.var.as_tensor())?;
+            let step = sd.get(&format!("step.{}", s.name)).ok_or_else(|| {
+                candle::Error::Msg(format!("optimizer state has no step.{}", s.name))
+            })?;
+            s.step = step.to_dtype(DType::F64)?.to_scalar::<f64>()? as u64;
+        }
+        Ok(())
+    }
+}
+
+/// Scales the gradients of `vars` so that their global L2 norm is at most `max_norm`, and
+/// returns the norm before clipping.
+///
+/// PyTorch equivalent: `torch.nn.utils.clip_grad_norm_(params, max_norm)`: the scale is
+/// `min(1, max_norm / (norm + 1e-6))`.
+pub fn clip_grad_norm(grads: &mut GradStore, vars: &[Var], max_norm: f64) -> Result<f64> {
+    let mut sq = 0f64;
+    for v in vars {
+        if let Some(g) = grads.get(v.as_tensor()) {
+            sq += g
+                .to_dtype(DType::F64)?
+                .sqr()?
+                .sum_all()?
+                .to_scalar::<f64>()?;
+        }
+    }
+    let norm = sq.sqrt();
+    let scale = (max_norm / (norm + 1e-6)).min(1.0);
+    for v in vars {
+        if let Some(g) = grads.get(v.as_tensor()) {
+            let scaled = (g * scale)?;
+            grads.insert(v.as_tensor(), scaled);
+        }
+    }
+    Ok(norm)
+}
