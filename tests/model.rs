@@ -23,7 +23,7 @@ fn fixture(name: &str) -> Result<Fixture> {
 }
 
 fn meta_f64(f: &Fixture, key: &str) -> Result<f64> {
-    Ok(f.str(key).parse().with_context(|| key.to_string())?)
+    f.str(key).parse().with_context(|| key.to_string())
 }
 
 /// The fixture's model, loaded strictly into a fresh VarMap.

@@ -76,7 +76,10 @@ impl Dataset {
     /// `derive_seed(seed, &format!("epoch{epoch}"))`.
     pub fn epoch_order(&self, epoch: u64, seed: u64) -> Vec<usize> {
         let mut order: Vec<usize> = (0..self.examples.len()).collect();
-        order.shuffle(&mut rng_from_seed(derive_seed(seed, &format!("epoch{epoch}"))));
+        order.shuffle(&mut rng_from_seed(derive_seed(
+            seed,
+            &format!("epoch{epoch}"),
+        )));
         order
     }
 

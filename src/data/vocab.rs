@@ -174,7 +174,10 @@ impl Vocab {
     /// PyTorch equivalent: `torch.save(vocab, path)`.
     pub fn save(&self, path: &Path) -> Result<()> {
         let json = serde_json::to_string_pretty(&self.symbols).map_err(|e| {
-            candle::Error::Msg(format!("serializing the vocabulary for {}: {e}", path.display()))
+            candle::Error::Msg(format!(
+                "serializing the vocabulary for {}: {e}",
+                path.display()
+            ))
         })?;
         write_atomic(path, json.as_bytes())
     }

@@ -1,8 +1,15 @@
-//! Training: an AdamW with saveable state, gradient clipping, a learning-rate schedule, and
-//! the trainer that runs, evaluates, checkpoints and resumes.
+//! Training: an AdamW with saveable state, gradient clipping, a learning-rate schedule,
+//! evaluation, and the trainer that runs, checkpoints and resumes.
 
+mod evaluate;
 mod optim;
 mod schedule;
+mod trainer;
 
+pub use evaluate::{evaluate, Evaluation};
 pub use optim::{clip_grad_norm, AdamW, AdamWConfig};
 pub use schedule::LrSchedule;
+pub use trainer::{
+    EvalRecord, StepStats, TrainConfig, TrainObserver, Trainer, TrainerState, CONFIG_FILE,
+    MODEL_FILE, OPTIMIZER_FILE, STATE_FILE,
+};

@@ -1,0 +1,289 @@
+//! Text through the `tokenizers` crate: load a `tokenizer.json` or train a byte-level BPE, and
+//! cut a corpus into training windows.
+
+use std::path::Path;
+
+use candle::Result;
+use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::{
+    AddedToken, NormalizerWrapper, PostProcessorWrapper, Tokenizer, TokenizerBuilder,
+};
+
+use super::dataset::Dataset;
+use super::example::Example;
+use super::vocab::{BOS, EOS, PAD, UNK};
+use crate::checkpoint::write_atomic;
+
+/// The symbols looked up, in order, for [`TextTokenizer::pad_id`].
+const PAD_NAMES: [&str; 3] = [PAD, "[PAD]", "<|pad|>"];
+/// The symbols looked up, in order, for [`TextTokenizer::bos_id`].
+const BOS_NAMES: [&str; 4] = [BOS, "<s>", "<|begin_of_text|>", "<|startoftext|>"];
+/// The symbols looked up, in order, for [`TextTokenizer::eos_id`].
+const EOS_NAMES: [&str; 4] = [EOS, "</s>", "<|end_of_text|>", "<|endoftext|>"];
+
+/// The number of ids byte-level BPE needs before any merge: 4 specials and 256 bytes.
+const MIN_BPE_VOCAB: usize = 4 + 256;
+
+/// A text tokenizer (a wrapped [`tokenizers::Tokenizer`]).
+///
+/// PyTorch equivalent: `tokenizers.Tokenizer` / `transformers.PreTrainedTokenizerFast`.
+#[derive(Clone)]
+pub struct TextTokenizer {
+    inner: Tokenizer,
+}
+
+impl std::fmt::Debug for TextTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TextTokenizer")
+            .field("vocab_size", &self.vocab_size())
+            .finish()
+    }
+}
+
+/// Reads `path` as UTF-8 text, with errors naming the path.
+fn read_text(path: &Path, what: &str) -> Result<String> {
+    if path.is_dir() {
+        return Err(candle::Error::Msg(format!(
+            "{} is a directory; expected a {what} file",
+            path.display()
+        )));
+    }
+    let bytes = std::fs::read(path)
+        .map_err(|e| candle::Error::Msg(format!("reading {what} {}: {e}", path.display())))?;
+    String::from_utf8(bytes).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        let line = e.as_bytes()[..at].iter().filter(|&&b| b == b'\n').count() + 1;
+        candle::Error::Msg(format!(
+            "{}:{line}: invalid UTF-8 at byte {at}; expected a UTF-8 {what} file",
+            path.display()
+        ))
+    })
+}
+
+impl TextTokenizer {
+    /// Wraps an existing [`tokenizers::Tokenizer`].
+    pub fn from_tokenizer(inner: Tokenizer) -> Self {
+        TextTokenizer { inner }
+    }
+
+    /// The wrapped [`tokenizers::Tokenizer`].
+    pub fn inner(&self) -> &Tokenizer {
+        &self.inner
+    }
+
+    /// Loads a `tokenizer.json` (the format of Hugging Face `tokenizers`).
+    ///
+    /// PyTorch equivalent: `tokenizers.Tokenizer.from_file(path)`.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = read_text(path, "tokenizer.json")?;
+        let inner: Tokenizer = text.parse().map_err(|e| {
+            candle::Error::Msg(format!(
+                "{}: not a tokenizer ({e}); expected a tokenizers `tokenizer.json`",
+                path.display()
+            ))
+        })?;
+        Ok(TextTokenizer { inner })
+    }
+
+    /// Trains a byte-level BPE (ByteLevel pre-tokenizer and decoder, no prefix space, so
+    /// decoding gives the text back exactly) on the text of `corpus`, with the special tokens
+    /// `"<pad>"`, `"<unk>"`, `"<bos>"`, `"<eos>"` at ids 0..3 and at most `vocab_size` ids
+    /// (at least 260: the 4 specials and the 256 bytes; e.g. 512).
+    ///
+    /// PyTorch equivalent: `tokenizers.ByteLevelBPETokenizer().train([corpus], vocab_size,
+    /// special_tokens=[...])`.
+    pub fn train_bpe(corpus: &Path, vocab_size: usize) -> Result<Self> {
+        if vocab_size < MIN_BPE_VOCAB {
+            return Err(candle::Error::Msg(format!(
+                "BPE vocab_size {vocab_size} is too small; expected at least {MIN_BPE_VOCAB} \
+                 (4 special tokens + 256 bytes)"
+            )));
+        }
+        let text = read_text(corpus, "corpus")?;
+        if text.is_empty() {
+            return Err(candle::Error::Msg(format!(
+                "corpus {} is empty; expected some text to train a BPE on",
+                corpus.display()
+            )));
+        }
+        let model = BPE::builder()
+            .unk_token(UNK.to_string())
+            .build()
+            .map_err(|e| candle::Error::Msg(format!("building a BPE model: {e}")))?;
+        let byte_level = ByteLevel::default().add_prefix_space(false);
+        let mut tokenizer = TokenizerBuilder::<
+            BPE,
+            NormalizerWrapper,
+            ByteLevel,
+            PostProcessorWrapper,
+            ByteLevel,
+        >::new()
+        .with_model(model)
+        .with_pre_tokenizer(Some(byte_level))
+        .with_decoder(Some(byte_level))
+        .build()
+        .map_err(|e| candle::Error::Msg(format!("building a BPE tokenizer: {e}")))?;
+        let specials = [PAD, UNK, BOS, EOS]
+            .iter()
+            .map(|s| AddedToken::from(*s, true))
+            .collect();
+        let mut trainer = BpeTrainerBuilder::new()
+            .show_progress(false)
+            .vocab_size(vocab_size)
+            .min_frequency(0)
+            .special_tokens(specials)
+            .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
+            .build();
+        let file = corpus.to_str().ok_or_else(|| {
+            candle::Error::Msg(format!(
+                "corpus path {} is not valid UTF-8; expected a UTF-8 path",
+                corpus.display()
+            ))
+        })?;
+        tokenizer
+            .train_from_files(&mut trainer, vec![file.to_string()])
+            .map_err(|e| {
+                candle::Error::Msg(format!("training a BPE on {}: {e}", corpus.display()))
+            })?;
+        let tok = TextTokenizer {
+            inner: Tokenizer::from(tokenizer),
+        };
+        for (want, name) in [PAD, UNK, BOS, EOS].iter().enumerate() {
+            if tok.inner.token_to_id(name) != Some(want as u32) {
+                return Err(candle::Error::Msg(format!(
+                    "the trained BPE gave {name:?} the id {:?}; expected {want}",
+                    tok.inner.token_to_id(name)
+                )));
+            }
+        }
+        Ok(tok)
+    }
+
+    /// Writes the tokenizer to `path` as `tokenizer.json`, atomically.
+    ///
+    /// PyTorch equivalent: `tokenizer.save(path)`.
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let json = self.inner.to_string(true).map_err(|e| {
+            candle::Error::Msg(format!(
+                "serializing the tokenizer for {}: {e}",
+                path.display()
+            ))
+        })?;
+        write_atomic(path, json.as_bytes())
+    }
+
+    /// The number of ids: one more than the largest id (added tokens included), the size an
+    /// embedding table needs.
+    ///
+    /// PyTorch equivalent: `tokenizer.get_vocab_size(with_added_tokens=True)`.
+    pub fn vocab_size(&self) -> usize {
+        self.inner
+            .get_vocab(true)
+            .values()
+            .max()
+            .map_or(0, |&m| m as usize + 1)
+    }
+
+    /// The ids of `text`, without special tokens added.
+    ///
+    /// PyTorch equivalent: `tokenizer.encode(text, add_special_tokens=False).ids`.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let encoding = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| candle::Error::Msg(format!("encoding text: {e}")))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// The text of `ids`, special tokens skipped. Errors on an id outside the vocabulary,
+    /// naming it.
+    ///
+    /// PyTorch equivalent: `tokenizer.decode(ids, skip_special_tokens=True)`.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        if let Some((pos, id)) = ids
+            .iter()
+            .enumerate()
+            .find(|(_, &id)| self.inner.id_to_token(id).is_none())
+        {
+            return Err(candle::Error::Msg(format!(
+                "id {id} at position {pos} is not in the tokenizer's vocabulary of {} ids; \
+                 expected ids the tokenizer knows",
+                self.vocab_size()
+            )));
+        }
+        self.inner
+            .decode(ids, true)
+            .map_err(|e| candle::Error::Msg(format!("decoding {} ids: {e}", ids.len())))
+    }
+
+    /// The first of `names` the tokenizer knows.
+    fn find(&self, names: &[&str]) -> Option<u32> {
+        names.iter().find_map(|n| self.inner.token_to_id(n))
+    }
+
+    /// The padding id: that of `"<pad>"` (or `"[PAD]"`, `"<|pad|>"`), else the tokenizer's
+    /// padding setting, else 0. Batches pad with 0 whatever it is (padding is masked).
+    ///
+    /// PyTorch equivalent: `tokenizer.pad_token_id`.
+    pub fn pad_id(&self) -> u32 {
+        self.find(&PAD_NAMES)
+            .or_else(|| self.inner.get_padding().map(|p| p.pad_id))
+            .unwrap_or(0)
+    }
+
+    /// The beginning-of-sequence id: that of `"<bos>"` (or `"<s>"`, `"<|begin_of_text|>"`,
+    /// `"<|startoftext|>"`), if any.
+    ///
+    /// PyTorch equivalent: `tokenizer.bos_token_id`.
+    pub fn bos_id(&self) -> Option<u32> {
+        self.find(&BOS_NAMES)
+    }
+
+    /// The end-of-sequence id: that of `"<eos>"` (or `"</s>"`, `"<|end_of_text|>"`,
+    /// `"<|endoftext|>"`), if any.
+    ///
+    /// PyTorch equivalent: `tokenizer.eos_token_id`.
+    pub fn eos_id(&self) -> Option<u32> {
+        self.find(&EOS_NAMES)
+    }
+}
+
+/// Cuts the text of `corpus` into training windows of at most `window` tokens: the whole file
+/// is encoded into one token stream, split into non-overlapping chunks, each starting with BOS
+/// when the tokenizer has one (so a chunk holds `window - 1` text tokens then); windows of fewer
+/// than 2 tokens are dropped. Each window is an [`Example::full`].
+///
+/// Errors on an unreadable or empty corpus (naming the path) and on `window < 2`.
+///
+/// PyTorch equivalent: the usual `torch.tensor(ids).split(window)` language-model dataset.
+pub fn text_dataset(corpus: &Path, tok: &TextTokenizer, window: usize) -> Result<Dataset> {
+    if window < 2 {
+        return Err(candle::Error::Msg(format!(
+            "window {window} is too short; expected at least 2 tokens (one input, one target)"
+        )));
+    }
+    let text = read_text(corpus, "corpus")?;
+    let ids = tok
+        .encode(&text)
+        .map_err(|e| candle::Error::Msg(format!("encoding corpus {}: {e}", corpus.display())))?;
+    if ids.is_empty() {
+        return Err(candle::Error::Msg(format!(
+            "corpus {} is empty (0 tokens); expected some text",
+            corpus.display()
+        )));
+    }
+    let bos = tok.bos_id();
+    let chunk = if bos.is_some() { window - 1 } else { window };
+    let examples = ids
+        .chunks(chunk)
+        .map(|c| {
+            let mut tokens = Vec::with_capacity(window);
+            tokens.extend(bos);
+            tokens.extend_from_slice(c);
+            Example::full(tokens)
+        })
+        .filter(|e| e.tokens.len() >= 2)
+        .collect();
+    Ok(Dataset { examples })
+}
