@@ -33,6 +33,7 @@ pub use candle;
 pub mod attention;
 pub mod checkpoint;
 pub mod data;
+pub mod device;
 pub mod init;
 pub mod models;
 pub mod rng;

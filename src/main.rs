@@ -1,6 +1,9 @@
 //! `mha`: the command-line interface of candle-mha.
 //!
 //! ```text
+//! mha train [--tokens FILE | --text FILE]           train a next-token predictor (default: synthetic task)
+//! mha generate --checkpoint DIR --prompt "..."      continue a prompt (greedy or --top-k)
+//! mha eval --checkpoint DIR [--tokens F | --text F] loss, perplexity, accuracy
 //! mha info FILE [--prefix P]                        tensors, dtypes, shapes, attention modules
 //! mha convert IN.pt OUT.safetensors [--dtype D] [--prefix P]   validated conversion
 //! ```
@@ -19,6 +22,12 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Train a next-token predictor (default: the built-in associative-recall task).
+    Train(Box<cli::train::TrainArgs>),
+    /// Continue a prompt with a trained checkpoint.
+    Generate(cli::generate::GenerateArgs),
+    /// Evaluate a checkpoint: loss, perplexity, accuracy.
+    Eval(cli::eval::EvalArgs),
     /// List a checkpoint's tensors (name, dtype, shape) and the attention modules in it.
     Info(cli::info::InfoArgs),
     /// Convert a PyTorch checkpoint (.pt/.pth/.bin or safetensors) to safetensors, validated.
@@ -27,6 +36,9 @@ enum Command {
 
 fn main() -> std::process::ExitCode {
     let result = match Cli::parse().command {
+        Command::Train(args) => cli::train::run(&args),
+        Command::Generate(args) => cli::generate::run(&args),
+        Command::Eval(args) => cli::eval::run(&args),
         Command::Info(args) => cli::info::run(&args),
         Command::Convert(args) => cli::convert::run(&args),
     };

@@ -1,7 +1,12 @@
 //! The subcommands of the `mha` binary, one per file.
 
+mod checkpoint_dir;
 pub mod convert;
+mod data_source;
+pub mod eval;
+pub mod generate;
 pub mod info;
+pub mod train;
 
 use candle_mha::candle::DType;
 

@@ -9,6 +9,7 @@
 //!   [`TextTokenizer`] ([`text_dataset`]).
 
 mod batch;
+mod codec;
 mod dataset;
 mod example;
 mod synthetic;
@@ -17,6 +18,7 @@ mod token_file;
 mod vocab;
 
 pub use batch::Batch;
+pub use codec::{Codec, TOKENIZER_FILE, VOCAB_FILE};
 pub use dataset::Dataset;
 pub use example::Example;
 pub use synthetic::AssociativeRecall;

@@ -1,0 +1,94 @@
+//! [`Codec`]: how a checkpoint turns text into ids and back, whichever tokenization it uses.
+
+use std::path::Path;
+
+use candle::Result;
+
+use super::{TextTokenizer, Vocab, BOS_ID, EOS_ID};
+
+/// The file a symbol vocabulary is stored in, beside the model.
+pub const VOCAB_FILE: &str = "vocab.json";
+/// The file a `tokenizers` tokenizer is stored in, beside the model.
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
+
+/// A checkpoint's tokenization: whitespace-separated symbols with a [`Vocab`], or text with a
+/// [`TextTokenizer`].
+///
+/// PyTorch equivalent: the tokenizer saved beside a model (`tokenizer.save_pretrained`).
+#[derive(Clone)]
+pub enum Codec {
+    /// Symbols (`vocab.json`).
+    Symbols(Vocab),
+    /// Text (`tokenizer.json`).
+    Text(TextTokenizer),
+}
+
+impl Codec {
+    /// Reads `vocab.json` or `tokenizer.json` from a checkpoint directory.
+    pub fn load_dir(dir: &Path) -> Result<Self> {
+        let (vocab, tok) = (dir.join(VOCAB_FILE), dir.join(TOKENIZER_FILE));
+        if vocab.exists() {
+            Ok(Self::Symbols(Vocab::load(&vocab)?))
+        } else if tok.exists() {
+            Ok(Self::Text(TextTokenizer::load(&tok)?))
+        } else {
+            candle::bail!(
+                "{} has neither {VOCAB_FILE} nor {TOKENIZER_FILE}",
+                dir.display()
+            )
+        }
+    }
+
+    /// Writes it into a checkpoint directory (atomically).
+    pub fn save_dir(&self, dir: &Path) -> Result<()> {
+        match self {
+            Self::Symbols(v) => v.save(&dir.join(VOCAB_FILE)),
+            Self::Text(t) => t.save(&dir.join(TOKENIZER_FILE)),
+        }
+    }
+
+    /// Number of ids.
+    pub fn vocab_size(&self) -> usize {
+        match self {
+            Self::Symbols(v) => v.len(),
+            Self::Text(t) => t.vocab_size(),
+        }
+    }
+
+    /// The beginning-of-sequence id, if the tokenization has one.
+    pub fn bos_id(&self) -> Option<u32> {
+        match self {
+            Self::Symbols(_) => Some(BOS_ID),
+            Self::Text(t) => t.bos_id(),
+        }
+    }
+
+    /// The end-of-sequence id, if the tokenization has one.
+    pub fn eos_id(&self) -> Option<u32> {
+        match self {
+            Self::Symbols(_) => Some(EOS_ID),
+            Self::Text(t) => t.eos_id(),
+        }
+    }
+
+    /// A prompt as ids, BOS first: symbols must all be known (the error names the unknown
+    /// ones); text goes through the tokenizer.
+    pub fn encode_prompt(&self, prompt: &str) -> Result<Vec<u32>> {
+        let body = match self {
+            Self::Symbols(v) => v.encode_strict(&prompt.split_whitespace().collect::<Vec<_>>())?,
+            Self::Text(t) => t.encode(prompt)?,
+        };
+        Ok(self.bos_id().into_iter().chain(body).collect())
+    }
+
+    /// Ids as text: symbols joined by spaces (specials dropped), or the tokenizer's decoding.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        match self {
+            Self::Symbols(v) => {
+                let ids: Vec<u32> = ids.iter().copied().filter(|&i| i > EOS_ID).collect();
+                Ok(v.decode(&ids).join(" "))
+            }
+            Self::Text(t) => t.decode(ids),
+        }
+    }
+}

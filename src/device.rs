@@ -1,0 +1,75 @@
+//! Choosing a device from a string: `auto`, `cpu`, `cuda`, `cuda:N`.
+
+use candle::{Device, Result};
+
+/// The device named by `spec`, and a one-line notice saying what was chosen and why.
+///
+/// - `auto`: the first CUDA device when this build has the `cuda` feature and a GPU answers,
+///   else the CPU;
+/// - `cpu`; `cuda` (= `cuda:0`); `cuda:N`.
+///
+/// PyTorch equivalent: `torch.device("cuda" if torch.cuda.is_available() else "cpu")`.
+pub fn select_device(spec: &str) -> Result<(Device, String)> {
+    match spec {
+        "cpu" => Ok((Device::Cpu, "device: cpu".into())),
+        "auto" => {
+            if !cfg!(feature = "cuda") {
+                return Ok((
+                    Device::Cpu,
+                    "device: cpu (auto: this build has no CUDA support)".into(),
+                ));
+            }
+            match Device::new_cuda(0) {
+                Ok(d) => Ok((d, "device: cuda:0 (auto)".into())),
+                Err(e) => Ok((
+                    Device::Cpu,
+                    format!("device: cpu (auto: no CUDA device: {e})"),
+                )),
+            }
+        }
+        s if s == "cuda" || s.starts_with("cuda:") => {
+            let ordinal = match s.strip_prefix("cuda:") {
+                None => 0,
+                Some(n) => n.parse::<usize>().map_err(|_| {
+                    candle::Error::Msg(format!(
+                        "invalid device \"{s}\": expected cuda:N with N a GPU index"
+                    ))
+                })?,
+            };
+            if !cfg!(feature = "cuda") {
+                candle::bail!("device \"{s}\": this binary was built without CUDA support; rebuild with `--features cuda`")
+            }
+            let d = Device::new_cuda(ordinal)
+                .map_err(|e| candle::Error::Msg(format!("device \"{s}\" is not available: {e}")))?;
+            Ok((d, format!("device: cuda:{ordinal}")))
+        }
+        other => candle::bail!("invalid device \"{other}\": expected auto, cpu, cuda or cuda:N"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_rejects() {
+        assert!(select_device("cpu").unwrap().0.is_cpu());
+        let (d, notice) = select_device("auto").unwrap();
+        assert!(notice.starts_with("device: "));
+        if !cfg!(feature = "cuda") {
+            assert!(d.is_cpu());
+            assert!(select_device("cuda:0")
+                .unwrap_err()
+                .to_string()
+                .contains("without CUDA support"));
+        }
+        assert!(select_device("cuda:x")
+            .unwrap_err()
+            .to_string()
+            .contains("expected cuda:N"));
+        assert!(select_device("tpu")
+            .unwrap_err()
+            .to_string()
+            .contains("expected auto, cpu, cuda or cuda:N"));
+    }
+}
