@@ -120,7 +120,7 @@ impl DataSpec {
                 seed,
             } => {
                 let tok = match (codec, tokenizer) {
-                    (Some(Codec::Text(t)), _) => t,
+                    (Some(Codec::Text(t)), _) => *t,
                     (Some(Codec::Symbols(_)), _) => {
                         bail!("this checkpoint uses a symbol vocabulary: use --tokens, not --text")
                     }

@@ -19,8 +19,8 @@ pub const TOKENIZER_FILE: &str = "tokenizer.json";
 pub enum Codec {
     /// Symbols (`vocab.json`).
     Symbols(Vocab),
-    /// Text (`tokenizer.json`).
-    Text(TextTokenizer),
+    /// Text (`tokenizer.json`); boxed, a tokenizer is large.
+    Text(Box<TextTokenizer>),
 }
 
 impl Codec {
@@ -30,7 +30,7 @@ impl Codec {
         if vocab.exists() {
             Ok(Self::Symbols(Vocab::load(&vocab)?))
         } else if tok.exists() {
-            Ok(Self::Text(TextTokenizer::load(&tok)?))
+            Ok(Self::Text(Box::new(TextTokenizer::load(&tok)?)))
         } else {
             candle::bail!(
                 "{} has neither {VOCAB_FILE} nor {TOKENIZER_FILE}",
