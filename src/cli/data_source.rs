@@ -138,7 +138,7 @@ impl DataSpec {
                 Ok(Data {
                     train,
                     val,
-                    codec: Codec::Text(tok),
+                    codec: Codec::Text(Box::new(tok)),
                     longest,
                 })
             }
