@@ -426,3 +426,37 @@ fn empty_inputs() -> Result<()> {
     assert_eq!(out.weights.unwrap().dims(), &[2, 0]);
     Ok(())
 }
+
+/// `head_mask` scales each head's context: with identity weights, zeroing head 1 zeroes
+/// exactly its output columns, and the weights are unchanged.
+#[test]
+fn head_mask_ablates_one_head() -> Result<()> {
+    let mha = identity_module(4, 2, DType::F64)?;
+    let x = Tensor::new(
+        &[[1f64, 0., 2., -1.], [0., 1.5, 1., 1.], [0.5, 1., -1., 1.]],
+        &dev(),
+    )?;
+    let full = mha.forward(&x, &x, &x, &AttentionOptions::new())?;
+    let mask = Tensor::new(&[1f64, 0.], &dev())?;
+    let ablated = mha.forward(&x, &x, &x, &AttentionOptions::new().with_head_mask(mask))?;
+    assert_eq!(
+        ablated.output.narrow(1, 0, 2)?.to_vec2::<f64>()?,
+        full.output.narrow(1, 0, 2)?.to_vec2::<f64>()?
+    );
+    assert_eq!(
+        ablated.output.narrow(1, 2, 2)?.to_vec2::<f64>()?,
+        vec![vec![0.0; 2]; 3]
+    );
+    assert_eq!(
+        ablated.weights.unwrap().to_vec2::<f64>()?,
+        full.weights.unwrap().to_vec2::<f64>()?
+    );
+    let bad = Tensor::new(&[1f64, 0., 1.], &dev())?;
+    let err = mha
+        .forward(&x, &x, &x, &AttentionOptions::new().with_head_mask(bad))
+        .unwrap_err();
+    assert!(err
+        .to_string()
+        .contains("head_mask must be a float tensor of shape [2]"));
+    Ok(())
+}

@@ -186,6 +186,22 @@ pub(crate) fn check_inputs(
         }
         check_mask_dtype("key_padding_mask", m, query)?;
     }
+    if let Some(m) = &opts.head_mask {
+        if m.dims() != [h] || !is_float(m.dtype()) {
+            candle::bail!(
+                "head_mask must be a float tensor of shape [{h}] (one factor per head), got shape {:?} and dtype {:?}",
+                m.dims(),
+                m.dtype()
+            )
+        }
+        if !m.device().same_device(query.device()) {
+            candle::bail!(
+                "head_mask is on {:?} but query is on {:?}",
+                m.device().location(),
+                query.device().location()
+            )
+        }
+    }
     Ok(Dims { batched, n, l, s })
 }
 

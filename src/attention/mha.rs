@@ -340,6 +340,10 @@ impl MultiheadAttention {
             0 => q.zeros_like()?,
             _ => probs.to_dtype(dtype)?.matmul(&v)?, // (N, H, L, hd)
         };
+        let ctx = match &opts.head_mask {
+            Some(m) => ctx.broadcast_mul(&m.to_dtype(dtype)?.reshape((1, h, 1, 1))?)?,
+            None => ctx,
+        };
         // Merge heads (feature h*hd + j) back into the caller's layout.
         let ctx = if seq_first {
             ctx.permute((2, 0, 1, 3))?

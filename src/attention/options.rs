@@ -34,6 +34,10 @@ pub struct AttentionOptions {
     /// Seed of this call's dropout mask. `None` draws the next mask from the module's
     /// generator. Default `None`. Not in PyTorch.
     pub dropout_seed: Option<u64>,
+    /// Per-head factors `(H)` applied to each head's attention context before the output
+    /// projection (0 ablates a head, 1 keeps it). The returned weights are not changed.
+    /// Default `None`. Not in PyTorch's MHA (Hugging Face models call it `head_mask`).
+    pub head_mask: Option<Tensor>,
 }
 
 impl Default for AttentionOptions {
@@ -46,6 +50,7 @@ impl Default for AttentionOptions {
             is_causal: false,
             train: false,
             dropout_seed: None,
+            head_mask: None,
         }
     }
 }
@@ -96,6 +101,12 @@ impl AttentionOptions {
     /// Sets [`dropout_seed`](Self::dropout_seed).
     pub fn with_dropout_seed(mut self, seed: u64) -> Self {
         self.dropout_seed = Some(seed);
+        self
+    }
+
+    /// Sets [`head_mask`](Self::head_mask).
+    pub fn with_head_mask(mut self, head_mask: Tensor) -> Self {
+        self.head_mask = Some(head_mask);
         self
     }
 }

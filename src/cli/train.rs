@@ -135,7 +135,7 @@ impl Progress {
 
 impl TrainObserver for Progress {
     fn on_step(&mut self, step: u64, s: &StepStats) {
-        self.tokens += s.tokens;
+        self.tokens += s.input_tokens;
         let rate = self.tokens as f64 / self.start.elapsed().as_secs_f64().max(1e-9);
         self.bar.set_position(step);
         self.bar.set_message(format!(

@@ -99,6 +99,8 @@ pub struct StepStats {
     pub lr: f64,
     /// Target positions counted in the loss.
     pub tokens: usize,
+    /// Input positions processed (`N × L`, padding included).
+    pub input_tokens: usize,
 }
 
 /// Hooks the loop calls: progress display, early stop (Ctrl-C).
@@ -281,6 +283,7 @@ impl Trainer {
             grad_norm,
             lr,
             tokens: batch.num_tokens,
+            input_tokens: batch.input.elem_count(),
         })
     }
 
