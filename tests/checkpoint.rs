@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::Result;
 use candle_mha::candle::{DType, Device, Tensor};
@@ -19,9 +19,7 @@ use candle_nn::{Optimizer, VarMap};
 use common::{assert_close, Fixture};
 
 fn ckpt(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/checkpoints")
-        .join(name)
+    common::fixtures_dir().join("checkpoints").join(name)
 }
 
 /// Loads both encoder attention layers from `file` and compares them with `expected`

@@ -2,7 +2,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use anyhow::Result;
@@ -11,9 +11,7 @@ use candle_mha::checkpoint::StateDict;
 use common::assert_close;
 
 fn ckpt(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/checkpoints")
-        .join(name)
+    common::fixtures_dir().join("checkpoints").join(name)
 }
 
 fn mha(args: &[&str]) -> Result<(bool, String, String)> {

@@ -3,7 +3,6 @@
 
 mod common;
 
-use std::path::Path;
 
 use anyhow::{Context, Result};
 use candle_mha::candle::{DType, Device, Tensor, Var};
@@ -16,9 +15,7 @@ use common::{assert_close, Fixture};
 
 fn fixture(name: &str) -> Result<Fixture> {
     Fixture::load(
-        &Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/model")
-            .join(name),
+        &common::fixtures_dir().join("model").join(name),
     )
 }
 

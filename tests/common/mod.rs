@@ -71,9 +71,18 @@ impl Fixture {
     }
 }
 
-/// Every `*.safetensors` in `tests/fixtures`, sorted by name.
+/// `tests/fixtures`, or `$MHA_FIXTURES_DIR` when set (test binaries carried to another machine,
+/// e.g. by `scripts/build-cuda.sh`, find the fixtures there).
+pub fn fixtures_dir() -> PathBuf {
+    match std::env::var_os("MHA_FIXTURES_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"),
+    }
+}
+
+/// Every `*.safetensors` in the fixtures directory, sorted by name.
 pub fn fixture_paths() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let dir = fixtures_dir();
     let mut paths: Vec<_> = std::fs::read_dir(&dir)
         .expect("tests/fixtures exists")
         .map(|e| e.unwrap().path())

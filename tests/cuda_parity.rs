@@ -1,0 +1,148 @@
+//! CUDA against CPU: every PyTorch fixture's forward, weights and gradients on the GPU equal
+//! the CPU's (f32 ≤ 1e-4 relative, TF32 off), half precision runs end to end, and a few
+//! training steps agree.
+//!
+//! Compiled in every build (so CPU CI keeps the CUDA code paths compiling); it runs only in a
+//! `--features cuda` build on a machine with a GPU and prints why it skipped otherwise.
+
+mod common;
+
+use std::collections::HashMap;
+
+use anyhow::{Context, Result};
+use candle_mha::candle::{DType, Device, Tensor, Var};
+use candle_mha::{AttentionOptions, MultiheadAttention, MultiheadAttentionConfig};
+use candle_nn::VarBuilder;
+use common::{assert_close, fixture_paths, Fixture};
+
+/// The first CUDA device, or the reason there is none.
+fn gpu() -> Option<Device> {
+    if !cfg!(feature = "cuda") {
+        println!("skipped: built without the `cuda` feature (scripts/build-cuda.sh builds it)");
+        return None;
+    }
+    match Device::new_cuda(0) {
+        Ok(d) => {
+            // Full f32 precision in cuBLAS (no TF32) for these comparisons.
+            candle_mha::candle::cuda::set_gemm_reduced_precision_f32(false);
+            Some(d)
+        }
+        Err(e) => {
+            println!("skipped: no CUDA device ({e})");
+            None
+        }
+    }
+}
+
+/// Output, weights and every gradient of one fixture on `dev`, as CPU tensors by name.
+fn run(f: &Fixture, dtype: DType, dev: &Device) -> Result<HashMap<String, Tensor>> {
+    let cfg = MultiheadAttentionConfig::new(f.usize("embed_dim")?, f.usize("num_heads")?)
+        .with_kdim(f.usize("kdim")?)
+        .with_vdim(f.usize("vdim")?)
+        .with_bias(f.flag("bias")?)
+        .with_add_bias_kv(f.flag("add_bias_kv")?)
+        .with_add_zero_attn(f.flag("add_zero_attn")?)
+        .with_batch_first(f.flag("batch_first")?);
+    let vars: HashMap<String, Var> = f
+        .params()
+        .into_iter()
+        .map(|(k, t)| Ok((k, Var::from_tensor(&t.to_dtype(dtype)?.to_device(dev)?)?)))
+        .collect::<Result<_>>()?;
+    let tensors = vars.iter().map(|(k, v)| (k.clone(), v.as_tensor().clone())).collect();
+    let vb = VarBuilder::from_tensors(tensors, dtype, dev);
+    let prefix = f.str("prefix");
+    let mha = MultiheadAttention::new(cfg, if prefix.is_empty() { vb } else { vb.pp(prefix) })?;
+    let load = |name: &str| -> Result<Var> { Ok(Var::from_tensor(&f.tensor(name)?.to_dtype(dtype)?.to_device(dev)?)?) };
+    let q = load("query")?;
+    let (k, v) = match (f.flag("self_attn")?, f.flag("key_is_value")?) {
+        (true, _) => (q.clone(), q.clone()),
+        (false, true) => {
+            let k = load("key")?;
+            (k.clone(), k)
+        }
+        _ => (load("key")?, load("value")?),
+    };
+    let mut opts = AttentionOptions::new()
+        .with_need_weights(f.flag("need_weights")?)
+        .with_average_attn_weights(f.flag("average_attn_weights")?)
+        .with_is_causal(f.flag("is_causal")?);
+    let mask = |name: &str| -> Result<Option<Tensor>> {
+        f.tensors
+            .get(name)
+            .map(|m| Ok(if m.dtype() == DType::U8 { m.to_device(dev)? } else { m.to_dtype(dtype)?.to_device(dev)? }))
+            .transpose()
+    };
+    if let Some(m) = mask("key_padding_mask")? {
+        opts = opts.with_key_padding_mask(m);
+    }
+    if let Some(m) = mask("attn_mask")? {
+        opts = opts.with_attn_mask(m);
+    }
+    let out = mha.forward(&q, &k, &v, &opts)?;
+    let r = f.tensor("R")?.to_dtype(dtype)?.to_device(dev)?;
+    let grads = (out.output.to_dtype(DType::F32)? * r.to_dtype(DType::F32)?)?.sum_all()?.backward()?;
+    let cpu = |t: &Tensor| -> Result<Tensor> { Ok(t.to_dtype(DType::F64)?.to_device(&Device::Cpu)?) };
+    let mut res = HashMap::from([("output".to_string(), cpu(&out.output)?)]);
+    if let Some(w) = &out.weights {
+        res.insert("weights".into(), cpu(w)?);
+    }
+    for (name, var) in vars.iter().chain([("query".to_string(), q.clone())].iter().map(|(n, v)| (n, v))) {
+        if let Some(g) = grads.get(var.as_tensor()) {
+            res.insert(format!("grad.{name}"), cpu(g)?);
+        }
+    }
+    Ok(res)
+}
+
+#[test]
+fn cuda_matches_cpu_on_every_fixture() -> Result<()> {
+    let Some(gpu) = gpu() else { return Ok(()) };
+    let mut failures = Vec::new();
+    for path in fixture_paths() {
+        let f = Fixture::load(&path)?;
+        let dtype = f.dtype()?;
+        let (cpu, cuda) = (run(&f, dtype, &Device::Cpu)?, run(&f, dtype, &gpu)?);
+        for (name, expected) in &cpu {
+            let got = cuda.get(name).with_context(|| format!("{}: {name} missing on CUDA", f.name))?;
+            if let Err(e) = assert_close(name, got, expected, 1e-4) {
+                failures.push(format!("{}: {e}", f.name));
+            }
+        }
+        // Half precision end to end on the GPU (reductions in f32), against the f32 result.
+        if dtype == DType::F32 {
+            for half in [DType::F16, DType::BF16] {
+                let out = run(&f, half, &gpu)?;
+                if let Err(e) = assert_close("output", &out["output"], &cpu["output"], 8e-2) {
+                    failures.push(format!("{} {half:?}: {e}", f.name));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    Ok(())
+}
+
+#[test]
+fn training_steps_agree_on_cuda() -> Result<()> {
+    use candle_mha::data::AssociativeRecall;
+    use candle_mha::models::{NextTokenPredictor, NextTokenPredictorConfig};
+    use candle_mha::training::{TrainConfig, Trainer};
+    let Some(gpu) = gpu() else { return Ok(()) };
+    let task = AssociativeRecall::default();
+    let (train, val) = (task.generate(512, 1), task.generate(64, 2));
+    let mut losses = Vec::new();
+    for dev in [Device::Cpu, gpu] {
+        let mut cfg = NextTokenPredictorConfig::new(task.vocab().len());
+        cfg.max_len = task.seq_len();
+        let varmap = candle_nn::VarMap::new();
+        let model = NextTokenPredictor::new(cfg, candle_mha::seeded_var_builder(&varmap, 0, DType::F32, &dev))?;
+        let tc = TrainConfig { steps: 20, batch_size: 16, eval_every: 0, save_every: 0, ..TrainConfig::default() };
+        let mut t = Trainer::new(model, varmap, tc, serde_json::Value::Null)?;
+        t.run(&train, &val, None, &mut ())?;
+        losses.push(t.state().losses.clone());
+    }
+    for (a, b) in losses[0].iter().zip(&losses[1]) {
+        assert!((a - b).abs() <= 1e-3 * a.abs().max(1.0), "CPU {:?}\nCUDA {:?}", losses[0], losses[1]);
+    }
+    Ok(())
+}
