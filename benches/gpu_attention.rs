@@ -16,7 +16,9 @@ use std::process::Command;
 use std::time::Instant;
 
 use candle_mha::candle::{DType, Device, Result, Tensor};
-use candle_mha::{seeded_var_builder, AttentionOptions, MultiheadAttention, MultiheadAttentionConfig};
+use candle_mha::{
+    seeded_var_builder, AttentionOptions, MultiheadAttention, MultiheadAttentionConfig,
+};
 
 struct Case {
     n: usize,
@@ -37,7 +39,12 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// Median seconds of `f` over `iters` runs after `warmup`, synchronising the device.
-fn time(dev: &Device, warmup: usize, iters: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+fn time(
+    dev: &Device,
+    warmup: usize,
+    iters: usize,
+    mut f: impl FnMut() -> Result<()>,
+) -> Result<f64> {
     for _ in 0..warmup {
         f()?;
     }
@@ -67,7 +74,11 @@ fn ours(c: &Case, dev: &Device, iters: usize) -> Result<[f64; 3]> {
     let opts = AttentionOptions::new().with_need_weights(false);
     let step = time(dev, 2, iters, || {
         let out = mha.forward(&x, &x, &x, &opts)?.output;
-        out.to_dtype(DType::F32)?.sqr()?.mean_all()?.backward().map(|_| ())
+        out.to_dtype(DType::F32)?
+            .sqr()?
+            .mean_all()?
+            .backward()
+            .map(|_| ())
     })?;
     Ok([f_false, f_true, step])
 }
@@ -96,12 +107,35 @@ fn torch(c: &Case, device: &str, iters: usize) -> Option<serde_json::Value> {
         "scripts/bench_gpu_reference.py".into()
     });
     let out = Command::new(python)
-        .args([&script, "--n", &c.n.to_string(), "--l", &c.l.to_string(), "--e", &c.e.to_string()])
-        .args(["--h", &c.h.to_string(), "--dtype", dtype_name(c.dtype), "--device", device, "--iters", &iters.to_string()])
+        .args([
+            &script,
+            "--n",
+            &c.n.to_string(),
+            "--l",
+            &c.l.to_string(),
+            "--e",
+            &c.e.to_string(),
+        ])
+        .args([
+            "--h",
+            &c.h.to_string(),
+            "--dtype",
+            dtype_name(c.dtype),
+            "--device",
+            device,
+            "--iters",
+            &iters.to_string(),
+        ])
         .output()
         .ok()?;
     if !out.status.success() {
-        eprintln!("torch side failed: {}", String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or(""));
+        eprintln!(
+            "torch side failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .last()
+                .unwrap_or("")
+        );
         return None;
     }
     serde_json::from_slice(&out.stdout).ok()
@@ -120,17 +154,52 @@ fn main() -> Result<()> {
     let torch_device = if dev.is_cuda() { "cuda" } else { "cpu" };
     let ls: Vec<usize> = std::env::var("MHA_BENCH_SHAPES")
         .map(|s| s.split(',').filter_map(|x| x.parse().ok()).collect())
-        .unwrap_or_else(|_| if smoke { vec![32, 64] } else { vec![512, 1024, 2048, 4096] });
+        .unwrap_or_else(|_| {
+            if smoke {
+                vec![32, 64]
+            } else {
+                vec![512, 1024, 2048, 4096]
+            }
+        });
     let dtypes: Vec<DType> = std::env::var("MHA_BENCH_DTYPES")
-        .unwrap_or_else(|_| if smoke { "f32".into() } else { "bf16,f32".into() })
+        .unwrap_or_else(|_| {
+            if smoke {
+                "f32".into()
+            } else {
+                "bf16,f32".into()
+            }
+        })
         .split(',')
-        .map(|d| if d == "bf16" { DType::BF16 } else if d == "f16" { DType::F16 } else { DType::F32 })
+        .map(|d| {
+            if d == "bf16" {
+                DType::BF16
+            } else if d == "f16" {
+                DType::F16
+            } else {
+                DType::F32
+            }
+        })
         .collect();
-    let (n, e, h, iters) = if smoke { (2, 64, 4, 3) } else { (8, 1024, 16, 10) };
+    let (n, e, h, iters) = if smoke {
+        (2, 64, 4, 3)
+    } else {
+        (8, 1024, 16, 10)
+    };
     println!("gpu_attention on {torch_device}: N={n}, E={e}, H={h}; times are medians of {iters} runs (ms), TFLOP/s = (8NLE² + 4NL²E) / time (×3 for a step)");
     println!(
         "{:>5} {:>5} | {:>9} {:>9} {:>9} {:>7} | {:>9} {:>9} {:>9} {:>9} | {:>7} {:>7}",
-        "dtype", "L", "fwd nw=F", "fwd nw=T", "step", "TF/s", "pt nw=F", "pt nw=T", "pt sdpa", "pt step", "x fwd", "x step"
+        "dtype",
+        "L",
+        "fwd nw=F",
+        "fwd nw=T",
+        "step",
+        "TF/s",
+        "pt nw=F",
+        "pt nw=T",
+        "pt sdpa",
+        "pt step",
+        "x fwd",
+        "x step"
     );
     for &dtype in &dtypes {
         for &l in &ls {
@@ -140,7 +209,11 @@ fn main() -> Result<()> {
                 Ok([a, b, st]) => (ms(a), ms(b), ms(st), format!("{:.1}", flops(&c) / a / 1e12)),
                 Err(err) => {
                     let msg = err.to_string();
-                    let short = if msg.to_lowercase().contains("out of memory") { "OOM".to_string() } else { "error".to_string() };
+                    let short = if msg.to_lowercase().contains("out of memory") {
+                        "OOM".to_string()
+                    } else {
+                        "error".to_string()
+                    };
                     eprintln!("ours L={l} {dtype:?}: {msg}");
                     (short.clone(), short.clone(), short, "-".into())
                 }
@@ -154,8 +227,18 @@ fn main() -> Result<()> {
             };
             println!(
                 "{:>5} {:>5} | {:>9} {:>9} {:>9} {:>7} | {:>9} {:>9} {:>9} {:>9} | {:>7} {:>7}",
-                dtype_name(dtype), l, a, b, st, tf, fmt("fwd_need_weights_false"), fmt("fwd_need_weights_true"),
-                fmt("sdpa_fwd"), fmt("step"), ratio(&a, "fwd_need_weights_false"), ratio(&st, "step")
+                dtype_name(dtype),
+                l,
+                a,
+                b,
+                st,
+                tf,
+                fmt("fwd_need_weights_false"),
+                fmt("fwd_need_weights_true"),
+                fmt("sdpa_fwd"),
+                fmt("step"),
+                ratio(&a, "fwd_need_weights_false"),
+                ratio(&st, "step")
             );
         }
     }

@@ -4,6 +4,8 @@
 //! mha train [--tokens FILE | --text FILE]           train a next-token predictor (default: synthetic task)
 //! mha generate --checkpoint DIR --prompt "..."      continue a prompt (greedy or --top-k)
 //! mha eval --checkpoint DIR [--tokens F | --text F] loss, perplexity, accuracy
+//! mha inspect --checkpoint DIR --input "..."      attention tables, --png/--svg heatmaps, --dot/--graphml graphs
+//! mha vocab-matrix --checkpoint DIR [--tokens F]   vocabulary x vocabulary attention over a corpus
 //! mha info FILE [--prefix P]                        tensors, dtypes, shapes, attention modules
 //! mha convert IN.pt OUT.safetensors [--dtype D] [--prefix P]   validated conversion
 //! ```
@@ -28,6 +30,10 @@ enum Command {
     Generate(cli::generate::GenerateArgs),
     /// Evaluate a checkpoint: loss, perplexity, accuracy.
     Eval(cli::eval::EvalArgs),
+    /// Show a trained model's attention on one input: tables, heatmaps, graphs.
+    Inspect(Box<cli::inspect::InspectArgs>),
+    /// Aggregate which token attends to which over a corpus.
+    VocabMatrix(cli::vocab_matrix::VocabMatrixArgs),
     /// List a checkpoint's tensors (name, dtype, shape) and the attention modules in it.
     Info(cli::info::InfoArgs),
     /// Convert a PyTorch checkpoint (.pt/.pth/.bin or safetensors) to safetensors, validated.
@@ -39,6 +45,8 @@ fn main() -> std::process::ExitCode {
         Command::Train(args) => cli::train::run(&args),
         Command::Generate(args) => cli::generate::run(&args),
         Command::Eval(args) => cli::eval::run(&args),
+        Command::Inspect(args) => cli::inspect::run(&args),
+        Command::VocabMatrix(args) => cli::vocab_matrix::run(&args),
         Command::Info(args) => cli::info::run(&args),
         Command::Convert(args) => cli::convert::run(&args),
     };

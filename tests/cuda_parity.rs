@@ -48,11 +48,18 @@ fn run(f: &Fixture, dtype: DType, dev: &Device) -> Result<HashMap<String, Tensor
         .into_iter()
         .map(|(k, t)| Ok((k, Var::from_tensor(&t.to_dtype(dtype)?.to_device(dev)?)?)))
         .collect::<Result<_>>()?;
-    let tensors = vars.iter().map(|(k, v)| (k.clone(), v.as_tensor().clone())).collect();
+    let tensors = vars
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_tensor().clone()))
+        .collect();
     let vb = VarBuilder::from_tensors(tensors, dtype, dev);
     let prefix = f.str("prefix");
     let mha = MultiheadAttention::new(cfg, if prefix.is_empty() { vb } else { vb.pp(prefix) })?;
-    let load = |name: &str| -> Result<Var> { Ok(Var::from_tensor(&f.tensor(name)?.to_dtype(dtype)?.to_device(dev)?)?) };
+    let load = |name: &str| -> Result<Var> {
+        Ok(Var::from_tensor(
+            &f.tensor(name)?.to_dtype(dtype)?.to_device(dev)?,
+        )?)
+    };
     let q = load("query")?;
     let (k, v) = match (f.flag("self_attn")?, f.flag("key_is_value")?) {
         (true, _) => (q.clone(), q.clone()),
@@ -69,7 +76,13 @@ fn run(f: &Fixture, dtype: DType, dev: &Device) -> Result<HashMap<String, Tensor
     let mask = |name: &str| -> Result<Option<Tensor>> {
         f.tensors
             .get(name)
-            .map(|m| Ok(if m.dtype() == DType::U8 { m.to_device(dev)? } else { m.to_dtype(dtype)?.to_device(dev)? }))
+            .map(|m| {
+                Ok(if m.dtype() == DType::U8 {
+                    m.to_device(dev)?
+                } else {
+                    m.to_dtype(dtype)?.to_device(dev)?
+                })
+            })
             .transpose()
     };
     if let Some(m) = mask("key_padding_mask")? {
@@ -80,13 +93,20 @@ fn run(f: &Fixture, dtype: DType, dev: &Device) -> Result<HashMap<String, Tensor
     }
     let out = mha.forward(&q, &k, &v, &opts)?;
     let r = f.tensor("R")?.to_dtype(dtype)?.to_device(dev)?;
-    let grads = (out.output.to_dtype(DType::F32)? * r.to_dtype(DType::F32)?)?.sum_all()?.backward()?;
-    let cpu = |t: &Tensor| -> Result<Tensor> { Ok(t.to_dtype(DType::F64)?.to_device(&Device::Cpu)?) };
+    let grads = (out.output.to_dtype(DType::F32)? * r.to_dtype(DType::F32)?)?
+        .sum_all()?
+        .backward()?;
+    let cpu =
+        |t: &Tensor| -> Result<Tensor> { Ok(t.to_dtype(DType::F64)?.to_device(&Device::Cpu)?) };
     let mut res = HashMap::from([("output".to_string(), cpu(&out.output)?)]);
     if let Some(w) = &out.weights {
         res.insert("weights".into(), cpu(w)?);
     }
-    for (name, var) in vars.iter().chain([("query".to_string(), q.clone())].iter().map(|(n, v)| (n, v))) {
+    for (name, var) in vars.iter().chain(
+        [("query".to_string(), q.clone())]
+            .iter()
+            .map(|(n, v)| (n, v)),
+    ) {
         if let Some(g) = grads.get(var.as_tensor()) {
             res.insert(format!("grad.{name}"), cpu(g)?);
         }
@@ -103,7 +123,9 @@ fn cuda_matches_cpu_on_every_fixture() -> Result<()> {
         let dtype = f.dtype()?;
         let (cpu, cuda) = (run(&f, dtype, &Device::Cpu)?, run(&f, dtype, &gpu)?);
         for (name, expected) in &cpu {
-            let got = cuda.get(name).with_context(|| format!("{}: {name} missing on CUDA", f.name))?;
+            let got = cuda
+                .get(name)
+                .with_context(|| format!("{}: {name} missing on CUDA", f.name))?;
             if let Err(e) = assert_close(name, got, expected, 1e-4) {
                 failures.push(format!("{}: {e}", f.name));
             }
@@ -135,14 +157,28 @@ fn training_steps_agree_on_cuda() -> Result<()> {
         let mut cfg = NextTokenPredictorConfig::new(task.vocab().len());
         cfg.max_len = task.seq_len();
         let varmap = candle_nn::VarMap::new();
-        let model = NextTokenPredictor::new(cfg, candle_mha::seeded_var_builder(&varmap, 0, DType::F32, &dev))?;
-        let tc = TrainConfig { steps: 20, batch_size: 16, eval_every: 0, save_every: 0, ..TrainConfig::default() };
+        let model = NextTokenPredictor::new(
+            cfg,
+            candle_mha::seeded_var_builder(&varmap, 0, DType::F32, &dev),
+        )?;
+        let tc = TrainConfig {
+            steps: 20,
+            batch_size: 16,
+            eval_every: 0,
+            save_every: 0,
+            ..TrainConfig::default()
+        };
         let mut t = Trainer::new(model, varmap, tc, serde_json::Value::Null)?;
         t.run(&train, &val, None, &mut ())?;
         losses.push(t.state().losses.clone());
     }
     for (a, b) in losses[0].iter().zip(&losses[1]) {
-        assert!((a - b).abs() <= 1e-3 * a.abs().max(1.0), "CPU {:?}\nCUDA {:?}", losses[0], losses[1]);
+        assert!(
+            (a - b).abs() <= 1e-3 * a.abs().max(1.0),
+            "CPU {:?}\nCUDA {:?}",
+            losses[0],
+            losses[1]
+        );
     }
     Ok(())
 }

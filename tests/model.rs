@@ -3,7 +3,6 @@
 
 mod common;
 
-
 use anyhow::{Context, Result};
 use candle_mha::candle::{DType, Device, Tensor, Var};
 use candle_mha::checkpoint::{load_into_varmap, LoadOptions, StateDict};
@@ -14,9 +13,7 @@ use candle_nn::VarMap;
 use common::{assert_close, Fixture};
 
 fn fixture(name: &str) -> Result<Fixture> {
-    Fixture::load(
-        &common::fixtures_dir().join("model").join(name),
-    )
+    Fixture::load(&common::fixtures_dir().join("model").join(name))
 }
 
 fn meta_f64(f: &Fixture, key: &str) -> Result<f64> {

@@ -12,3 +12,27 @@
 //! attention flow (Abnar & Zuidema 2020) propagate weights through the layers instead. Use
 //! head ablation ([`AttentionOptions::head_mask`](crate::AttentionOptions)) to check that a
 //! head you read actually matters to the output.
+pub mod heads;
+pub mod sources;
+pub mod table;
+pub use heads::{
+    argmax_head, fuse_heads, head_ablation, head_stats, row_entropy, row_max, Ablation, HeadFusion,
+    HeadStats,
+};
+pub use sources::{dominant_source, source_mass, Segments};
+pub use table::{format_table, TableOptions};
+pub mod graph;
+pub mod rollout;
+pub mod vocab_matrix;
+pub use graph::{is_symmetric, max_asymmetry, AttentionGraph, GraphOptions};
+pub use rollout::{attention_flow, attention_rollout, RolloutFusion, ATTENTION_FLOW_MAX_LEN};
+pub use vocab_matrix::{corpus_vocab_matrix, VocabMatrix};
+mod font;
+pub mod heatmap;
+pub mod word_vectors;
+pub use heatmap::{
+    colormap, heatmap_grid_png, heatmap_grid_svg, heatmap_png, heatmap_svg, HeatmapOptions,
+};
+pub use word_vectors::{
+    cosine_attention, cosine_similarity_matrix, load_glove, read_glove, self_attention, WordVectors,
+};

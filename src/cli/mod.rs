@@ -6,7 +6,9 @@ mod data_source;
 pub mod eval;
 pub mod generate;
 pub mod info;
+pub mod inspect;
 pub mod train;
+pub mod vocab_matrix;
 
 use candle_mha::candle::DType;
 

@@ -81,6 +81,19 @@ impl Codec {
         Ok(self.bos_id().into_iter().chain(body).collect())
     }
 
+    /// A readable label for one id (a symbol, or the tokenizer's token string; specials as
+    /// `<bos>` etc.), for tables and plots.
+    pub fn token_label(&self, id: u32) -> String {
+        match self {
+            Self::Symbols(v) => v.symbol(id).map(str::to_string),
+            Self::Text(t) => t
+                .inner()
+                .id_to_token(id)
+                .map(|s| s.replace('Ġ', "_").replace('Ċ', "\\n")),
+        }
+        .unwrap_or_else(|| format!("#{id}"))
+    }
+
     /// Ids as text: symbols joined by spaces (specials dropped), or the tokenizer's decoding.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         match self {

@@ -1,0 +1,477 @@
+//! One training step of [`NextTokenPredictor`] on the CPU, against its PyTorch twin
+//! (`scripts/reference_model.py`) on the same machine, threads and shapes.
+//!
+//! ```sh
+//! cargo bench --bench train_step
+//! MHA_BENCH_SHAPES=small,medium MHA_BENCH_STEPS=20 MHA_BENCH_PYTHON=/tmp/torchvenv/bin/python \
+//!     cargo bench --bench train_step
+//! ```
+//!
+//! A step is what `Trainer::train_step` does: `forward_train` (with an all-zero key padding
+//! mask) + `masked_cross_entropy` (every position counted) + reading the loss + `backward` +
+//! `clip_grad_norm(1.0)` + `AdamW::step` (PyTorch's default hyper-parameters), f32. Tokens
+//! are random (seeded), a fresh batch per step, drawn outside the timed region.
+//!
+//! Environment:
+//! - `MHA_BENCH_SHAPES`: comma-separated subset of `small,medium,large` (default: all);
+//! - `MHA_BENCH_STEPS` / `MHA_BENCH_WARMUP`: timed / untimed steps for every shape (default:
+//!   10 + 3 for small and medium, 5 + 2 for large);
+//! - `MHA_BENCH_PYTHON`: the Python with torch (unset: `python3`, then
+//!   `/tmp/torchvenv/bin/python`); without torch the PyTorch columns are left out;
+//! - `RAYON_NUM_THREADS`: candle's CPU threads (default: the cores); torch gets the same.
+
+use std::process::{Command, Stdio};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use candle::{DType, Device, Result, Tensor};
+use candle_mha::models::{masked_cross_entropy, NextTokenPredictor, NextTokenPredictorConfig};
+use candle_mha::rng::{derive_seed, rng_from_seed};
+use candle_mha::seeded_var_builder;
+use candle_mha::training::{clip_grad_norm, AdamW, AdamWConfig};
+use rand::Rng;
+
+/// One benchmark shape: `N` batch, `L` sequence length, `V` vocab, `E`, `H`, layers; ff = 4E.
+#[derive(Clone, Debug)]
+struct BenchShape {
+    name: &'static str,
+    n: usize,
+    l: usize,
+    v: usize,
+    e: usize,
+    h: usize,
+    layers: usize,
+    warmup: usize,
+    steps: usize,
+}
+
+impl BenchShape {
+    fn ff(&self) -> usize {
+        4 * self.e
+    }
+
+    /// The position table covers at least 64 positions (the `mha train` default).
+    fn max_len(&self) -> usize {
+        self.l.max(64)
+    }
+
+    fn tokens(&self) -> usize {
+        self.n * self.l
+    }
+
+    fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "name": self.name, "n": self.n, "l": self.l, "v": self.v, "e": self.e,
+            "h": self.h, "layers": self.layers, "ff": self.ff(), "max_len": self.max_len(),
+            "steps": self.steps, "warmup": self.warmup,
+        })
+    }
+}
+
+const ALL_SHAPES: [BenchShape; 3] = [
+    // The default `mha train` task.
+    BenchShape {
+        name: "small",
+        n: 64,
+        l: 11,
+        v: 37,
+        e: 64,
+        h: 4,
+        layers: 2,
+        warmup: 3,
+        steps: 10,
+    },
+    BenchShape {
+        name: "medium",
+        n: 16,
+        l: 128,
+        v: 512,
+        e: 256,
+        h: 8,
+        layers: 4,
+        warmup: 3,
+        steps: 10,
+    },
+    BenchShape {
+        name: "large",
+        n: 8,
+        l: 256,
+        v: 1024,
+        e: 512,
+        h: 8,
+        layers: 4,
+        warmup: 2,
+        steps: 5,
+    },
+];
+
+/// What one side measured for one shape.
+#[derive(Clone, Debug)]
+struct Timing {
+    median_s: f64,
+    tokens_per_s: f64,
+    /// Our side only: median seconds of forward + loss, backward, clipping, AdamW.
+    phases: Option<[f64; 4]>,
+}
+
+fn env_usize(name: &str) -> Option<usize> {
+    let raw = std::env::var(name).ok()?;
+    match raw.trim().parse::<usize>() {
+        Ok(v) => Some(v),
+        Err(_) => {
+            eprintln!("warning: ignoring {name}={raw:?} (not a non-negative integer)");
+            None
+        }
+    }
+}
+
+fn selected_shapes() -> Vec<BenchShape> {
+    let steps = env_usize("MHA_BENCH_STEPS").filter(|&s| s > 0);
+    let warmup = env_usize("MHA_BENCH_WARMUP");
+    let wanted: Option<Vec<String>> = std::env::var("MHA_BENCH_SHAPES").ok().map(|s| {
+        s.split(',')
+            .map(|p| p.trim().to_lowercase())
+            .filter(|p| !p.is_empty())
+            .collect()
+    });
+    if let Some(w) = &wanted {
+        for name in w {
+            if !ALL_SHAPES.iter().any(|s| s.name == name) {
+                eprintln!("warning: unknown shape {name:?} in MHA_BENCH_SHAPES (known: small, medium, large)");
+            }
+        }
+    }
+    ALL_SHAPES
+        .iter()
+        .filter(|s| {
+            wanted
+                .as_ref()
+                .is_none_or(|w| w.iter().any(|n| n == s.name))
+        })
+        .map(|s| BenchShape {
+            steps: steps.unwrap_or(s.steps),
+            warmup: warmup.unwrap_or(s.warmup),
+            ..s.clone()
+        })
+        .collect()
+}
+
+fn median(xs: &[f64]) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    if v.len().is_multiple_of(2) {
+        (v[m - 1] + v[m]) / 2.0
+    } else {
+        v[m]
+    }
+}
+
+/// Random tokens `(N, L + 1)` split into inputs `(N, L)` and next-token targets `(N, L)`.
+fn random_batch(shape: &BenchShape, seed: u64, dev: &Device) -> Result<(Tensor, Tensor)> {
+    let mut rng = rng_from_seed(seed);
+    let (n, l) = (shape.n, shape.l);
+    let data: Vec<u32> = (0..n * (l + 1))
+        .map(|_| rng.random_range(0..shape.v as u32))
+        .collect();
+    let all = Tensor::from_vec(data, (n, l + 1), dev)?;
+    Ok((
+        all.narrow(1, 0, l)?.contiguous()?,
+        all.narrow(1, 1, l)?.contiguous()?,
+    ))
+}
+
+/// Our side: the median of `shape.steps` timed full training steps.
+fn bench_ours(shape: &BenchShape) -> Result<Timing> {
+    let dev = Device::Cpu;
+    let cfg = NextTokenPredictorConfig {
+        vocab_size: shape.v,
+        max_len: shape.max_len(),
+        embed_dim: shape.e,
+        num_heads: shape.h,
+        num_layers: shape.layers,
+        ff_dim: shape.ff(),
+        dropout: 0.0,
+    };
+    let varmap = candle_nn::VarMap::new();
+    let model = NextTokenPredictor::new(cfg, seeded_var_builder(&varmap, 0, DType::F32, &dev))?;
+    let mut opt = AdamW::from_varmap(&varmap, AdamWConfig::default())?;
+    let vars = opt.vars();
+    let kpm = Tensor::zeros((shape.n, shape.l), DType::U8, &dev)?; // no padding
+    let loss_mask = Tensor::ones((shape.n, shape.l), DType::U8, &dev)?; // every position
+    let mut times = Vec::with_capacity(shape.steps);
+    let mut phases: [Vec<f64>; 4] = Default::default();
+    for step in 0..shape.warmup + shape.steps {
+        let label = format!("bench/{}/{step}", shape.name);
+        let (input, targets) = random_batch(shape, derive_seed(1, &label), &dev)?;
+        let t0 = Instant::now();
+        let logits = model.forward_train(&input, Some(&kpm), derive_seed(2, &label))?;
+        let loss = masked_cross_entropy(&logits, &targets, &loss_mask)?;
+        let loss_value = loss.to_scalar::<f32>()?;
+        let t1 = Instant::now();
+        let mut grads = loss.backward()?;
+        let t2 = Instant::now();
+        clip_grad_norm(&mut grads, &vars, 1.0)?;
+        let t3 = Instant::now();
+        opt.step(&grads)?;
+        let t4 = Instant::now();
+        if !loss_value.is_finite() {
+            candle::bail!("{}: loss is {loss_value} at step {step}", shape.name)
+        }
+        if step >= shape.warmup {
+            times.push((t4 - t0).as_secs_f64());
+            for (k, (a, b)) in [(t0, t1), (t1, t2), (t2, t3), (t3, t4)]
+                .into_iter()
+                .enumerate()
+            {
+                phases[k].push((b - a).as_secs_f64());
+            }
+        }
+    }
+    let median_s = median(&times);
+    Ok(Timing {
+        median_s,
+        tokens_per_s: shape.tokens() as f64 / median_s,
+        phases: Some(phases.map(|p| median(&p))),
+    })
+}
+
+/// A Python that imports torch, and torch's version: `MHA_BENCH_PYTHON` when set, else
+/// `python3`, then `/tmp/torchvenv/bin/python`.
+fn find_torch() -> Option<(String, String)> {
+    let candidates: Vec<String> = match std::env::var("MHA_BENCH_PYTHON") {
+        Ok(py) if !py.trim().is_empty() => vec![py],
+        _ => vec!["python3".into(), "/tmp/torchvenv/bin/python".into()],
+    };
+    candidates.into_iter().find_map(|py| {
+        let out = Command::new(&py)
+            .args(["-c", "import torch; print(torch.__version__)"])
+            .stderr(Stdio::null())
+            .output()
+            .ok()?;
+        let version = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        (out.status.success() && !version.is_empty()).then_some((py, version))
+    })
+}
+
+/// The PyTorch side: `scripts/bench_reference.py` for every shape, parsed from its JSON lines.
+/// A shape it did not report is `None`.
+fn bench_torch(python: &str, shapes: &[BenchShape], threads: usize) -> Vec<Option<Timing>> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/bench_reference.py");
+    let shapes_json = serde_json::Value::Array(shapes.iter().map(BenchShape::to_json).collect());
+    let first = &shapes[0];
+    let out = Command::new(python)
+        .arg(script)
+        .args(["--shapes", &shapes_json.to_string()])
+        .args(["--steps", &first.steps.to_string()])
+        .args(["--warmup", &first.warmup.to_string()])
+        .args(["--threads", &threads.to_string()])
+        .stderr(Stdio::inherit())
+        .output();
+    let out = match out {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("torch: could not run {script}: {e}");
+            return vec![None; shapes.len()];
+        }
+    };
+    if !out.status.success() {
+        eprintln!("torch: {script} exited with {}", out.status);
+    }
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    shapes
+        .iter()
+        .map(|s| {
+            let rec = lines.iter().find(|r| r["name"] == s.name)?;
+            Some(Timing {
+                median_s: rec["median_s"].as_f64()?,
+                tokens_per_s: rec["tokens_per_s"].as_f64()?,
+                phases: None,
+            })
+        })
+        .collect()
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into())
+}
+
+/// UTC now as `YYYY-MM-DD HH:MM UTC` (civil-from-days, no date crate needed).
+fn utc_now() -> String {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02} UTC",
+        rem / 3_600,
+        (rem % 3_600) / 60
+    )
+}
+
+/// A Markdown table: the first column left-aligned, the others right-aligned.
+fn print_table(header: &[String], rows: &[Vec<String>]) {
+    let width = |i: usize| {
+        rows.iter()
+            .map(|r| r[i].chars().count())
+            .chain([header[i].chars().count()])
+            .max()
+            .unwrap_or(0)
+    };
+    let widths: Vec<usize> = (0..header.len()).map(width).collect();
+    let line = |cells: &[String]| {
+        let cells: Vec<String> = cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let pad = " ".repeat(widths[i] - c.chars().count());
+                if i == 0 {
+                    format!("{c}{pad}")
+                } else {
+                    format!("{pad}{c}")
+                }
+            })
+            .collect();
+        format!("| {} |", cells.join(" | "))
+    };
+    println!("{}", line(header));
+    let rule: Vec<String> = widths
+        .iter()
+        .enumerate()
+        .map(|(i, &w)| {
+            if i == 0 {
+                "-".repeat(w + 2)
+            } else {
+                format!("{}:", "-".repeat(w + 1))
+            }
+        })
+        .collect();
+    println!("|{}|", rule.join("|"));
+    for r in rows {
+        println!("{}", line(r));
+    }
+}
+
+fn main() -> Result<()> {
+    let shapes = selected_shapes();
+    if shapes.is_empty() {
+        eprintln!("no shape selected (MHA_BENCH_SHAPES: small, medium, large)");
+        return Ok(());
+    }
+    let threads = candle::utils::get_num_threads();
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let threads_from = match std::env::var("RAYON_NUM_THREADS") {
+        Ok(v) => format!("RAYON_NUM_THREADS={v}"),
+        Err(_) => "RAYON_NUM_THREADS unset".into(),
+    };
+    println!(
+        "machine: {} | {cores} cores | {threads} threads ({threads_from}) | avx2 {} | mkl {} | {}",
+        cpu_model(),
+        candle::utils::with_avx(),
+        candle::utils::has_mkl(),
+        utc_now()
+    );
+    let torch = find_torch();
+    match &torch {
+        Some((py, version)) => {
+            println!("torch: {version} ({py}), torch.set_num_threads({threads})")
+        }
+        None => println!("torch: not available (set MHA_BENCH_PYTHON)"),
+    }
+
+    let mut ours = Vec::new();
+    for s in &shapes {
+        eprintln!(
+            "candle: {} ({} warmup + {} timed steps)…",
+            s.name, s.warmup, s.steps
+        );
+        ours.push(bench_ours(s)?);
+    }
+    let theirs = match &torch {
+        Some((py, _)) => {
+            eprintln!("torch: running scripts/bench_reference.py…");
+            Some(bench_torch(py, &shapes, threads))
+        }
+        None => None,
+    };
+
+    let mut header: Vec<String> = [
+        "shape",
+        "N×L (tokens)",
+        "V",
+        "E/H/layers",
+        "warmup+steps",
+        "ours median ms",
+        "ours tok/s",
+    ]
+    .map(String::from)
+    .to_vec();
+    if theirs.is_some() {
+        header.extend(
+            ["torch median ms", "torch tok/s", "ratio (ours/torch time)"].map(String::from),
+        );
+    }
+    let mut rows = Vec::new();
+    for (i, s) in shapes.iter().enumerate() {
+        let o = &ours[i];
+        let mut row = vec![
+            s.name.to_string(),
+            format!("{}×{} ({})", s.n, s.l, s.tokens()),
+            s.v.to_string(),
+            format!("{}/{}/{}", s.e, s.h, s.layers),
+            format!("{}+{}", s.warmup, s.steps),
+            format!("{:.1}", o.median_s * 1e3),
+            format!("{:.0}", o.tokens_per_s),
+        ];
+        if let Some(t) = &theirs {
+            match &t[i] {
+                Some(t) => row.extend([
+                    format!("{:.1}", t.median_s * 1e3),
+                    format!("{:.0}", t.tokens_per_s),
+                    format!("{:.2}", o.median_s / t.median_s),
+                ]),
+                None => row.extend(["n/a", "n/a", "n/a"].map(String::from)),
+            }
+        }
+        rows.push(row);
+    }
+    println!();
+    print_table(&header, &rows);
+    if theirs.is_some() {
+        println!("\nratio < 1: candle-mha is faster; > 1: slower.");
+    }
+    println!("\nours, median ms per phase: forward+loss / backward / clip_grad_norm / AdamW step");
+    for (s, o) in shapes.iter().zip(&ours) {
+        if let Some(p) = o.phases {
+            println!(
+                "  {:<6} {:>8.1} / {:>8.1} / {:>6.1} / {:>6.1}",
+                s.name,
+                p[0] * 1e3,
+                p[1] * 1e3,
+                p[2] * 1e3,
+                p[3] * 1e3
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,211 @@
+//! `mha inspect`: a trained model's attention on one input, as labelled tables, heatmaps
+//! (PNG/SVG) and graphs (DOT/GraphML).
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+use candle_mha::analysis::{
+    attention_rollout, format_table, fuse_heads, head_stats, heatmap, AttentionGraph, GraphOptions,
+    HeadFusion, HeatmapOptions, RolloutFusion, TableOptions,
+};
+use candle_mha::candle::{DType, Tensor};
+use candle_mha::checkpoint::write_atomic;
+use candle_mha::device::select_device;
+
+/// Arguments of `mha inspect`.
+#[derive(clap::Args, Debug)]
+pub struct InspectArgs {
+    /// A checkpoint directory written by `mha train`.
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    /// The input: symbols separated by spaces (token models) or text (text models).
+    #[arg(long)]
+    pub input: String,
+    /// The layer to show (0-based; default: the last).
+    #[arg(long)]
+    pub layer: Option<usize>,
+    /// One head (0-based) instead of all heads fused.
+    #[arg(long)]
+    pub head: Option<usize>,
+    /// How heads are fused when --head is not given: mean (PyTorch's average), max or min.
+    #[arg(long, default_value = "mean")]
+    pub fusion: String,
+    /// Also print every head's table.
+    #[arg(long)]
+    pub all_heads: bool,
+    /// Print the attention rollout over all layers (Abnar & Zuidema 2020).
+    #[arg(long)]
+    pub rollout: bool,
+    /// Write a heatmap PNG (one panel per head with --all-heads).
+    #[arg(long)]
+    pub png: Option<PathBuf>,
+    /// Write a heatmap SVG (one panel per head with --all-heads).
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
+    /// Write the attention graph as DOT (edge i -> j: weight of query i on key j).
+    #[arg(long)]
+    pub dot: Option<PathBuf>,
+    /// Write the attention graph as GraphML.
+    #[arg(long)]
+    pub graphml: Option<PathBuf>,
+    /// Graph: drop edges below this weight.
+    #[arg(long, default_value_t = 0.0)]
+    pub threshold: f64,
+    /// Graph: keep each query's k strongest edges.
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    /// Decimals in the tables.
+    #[arg(long, default_value_t = 3)]
+    pub decimals: usize,
+    /// Colour the tables (ANSI).
+    #[arg(long)]
+    pub color: bool,
+    /// auto, cpu, cuda or cuda:N.
+    #[arg(long, default_value = "auto")]
+    pub device: String,
+}
+
+fn parse_fusion(s: &str) -> Result<(HeadFusion, RolloutFusion)> {
+    Ok(match s {
+        "mean" => (HeadFusion::Mean, RolloutFusion::Mean),
+        "max" => (HeadFusion::Max, RolloutFusion::Max),
+        "min" => (HeadFusion::Min, RolloutFusion::Min),
+        other => bail!("--fusion {other}: expected mean, max or min"),
+    })
+}
+
+/// Runs `mha inspect`.
+pub fn run(args: &InspectArgs) -> Result<()> {
+    let (device, notice) = select_device(&args.device)?;
+    eprintln!("{notice}");
+    let ckpt = super::checkpoint_dir::open(&args.checkpoint, DType::F32, &device)?;
+    let (fusion, rollout_fusion) = parse_fusion(&args.fusion)?;
+    let ids = ckpt.codec.encode_prompt(&args.input)?;
+    let max_len = ckpt.model.config().max_len;
+    if ids.len() > max_len {
+        bail!(
+            "the input has {} tokens; the model's context is {max_len}",
+            ids.len()
+        )
+    }
+    let labels: Vec<String> = ids.iter().map(|&i| ckpt.codec.token_label(i)).collect();
+    let tokens = Tensor::new(ids.as_slice(), &device)?.unsqueeze(0)?;
+    let (_, layers) = ckpt.model.forward_with_attention(&tokens, None)?;
+    let layers: Vec<Tensor> = layers
+        .iter()
+        .map(|w| w.get(0))
+        .collect::<candle_mha::candle::Result<_>>()?; // (H, L, L)
+    let n_layers = layers.len();
+    let layer = args.layer.unwrap_or(n_layers - 1);
+    if layer >= n_layers {
+        bail!(
+            "--layer {layer}: the model has {n_layers} layers (0..{})",
+            n_layers - 1
+        )
+    }
+    let heads = &layers[layer];
+    let h = heads.dim(0)?;
+    if let Some(head) = args.head {
+        if head >= h {
+            bail!("--head {head}: the model has {h} heads (0..{})", h - 1)
+        }
+    }
+    let (matrix, what) = match args.head {
+        Some(head) => (heads.get(head)?, format!("layer {layer}, head {head}")),
+        None => (
+            fuse_heads(heads, fusion)?,
+            format!("layer {layer}, {} over {h} heads", args.fusion),
+        ),
+    };
+    let table = |m: &Tensor, title: String| -> Result<String> {
+        let opts = TableOptions {
+            decimals: args.decimals,
+            color: args.color,
+            title: Some(title),
+        };
+        Ok(format_table(m, &labels, &labels, &opts)?)
+    };
+    println!(
+        "{}",
+        table(
+            &matrix,
+            format!("attention, {what} (row = query, column = key)")
+        )?
+    );
+    println!("head   mean entropy   mean max weight");
+    for s in head_stats(heads)? {
+        println!(
+            "{:>4}   {:>12.4}   {:>15.4}",
+            s.head, s.mean_entropy, s.mean_max_weight
+        );
+    }
+    if args.all_heads {
+        for head in 0..h {
+            println!(
+                "\n{}",
+                table(&heads.get(head)?, format!("layer {layer}, head {head}"))?
+            );
+        }
+    }
+    if args.rollout {
+        let r = attention_rollout(&layers, rollout_fusion, true, 0.0)?;
+        println!(
+            "\n{}",
+            table(
+                &r,
+                format!(
+                    "attention rollout over {n_layers} layers (residual, {})",
+                    args.fusion
+                )
+            )?
+        );
+    }
+
+    let hopts = HeatmapOptions {
+        title: Some(what.clone()),
+        ..HeatmapOptions::default()
+    };
+    let panels: Vec<Tensor> = (0..h)
+        .map(|i| heads.get(i))
+        .collect::<candle_mha::candle::Result<_>>()?;
+    let titles: Vec<String> = (0..h).map(|i| format!("head {i}")).collect();
+    if let Some(p) = &args.png {
+        let bytes = match args.all_heads {
+            true => heatmap::heatmap_grid_png(&panels, &titles, &labels, &labels, &hopts)?,
+            false => heatmap::heatmap_png(&matrix, &labels, &labels, &hopts)?,
+        };
+        write_atomic(p, &bytes)?;
+        println!("wrote {}", p.display());
+    }
+    if let Some(p) = &args.svg {
+        let svg = match args.all_heads {
+            true => heatmap::heatmap_grid_svg(&panels, &titles, &labels, &labels, &hopts)?,
+            false => heatmap::heatmap_svg(&matrix, &labels, &labels, &hopts)?,
+        };
+        write_atomic(p, svg.as_bytes())?;
+        println!("wrote {}", p.display());
+    }
+    if args.dot.is_some() || args.graphml.is_some() {
+        // Positions make node names unique when a token repeats.
+        let nodes: Vec<String> = labels
+            .iter()
+            .enumerate()
+            .map(|(i, l)| format!("{i}:{l}"))
+            .collect();
+        let gopts = GraphOptions {
+            threshold: args.threshold,
+            top_k: args.top_k,
+            ..GraphOptions::default()
+        };
+        let graph = AttentionGraph::from_matrix(&matrix, &nodes, &nodes, &gopts)?;
+        if let Some(p) = &args.dot {
+            write_atomic(p, graph.to_dot().as_bytes())?;
+            println!("wrote {} ({} edges)", p.display(), graph.edges.len());
+        }
+        if let Some(p) = &args.graphml {
+            write_atomic(p, graph.to_graphml().as_bytes())?;
+            println!("wrote {} ({} edges)", p.display(), graph.edges.len());
+        }
+    }
+    Ok(())
+}

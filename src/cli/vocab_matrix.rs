@@ -1,0 +1,138 @@
+//! `mha vocab-matrix`: which token attends to which, aggregated over a corpus.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use candle_mha::analysis::corpus_vocab_matrix;
+use candle_mha::candle::DType;
+use candle_mha::device::select_device;
+use candle_mha::training::STATE_FILE;
+
+use super::data_source::DataSpec;
+
+/// Arguments of `mha vocab-matrix`.
+#[derive(clap::Args, Debug)]
+pub struct VocabMatrixArgs {
+    /// A checkpoint directory written by `mha train`.
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    /// A token file to aggregate over (default: the run's own training data).
+    #[arg(long, conflicts_with = "text")]
+    pub tokens: Option<PathBuf>,
+    /// A text file to aggregate over.
+    #[arg(long)]
+    pub text: Option<PathBuf>,
+    /// The layer (0-based; default: the last).
+    #[arg(long)]
+    pub layer: Option<usize>,
+    /// One head (0-based; default: the mean over heads).
+    #[arg(long)]
+    pub head: Option<usize>,
+    /// Keys listed per query token in the report.
+    #[arg(long, default_value_t = 3)]
+    pub top_k: usize,
+    /// Where to write vocab_matrix.csv and vocab_matrix.safetensors (default CHECKPOINT/vocab_matrix).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Sequences per batch.
+    #[arg(long, default_value_t = 64)]
+    pub batch_size: usize,
+    /// auto, cpu, cuda or cuda:N.
+    #[arg(long, default_value = "auto")]
+    pub device: String,
+}
+
+/// Runs `mha vocab-matrix`.
+pub fn run(args: &VocabMatrixArgs) -> Result<()> {
+    let (device, notice) = select_device(&args.device)?;
+    eprintln!("{notice}");
+    let ckpt = super::checkpoint_dir::open(&args.checkpoint, DType::F32, &device)?;
+    let max_tokens = Some(ckpt.model.config().max_len + 1);
+    let codec = Some(ckpt.codec.clone());
+    let (name, dataset) = match (&args.tokens, &args.text) {
+        (Some(p), _) => {
+            let spec = DataSpec::Tokens {
+                path: p.clone(),
+                val_fraction: 0.0,
+                seed: 0,
+            };
+            (
+                p.display().to_string(),
+                spec.load(codec, None, 0, max_tokens)?.train,
+            )
+        }
+        (_, Some(p)) => {
+            let spec = DataSpec::Text {
+                path: p.clone(),
+                val_fraction: 0.0,
+                seed: 0,
+            };
+            (
+                p.display().to_string(),
+                spec.load(codec, None, 0, max_tokens)?.train,
+            )
+        }
+        _ => {
+            let path = args.checkpoint.join(STATE_FILE);
+            let state: serde_json::Value = serde_json::from_str(
+                &std::fs::read_to_string(&path)
+                    .with_context(|| format!("reading {}", path.display()))?,
+            )?;
+            let spec: DataSpec = serde_json::from_value(state["data"].clone()).context(
+                "the checkpoint does not say what it was trained on: pass --tokens or --text",
+            )?;
+            (
+                "the run's training set".to_string(),
+                spec.load(codec, None, 0, max_tokens)?.train,
+            )
+        }
+    };
+    let layer = args.layer.unwrap_or(ckpt.model.config().num_layers - 1);
+    let vm = corpus_vocab_matrix(
+        &ckpt.model,
+        &dataset,
+        layer,
+        args.head,
+        args.batch_size,
+        &device,
+    )?;
+    let labels: Vec<String> = (0..vm.vocab_size() as u32)
+        .map(|i| ckpt.codec.token_label(i))
+        .collect();
+    let heads = args
+        .head
+        .map(|h| format!("head {h}"))
+        .unwrap_or_else(|| "mean over heads".into());
+    println!(
+        "vocabulary matrix: layer {layer}, {heads}, over {name} ({} sequences): {} query positions, total mass {:.1}",
+        dataset.len(),
+        vm.num_queries(),
+        vm.total_mass()
+    );
+    println!(
+        "query token -> top {} key tokens (share of the query token's attention)",
+        args.top_k
+    );
+    for (q, keys) in vm.top_k(args.top_k) {
+        let row: Vec<String> = keys
+            .iter()
+            .map(|(k, share)| format!("{} {:.3}", labels[*k as usize], share))
+            .collect();
+        println!("  {:<10} -> {}", labels[q as usize], row.join(", "));
+    }
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| args.checkpoint.join("vocab_matrix"));
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    candle_mha::checkpoint::write_atomic(
+        &out.join("vocab_matrix.csv"),
+        vm.to_csv(&labels).as_bytes(),
+    )?;
+    vm.save_safetensors(out.join("vocab_matrix.safetensors"))?;
+    println!(
+        "wrote {}/vocab_matrix.csv and vocab_matrix.safetensors",
+        out.display()
+    );
+    Ok(())
+}
