@@ -50,11 +50,21 @@ pub fn uniform(
     device: &Device,
     seed: u64,
 ) -> Result<Tensor> {
-    let shape = shape.into();
+    sampled(shape.into(), dtype, device, seed, |rng| {
+        lo + (up - lo) * rng.random::<f64>()
+    })
+}
+
+/// A tensor filled by `draw` from a generator seeded with `seed`, built on the CPU in f64.
+fn sampled(
+    shape: Shape,
+    dtype: DType,
+    device: &Device,
+    seed: u64,
+    mut draw: impl FnMut(&mut ChaCha8Rng) -> f64,
+) -> Result<Tensor> {
     let mut rng = rng_from_seed(seed);
-    let data: Vec<f64> = (0..shape.elem_count())
-        .map(|_| lo + (up - lo) * rng.random::<f64>())
-        .collect();
+    let data: Vec<f64> = (0..shape.elem_count()).map(|_| draw(&mut rng)).collect();
     Tensor::from_vec(data, shape, &Device::Cpu)?
         .to_dtype(dtype)?
         .to_device(device)
@@ -71,14 +81,9 @@ pub fn normal(
     device: &Device,
     seed: u64,
 ) -> Result<Tensor> {
-    let shape = shape.into();
-    let mut rng = rng_from_seed(seed);
-    let data: Vec<f64> = (0..shape.elem_count())
-        .map(|_| mean + std * rng.sample::<f64, _>(StandardNormal))
-        .collect();
-    Tensor::from_vec(data, shape, &Device::Cpu)?
-        .to_dtype(dtype)?
-        .to_device(device)
+    sampled(shape.into(), dtype, device, seed, |rng| {
+        mean + std * rng.sample::<f64, _>(StandardNormal)
+    })
 }
 
 #[cfg(test)]

@@ -3,26 +3,14 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::Command;
 
 use anyhow::Result;
 use candle_mha::candle::DType;
 use candle_mha::checkpoint::StateDict;
-use common::assert_close;
+use common::{assert_close, mha};
 
 fn ckpt(name: &str) -> PathBuf {
     common::fixtures_dir().join("checkpoints").join(name)
-}
-
-fn mha(args: &[&str]) -> Result<(bool, String, String)> {
-    let out = Command::new(env!("CARGO_BIN_EXE_mha"))
-        .args(args)
-        .output()?;
-    Ok((
-        out.status.success(),
-        String::from_utf8(out.stdout)?,
-        String::from_utf8(out.stderr)?,
-    ))
 }
 
 #[test]

@@ -1,19 +1,9 @@
 //! `mha inspect` and `mha vocab-matrix` on a small model trained by `mha train`.
 
-use std::process::Command;
+mod common;
 
 use anyhow::Result;
-
-fn mha(args: &[&str]) -> Result<(bool, String, String)> {
-    let out = Command::new(env!("CARGO_BIN_EXE_mha"))
-        .args(args)
-        .output()?;
-    Ok((
-        out.status.success(),
-        String::from_utf8(out.stdout)?,
-        String::from_utf8(out.stderr)?,
-    ))
-}
+use common::mha;
 
 #[test]
 fn inspect_and_vocab_matrix() -> Result<()> {

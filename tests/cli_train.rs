@@ -2,20 +2,11 @@
 //! and their errors on bad data.
 
 use std::path::Path;
-use std::process::Command;
+
+mod common;
 
 use anyhow::Result;
-
-fn mha(args: &[&str]) -> Result<(bool, String, String)> {
-    let out = Command::new(env!("CARGO_BIN_EXE_mha"))
-        .args(args)
-        .output()?;
-    Ok((
-        out.status.success(),
-        String::from_utf8(out.stdout)?,
-        String::from_utf8(out.stderr)?,
-    ))
-}
+use common::mha;
 
 /// Event streams with a rule: after `T3` comes `T5` or `T4`, sequences start with `T1`.
 fn write_events(path: &Path, lines: usize) -> Result<()> {

@@ -376,7 +376,7 @@ fn dot_escape(s: &str) -> String {
 }
 
 /// `s` as XML character data or attribute value; characters XML 1.0 forbids become U+FFFD.
-fn xml_escape(s: &str) -> String {
+pub(crate) fn xml_escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         match c {

@@ -64,6 +64,7 @@ use std::path::Path;
 use candle::{DType, Result, Tensor};
 
 use super::font::{self, ADVANCE, DESCENT, GLYPH_H};
+use super::graph::xml_escape;
 
 /// Text scale for labels, titles and ticks: the 5×7 font at ×2.
 const SCALE: u32 = 2;
@@ -360,23 +361,6 @@ fn text_on(bg: [u8; 3]) -> [u8; 3] {
 
 fn hex(rgb: [u8; 3]) -> String {
     format!("#{:02x}{:02x}{:02x}", rgb[0], rgb[1], rgb[2])
-}
-
-fn xml_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&apos;"),
-            // Control characters are not allowed in XML 1.0 text.
-            c if (c as u32) < 0x20 && c != '\t' && c != '\n' && c != '\r' => out.push('?'),
-            c => out.push(c),
-        }
-    }
-    out
 }
 
 /// Everything needed to draw, validated once and shared by the PNG and SVG writers.

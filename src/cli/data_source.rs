@@ -145,3 +145,64 @@ impl DataSpec {
         }
     }
 }
+
+/// Which part of a run's own data to use when no file is given.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RunSplit {
+    /// The training set.
+    Train,
+    /// The validation set.
+    Val,
+}
+
+/// The data an analysis or evaluation command reads: every sequence of `tokens` or `text`
+/// when given (encoded with the checkpoint's `codec`), else the run's own `split` rebuilt from
+/// `trainer_state.json`. Returns a description for messages and the dataset.
+pub fn checkpoint_dataset(
+    checkpoint: &Path,
+    tokens: Option<&Path>,
+    text: Option<&Path>,
+    codec: Codec,
+    max_tokens: usize,
+    split: RunSplit,
+) -> Result<(String, Dataset)> {
+    let whole = |spec: DataSpec, path: &Path| -> Result<(String, Dataset)> {
+        Ok((
+            path.display().to_string(),
+            spec.load(Some(codec.clone()), None, 0, Some(max_tokens))?
+                .train,
+        ))
+    };
+    match (tokens, text) {
+        (Some(p), _) => whole(
+            DataSpec::Tokens {
+                path: p.to_path_buf(),
+                val_fraction: 0.0,
+                seed: 0,
+            },
+            p,
+        ),
+        (_, Some(p)) => whole(
+            DataSpec::Text {
+                path: p.to_path_buf(),
+                val_fraction: 0.0,
+                seed: 0,
+            },
+            p,
+        ),
+        _ => {
+            let path = checkpoint.join(candle_mha::training::STATE_FILE);
+            let text = std::fs::read_to_string(&path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let state: serde_json::Value = serde_json::from_str(&text)?;
+            let spec: DataSpec = serde_json::from_value(state["data"].clone()).context(
+                "the checkpoint does not say what it was trained on: pass --tokens or --text",
+            )?;
+            let data = spec.load(Some(codec), None, 0, Some(max_tokens))?;
+            Ok(match split {
+                RunSplit::Train => ("the run's training set".to_string(), data.train),
+                RunSplit::Val => ("the run's validation set".to_string(), data.val),
+            })
+        }
+    }
+}

@@ -2,14 +2,13 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use candle_mha::candle::DType;
 use candle_mha::checkpoint::StateDict;
-use candle_mha::data::Dataset;
 use candle_mha::device::select_device;
-use candle_mha::training::{evaluate, STATE_FILE};
+use candle_mha::training::evaluate;
 
-use super::data_source::DataSpec;
+use super::data_source::{checkpoint_dataset, RunSplit};
 
 /// Arguments of `mha eval`. Without a data option it evaluates on the run's own validation
 /// set, rebuilt from the checkpoint.
@@ -44,46 +43,14 @@ pub fn run(args: &EvalArgs) -> Result<()> {
     let (device, notice) = select_device(&args.device)?;
     eprintln!("{notice}");
     let ckpt = super::checkpoint_dir::open(&args.checkpoint, args.dtype, &device)?;
-    let max_tokens = Some(ckpt.model.config().max_len + 1);
-    let codec = Some(ckpt.codec.clone());
-    let (name, dataset): (String, Dataset) = match (&args.tokens, &args.text) {
-        (Some(p), _) => {
-            let spec = DataSpec::Tokens {
-                path: p.clone(),
-                val_fraction: 0.0,
-                seed: 0,
-            };
-            (
-                p.display().to_string(),
-                spec.load(codec, None, 0, max_tokens)?.train,
-            )
-        }
-        (_, Some(p)) => {
-            let spec = DataSpec::Text {
-                path: p.clone(),
-                val_fraction: 0.0,
-                seed: 0,
-            };
-            (
-                p.display().to_string(),
-                spec.load(codec, None, 0, max_tokens)?.train,
-            )
-        }
-        _ => {
-            let path = args.checkpoint.join(STATE_FILE);
-            let state: serde_json::Value = serde_json::from_str(
-                &std::fs::read_to_string(&path)
-                    .with_context(|| format!("reading {}", path.display()))?,
-            )?;
-            let spec: DataSpec = serde_json::from_value(state["data"].clone()).context(
-                "the checkpoint does not say what it was trained on: pass --tokens or --text",
-            )?;
-            (
-                "the run's validation set".to_string(),
-                spec.load(codec, None, 0, max_tokens)?.val,
-            )
-        }
-    };
+    let (name, dataset) = checkpoint_dataset(
+        &args.checkpoint,
+        args.tokens.as_deref(),
+        args.text.as_deref(),
+        ckpt.codec.clone(),
+        ckpt.model.config().max_len + 1,
+        RunSplit::Val,
+    )?;
     let eval = evaluate(&ckpt.model, &dataset, args.batch_size, &device)?;
     println!("eval on {name} ({} sequences): {eval}", dataset.len());
     if args.write_logits_check {

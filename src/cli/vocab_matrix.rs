@@ -6,9 +6,8 @@ use anyhow::{Context, Result};
 use candle_mha::analysis::corpus_vocab_matrix;
 use candle_mha::candle::DType;
 use candle_mha::device::select_device;
-use candle_mha::training::STATE_FILE;
 
-use super::data_source::DataSpec;
+use super::data_source::{checkpoint_dataset, RunSplit};
 
 /// Arguments of `mha vocab-matrix`.
 #[derive(clap::Args, Debug)]
@@ -47,46 +46,14 @@ pub fn run(args: &VocabMatrixArgs) -> Result<()> {
     let (device, notice) = select_device(&args.device)?;
     eprintln!("{notice}");
     let ckpt = super::checkpoint_dir::open(&args.checkpoint, DType::F32, &device)?;
-    let max_tokens = Some(ckpt.model.config().max_len + 1);
-    let codec = Some(ckpt.codec.clone());
-    let (name, dataset) = match (&args.tokens, &args.text) {
-        (Some(p), _) => {
-            let spec = DataSpec::Tokens {
-                path: p.clone(),
-                val_fraction: 0.0,
-                seed: 0,
-            };
-            (
-                p.display().to_string(),
-                spec.load(codec, None, 0, max_tokens)?.train,
-            )
-        }
-        (_, Some(p)) => {
-            let spec = DataSpec::Text {
-                path: p.clone(),
-                val_fraction: 0.0,
-                seed: 0,
-            };
-            (
-                p.display().to_string(),
-                spec.load(codec, None, 0, max_tokens)?.train,
-            )
-        }
-        _ => {
-            let path = args.checkpoint.join(STATE_FILE);
-            let state: serde_json::Value = serde_json::from_str(
-                &std::fs::read_to_string(&path)
-                    .with_context(|| format!("reading {}", path.display()))?,
-            )?;
-            let spec: DataSpec = serde_json::from_value(state["data"].clone()).context(
-                "the checkpoint does not say what it was trained on: pass --tokens or --text",
-            )?;
-            (
-                "the run's training set".to_string(),
-                spec.load(codec, None, 0, max_tokens)?.train,
-            )
-        }
-    };
+    let (name, dataset) = checkpoint_dataset(
+        &args.checkpoint,
+        args.tokens.as_deref(),
+        args.text.as_deref(),
+        ckpt.codec.clone(),
+        ckpt.model.config().max_len + 1,
+        RunSplit::Train,
+    )?;
     let layer = args.layer.unwrap_or(ckpt.model.config().num_layers - 1);
     let vm = corpus_vocab_matrix(
         &ckpt.model,

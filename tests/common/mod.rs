@@ -124,3 +124,15 @@ pub fn assert_close(what: &str, actual: &Tensor, expected: &Tensor, tol: f64) ->
     }
     Ok(err)
 }
+
+/// Runs the `mha` binary; returns (success, stdout, stderr).
+pub fn mha(args: &[&str]) -> Result<(bool, String, String)> {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mha"))
+        .args(args)
+        .output()?;
+    Ok((
+        out.status.success(),
+        String::from_utf8(out.stdout)?,
+        String::from_utf8(out.stderr)?,
+    ))
+}
