@@ -413,6 +413,34 @@ fn bad_files_are_errors_not_panics() -> Result<()> {
             Ok(Err(_)) => {}
         }
     }
+    // An integer tensor where a float parameter belongs is refused, not cast.
+    let int_weight: Vec<(String, Tensor)> = StateDict::load(ckpt("encoder_bf.safetensors"))?
+        .tensors()
+        .iter()
+        .map(|(n, t)| {
+            let t = if n == "layers.0.self_attn.in_proj_weight" {
+                t.to_dtype(DType::I64).unwrap()
+            } else {
+                t.clone()
+            };
+            (n.clone(), t)
+        })
+        .collect();
+    let err = load_attention(
+        &StateDict::from_tensors(int_weight),
+        "layers.0.self_attn",
+        &AttentionLoadOptions::new(4),
+        DType::F32,
+        &Device::Cpu,
+    )
+    .err()
+    .map(|e| e.to_string());
+    assert!(
+        err.as_deref().is_some_and(|e| e.contains(
+            "dtype mismatch for in_proj_weight: the checkpoint holds I64, the model expects F32"
+        )),
+        "{err:?}"
+    );
     // Good file, wrong content for the module: missing prefix, wrong head count.
     let sd = StateDict::load(ckpt("encoder_bf.safetensors"))?;
     let opts = AttentionLoadOptions::new(4);

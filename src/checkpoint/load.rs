@@ -110,6 +110,16 @@ pub fn load_into_varmap(
             });
             continue;
         }
+        if value.dtype().is_float() != var.dtype().is_float() {
+            // An integer tensor where a float parameter belongs (or the reverse) is not a
+            // precision change but the wrong tensor: never cast it.
+            report.dtype_mismatches.push(DtypeCast {
+                name: name.clone(),
+                from: value.dtype(),
+                to: var.dtype(),
+            });
+            continue;
+        }
         if value.dtype() != var.dtype() {
             report.casts.push(DtypeCast {
                 name: name.clone(),

@@ -50,12 +50,19 @@ pub struct LoadReport {
     pub shape_mismatches: Vec<ShapeMismatch>,
     /// Parameters loaded with a dtype conversion.
     pub casts: Vec<DtypeCast>,
+    /// Parameters stored with an integer dtype where the model has a float one, or the
+    /// reverse (not loaded).
+    pub dtype_mismatches: Vec<DtypeCast>,
 }
 
 impl LoadReport {
-    /// No missing key, no unexpected key, no shape mismatch (casts are allowed, as in PyTorch).
+    /// No missing key, no unexpected key, no shape or integer/float mismatch (float casts are
+    /// allowed, as in PyTorch).
     pub fn is_clean(&self) -> bool {
-        self.missing.is_empty() && self.unexpected.is_empty() && self.shape_mismatches.is_empty()
+        self.missing.is_empty()
+            && self.unexpected.is_empty()
+            && self.shape_mismatches.is_empty()
+            && self.dtype_mismatches.is_empty()
     }
 }
 
@@ -69,7 +76,10 @@ fn quoted(names: &[String]) -> String {
 
 impl fmt::Display for LoadReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let total = self.loaded.len() + self.missing.len() + self.shape_mismatches.len();
+        let total = self.loaded.len()
+            + self.missing.len()
+            + self.shape_mismatches.len()
+            + self.dtype_mismatches.len();
         let prefix = match self.prefix.as_str() {
             "" => String::new(),
             p => format!(" at prefix \"{p}\""),
@@ -100,6 +110,13 @@ impl fmt::Display for LoadReport {
                 f,
                 "\tsize mismatch for {}: copying a param with shape {:?} from checkpoint, the shape in current model is {:?}.",
                 m.name, m.checkpoint, m.model
+            )?;
+        }
+        for m in &self.dtype_mismatches {
+            writeln!(
+                f,
+                "\tdtype mismatch for {}: the checkpoint holds {:?}, the model expects {:?}.",
+                m.name, m.from, m.to
             )?;
         }
         if !self.casts.is_empty() {
