@@ -3,7 +3,7 @@
 # binaries a GPU machine needs into one compressed archive.
 #
 #   scripts/build-cuda.sh                 # -> target/gpu-pack.tar.xz (CLI, examples, GPU tests, bench)
-#   scripts/build-cuda.sh --check         # only `cargo check --features cuda` (the cheap CI check)
+#   scripts/build-cuda.sh --check         # only `cargo check --features cuda --all-targets` (run by CI)
 #
 # On the GPU machine (CUDA 13 driver; no Rust needed):
 #   tar xf gpu-pack.tar.xz && cd gpu-pack && ./run-on-gpu.sh tests      # every packed test
@@ -18,7 +18,10 @@ cd "$(dirname "$0")/.."
 TOOLKIT_SCRIPT=${TOOLKIT_SCRIPT:-../shared/cuda/prepare-toolkit.sh}
 [ -f "$TOOLKIT_SCRIPT" ] || { echo "missing $TOOLKIT_SCRIPT (set TOOLKIT_SCRIPT)" >&2; exit 1; }
 cargo fetch --features cuda >/dev/null 2>&1 || cargo fetch >/dev/null  # cudarc source for the stub
-eval "$(bash "$TOOLKIT_SCRIPT" "${CUDA_TOOLKIT_DIR:-$HOME/.cache/cuda13-toolkit}")"
+# Exit 3 (not 1) when the toolkit itself cannot be had (no PyPI access): CI tells the two apart.
+toolkit_env=$(bash "$TOOLKIT_SCRIPT" "${CUDA_TOOLKIT_DIR:-$HOME/.cache/cuda13-toolkit}") || {
+  echo "cannot prepare the CUDA toolkit with $TOOLKIT_SCRIPT" >&2; exit 3; }
+eval "$toolkit_env"
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target/cuda}
 
 if [ "${1:-}" = "--check" ]; then
