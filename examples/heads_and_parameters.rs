@@ -6,15 +6,13 @@
 //! cargo run --release --example heads_and_parameters
 //! ```
 
-use std::collections::HashMap;
-
 use anyhow::{Context, Result};
 use candle_mha::analysis::{format_table, head_ablation, head_stats, TableOptions};
 use candle_mha::candle::{DType, Device, Tensor};
 use candle_mha::{
     seeded_var_builder, AttentionOptions, MultiheadAttention, MultiheadAttentionConfig,
 };
-use candle_nn::{VarBuilder, VarMap};
+use candle_nn::VarMap;
 
 fn main() -> Result<()> {
     parameter_counts()?;
@@ -26,22 +24,6 @@ fn main() -> Result<()> {
 
 fn labels<T: ToString>(v: impl IntoIterator<Item = T>) -> Vec<String> {
     v.into_iter().map(|s| s.to_string()).collect()
-}
-
-/// A module whose parameters are exactly `params` (PyTorch's state_dict names).
-fn with_params(
-    cfg: MultiheadAttentionConfig,
-    params: Vec<(&str, Tensor)>,
-) -> Result<MultiheadAttention> {
-    let map: HashMap<String, Tensor> = params
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
-    let dtype = map.values().next().map(|t| t.dtype()).unwrap_or(DType::F32);
-    Ok(MultiheadAttention::new(
-        cfg,
-        VarBuilder::from_tensors(map, dtype, &Device::Cpu),
-    )?)
 }
 
 /// A change to the default configuration.
@@ -114,7 +96,7 @@ fn all_ones() -> Result<()> {
         println!("tokens with {name} feature sums {sums:?}: output[0] for each H");
         for h in [1, 2, 4, 8] {
             let ones = |shape: &[usize]| Tensor::ones(shape, DType::F32, &Device::Cpu);
-            let mha = with_params(
+            let mha = MultiheadAttention::from_tensors(
                 MultiheadAttentionConfig::new(e, h),
                 vec![
                     ("in_proj_weight", ones(&[3 * e, e])?),
@@ -151,7 +133,7 @@ fn identity_split() -> Result<()> {
     println!("== 3. Identity projections, E = 4, H = 2: each head sees its own 2 features ==");
     let dev = Device::Cpu;
     let eye = Tensor::eye(4, DType::F64, &dev)?;
-    let mha = with_params(
+    let mha = MultiheadAttention::from_tensors(
         MultiheadAttentionConfig::new(4, 2).with_bias(false),
         vec![
             ("in_proj_weight", Tensor::cat(&[&eye, &eye, &eye], 0)?),

@@ -1,8 +1,6 @@
 //! Head views, tables and source masses (`candle_mha::analysis::{heads, table, sources}`), on
 //! hand-made tensors with hand-computed answers and on real forwards.
 
-use std::collections::HashMap;
-
 use anyhow::Result;
 use candle_mha::analysis::{
     argmax_head, dominant_source, format_table, fuse_heads, head_ablation, head_stats, row_entropy,
@@ -12,7 +10,7 @@ use candle_mha::candle::{DType, Device, Tensor};
 use candle_mha::{
     seeded_var_builder, AttentionOptions, MultiheadAttention, MultiheadAttentionConfig,
 };
-use candle_nn::{VarBuilder, VarMap};
+use candle_nn::VarMap;
 
 fn dev() -> Device {
     Device::Cpu
@@ -334,31 +332,16 @@ fn source_mass_other_column_with_add_zero_attn() -> Result<()> {
     Ok(())
 }
 
-/// A module whose parameters are exactly `params` (PyTorch's state_dict names).
-fn with_params(
-    cfg: MultiheadAttentionConfig,
-    params: Vec<(&str, Tensor)>,
-) -> Result<MultiheadAttention> {
-    let map: HashMap<String, Tensor> = params
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
-    Ok(MultiheadAttention::new(
-        cfg,
-        VarBuilder::from_tensors(map, DType::F64, &dev()),
-    )?)
-}
-
 /// Two heads, no bias, in_proj = [I; I; I]: head h sees features 2h..2h+2.
 fn identity_two_heads(out_proj: Tensor) -> Result<MultiheadAttention> {
     let eye = Tensor::eye(4, DType::F64, &dev())?;
-    with_params(
+    Ok(MultiheadAttention::from_tensors(
         MultiheadAttentionConfig::new(4, 2).with_bias(false),
         vec![
             ("in_proj_weight", Tensor::cat(&[&eye, &eye, &eye], 0)?),
             ("out_proj.weight", out_proj),
         ],
-    )
+    )?)
 }
 
 fn x() -> Result<Tensor> {

@@ -1,44 +1,26 @@
 //! Golden facts measured on PyTorch 2.15 (spec §9 and issue #2), reproduced exactly.
 
-use std::collections::HashMap;
-
 use anyhow::Result;
 use candle_mha::candle::{DType, Device, Module, Tensor};
 use candle_mha::{
     seeded_var_builder, AttentionOptions, MultiheadAttention, MultiheadAttentionConfig,
 };
-use candle_nn::{VarBuilder, VarMap};
+use candle_nn::VarMap;
 
 fn dev() -> Device {
     Device::Cpu
 }
 
-/// A module whose parameters are exactly `params` (names as in PyTorch's state_dict).
-fn with_params(
-    cfg: MultiheadAttentionConfig,
-    params: Vec<(&str, Tensor)>,
-) -> Result<MultiheadAttention> {
-    let map: HashMap<String, Tensor> = params
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
-    let dtype = map.values().next().map(|t| t.dtype()).unwrap_or(DType::F32);
-    Ok(MultiheadAttention::new(
-        cfg,
-        VarBuilder::from_tensors(map, dtype, &dev()),
-    )?)
-}
-
 /// One head, no bias, in_proj = [I; I; I], out_proj = I: output = softmax(XXᵀ/√d)·X.
 fn identity_module(d: usize, heads: usize, dtype: DType) -> Result<MultiheadAttention> {
     let eye = Tensor::eye(d, dtype, &dev())?;
-    with_params(
+    Ok(MultiheadAttention::from_tensors(
         MultiheadAttentionConfig::new(d, heads).with_bias(false),
         vec![
             ("in_proj_weight", Tensor::cat(&[&eye, &eye, &eye], 0)?),
             ("out_proj.weight", eye),
         ],
-    )
+    )?)
 }
 
 fn assert_rows(actual: &Tensor, expected: &[&[f64]], tol: f64) -> Result<()> {
@@ -180,7 +162,7 @@ fn all_ones_output_does_not_depend_on_heads() -> Result<()> {
     let mut outputs = Vec::new();
     for h in [1, 2, 4, 8] {
         let ones = |shape: &[usize]| Tensor::ones(shape, DType::F32, &dev());
-        let mha = with_params(
+        let mha = MultiheadAttention::from_tensors(
             MultiheadAttentionConfig::new(e, h),
             vec![
                 ("in_proj_weight", ones(&[3 * e, e])?),
@@ -213,7 +195,7 @@ fn uniform_module(add_zero_attn: bool) -> Result<MultiheadAttention> {
     let e = 2;
     let zeros = Tensor::zeros((e, e), DType::F32, &dev())?;
     let eye = Tensor::eye(e, DType::F32, &dev())?;
-    with_params(
+    Ok(MultiheadAttention::from_tensors(
         MultiheadAttentionConfig::new(e, 2).with_add_zero_attn(add_zero_attn),
         vec![
             ("in_proj_weight", Tensor::cat(&[&zeros, &zeros, &eye], 0)?),
@@ -221,7 +203,7 @@ fn uniform_module(add_zero_attn: bool) -> Result<MultiheadAttention> {
             ("out_proj.weight", eye),
             ("out_proj.bias", Tensor::new(&[0.5f32, -0.5], &dev())?),
         ],
-    )
+    )?)
 }
 
 #[test]
@@ -458,5 +440,28 @@ fn head_mask_ablates_one_head() -> Result<()> {
     assert!(err
         .to_string()
         .contains("head_mask must be a float tensor of shape [2]"));
+    Ok(())
+}
+
+/// `from_tensors` is strict: an extra tensor or a missing one is an error naming it.
+#[test]
+fn from_tensors_is_strict() -> Result<()> {
+    let eye = Tensor::eye(2, DType::F32, &dev())?;
+    let packed = Tensor::cat(&[&eye, &eye, &eye], 0)?;
+    let cfg = MultiheadAttentionConfig::new(2, 1).with_bias(false);
+    let extra = vec![
+        ("in_proj_weight", packed.clone()),
+        ("out_proj.weight", eye.clone()),
+        ("bias_k", eye.clone()),
+    ];
+    let err = MultiheadAttention::from_tensors(cfg.clone(), extra)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("unexpected parameter(s) [\"bias_k\"]"),
+        "{err}"
+    );
+    let missing = MultiheadAttention::from_tensors(cfg, vec![("in_proj_weight", packed)]);
+    assert!(missing.unwrap_err().to_string().contains("out_proj.weight"));
     Ok(())
 }

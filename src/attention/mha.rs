@@ -143,6 +143,38 @@ impl MultiheadAttention {
         })
     }
 
+    /// A module whose parameters are exactly `tensors` (PyTorch's state_dict names, relative
+    /// to the module), in their dtype and on their device. Every parameter the configuration
+    /// needs must be given, with its shape, and nothing else.
+    ///
+    /// PyTorch equivalent: `m = nn.MultiheadAttention(...); m.load_state_dict(tensors,
+    /// strict=True)`.
+    pub fn from_tensors(
+        config: MultiheadAttentionConfig,
+        tensors: Vec<(&str, Tensor)>,
+    ) -> Result<Self> {
+        let Some((_, first)) = tensors.first() else {
+            candle::bail!("from_tensors: no tensor given; expected the module's parameters")
+        };
+        let (dtype, device) = (first.dtype(), first.device().clone());
+        let given: Vec<String> = tensors.iter().map(|(n, _)| n.to_string()).collect();
+        let map = tensors
+            .into_iter()
+            .map(|(n, t)| (n.to_string(), t))
+            .collect();
+        let module = Self::new(config, VarBuilder::from_tensors(map, dtype, &device))?;
+        let used: Vec<String> = module
+            .named_parameters()
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        let unexpected: Vec<&String> = given.iter().filter(|n| !used.contains(n)).collect();
+        if !unexpected.is_empty() {
+            candle::bail!("from_tensors: unexpected parameter(s) {unexpected:?}; this configuration has {used:?}")
+        }
+        Ok(module)
+    }
+
     /// The configuration.
     pub fn config(&self) -> &MultiheadAttentionConfig {
         &self.config
