@@ -16,7 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TOOLKIT_SCRIPT=${TOOLKIT_SCRIPT:-../shared/cuda/prepare-toolkit.sh}
-[ -f "$TOOLKIT_SCRIPT" ] || { echo "missing $TOOLKIT_SCRIPT (set TOOLKIT_SCRIPT)" >&2; exit 1; }
+[ -f "$TOOLKIT_SCRIPT" ] || { echo "missing $TOOLKIT_SCRIPT (set TOOLKIT_SCRIPT)" >&2; exit 3; }
 cargo fetch --features cuda >/dev/null 2>&1 || cargo fetch >/dev/null  # cudarc source for the stub
 # Exit 3 (not 1) when the toolkit itself cannot be had (no PyPI access): CI tells the two apart.
 toolkit_env=$(bash "$TOOLKIT_SCRIPT" "${CUDA_TOOLKIT_DIR:-$HOME/.cache/cuda13-toolkit}") || {
