@@ -23,9 +23,8 @@ torch.save's zip records carry fixed timestamps and a content-derived serializat
 """
 
 import argparse
-import json
 import os
-import struct
+import sys
 import warnings
 import zlib
 
@@ -33,6 +32,9 @@ import torch
 import torch.nn as nn
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_fixtures import canonicalize_header  # noqa: E402
 
 E_ENC, H_ENC, FF_ENC, LAYERS_ENC = 16, 4, 32, 2
 L_ENC, N_ENC = 5, 3
@@ -58,25 +60,6 @@ def randomize(model):
 def plain_sd(model):
     """state_dict as detached, contiguous, independent tensors (safe for save_file)."""
     return {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
-
-
-def canonicalize_header(path):
-    """Sort the __metadata__ keys in the file header so reruns are byte-identical.
-
-    safetensors keeps metadata in a hash map, so its key order changes from run to run.
-    Tensor data and offsets are untouched; the header keeps its length (space padded,
-    as safetensors itself pads it).
-    """
-    with open(path, "r+b") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
-        if "__metadata__" not in header:
-            return
-        header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
-        new = json.dumps(header, separators=(",", ":")).encode()
-        assert len(new) <= n, (path, len(new), n)
-        f.seek(8)
-        f.write(new + b" " * (n - len(new)))
 
 
 class Writer:

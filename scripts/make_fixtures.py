@@ -420,6 +420,8 @@ def canonicalize_header(path):
     with open(path, "r+b") as f:
         (n,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(n))
+        if "__metadata__" not in header:
+            return
         header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
         new = json.dumps(header, separators=(",", ":")).encode()
         assert len(new) <= n, (path, len(new), n)
