@@ -41,7 +41,7 @@ pub mod rng;
 pub mod training;
 
 pub use attention::{
-    multihead_attention, AttentionOptions, AttentionOutput, MultiheadAttention,
+    multihead_attention, AttentionKernel, AttentionOptions, AttentionOutput, MultiheadAttention,
     MultiheadAttentionConfig,
 };
 pub use init::seeded_var_builder;

@@ -27,7 +27,8 @@ pub fn derive_seed(seed: u64, label: &str) -> u64 {
     splitmix64(seed ^ splitmix64(h))
 }
 
-fn splitmix64(x: u64) -> u64 {
+/// SplitMix64's output function of state `x` (the state advanced once).
+pub(crate) fn splitmix64(x: u64) -> u64 {
     let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);

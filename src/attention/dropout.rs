@@ -1,32 +1,73 @@
-//! Seeded dropout on attention weights.
+//! Seeded dropout on attention weights, counter-based so that any kernel can regenerate it.
+//!
+//! Whether element `idx` of the `(N, H, L, S')` weights is dropped is a pure function of
+//! `(seed, idx)` ([`dropout_keep`]): the reference path builds the whole mask from it, the
+//! fused kernel draws the same bits tile by tile in the forward pass and again in the
+//! backward pass, so the mask is never stored and both paths drop the same elements.
 
 use candle::{Result, Tensor};
-use rand::Rng;
 
-use crate::rng;
+use crate::rng::splitmix64;
+
+/// The drop test of one seed and probability: `keep(idx)` is false with probability `p`.
+///
+/// Element `idx` is dropped when the top 53 bits of SplitMix64 at position `idx` of the stream
+/// seeded by `seed`, read as a number in `[0, 1)`, are below `p`.
+#[derive(Clone, Copy, Debug)]
+pub struct DropoutMask {
+    key: u64,
+    threshold: u64,
+    /// `1 / (1 - p)`, the factor of kept elements (0 when `p = 1`).
+    pub scale: f64,
+}
+
+impl DropoutMask {
+    /// The mask of probability `p` (in `[0, 1]`) and `seed`.
+    pub fn new(p: f64, seed: u64) -> Result<Self> {
+        if !(0.0..=1.0).contains(&p) {
+            candle::bail!("dropout probability has to be between 0 and 1, but got {p}")
+        }
+        // u < p  ⇔  bits < p·2^53 (exact: a power-of-two scale) ⇔ bits < ceil(p·2^53).
+        let threshold = (p * (1u64 << 53) as f64).ceil() as u64;
+        let scale = if p < 1.0 { 1.0 / (1.0 - p) } else { 0.0 };
+        Ok(Self {
+            key: splitmix64(seed),
+            threshold,
+            scale,
+        })
+    }
+
+    /// Whether element `idx` (row-major over `(N, H, L, S')`) is kept.
+    #[inline(always)]
+    pub fn keep(&self, idx: u64) -> bool {
+        dropout_keep(self.key, self.threshold, idx)
+    }
+}
+
+#[inline(always)]
+fn dropout_keep(key: u64, threshold: u64, idx: u64) -> bool {
+    (splitmix64(key.wrapping_add(idx.wrapping_mul(0x9e37_79b9_7f4a_7c15))) >> 11) >= threshold
+}
 
 /// Zeroes each element of `x` with probability `p` and scales the rest by `1/(1-p)`, with a
-/// mask drawn from `seed`. `p = 1` gives zeros (candle's `ops::dropout` rejects it).
+/// mask drawn from `seed` ([`DropoutMask`], element `i` of the row-major `x`). `p = 1` gives
+/// zeros (candle's `ops::dropout` rejects it).
 ///
 /// PyTorch equivalent: `F.dropout(x, p, training=True)`; the mask differs from PyTorch's
 /// (another generator), its distribution does not.
 pub fn seeded_dropout(x: &Tensor, p: f64, seed: u64) -> Result<Tensor> {
-    if !(0.0..=1.0).contains(&p) {
-        candle::bail!("dropout probability has to be between 0 and 1, but got {p}")
-    }
+    let mask = DropoutMask::new(p, seed)?;
     if p == 0.0 {
         return Ok(x.clone());
     }
     if p == 1.0 {
         return x.zeros_like();
     }
-    let scale = 1.0 / (1.0 - p);
-    let mut rng = rng::rng_from_seed(seed);
-    let mask: Vec<f64> = (0..x.elem_count())
-        .map(|_| if rng.random::<f64>() < p { 0.0 } else { scale })
+    let factors: Vec<f64> = (0..x.elem_count() as u64)
+        .map(|i| if mask.keep(i) { mask.scale } else { 0.0 })
         .collect();
-    let mask = Tensor::from_vec(mask, x.shape(), &candle::Device::Cpu)?
+    let factors = Tensor::from_vec(factors, x.shape(), &candle::Device::Cpu)?
         .to_dtype(x.dtype())?
         .to_device(x.device())?;
-    x * mask
+    x * factors
 }

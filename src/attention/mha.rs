@@ -7,10 +7,11 @@ use candle::{DType, Module, Result, Tensor};
 use candle_nn::{Init, Linear, VarBuilder};
 
 use super::checks::{check_inputs, Dims};
-use super::dropout::seeded_dropout;
-use super::mask::merged_mask;
+use super::dropout::{seeded_dropout, DropoutMask};
+use super::fused::{FusedAttention, FusedWeights, Geom};
+use super::mask::{additive_mask, merged_mask};
 use super::softmax::{safe_softmax_last_dim, softmax_dtype};
-use super::{AttentionOptions, AttentionOutput, MultiheadAttentionConfig};
+use super::{AttentionKernel, AttentionOptions, AttentionOutput, MultiheadAttentionConfig};
 use crate::init::{linear_weight, xavier_normal, xavier_uniform};
 use crate::rng::derive_seed;
 
@@ -313,89 +314,39 @@ impl MultiheadAttention {
         let (q_in, k_in, v_in) = (batch(query)?, batch(key)?, batch(value)?);
         let self_attn = query.id() == key.id() && key.id() == value.id();
         let kv_same = key.id() == value.id();
-
-        let (q, k, v) = self.in_projection(&q_in, &k_in, &v_in, self_attn, kv_same)?;
-        let to_heads = |t: &Tensor| -> Result<Tensor> {
-            let (a, b, _) = t.dims3()?;
-            let t = t.reshape((a, b, h, hd))?;
-            let t = if seq_first {
-                t.permute((1, 2, 0, 3))?
-            } else {
-                t.permute((0, 2, 1, 3))?
-            };
-            t.contiguous() // (N, H, len, hd)
+        let projected = self.in_projection(&q_in, &k_in, &v_in, self_attn, kv_same)?;
+        let dropout_seed = self.dropout_seed(opts);
+        let fused = match opts.kernel {
+            AttentionKernel::Auto => query.device().is_cpu(),
+            AttentionKernel::Fused => true,
+            AttentionKernel::Reference => false,
         };
-        // q is scaled before the product, by sqrt(1/hd) rounded to the dtype, as PyTorch does.
-        let q = (to_heads(&q)? * (1.0 / hd as f64).sqrt())?;
-        let (mut k, mut v) = (to_heads(&k)?, to_heads(&v)?);
-        let mut extra = 0;
-        if let (Some(bk), Some(bv)) = (&self.bias_k, &self.bias_v) {
-            let row = |b: &Tensor| b.reshape((1, h, 1, hd))?.broadcast_as((n, h, 1, hd));
-            k = Tensor::cat(&[&k, &row(bk)?], 2)?;
-            v = Tensor::cat(&[&v, &row(bv)?], 2)?;
-            extra += 1;
-        }
-        if cfg.add_zero_attn {
-            // Appended after projection and bias: exactly zero in head space.
-            k = k.pad_with_zeros(2, 0, 1)?;
-            v = v.pad_with_zeros(2, 0, 1)?;
-            extra += 1;
-        }
-
-        // `cat` and `pad` along a middle dim leave strides matmul cannot take.
-        let (k, v) = if extra > 0 {
-            (k.contiguous()?, v.contiguous()?)
-        } else {
-            (k, v)
+        let call = Call {
+            dims: &dims,
+            seq_first,
+            opts,
+            dropout_seed,
         };
-        // Scores and softmax in f32 for the half types.
-        let sm_dtype = softmax_dtype(dtype);
-        let scores = q.matmul(&k.t()?)?.to_dtype(sm_dtype)?; // (N, H, L, S')
-        let scores = match merged_mask(opts, &dims, h, extra, sm_dtype, query.device())? {
-            Some(mask) => scores.broadcast_add(&mask)?,
-            None => scores,
-        };
-        let mut probs = safe_softmax_last_dim(&scores)?;
-        if opts.train && cfg.dropout > 0.0 {
-            let seed = match opts.dropout_seed {
-                Some(seed) => seed,
-                None => {
-                    let call = self.dropout_calls.fetch_add(1, Ordering::Relaxed);
-                    derive_seed(cfg.dropout_seed, &call.to_string())
-                }
-            };
-            probs = seeded_dropout(&probs, cfg.dropout, seed)?;
-        }
-
-        let ctx = match k.dim(2)? {
-            // No key at all: like a fully masked row, a zero context.
-            0 => q.zeros_like()?,
-            _ => probs.to_dtype(dtype)?.matmul(&v)?, // (N, H, L, hd)
+        // ctx: (A, B, E) in the caller's layout; weights: batch-major.
+        let (ctx, weights) = match fused {
+            true => self.attend_fused(projected, &call)?,
+            false => self.attend_reference(projected, &call)?,
         };
         let ctx = match &opts.head_mask {
-            Some(m) => ctx.broadcast_mul(&m.to_dtype(dtype)?.reshape((1, h, 1, 1))?)?,
+            Some(m) => {
+                let (a, b, _) = ctx.dims3()?;
+                let m = m.to_dtype(dtype)?.reshape((1, 1, h, 1))?;
+                ctx.reshape((a, b, h, hd))?
+                    .broadcast_mul(&m)?
+                    .reshape((a, b, e))?
+            }
             None => ctx,
         };
-        // Merge heads (feature h*hd + j) back into the caller's layout.
-        let ctx = if seq_first {
-            ctx.permute((2, 0, 1, 3))?
-        } else {
-            ctx.permute((0, 2, 1, 3))?
-        };
-        let (a, b) = if seq_first { (l, n) } else { (n, l) };
-        let output = self.out_proj.forward(&ctx.reshape((a, b, e))?)?;
+        let output = self.out_proj.forward(&ctx)?;
         let output = if batched { output } else { output.squeeze(1)? };
-
-        let weights = match opts.need_weights {
-            false => None,
-            true => {
-                let w = match opts.average_attn_weights {
-                    true => probs.mean(1)?,
-                    false => probs,
-                };
-                let w = w.to_dtype(dtype)?;
-                Some(if batched { w } else { w.squeeze(0)? })
-            }
+        let weights = match weights {
+            Some(w) if !batched => Some(w.squeeze(0)?),
+            w => w,
         };
         Ok(AttentionOutput { output, weights })
     }
@@ -437,7 +388,7 @@ impl MultiheadAttention {
         value: &Tensor,
         self_attn: bool,
         kv_same: bool,
-    ) -> Result<(Tensor, Tensor, Tensor)> {
+    ) -> Result<Projected> {
         let e = self.config.embed_dim;
         let bias = |i: usize, parts: usize| -> Result<Option<Tensor>> {
             self.in_proj_bias
@@ -448,30 +399,262 @@ impl MultiheadAttention {
         match &self.in_proj_weight {
             InProjWeight::Packed(w) if self_attn => {
                 // One product for all three, as `_in_projection_packed` does.
-                let qkv = linear(query, w, bias(0, 3)?.as_ref())?;
-                Ok((
-                    qkv.narrow(2, 0, e)?,
-                    qkv.narrow(2, e, e)?,
-                    qkv.narrow(2, 2 * e, e)?,
-                ))
+                Ok(Projected::Packed(linear(query, w, bias(0, 3)?.as_ref())?))
             }
             InProjWeight::Packed(w) if kv_same => {
                 let q = linear(query, &w.narrow(0, 0, e)?, bias(0, 1)?.as_ref())?;
                 let kv = linear(key, &w.narrow(0, e, 2 * e)?, bias(1, 2)?.as_ref())?;
-                Ok((q, kv.narrow(2, 0, e)?, kv.narrow(2, e, e)?))
+                Ok(Projected::Separate(
+                    q,
+                    kv.narrow(2, 0, e)?,
+                    kv.narrow(2, e, e)?,
+                ))
             }
-            InProjWeight::Packed(w) => Ok((
+            InProjWeight::Packed(w) => Ok(Projected::Separate(
                 linear(query, &w.narrow(0, 0, e)?, bias(0, 1)?.as_ref())?,
                 linear(key, &w.narrow(0, e, e)?, bias(1, 1)?.as_ref())?,
                 linear(value, &w.narrow(0, 2 * e, e)?, bias(2, 1)?.as_ref())?,
             )),
-            InProjWeight::Separate { q, k, v } => Ok((
+            InProjWeight::Separate { q, k, v } => Ok(Projected::Separate(
                 linear(query, q, bias(0, 1)?.as_ref())?,
                 linear(key, k, bias(1, 1)?.as_ref())?,
                 linear(value, v, bias(2, 1)?.as_ref())?,
             )),
         }
     }
+
+    /// The dropout seed of this call, or `None` when no dropout applies. A call without an
+    /// explicit seed advances the module's counter (the same on both kernels).
+    fn dropout_seed(&self, opts: &AttentionOptions) -> Option<u64> {
+        let cfg = &self.config;
+        if !(opts.train && cfg.dropout > 0.0) {
+            return None;
+        }
+        Some(match opts.dropout_seed {
+            Some(seed) => seed,
+            None => {
+                let call = self.dropout_calls.fetch_add(1, Ordering::Relaxed);
+                derive_seed(cfg.dropout_seed, &call.to_string())
+            }
+        })
+    }
+
+    /// q, k, v with the `bias_k` and zero-attention rows appended to k and v (projection
+    /// space, the caller's layout), and the number of rows appended.
+    fn append_extra_keys(&self, projected: Projected, call: &Call) -> Result<(Projected, usize)> {
+        let cfg = &self.config;
+        let extra = usize::from(cfg.add_bias_kv) + usize::from(cfg.add_zero_attn);
+        if extra == 0 {
+            return Ok((projected, 0));
+        }
+        let e = cfg.embed_dim;
+        let (q, mut k, mut v) = projected.split(e)?;
+        let n = call.dims.n;
+        let seq_dim = if call.seq_first { 0 } else { 1 };
+        if let (Some(bk), Some(bv)) = (&self.bias_k, &self.bias_v) {
+            let row = |b: &Tensor| match call.seq_first {
+                true => b.broadcast_as((1, n, e)),
+                false => b.broadcast_as((n, 1, e)),
+            };
+            k = Tensor::cat(&[&k, &row(bk)?], seq_dim)?;
+            v = Tensor::cat(&[&v, &row(bv)?], seq_dim)?;
+        }
+        if cfg.add_zero_attn {
+            // Appended after projection and bias: exactly zero in head space.
+            k = k.pad_with_zeros(seq_dim, 0, 1)?;
+            v = v.pad_with_zeros(seq_dim, 0, 1)?;
+        }
+        Ok((Projected::Separate(q, k, v), extra))
+    }
+
+    /// The attention step by the fused kernel: context `(A, B, E)` and the weights.
+    fn attend_fused(&self, projected: Projected, call: &Call) -> Result<(Tensor, Option<Tensor>)> {
+        let cfg = &self.config;
+        let dtype = self.dtype();
+        let Dims { n, l, s, .. } = *call.dims;
+        let (h, hd) = (cfg.num_heads, cfg.head_dim());
+        let (projected, extra) = self.append_extra_keys(projected, call)?;
+        // The half types run in f32 (the kernel accumulates in its dtype).
+        let kdt = softmax_dtype(dtype);
+        let projected = projected.into_dtype(kdt)?;
+        let opts = call.opts;
+        let attn_mask = match &opts.attn_mask {
+            Some(m) if m.rank() == 2 => Some(additive_mask(m, kdt)?.contiguous()?),
+            Some(m) => Some(
+                additive_mask(m, kdt)?
+                    .reshape((n * h, l, s))?
+                    .contiguous()?,
+            ),
+            None => None,
+        };
+        let key_padding_mask = match &opts.key_padding_mask {
+            Some(m) => Some(additive_mask(m, kdt)?.reshape((n, s))?.contiguous()?),
+            None => None,
+        };
+        let dropout = match call.dropout_seed {
+            Some(seed) => Some(DropoutMask::new(cfg.dropout, seed)?),
+            None => None,
+        };
+        let op = FusedAttention {
+            geom: Geom {
+                n,
+                h,
+                l,
+                s: s + extra,
+                d: hd,
+                s_masked: s,
+                causal: opts.is_causal && opts.attn_mask.is_none(),
+                scale: (1.0 / hd as f64).sqrt(),
+            },
+            seq_first: call.seq_first,
+            attn_mask,
+            key_padding_mask,
+            dropout,
+            lse: Default::default(),
+        };
+        let ctx = match &projected {
+            Projected::Packed(qkv) => qkv.apply_op1(op.clone())?,
+            Projected::Separate(q, k, v) => q.apply_op3(k, v, op.clone())?,
+        };
+        let weights = match opts.need_weights {
+            false => None,
+            true => {
+                let wop = FusedWeights {
+                    attn: op,
+                    average: opts.average_attn_weights,
+                };
+                let w = match &projected {
+                    Projected::Packed(qkv) => qkv.apply_op1(wop)?,
+                    Projected::Separate(q, k, _) => q.apply_op2(k, wop)?,
+                };
+                Some(w.to_dtype(dtype)?)
+            }
+        };
+        Ok((ctx.to_dtype(dtype)?, weights))
+    }
+
+    /// The attention step op by op on materialised scores (the reference): context
+    /// `(A, B, E)` and the weights.
+    fn attend_reference(
+        &self,
+        projected: Projected,
+        call: &Call,
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        let cfg = &self.config;
+        let dtype = self.dtype();
+        let Dims { n, l, .. } = *call.dims;
+        let (e, h, hd) = (cfg.embed_dim, cfg.num_heads, cfg.head_dim());
+        let seq_first = call.seq_first;
+        let opts = call.opts;
+        let (q, k, v) = projected.split(e)?;
+        let to_heads = |t: &Tensor| -> Result<Tensor> {
+            let (a, b, _) = t.dims3()?;
+            let t = t.reshape((a, b, h, hd))?;
+            let t = if seq_first {
+                t.permute((1, 2, 0, 3))?
+            } else {
+                t.permute((0, 2, 1, 3))?
+            };
+            t.contiguous() // (N, H, len, hd)
+        };
+        // q is scaled before the product, by sqrt(1/hd) rounded to the dtype, as PyTorch does.
+        let q = (to_heads(&q)? * (1.0 / hd as f64).sqrt())?;
+        let (mut k, mut v) = (to_heads(&k)?, to_heads(&v)?);
+        let mut extra = 0;
+        if let (Some(bk), Some(bv)) = (&self.bias_k, &self.bias_v) {
+            let row = |b: &Tensor| b.reshape((1, h, 1, hd))?.broadcast_as((n, h, 1, hd));
+            k = Tensor::cat(&[&k, &row(bk)?], 2)?;
+            v = Tensor::cat(&[&v, &row(bv)?], 2)?;
+            extra += 1;
+        }
+        if cfg.add_zero_attn {
+            // Appended after projection and bias: exactly zero in head space.
+            k = k.pad_with_zeros(2, 0, 1)?;
+            v = v.pad_with_zeros(2, 0, 1)?;
+            extra += 1;
+        }
+        // `cat` and `pad` along a middle dim leave strides matmul cannot take.
+        let (k, v) = if extra > 0 {
+            (k.contiguous()?, v.contiguous()?)
+        } else {
+            (k, v)
+        };
+        // Scores and softmax in f32 for the half types.
+        let sm_dtype = softmax_dtype(dtype);
+        let scores = q.matmul(&k.t()?)?.to_dtype(sm_dtype)?; // (N, H, L, S')
+        let scores = match merged_mask(opts, call.dims, h, extra, sm_dtype, q.device())? {
+            Some(mask) => scores.broadcast_add(&mask)?,
+            None => scores,
+        };
+        let mut probs = safe_softmax_last_dim(&scores)?;
+        if let Some(seed) = call.dropout_seed {
+            probs = seeded_dropout(&probs, cfg.dropout, seed)?;
+        }
+        let ctx = match k.dim(2)? {
+            // No key at all: like a fully masked row, a zero context.
+            0 => q.zeros_like()?,
+            _ => probs.to_dtype(dtype)?.matmul(&v)?, // (N, H, L, hd)
+        };
+        // Merge heads (feature h*hd + j) back into the caller's layout.
+        let ctx = if seq_first {
+            ctx.permute((2, 0, 1, 3))?
+        } else {
+            ctx.permute((0, 2, 1, 3))?
+        };
+        let (a, b) = if seq_first { (l, n) } else { (n, l) };
+        let ctx = ctx.reshape((a, b, e))?;
+        let weights = match opts.need_weights {
+            false => None,
+            true => {
+                let w = match opts.average_attn_weights {
+                    true => probs.mean(1)?,
+                    false => probs,
+                };
+                Some(w.to_dtype(dtype)?)
+            }
+        };
+        Ok((ctx, weights))
+    }
+}
+
+/// The input projections of one call, in the caller's 3-D layout.
+enum Projected {
+    /// Self-attention with the packed weight: `(A, B, 3E)`, q | k | v along the last dim.
+    Packed(Tensor),
+    /// q `(A, B, E)`, k and v `(A', B, E)`.
+    Separate(Tensor, Tensor, Tensor),
+}
+
+impl Projected {
+    /// q, k, v as three tensors (views of the packed one).
+    fn split(self, e: usize) -> Result<(Tensor, Tensor, Tensor)> {
+        match self {
+            Projected::Packed(qkv) => Ok((
+                qkv.narrow(2, 0, e)?,
+                qkv.narrow(2, e, e)?,
+                qkv.narrow(2, 2 * e, e)?,
+            )),
+            Projected::Separate(q, k, v) => Ok((q, k, v)),
+        }
+    }
+
+    fn into_dtype(self, dtype: DType) -> Result<Self> {
+        Ok(match self {
+            Projected::Packed(t) => Projected::Packed(t.to_dtype(dtype)?),
+            Projected::Separate(q, k, v) => {
+                Projected::Separate(q.to_dtype(dtype)?, k.to_dtype(dtype)?, v.to_dtype(dtype)?)
+            }
+        })
+    }
+}
+
+/// What the attention step of one call needs besides the projections.
+struct Call<'a> {
+    dims: &'a Dims,
+    /// The projections are `(L, N, ·)` (else `(N, L, ·)`).
+    seq_first: bool,
+    opts: &'a AttentionOptions,
+    dropout_seed: Option<u64>,
 }
 
 /// `x @ w.T + b` for a 3-D `x (A, B, in)` and `w (out, in)`: one 2-D product.

@@ -5,6 +5,7 @@
 mod checks;
 mod config;
 pub mod dropout;
+mod fused;
 pub mod mask;
 mod mha;
 mod options;
@@ -12,4 +13,4 @@ pub mod softmax;
 
 pub use config::MultiheadAttentionConfig;
 pub use mha::{multihead_attention, MultiheadAttention};
-pub use options::{AttentionOptions, AttentionOutput};
+pub use options::{AttentionKernel, AttentionOptions, AttentionOutput};

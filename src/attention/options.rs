@@ -38,6 +38,30 @@ pub struct AttentionOptions {
     /// projection (0 ablates a head, 1 keeps it). The returned weights are not changed.
     /// Default `None`. Not in PyTorch's MHA (Hugging Face models call it `head_mask`).
     pub head_mask: Option<Tensor>,
+    /// Which implementation computes the attention. Default [`AttentionKernel::Auto`]: the
+    /// fused kernel on the CPU, the reference ops elsewhere. Not in PyTorch (its
+    /// `torch.backends.cuda.sdp_kernel` / `sdpa_kernel` context plays this role for SDPA).
+    pub kernel: AttentionKernel,
+}
+
+/// The implementation of the attention step (scores, masks, softmax, dropout, value product).
+///
+/// Both give the same results to rounding (tests compare them: f32 within 1e-5, f64 within
+/// 1e-12), draw the same dropout mask for a seed, and follow the same fully-masked-row rule.
+///
+/// PyTorch equivalent: choosing an SDPA backend (`torch.nn.attention.sdpa_kernel`), where the
+/// math backend is the reference.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AttentionKernel {
+    /// The fused kernel where it is implemented (CPU), the reference elsewhere (CUDA).
+    #[default]
+    Auto,
+    /// The fused kernel (FlashAttention-2 scheme, forward and backward): no `L × S` buffer
+    /// unless the weights are asked for. CPU only for now; on another device it is an error.
+    Fused,
+    /// The op-by-op path (matmul, mask, softmax, dropout, matmul) on materialised
+    /// `(N, H, L, S')` scores: `F.multi_head_attention_forward` step by step.
+    Reference,
 }
 
 impl Default for AttentionOptions {
@@ -51,6 +75,7 @@ impl Default for AttentionOptions {
             train: false,
             dropout_seed: None,
             head_mask: None,
+            kernel: AttentionKernel::Auto,
         }
     }
 }
@@ -107,6 +132,12 @@ impl AttentionOptions {
     /// Sets [`head_mask`](Self::head_mask).
     pub fn with_head_mask(mut self, head_mask: Tensor) -> Self {
         self.head_mask = Some(head_mask);
+        self
+    }
+
+    /// Sets [`kernel`](Self::kernel).
+    pub fn with_kernel(mut self, kernel: AttentionKernel) -> Self {
+        self.kernel = kernel;
         self
     }
 }

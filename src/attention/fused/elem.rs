@@ -1,0 +1,247 @@
+//! The element types the fused kernel runs in (f32, f64) and their row primitives.
+//!
+//! The f32 rows use a polynomial `exp` written so that LLVM vectorises it, compiled a second
+//! time with AVX2+FMA and chosen at run time (the crate is built for baseline x86-64). f64
+//! rows use the standard library's `exp`: that path is for precision, not speed.
+
+use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Sub};
+
+use candle::WithDType;
+
+/// An element type of the fused kernel.
+pub(crate) trait Elem:
+    WithDType
+    + Copy
+    + Send
+    + Sync
+    + PartialOrd
+    + Add<Output = Self>
+    + Sub<Output = Self>
+    + Mul<Output = Self>
+    + Div<Output = Self>
+    + AddAssign
+    + MulAssign
+{
+    const ZERO: Self;
+    const ONE: Self;
+    const NEG_INF: Self;
+    const INF: Self;
+    fn exp(self) -> Self;
+    fn ln(self) -> Self;
+    /// The largest element (`-inf` for an empty or fully `-inf` row).
+    fn row_max(row: &[Self]) -> Self;
+    /// `row[j] = exp(row[j] - shift)` (0 where `row[j] = -inf`), returning the sum.
+    fn exp_shift_sum(row: &mut [Self], shift: Self) -> Self;
+    /// `Σ a[j]·b[j]`.
+    fn dot(a: &[Self], b: &[Self]) -> Self;
+}
+
+impl Elem for f64 {
+    const ZERO: Self = 0.0;
+    const ONE: Self = 1.0;
+    const NEG_INF: Self = f64::NEG_INFINITY;
+    const INF: Self = f64::INFINITY;
+    fn exp(self) -> Self {
+        f64::exp(self)
+    }
+    fn ln(self) -> Self {
+        f64::ln(self)
+    }
+    fn row_max(row: &[Self]) -> Self {
+        row.iter()
+            .fold(f64::NEG_INFINITY, |m, &x| if x > m { x } else { m })
+    }
+    fn exp_shift_sum(row: &mut [Self], shift: Self) -> Self {
+        let mut sum = 0.0;
+        for x in row.iter_mut() {
+            *x = (*x - shift).exp();
+            sum += *x;
+        }
+        sum
+    }
+    fn dot(a: &[Self], b: &[Self]) -> Self {
+        a.iter().zip(b).map(|(x, y)| x * y).sum()
+    }
+}
+
+impl Elem for f32 {
+    const ZERO: Self = 0.0;
+    const ONE: Self = 1.0;
+    const NEG_INF: Self = f32::NEG_INFINITY;
+    const INF: Self = f32::INFINITY;
+    fn exp(self) -> Self {
+        f32::exp(self)
+    }
+    fn ln(self) -> Self {
+        f32::ln(self)
+    }
+    fn row_max(row: &[Self]) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if avx2() {
+            // SAFETY: the CPU has AVX2 and FMA (checked at run time).
+            return unsafe { row_max_avx2(row) };
+        }
+        row_max_f32(row)
+    }
+    fn exp_shift_sum(row: &mut [Self], shift: Self) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if avx2() {
+            // SAFETY: as above.
+            return unsafe { exp_shift_sum_avx2(row, shift) };
+        }
+        exp_shift_sum_f32(row, shift)
+    }
+    fn dot(a: &[Self], b: &[Self]) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if avx2() {
+            // SAFETY: as above.
+            return unsafe { dot_avx2(a, b) };
+        }
+        dot_f32(a, b)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn avx2() -> bool {
+    // Cached by std after the first call: one atomic load.
+    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn row_max_avx2(row: &[f32]) -> f32 {
+    row_max_f32(row)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn exp_shift_sum_avx2(row: &mut [f32], shift: f32) -> f32 {
+    exp_shift_sum_f32(row, shift)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
+    dot_f32(a, b)
+}
+
+/// Lanes of the manual reductions: float sums are not reassociated by the compiler, so eight
+/// independent accumulators make the loops vectorise.
+const LANES: usize = 8;
+
+#[inline(always)]
+fn row_max_f32(row: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; LANES];
+    let chunks = row.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for k in 0..LANES {
+            acc[k] = if c[k] > acc[k] { c[k] } else { acc[k] };
+        }
+    }
+    let mut m = f32::NEG_INFINITY;
+    for &x in acc.iter().chain(tail) {
+        m = if x > m { x } else { m };
+    }
+    m
+}
+
+#[inline(always)]
+fn exp_shift_sum_f32(row: &mut [f32], shift: f32) -> f32 {
+    let mut acc = [0f32; LANES];
+    let mut chunks = row.chunks_exact_mut(LANES);
+    for c in &mut chunks {
+        for k in 0..LANES {
+            let e = exp_f32(c[k] - shift);
+            c[k] = e;
+            acc[k] += e;
+        }
+    }
+    let mut sum = 0f32;
+    for x in chunks.into_remainder() {
+        *x = exp_f32(*x - shift);
+        sum += *x;
+    }
+    acc.iter().sum::<f32>() + sum
+}
+
+#[inline(always)]
+fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let (ta, tb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for k in 0..LANES {
+            acc[k] += x[k] * y[k];
+        }
+    }
+    acc.iter().sum::<f32>() + ta.iter().zip(tb).map(|(x, y)| x * y).sum::<f32>()
+}
+
+/// `exp(x)` for f32 to about 1 ulp (Cephes' `expf`: range reduction by ln 2, degree-5
+/// polynomial, exponent bits), branch-free so that it vectorises; exactly 0 below the
+/// smallest normal result (so `exp(-inf) = 0`) and exactly 1 at 0.
+#[inline(always)]
+pub(crate) fn exp_f32(x: f32) -> f32 {
+    const HI: f32 = 88.376_26;
+    const LO: f32 = -87.336_55;
+    let xc = if x > HI { HI } else { x };
+    let xc = if xc < LO { LO } else { xc };
+    let fx = (xc * std::f32::consts::LOG2_E + 0.5).floor();
+    let r = xc - fx * 0.693_359_4 + fx * 2.121_944_4e-4;
+    // Plain products and sums, not `mul_add`: without FMA that is a slow library call.
+    let mut y = 1.987_569_1e-4f32;
+    y = y * r + 1.398_199_9e-3;
+    y = y * r + 8.333_452e-3;
+    y = y * r + 4.166_579_6e-2;
+    y = y * r + 1.666_666_5e-1;
+    y = y * r + 0.5;
+    let y = y * r * r + r + 1.0;
+    let pow2 = f32::from_bits(((fx as i32 + 127) as u32) << 23);
+    if x < LO {
+        0.0
+    } else {
+        y * pow2
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp_f32_matches_std_to_two_ulp() {
+        let mut worst = 0f32;
+        let mut x = -87.0f32;
+        while x < 88.0 {
+            let (got, want) = (exp_f32(x), x.exp());
+            worst = worst.max(((got - want) / want).abs());
+            x += 0.0137;
+        }
+        assert!(worst < 2.5e-7, "worst relative error {worst}");
+        assert_eq!(exp_f32(0.0), 1.0);
+        assert_eq!(exp_f32(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp_f32(-1000.0), 0.0);
+    }
+
+    #[test]
+    fn row_helpers_match_scalar_code() {
+        let row: Vec<f32> = (0..37)
+            .map(|i| ((i * 7919) % 101) as f32 / 13.0 - 3.0)
+            .collect();
+        assert_eq!(
+            f32::row_max(&row),
+            row.iter().cloned().fold(f32::MIN, f32::max)
+        );
+        let mut e = row.clone();
+        let sum = f32::exp_shift_sum(&mut e, 2.0);
+        let want: f32 = row.iter().map(|x| (x - 2.0).exp()).sum();
+        assert!((sum - want).abs() < 1e-5 * want);
+        let d = f32::dot(&row, &e);
+        let dw: f32 = row.iter().zip(&e).map(|(a, b)| a * b).sum();
+        assert!((d - dw).abs() < 1e-4 * dw.abs().max(1.0));
+        assert_eq!(f32::row_max(&[f32::NEG_INFINITY; 9]), f32::NEG_INFINITY);
+    }
+}

@@ -1,0 +1,565 @@
+//! The CPU kernels of fused attention: forward (online softmax, FlashAttention-2 order),
+//! backward (probabilities recomputed from the row log-sum-exp) and the weights pass.
+//!
+//! Tile products go through the `gemm` crate (run-time dispatched SIMD micro-kernels, one
+//! thread per call); the parallelism is over batch × heads (× query tiles in the forward and
+//! weights passes) with rayon. Nothing of size `L × S` is ever allocated except the weights
+//! the caller asked for.
+
+use rayon::prelude::*;
+
+use super::elem::Elem;
+use crate::attention::dropout::DropoutMask;
+
+/// Query rows per forward tile.
+const BR: usize = 64;
+/// Key columns per forward tile.
+const BC: usize = 128;
+/// Query rows and key columns per backward tile.
+const BB: usize = 64;
+
+/// Sizes of one call, in head space.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Geom {
+    /// Batch `N`.
+    pub n: usize,
+    /// Heads `H`.
+    pub h: usize,
+    /// Queries `L`.
+    pub l: usize,
+    /// Keys `S'`, including the `bias_k` / zero-attention columns.
+    pub s: usize,
+    /// Head dim.
+    pub d: usize,
+    /// The first `s_masked` keys are the ones masks and the causal rule apply to; the
+    /// `bias_k` / zero-attention columns after them are never masked (PyTorch pads the masks
+    /// with zeros there).
+    pub s_masked: usize,
+    /// Key `j` (< `s_masked`) is masked for query `i` when `j > i`.
+    pub causal: bool,
+    /// Factor of `q·k` (PyTorch: `1/√d`).
+    pub scale: f64,
+}
+
+/// Where the rows of q, k, v, the output or a gradient live: row `(b, h, i)` starts at
+/// `off + b·sb + h·sh + i·si`, and its `d` elements are contiguous.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RowMap {
+    pub off: usize,
+    pub sb: usize,
+    pub sh: usize,
+    pub si: usize,
+}
+
+impl RowMap {
+    #[inline(always)]
+    fn at(&self, b: usize, h: usize, i: usize) -> usize {
+        self.off + b * self.sb + h * self.sh + i * self.si
+    }
+}
+
+/// Additive masks over the first `s_masked` keys, in the kernel's dtype.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Masks<'a, T> {
+    /// `(L, s_masked)`, or `(N·H, L, s_masked)` when the flag is set.
+    pub attn: Option<(&'a [T], bool)>,
+    /// `(N, s_masked)`.
+    pub kpm: Option<&'a [T]>,
+}
+
+/// A tensor read by the kernels: its data and where its rows are.
+#[derive(Clone, Copy)]
+pub(crate) struct Rows<'a, T> {
+    pub data: &'a [T],
+    pub map: RowMap,
+}
+
+/// A tensor written by the kernels from several threads; every task writes its own rows.
+#[derive(Clone, Copy)]
+pub(crate) struct RowsMut<T> {
+    ptr: *mut T,
+    len: usize,
+    pub map: RowMap,
+}
+
+// SAFETY: tasks write disjoint rows (see each kernel), and the buffer outlives the tasks.
+unsafe impl<T: Send> Send for RowsMut<T> {}
+unsafe impl<T: Send> Sync for RowsMut<T> {}
+
+impl<T> RowsMut<T> {
+    pub fn new(data: &mut [T], map: RowMap) -> Self {
+        Self {
+            ptr: data.as_mut_ptr(),
+            len: data.len(),
+            map,
+        }
+    }
+
+    /// Pointer to element `col` of row `(b, h, i)`.
+    ///
+    /// # Safety
+    /// The element must be within the buffer.
+    #[inline(always)]
+    unsafe fn at(&self, b: usize, h: usize, i: usize, col: usize) -> *mut T {
+        let idx = self.map.at(b, h, i) + col;
+        debug_assert!(idx < self.len);
+        self.ptr.add(idx)
+    }
+}
+
+/// The dropout of one call in the kernel's dtype.
+#[derive(Clone, Copy)]
+struct Drop<T> {
+    mask: DropoutMask,
+    scale: T,
+}
+
+fn drop_of<T: Elem>(mask: Option<&DropoutMask>) -> Option<Drop<T>> {
+    mask.map(|m| Drop {
+        mask: *m,
+        scale: T::from_f64(m.scale),
+    })
+}
+
+/// `dst[m×n] (+)= alpha · lhs[m×k] · rhs[k×n]`, every matrix given by pointer, row stride and
+/// column stride, single-threaded.
+///
+/// # Safety
+/// Every addressed element must be in bounds; `dst` must not overlap the operands.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+unsafe fn mm<T: Elem>(
+    (m, n, k): (usize, usize, usize),
+    dst: (*mut T, usize, usize),
+    accumulate: bool,
+    lhs: (*const T, usize, usize),
+    rhs: (*const T, usize, usize),
+    alpha: T,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            for r in 0..m {
+                for c in 0..n {
+                    *dst.0.add(r * dst.1 + c * dst.2) = T::ZERO;
+                }
+            }
+        }
+        return;
+    }
+    gemm::gemm(
+        m,
+        n,
+        k,
+        dst.0,
+        dst.2 as isize,
+        dst.1 as isize,
+        accumulate,
+        lhs.0,
+        lhs.2 as isize,
+        lhs.1 as isize,
+        rhs.0,
+        rhs.2 as isize,
+        rhs.1 as isize,
+        T::ONE,
+        alpha,
+        false,
+        false,
+        false,
+        gemm::Parallelism::None,
+    )
+}
+
+/// The key tiles a query tile `[i0, i1)` needs: `(j0, cols, check_causal)`. Causal: keys
+/// after the tile's last query are skipped, and only tiles crossing the diagonal are checked
+/// element by element.
+fn key_tiles(g: &Geom, i0: usize, i1: usize, bc: usize) -> Vec<(usize, usize, bool)> {
+    let end = if g.causal {
+        g.s_masked.min(i1)
+    } else {
+        g.s_masked
+    };
+    let mut tiles = Vec::new();
+    for j0 in (0..end).step_by(bc) {
+        let cols = bc.min(end - j0);
+        tiles.push((j0, cols, g.causal && j0 + cols - 1 > i0));
+    }
+    for j0 in (g.s_masked..g.s).step_by(bc) {
+        tiles.push((j0, bc.min(g.s - j0), false));
+    }
+    tiles
+}
+
+/// Scores of one tile: `s[r, c] = scale·q_{i0+r}·k_{j0+c}` plus the masks, `-inf` where
+/// causal-masked. `s` has row stride `ld`.
+#[allow(clippy::too_many_arguments)]
+fn scores_tile<T: Elem>(
+    g: &Geom,
+    (b, h): (usize, usize),
+    (i0, rows): (usize, usize),
+    (j0, cols, check_causal): (usize, usize, bool),
+    q: &Rows<T>,
+    k: &Rows<T>,
+    masks: &Masks<T>,
+    s: &mut [T],
+    ld: usize,
+) {
+    // SAFETY: rows i0..i0+rows of q and j0..j0+cols of k exist (tile bounds), each with d
+    // contiguous elements; s holds rows × ld.
+    unsafe {
+        let qp = q.data.as_ptr().add(q.map.at(b, h, i0));
+        let kp = k.data.as_ptr().add(k.map.at(b, h, j0));
+        mm(
+            (rows, cols, g.d),
+            (s.as_mut_ptr(), ld, 1),
+            false,
+            (qp, q.map.si, 1),
+            (kp, 1, k.map.si),
+            T::from_f64(g.scale),
+        );
+    }
+    // Columns of this tile that masks apply to.
+    let jm = g.s_masked.saturating_sub(j0).min(cols);
+    if jm == 0 {
+        return;
+    }
+    for r in 0..rows {
+        let i = i0 + r;
+        let row = &mut s[r * ld..r * ld + jm];
+        if let Some((a, per_bh)) = masks.attn {
+            let base = if per_bh {
+                (b * g.h + h) * g.l * g.s_masked
+            } else {
+                0
+            };
+            let a = &a[base + i * g.s_masked + j0..][..jm];
+            row.iter_mut().zip(a).for_each(|(x, m)| *x += *m);
+        }
+        if let Some(kp) = masks.kpm {
+            let kp = &kp[b * g.s_masked + j0..][..jm];
+            row.iter_mut().zip(kp).for_each(|(x, m)| *x += *m);
+        }
+        if check_causal {
+            for (c, x) in row.iter_mut().enumerate() {
+                if j0 + c > i {
+                    *x = T::NEG_INF;
+                }
+            }
+        }
+    }
+}
+
+/// Element index of `(b, h, i, j)` in the `(N, H, L, S')` weights: the dropout counter.
+#[inline(always)]
+fn weight_index(g: &Geom, b: usize, h: usize, i: usize, j: usize) -> u64 {
+    (((b * g.h + h) * g.l + i) * g.s + j) as u64
+}
+
+/// Fused forward: `out` rows get softmax(scale·q·kᵀ + masks)·v (dropped and rescaled as
+/// [`DropoutMask`] says), `lse[(b·H + h)·L + i]` the row log-sum-exp; a row with every key
+/// masked gets a zero output and `lse = +inf` (so that recomputed probabilities are 0).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn forward<T: Elem>(
+    g: &Geom,
+    q: Rows<T>,
+    k: Rows<T>,
+    v: Rows<T>,
+    masks: Masks<T>,
+    dropout: Option<&DropoutMask>,
+    out: RowsMut<T>,
+    lse: &mut [T],
+) {
+    let drop = drop_of::<T>(dropout);
+    let q_tiles = g.l.div_ceil(BR);
+    let lse_out = RowsMut::new(
+        lse,
+        RowMap {
+            off: 0,
+            sb: g.h * g.l,
+            sh: g.l,
+            si: 1,
+        },
+    );
+    let d = g.d;
+    (0..g.n * g.h * q_tiles).into_par_iter().for_each(|task| {
+        let (bh, qt) = (task / q_tiles, task % q_tiles);
+        let (b, h) = (bh / g.h, bh % g.h);
+        let i0 = qt * BR;
+        let rows = BR.min(g.l - i0);
+        let mut s = vec![T::ZERO; BR * BC];
+        let mut acc = vec![T::ZERO; rows * d];
+        let mut m = vec![T::NEG_INF; rows];
+        let mut l = vec![T::ZERO; rows];
+        for tile in key_tiles(g, i0, i0 + rows, BC) {
+            let (j0, cols, _) = tile;
+            scores_tile(g, (b, h), (i0, rows), tile, &q, &k, &masks, &mut s, BC);
+            for r in 0..rows {
+                let row = &mut s[r * BC..r * BC + cols];
+                let m_new = T::row_max(row);
+                let m_new = if m[r] > m_new { m[r] } else { m_new };
+                if m_new == T::NEG_INF {
+                    // Every key so far masked: nothing to add.
+                    row.iter_mut().for_each(|x| *x = T::ZERO);
+                    continue;
+                }
+                let sum = T::exp_shift_sum(row, m_new);
+                if m[r] != m_new {
+                    let alpha = (m[r] - m_new).exp();
+                    l[r] *= alpha;
+                    acc[r * d..(r + 1) * d].iter_mut().for_each(|x| *x *= alpha);
+                    m[r] = m_new;
+                }
+                l[r] += sum;
+                if let Some(dr) = &drop {
+                    let i = i0 + r;
+                    for (c, x) in row.iter_mut().enumerate() {
+                        let keep = dr.mask.keep(weight_index(g, b, h, i, j0 + c));
+                        *x = if keep { *x * dr.scale } else { T::ZERO };
+                    }
+                }
+            }
+            // SAFETY: acc is rows × d, s rows × BC (cols used), v rows j0..j0+cols exist.
+            unsafe {
+                let vp = v.data.as_ptr().add(v.map.at(b, h, j0));
+                mm(
+                    (rows, d, cols),
+                    (acc.as_mut_ptr(), d, 1),
+                    true,
+                    (s.as_ptr(), BC, 1),
+                    (vp, v.map.si, 1),
+                    T::ONE,
+                );
+            }
+        }
+        for r in 0..rows {
+            let i = i0 + r;
+            // SAFETY: this task is the only writer of output row (b, h, i) and lse (b, h, i);
+            // both are within the buffers (the maps were built for these sizes).
+            unsafe {
+                let o = std::slice::from_raw_parts_mut(out.at(b, h, i, 0), d);
+                debug_assert!(out.map.at(b, h, i) + d <= out.len);
+                let lse_i = lse_out.at(b, h, i, 0);
+                if l[r] == T::ZERO {
+                    o.iter_mut().for_each(|x| *x = T::ZERO);
+                    *lse_i = T::INF;
+                } else {
+                    let inv = T::ONE / l[r];
+                    o.iter_mut()
+                        .zip(&acc[r * d..(r + 1) * d])
+                        .for_each(|(x, a)| *x = *a * inv);
+                    *lse_i = m[r] + l[r].ln();
+                }
+            }
+        }
+    });
+}
+
+/// Probabilities of a scores tile from the row log-sum-exp: `p = exp(s - lse)` (0 for a
+/// fully masked row, whose lse is +inf).
+fn probs_tile<T: Elem>(s: &mut [T], ld: usize, rows: usize, cols: usize, lse: &[T]) {
+    for r in 0..rows {
+        T::exp_shift_sum(&mut s[r * ld..r * ld + cols], lse[r]);
+    }
+}
+
+/// Fused backward: accumulates `dq`, `dk`, `dv` (zero on entry; they may share one buffer,
+/// as they do for the packed projection) from the output gradient `d_out`, the output `o` and
+/// the forward's `lse`. Parallel over batch × heads: each task owns its heads' rows of the
+/// three gradients.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn backward<T: Elem>(
+    g: &Geom,
+    (q, k, v): (Rows<T>, Rows<T>, Rows<T>),
+    o: Rows<T>,
+    d_out: Rows<T>,
+    lse: &[T],
+    masks: Masks<T>,
+    dropout: Option<&DropoutMask>,
+    (dq, dk, dv): (RowsMut<T>, RowsMut<T>, RowsMut<T>),
+) {
+    let drop = drop_of::<T>(dropout);
+    let d = g.d;
+    let scale = T::from_f64(g.scale);
+    (0..g.n * g.h).into_par_iter().for_each(|bh| {
+        let (b, h) = (bh / g.h, bh % g.h);
+        let lse = &lse[bh * g.l..(bh + 1) * g.l];
+        // D_i = Σ_t dO_it·O_it = Σ_j P̃_ij·dP̃_ij (P̃: the dropped probabilities).
+        let dsum: Vec<T> = (0..g.l)
+            .map(|i| {
+                let (oi, gi) = (o.map.at(b, h, i), d_out.map.at(b, h, i));
+                T::dot(&o.data[oi..oi + d], &d_out.data[gi..gi + d])
+            })
+            .collect();
+        let mut s = vec![T::ZERO; BB * BB];
+        let mut dp = vec![T::ZERO; BB * BB];
+        // Key tiles, each with the query tiles that see it.
+        let mut key_tiles: Vec<(usize, usize, usize)> = Vec::new();
+        for j0 in (0..g.s_masked).step_by(BB) {
+            let first_q = if g.causal { j0 / BB * BB } else { 0 };
+            key_tiles.push((j0, BB.min(g.s_masked - j0), first_q));
+        }
+        for j0 in (g.s_masked..g.s).step_by(BB) {
+            key_tiles.push((j0, BB.min(g.s - j0), 0));
+        }
+        for (j0, cols, first_q) in key_tiles {
+            let masked_tile = j0 < g.s_masked;
+            for i0 in (first_q..g.l).step_by(BB) {
+                let rows = BB.min(g.l - i0);
+                let check = masked_tile && g.causal && j0 + cols - 1 > i0;
+                let tile = (j0, cols, check);
+                scores_tile(g, (b, h), (i0, rows), tile, &q, &k, &masks, &mut s, BB);
+                probs_tile(&mut s, BB, rows, cols, &lse[i0..i0 + rows]);
+                // SAFETY: d_out rows i0.. and v rows j0.. exist; dp is BB × BB.
+                unsafe {
+                    mm(
+                        (rows, cols, d),
+                        (dp.as_mut_ptr(), BB, 1),
+                        false,
+                        (
+                            d_out.data.as_ptr().add(d_out.map.at(b, h, i0)),
+                            d_out.map.si,
+                            1,
+                        ),
+                        (v.data.as_ptr().add(v.map.at(b, h, j0)), 1, v.map.si),
+                        T::ONE,
+                    );
+                }
+                // s: P → P̃ (what multiplied v); dp: dP̃ → dS = P∘(dP − D).
+                for r in 0..rows {
+                    let i = i0 + r;
+                    let (sr, dr) = (
+                        &mut s[r * BB..r * BB + cols],
+                        &mut dp[r * BB..r * BB + cols],
+                    );
+                    match &drop {
+                        None => sr
+                            .iter()
+                            .zip(dr.iter_mut())
+                            .for_each(|(p, x)| *x = *p * (*x - dsum[i])),
+                        Some(dm) => {
+                            for c in 0..cols {
+                                let keep = dm.mask.keep(weight_index(g, b, h, i, j0 + c));
+                                let z = if keep { dm.scale } else { T::ZERO };
+                                dr[c] = sr[c] * (dr[c] * z - dsum[i]);
+                                sr[c] *= z;
+                            }
+                        }
+                    }
+                }
+                // SAFETY: this task is the only writer of the (b, h) rows of dq, dk and dv;
+                // the tiles are within L and S'.
+                unsafe {
+                    let dvp = dv.at(b, h, j0, 0);
+                    let dkp = dk.at(b, h, j0, 0);
+                    let dqp = dq.at(b, h, i0, 0);
+                    debug_assert!(dv.map.at(b, h, j0 + cols - 1) + d <= dv.len);
+                    debug_assert!(dk.map.at(b, h, j0 + cols - 1) + d <= dk.len);
+                    debug_assert!(dq.map.at(b, h, i0 + rows - 1) + d <= dq.len);
+                    // dV_j += P̃ᵀ·dO_i
+                    mm(
+                        (cols, d, rows),
+                        (dvp, dv.map.si, 1),
+                        true,
+                        (s.as_ptr(), 1, BB),
+                        (
+                            d_out.data.as_ptr().add(d_out.map.at(b, h, i0)),
+                            d_out.map.si,
+                            1,
+                        ),
+                        T::ONE,
+                    );
+                    // dQ_i += scale·dS·K_j
+                    mm(
+                        (rows, d, cols),
+                        (dqp, dq.map.si, 1),
+                        true,
+                        (dp.as_ptr(), BB, 1),
+                        (k.data.as_ptr().add(k.map.at(b, h, j0)), k.map.si, 1),
+                        scale,
+                    );
+                    // dK_j += scale·dSᵀ·Q_i
+                    mm(
+                        (cols, d, rows),
+                        (dkp, dk.map.si, 1),
+                        true,
+                        (dp.as_ptr(), 1, BB),
+                        (q.data.as_ptr().add(q.map.at(b, h, i0)), q.map.si, 1),
+                        scale,
+                    );
+                }
+            }
+        }
+    });
+}
+
+/// The attention weights from the forward's `lse`, written once: `(N, H, L, S')`, or the mean
+/// over heads `(N, L, S')` when `average`, after dropout when `dropout` is given (as PyTorch
+/// returns them). `out` must be zeroed. Parallel over batch × query tiles, heads inside, so
+/// the head mean is accumulated in place.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn weights<T: Elem>(
+    g: &Geom,
+    q: Rows<T>,
+    k: Rows<T>,
+    lse: &[T],
+    masks: Masks<T>,
+    dropout: Option<&DropoutMask>,
+    average: bool,
+    out: &mut [T],
+) {
+    let drop = drop_of::<T>(dropout);
+    let q_tiles = g.l.div_ceil(BR);
+    let (l, sk) = (g.l, g.s);
+    // Row (b, h, i) of the result, with h ignored when averaging.
+    let map = RowMap {
+        off: 0,
+        sb: if average { l * sk } else { g.h * l * sk },
+        sh: if average { 0 } else { l * sk },
+        si: sk,
+    };
+    let out = RowsMut::new(out, map);
+    let inv_h = T::from_f64(1.0 / g.h as f64);
+    (0..g.n * q_tiles).into_par_iter().for_each(|task| {
+        let (b, qt) = (task / q_tiles, task % q_tiles);
+        let i0 = qt * BR;
+        let rows = BR.min(l - i0);
+        let mut s = vec![T::ZERO; BR * BC];
+        for h in 0..g.h {
+            let lse = &lse[(b * g.h + h) * l + i0..][..rows];
+            for tile in key_tiles(g, i0, i0 + rows, BC) {
+                let (j0, cols, _) = tile;
+                scores_tile(g, (b, h), (i0, rows), tile, &q, &k, &masks, &mut s, BC);
+                probs_tile(&mut s, BC, rows, cols, lse);
+                for r in 0..rows {
+                    let i = i0 + r;
+                    // SAFETY: this task is the only writer of rows (b, ·, i0..i0+rows).
+                    let dst = unsafe {
+                        debug_assert!(out.map.at(b, h, i) + j0 + cols <= out.len);
+                        std::slice::from_raw_parts_mut(out.at(b, h, i, j0), cols)
+                    };
+                    for (c, (x, p)) in dst.iter_mut().zip(&s[r * BC..r * BC + cols]).enumerate() {
+                        let p = match &drop {
+                            Some(dm) if !dm.mask.keep(weight_index(g, b, h, i, j0 + c)) => T::ZERO,
+                            Some(dm) => *p * dm.scale,
+                            None => *p,
+                        };
+                        if average {
+                            *x += p;
+                        } else {
+                            *x = p;
+                        }
+                    }
+                }
+            }
+        }
+        if average {
+            for r in 0..rows {
+                // SAFETY: as above.
+                let dst = unsafe { std::slice::from_raw_parts_mut(out.at(b, 0, i0 + r, 0), sk) };
+                dst.iter_mut().for_each(|x| *x *= inv_h);
+            }
+        }
+    });
+}

@@ -1,0 +1,21 @@
+//! Fused attention on the CPU: scores, masks, softmax, dropout and the value product in one
+//! pass over tiles, forward and backward, without an `L × S` buffer.
+//!
+//! The scheme is FlashAttention-2's (Dao, 2023): each task takes a tile of queries of one
+//! (batch, head), runs over tiles of keys keeping a running row maximum and sum (online
+//! softmax), and stores only the output and the row log-sum-exp. The backward pass recomputes
+//! the probabilities of each tile from that log-sum-exp; dropout is a counter-based function
+//! of the element index ([`DropoutMask`](crate::attention::dropout::DropoutMask)), so the
+//! forward and backward passes draw the same mask without storing it. The weights, when asked
+//! for, are written in a second pass from the same log-sum-exp.
+//!
+//! PyTorch equivalent: the math of `F.multi_head_attention_forward` (what
+//! `F.scaled_dot_product_attention`'s CPU flash kernel computes), with the module's
+//! fully-masked-row rule (zeros, finite gradients) and its `bias_k` / zero-attention columns.
+
+mod elem;
+mod kernel;
+mod op;
+
+pub(crate) use kernel::Geom;
+pub(crate) use op::{FusedAttention, FusedWeights};

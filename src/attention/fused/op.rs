@@ -1,0 +1,533 @@
+//! The fused kernels as candle custom ops, with their backward passes.
+//!
+//! Inputs are the projections in the caller's 3-D layout (`(L, N, E)` seq-first or
+//! `(N, L, E)`), any strides with a unit last stride: the head split is done by the kernels'
+//! addressing, so no head transpose is copied. Self-attention passes the packed projection
+//! `(·, ·, 3E)` as one argument (its gradient is then one tensor too); otherwise q, k and v
+//! are three arguments. The attention context comes back merged, `(·, ·, E)` in the same
+//! layout, ready for the output projection.
+//!
+//! A CUDA kernel slots in behind the same ops by implementing `cuda_fwd` (and the backward
+//! and weights passes on CUDA storage); the module only asks for the ops.
+
+use std::sync::{Arc, Mutex};
+
+use candle::{
+    CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Device, Layout, Result, Shape, Storage,
+    StorageRef, Tensor,
+};
+
+use super::elem::Elem;
+use super::kernel::{self, Geom, Masks, RowMap, Rows, RowsMut};
+use crate::attention::dropout::DropoutMask;
+
+/// Everything one fused attention call needs besides q, k and v.
+#[derive(Clone, Debug)]
+pub(crate) struct FusedAttention {
+    pub geom: Geom,
+    /// Inputs and output are `(L, N, ·)` rather than `(N, L, ·)`.
+    pub seq_first: bool,
+    /// Additive `(L, s_masked)` or `(N·H, L, s_masked)` mask (contiguous, kernel dtype, CPU).
+    pub attn_mask: Option<Tensor>,
+    /// Additive `(N, s_masked)` key padding mask (contiguous, kernel dtype, CPU).
+    pub key_padding_mask: Option<Tensor>,
+    pub dropout: Option<DropoutMask>,
+    /// The row log-sum-exp `(N, H, L)` of the forward pass, kept for backward and weights.
+    pub lse: Arc<Mutex<Option<Tensor>>>,
+}
+
+/// Which columns of which argument q, k and v are.
+#[derive(Clone, Copy)]
+enum Parts {
+    /// One `(·, ·, 3E)` argument.
+    Packed,
+    /// Three `(·, ·, E)` arguments.
+    Separate,
+}
+
+fn slice_of<T: Elem>(storage: &CpuStorage) -> Result<&[T]> {
+    T::cpu_storage_as_slice(storage)
+}
+
+fn guard_slice<'a, T: Elem>(guard: &'a StorageRef<'_>) -> Result<&'a [T]> {
+    match &**guard {
+        Storage::Cpu(c) => slice_of::<T>(c),
+        _ => candle::bail!("fused attention: tensor is not on the CPU"),
+    }
+}
+
+impl FusedAttention {
+    fn e(&self) -> usize {
+        self.geom.h * self.geom.d
+    }
+
+    /// Row map of a `(A, B, C)` layout (A, B in the caller's order), the head split of
+    /// columns `[col0, col0 + E)`.
+    fn map_of(&self, layout: &Layout, col0: usize) -> Result<RowMap> {
+        let (dims, st) = (layout.dims(), layout.stride());
+        if dims.len() != 3 || st[2] != 1 {
+            candle::bail!(
+                "fused attention: expected a 3-D projection with unit last stride, got dims {dims:?} strides {st:?}"
+            )
+        }
+        let (sb, si) = if self.seq_first {
+            (st[1], st[0])
+        } else {
+            (st[0], st[1])
+        };
+        Ok(RowMap {
+            off: layout.start_offset() + col0,
+            sb,
+            sh: self.geom.d,
+            si,
+        })
+    }
+
+    /// Row map of a contiguous `(A, B, width)` buffer at column `col0`.
+    fn contiguous_map(&self, len: usize, width: usize, col0: usize) -> RowMap {
+        let (sb, si) = if self.seq_first {
+            (width, self.geom.n * width)
+        } else {
+            (len * width, width)
+        };
+        RowMap {
+            off: col0,
+            sb,
+            sh: self.geom.d,
+            si,
+        }
+    }
+
+    fn out_shape(&self, len: usize, width: usize) -> Shape {
+        let n = self.geom.n;
+        if self.seq_first {
+            (len, n, width).into()
+        } else {
+            (n, len, width).into()
+        }
+    }
+
+    fn with_masks<T: Elem, R>(&self, f: impl FnOnce(Masks<T>) -> Result<R>) -> Result<R> {
+        let attn = self.attn_mask.as_ref().map(|m| m.storage_and_layout());
+        let kpm = self
+            .key_padding_mask
+            .as_ref()
+            .map(|m| m.storage_and_layout());
+        let attn_slice = match &attn {
+            Some((g, l)) => Some((
+                &guard_slice::<T>(g)?[l.start_offset()..],
+                l.dims().len() == 3,
+            )),
+            None => None,
+        };
+        let kpm_slice = match &kpm {
+            Some((g, l)) => Some(&guard_slice::<T>(g)?[l.start_offset()..]),
+            None => None,
+        };
+        f(Masks {
+            attn: attn_slice,
+            kpm: kpm_slice,
+        })
+    }
+
+    fn store_lse<T: Elem>(&self, lse: Vec<T>) -> Result<()> {
+        let g = &self.geom;
+        let t = Tensor::from_vec(lse, (g.n, g.h, g.l), &Device::Cpu)?;
+        *self.lse.lock().expect("lse lock") = Some(t);
+        Ok(())
+    }
+
+    fn lse(&self) -> Result<Tensor> {
+        match &*self.lse.lock().expect("lse lock") {
+            Some(t) => Ok(t.clone()),
+            None => candle::bail!("fused attention: the forward pass has not run"),
+        }
+    }
+
+    fn fwd_t<T: Elem>(
+        &self,
+        parts: Parts,
+        args: [(&CpuStorage, &Layout); 3],
+    ) -> Result<(CpuStorage, Shape)> {
+        let g = &self.geom;
+        let e = self.e();
+        let cols = |i: usize| match parts {
+            Parts::Packed => i * e,
+            Parts::Separate => 0,
+        };
+        let rows = |i: usize| -> Result<Rows<T>> {
+            let (s, l) = args[i];
+            Ok(Rows {
+                data: slice_of::<T>(s)?,
+                map: self.map_of(l, cols(i))?,
+            })
+        };
+        let (q, k, v) = (rows(0)?, rows(1)?, rows(2)?);
+        let mut out = vec![T::ZERO; g.n * g.l * e];
+        let mut lse = vec![T::ZERO; g.n * g.h * g.l];
+        let out_rows = RowsMut::new(&mut out, self.contiguous_map(g.l, e, 0));
+        self.with_masks(|masks| {
+            kernel::forward(g, q, k, v, masks, self.dropout.as_ref(), out_rows, &mut lse);
+            Ok(())
+        })?;
+        self.store_lse(lse)?;
+        Ok((T::to_cpu_storage_owned(out), self.out_shape(g.l, e)))
+    }
+
+    fn fwd(&self, parts: Parts, args: [(&CpuStorage, &Layout); 3]) -> Result<(CpuStorage, Shape)> {
+        match args[0].0 {
+            CpuStorage::F32(_) => self.fwd_t::<f32>(parts, args),
+            CpuStorage::F64(_) => self.fwd_t::<f64>(parts, args),
+            _ => candle::bail!("fused attention runs in f32 or f64"),
+        }
+    }
+
+    /// Gradients of q, k, v: one `(·, ·, 3E)` tensor when packed, else three.
+    fn bwd_t<T: Elem>(
+        &self,
+        parts: Parts,
+        args: &[&Tensor],
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<Vec<Tensor>> {
+        let g = &self.geom;
+        let e = self.e();
+        let grad = grad.contiguous()?;
+        let res = res.contiguous()?;
+        let lse_t = self.lse()?;
+        let guards: Vec<_> = args.iter().map(|t| t.storage_and_layout()).collect();
+        let (og, gg, lg) = (
+            res.storage_and_layout(),
+            grad.storage_and_layout(),
+            lse_t.storage_and_layout(),
+        );
+        let input = |i: usize| -> Result<Rows<T>> {
+            let (guard, layout) = match parts {
+                Parts::Packed => &guards[0],
+                Parts::Separate => &guards[i],
+            };
+            let col0 = match parts {
+                Parts::Packed => i * e,
+                Parts::Separate => 0,
+            };
+            Ok(Rows {
+                data: guard_slice::<T>(guard)?,
+                map: self.map_of(layout, col0)?,
+            })
+        };
+        let (q, k, v) = (input(0)?, input(1)?, input(2)?);
+        let out_map = self.contiguous_map(g.l, e, 0);
+        let o = Rows {
+            data: &guard_slice::<T>(&og.0)?[og.1.start_offset()..],
+            map: out_map,
+        };
+        let d_out = Rows {
+            data: &guard_slice::<T>(&gg.0)?[gg.1.start_offset()..],
+            map: out_map,
+        };
+        let lse = &guard_slice::<T>(&lg.0)?[lg.1.start_offset()..];
+        match parts {
+            Parts::Packed => {
+                let mut buf = vec![T::ZERO; g.n * g.l * 3 * e];
+                let at = |part: usize| self.contiguous_map(g.l, 3 * e, part * e);
+                let (mq, mk, mv) = (at(0), at(1), at(2));
+                let (dq, dk, dv) = (
+                    RowsMut::new(&mut buf, mq),
+                    RowsMut::new(&mut buf, mk),
+                    RowsMut::new(&mut buf, mv),
+                );
+                self.with_masks(|masks| {
+                    kernel::backward(
+                        g,
+                        (q, k, v),
+                        o,
+                        d_out,
+                        lse,
+                        masks,
+                        self.dropout.as_ref(),
+                        (dq, dk, dv),
+                    );
+                    Ok(())
+                })?;
+                Ok(vec![Tensor::from_vec(
+                    buf,
+                    self.out_shape(g.l, 3 * e),
+                    &Device::Cpu,
+                )?])
+            }
+            Parts::Separate => {
+                let mut dq = vec![T::ZERO; g.n * g.l * e];
+                let mut dk = vec![T::ZERO; g.n * g.s * e];
+                let mut dv = vec![T::ZERO; g.n * g.s * e];
+                let (mq, mkv) = (
+                    self.contiguous_map(g.l, e, 0),
+                    self.contiguous_map(g.s, e, 0),
+                );
+                let grads = (
+                    RowsMut::new(&mut dq, mq),
+                    RowsMut::new(&mut dk, mkv),
+                    RowsMut::new(&mut dv, mkv),
+                );
+                self.with_masks(|masks| {
+                    kernel::backward(
+                        g,
+                        (q, k, v),
+                        o,
+                        d_out,
+                        lse,
+                        masks,
+                        self.dropout.as_ref(),
+                        grads,
+                    );
+                    Ok(())
+                })?;
+                Ok(vec![
+                    Tensor::from_vec(dq, self.out_shape(g.l, e), &Device::Cpu)?,
+                    Tensor::from_vec(dk, self.out_shape(g.s, e), &Device::Cpu)?,
+                    Tensor::from_vec(dv, self.out_shape(g.s, e), &Device::Cpu)?,
+                ])
+            }
+        }
+    }
+
+    fn bwd(
+        &self,
+        parts: Parts,
+        args: &[&Tensor],
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<Vec<Tensor>> {
+        match args[0].dtype() {
+            DType::F32 => self.bwd_t::<f32>(parts, args, res, grad),
+            DType::F64 => self.bwd_t::<f64>(parts, args, res, grad),
+            dt => candle::bail!("fused attention runs in f32 or f64, got {dt:?}"),
+        }
+    }
+
+    /// Weights `(N, H, L, S')` (or their head mean `(N, L, S')`) from q, k and the stored lse.
+    fn weights_t<T: Elem>(
+        &self,
+        parts: Parts,
+        args: [(&CpuStorage, &Layout); 2],
+        average: bool,
+        dropout: bool,
+    ) -> Result<(CpuStorage, Shape)> {
+        let g = &self.geom;
+        let e = self.e();
+        let rows = |i: usize| -> Result<Rows<T>> {
+            let (s, l) = args[i];
+            let col0 = match parts {
+                Parts::Packed => i * e,
+                Parts::Separate => 0,
+            };
+            Ok(Rows {
+                data: slice_of::<T>(s)?,
+                map: self.map_of(l, col0)?,
+            })
+        };
+        let (q, k) = (rows(0)?, rows(1)?);
+        let lse_t = self.lse()?;
+        let lg = lse_t.storage_and_layout();
+        let lse = &guard_slice::<T>(&lg.0)?[lg.1.start_offset()..];
+        let shape: Shape = if average {
+            (g.n, g.l, g.s).into()
+        } else {
+            (g.n, g.h, g.l, g.s).into()
+        };
+        let mut out = vec![T::ZERO; shape.elem_count()];
+        let dropout = self.dropout.as_ref().filter(|_| dropout);
+        self.with_masks(|masks| {
+            kernel::weights(g, q, k, lse, masks, dropout, average, &mut out);
+            Ok(())
+        })?;
+        Ok((T::to_cpu_storage_owned(out), shape))
+    }
+
+    fn weights(
+        &self,
+        parts: Parts,
+        args: [(&CpuStorage, &Layout); 2],
+        average: bool,
+        dropout: bool,
+    ) -> Result<(CpuStorage, Shape)> {
+        match args[0].0 {
+            CpuStorage::F32(_) => self.weights_t::<f32>(parts, args, average, dropout),
+            CpuStorage::F64(_) => self.weights_t::<f64>(parts, args, average, dropout),
+            _ => candle::bail!("fused attention runs in f32 or f64"),
+        }
+    }
+}
+
+impl CustomOp1 for FusedAttention {
+    fn name(&self) -> &'static str {
+        "fused-attention-packed"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        self.fwd(Parts::Packed, [(s, l), (s, l), (s, l)])
+    }
+
+    fn bwd(&self, arg: &Tensor, res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        let mut g = FusedAttention::bwd(self, Parts::Packed, &[arg], res, grad)?;
+        Ok(g.pop())
+    }
+}
+
+impl CustomOp3 for FusedAttention {
+    fn name(&self) -> &'static str {
+        "fused-attention"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        self.fwd(Parts::Separate, [(s1, l1), (s2, l2), (s3, l3)])
+    }
+
+    fn bwd(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let mut g = FusedAttention::bwd(self, Parts::Separate, &[q, k, v], res, grad)?.into_iter();
+        Ok((g.next(), g.next(), g.next()))
+    }
+}
+
+/// The weights pass of a [`FusedAttention`] call (run after it: it reads its lse).
+#[derive(Clone, Debug)]
+pub(crate) struct FusedWeights {
+    pub attn: FusedAttention,
+    /// Head mean `(N, L, S')` rather than `(N, H, L, S')`.
+    pub average: bool,
+}
+
+impl FusedWeights {
+    /// Gradients of q and k (head space `(N, H, ·, d)`) from the weights' gradient, with
+    /// materialised `(N, H, L, S')` tensors: the weights are that size already, and this path
+    /// runs only when a loss depends on them.
+    fn grads(
+        &self,
+        parts: Parts,
+        q: &Tensor,
+        k: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
+        let g = &self.attn.geom;
+        let (q4, k4) = match parts {
+            Parts::Packed => {
+                let e = self.attn.e();
+                (
+                    self.heads(&q.narrow(2, 0, e)?)?,
+                    self.heads(&q.narrow(2, e, e)?)?,
+                )
+            }
+            Parts::Separate => (self.heads(q)?, self.heads(k)?),
+        };
+        // Probabilities before dropout and averaging.
+        let probs = {
+            let plain = FusedWeights {
+                attn: FusedAttention {
+                    dropout: None,
+                    ..self.attn.clone()
+                },
+                average: false,
+            };
+            match parts {
+                Parts::Packed => q.detach().apply_op1_no_bwd(&plain)?,
+                Parts::Separate => q.detach().apply_op2_no_bwd(&k.detach(), &plain)?,
+            }
+        };
+        let mut gp = if self.average {
+            (grad.unsqueeze(1)?.broadcast_as(probs.shape())? * (1.0 / g.h as f64))?
+        } else {
+            grad.clone()
+        };
+        if let Some(dm) = &self.attn.dropout {
+            let z: Vec<f64> = (0..probs.elem_count() as u64)
+                .map(|i| if dm.keep(i) { dm.scale } else { 0.0 })
+                .collect();
+            let z = Tensor::from_vec(z, probs.shape(), &Device::Cpu)?.to_dtype(probs.dtype())?;
+            gp = (gp * z)?;
+        }
+        let row = (&gp * &probs)?.sum_keepdim(3)?;
+        let ds = (probs * gp.broadcast_sub(&row)?)?;
+        let dq = (ds.matmul(&k4)? * g.scale)?;
+        let dk = (ds.t()?.contiguous()?.matmul(&q4)? * g.scale)?;
+        Ok((self.merge(&dq)?, self.merge(&dk)?))
+    }
+
+    /// `(A, B, E)` in the caller's layout → `(N, H, len, d)` contiguous.
+    fn heads(&self, t: &Tensor) -> Result<Tensor> {
+        let g = &self.attn.geom;
+        let (a, b, _) = t.dims3()?;
+        let t = t.reshape((a, b, g.h, g.d))?;
+        match self.attn.seq_first {
+            true => t.permute((1, 2, 0, 3))?.contiguous(),
+            false => t.permute((0, 2, 1, 3))?.contiguous(),
+        }
+    }
+
+    /// `(N, H, len, d)` → `(A, B, E)` in the caller's layout.
+    fn merge(&self, t: &Tensor) -> Result<Tensor> {
+        let (n, h, len, d) = t.dims4()?;
+        match self.attn.seq_first {
+            true => t.permute((2, 0, 1, 3))?.reshape((len, n, h * d)),
+            false => t.permute((0, 2, 1, 3))?.reshape((n, len, h * d)),
+        }
+    }
+}
+
+impl CustomOp1 for FusedWeights {
+    fn name(&self) -> &'static str {
+        "fused-attention-weights-packed"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        self.attn
+            .weights(Parts::Packed, [(s, l), (s, l)], self.average, true)
+    }
+
+    fn bwd(&self, arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        let (dq, dk) = self.grads(Parts::Packed, arg, arg, grad)?;
+        let dv = dq.zeros_like()?;
+        Ok(Some(Tensor::cat(&[dq, dk, dv], 2)?))
+    }
+}
+
+impl CustomOp2 for FusedWeights {
+    fn name(&self) -> &'static str {
+        "fused-attention-weights"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        self.attn
+            .weights(Parts::Separate, [(s1, l1), (s2, l2)], self.average, true)
+    }
+
+    fn bwd(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let (dq, dk) = self.grads(Parts::Separate, q, k, grad)?;
+        Ok((Some(dq), Some(dk)))
+    }
+}
