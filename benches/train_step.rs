@@ -20,8 +20,12 @@
 //!   `/tmp/torchvenv/bin/python`); without torch the PyTorch columns are left out;
 //! - `RAYON_NUM_THREADS`: candle's CPU threads (default: the cores); torch gets the same.
 
+mod support;
+
 use std::process::{Command, Stdio};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
+
+use support::{cpu_model, find_torch, median, print_table, utc_now};
 
 use candle::{DType, Device, Result, Tensor};
 use candle_mha::models::{masked_cross_entropy, NextTokenPredictor, NextTokenPredictorConfig};
@@ -155,17 +159,6 @@ fn selected_shapes() -> Vec<BenchShape> {
         .collect()
 }
 
-fn median(xs: &[f64]) -> f64 {
-    let mut v = xs.to_vec();
-    v.sort_by(f64::total_cmp);
-    let m = v.len() / 2;
-    if v.len().is_multiple_of(2) {
-        (v[m - 1] + v[m]) / 2.0
-    } else {
-        v[m]
-    }
-}
-
 /// Random tokens `(N, L + 1)` split into inputs `(N, L)` and next-token targets `(N, L)`.
 fn random_batch(shape: &BenchShape, seed: u64, dev: &Device) -> Result<(Tensor, Tensor)> {
     let mut rng = rng_from_seed(seed);
@@ -235,24 +228,6 @@ fn bench_ours(shape: &BenchShape) -> Result<Timing> {
     })
 }
 
-/// A Python that imports torch, and torch's version: `MHA_BENCH_PYTHON` when set, else
-/// `python3`, then `/tmp/torchvenv/bin/python`.
-fn find_torch() -> Option<(String, String)> {
-    let candidates: Vec<String> = match std::env::var("MHA_BENCH_PYTHON") {
-        Ok(py) if !py.trim().is_empty() => vec![py],
-        _ => vec!["python3".into(), "/tmp/torchvenv/bin/python".into()],
-    };
-    candidates.into_iter().find_map(|py| {
-        let out = Command::new(&py)
-            .args(["-c", "import torch; print(torch.__version__)"])
-            .stderr(Stdio::null())
-            .output()
-            .ok()?;
-        let version = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        (out.status.success() && !version.is_empty()).then_some((py, version))
-    })
-}
-
 /// The PyTorch side: `scripts/bench_reference.py` for every shape, parsed from its JSON lines.
 /// A shape it did not report is `None`.
 fn bench_torch(python: &str, shapes: &[BenchShape], threads: usize) -> Vec<Option<Timing>> {
@@ -292,84 +267,6 @@ fn bench_torch(python: &str, shapes: &[BenchShape], threads: usize) -> Vec<Optio
             })
         })
         .collect()
-}
-
-fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, v)| v.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into())
-}
-
-/// UTC now as `YYYY-MM-DD HH:MM UTC` (civil-from-days, no date crate needed).
-fn utc_now() -> String {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0);
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02} UTC",
-        rem / 3_600,
-        (rem % 3_600) / 60
-    )
-}
-
-/// A Markdown table: the first column left-aligned, the others right-aligned.
-fn print_table(header: &[String], rows: &[Vec<String>]) {
-    let width = |i: usize| {
-        rows.iter()
-            .map(|r| r[i].chars().count())
-            .chain([header[i].chars().count()])
-            .max()
-            .unwrap_or(0)
-    };
-    let widths: Vec<usize> = (0..header.len()).map(width).collect();
-    let line = |cells: &[String]| {
-        let cells: Vec<String> = cells
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                let pad = " ".repeat(widths[i] - c.chars().count());
-                if i == 0 {
-                    format!("{c}{pad}")
-                } else {
-                    format!("{pad}{c}")
-                }
-            })
-            .collect();
-        format!("| {} |", cells.join(" | "))
-    };
-    println!("{}", line(header));
-    let rule: Vec<String> = widths
-        .iter()
-        .enumerate()
-        .map(|(i, &w)| {
-            if i == 0 {
-                "-".repeat(w + 2)
-            } else {
-                format!("{}:", "-".repeat(w + 1))
-            }
-        })
-        .collect();
-    println!("|{}|", rule.join("|"));
-    for r in rows {
-        println!("{}", line(r));
-    }
 }
 
 fn main() -> Result<()> {

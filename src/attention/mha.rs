@@ -8,7 +8,7 @@ use candle_nn::{Init, Linear, VarBuilder};
 
 use super::checks::{check_inputs, Dims};
 use super::dropout::{seeded_dropout, DropoutMask};
-use super::fused::{FusedAttention, FusedWeights, Geom};
+use super::fused::{linear2d, FusedAttention, FusedWeights, Geom};
 use super::mask::{additive_mask, merged_mask};
 use super::softmax::{safe_softmax_last_dim, softmax_dtype};
 use super::{AttentionKernel, AttentionOptions, AttentionOutput, MultiheadAttentionConfig};
@@ -342,7 +342,7 @@ impl MultiheadAttention {
             }
             None => ctx,
         };
-        let output = self.out_proj.forward(&ctx)?;
+        let output = linear(&ctx, self.out_proj.weight(), self.out_proj.bias())?;
         let output = if batched { output } else { output.squeeze(1)? };
         let weights = match weights {
             Some(w) if !batched => Some(w.squeeze(0)?),
@@ -660,12 +660,7 @@ struct Call<'a> {
 /// `x @ w.T + b` for a 3-D `x (A, B, in)` and `w (out, in)`: one 2-D product.
 fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
     let (a, bsz, d) = x.dims3()?;
-    let y = x.reshape((a * bsz, d))?.matmul(&w.t()?)?;
-    let y = match b {
-        Some(b) => y.broadcast_add(b)?,
-        None => y,
-    };
-    y.reshape((a, bsz, w.dim(0)?))
+    linear2d(&x.reshape((a * bsz, d))?, w, b)?.reshape((a, bsz, w.dim(0)?))
 }
 
 /// Self-attention `x → output` (query = key = value = `x`), without weights.

@@ -113,11 +113,80 @@ unsafe fn row_max_avx2(row: &[f32]) -> f32 {
     row_max_f32(row)
 }
 
+/// The AVX2 version of [`exp_shift_sum_f32`], written with intrinsics: LLVM does not
+/// vectorise the scalar polynomial (its saturating float-to-int cast and selects).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn exp_shift_sum_avx2(row: &mut [f32], shift: f32) -> f32 {
-    exp_shift_sum_f32(row, shift)
+    use std::arch::x86_64::*;
+    let n = row.len();
+    let p = row.as_mut_ptr();
+    let vshift = _mm256_set1_ps(shift);
+    let mut acc = _mm256_setzero_ps();
+    let mut i = 0;
+    while i + 8 <= n {
+        let e = exp256(_mm256_sub_ps(_mm256_loadu_ps(p.add(i)), vshift));
+        _mm256_storeu_ps(p.add(i), e);
+        acc = _mm256_add_ps(acc, e);
+        i += 8;
+    }
+    let mut lanes = [0f32; 8];
+    _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
+    let mut sum: f32 = lanes.iter().sum();
+    while i < n {
+        let e = exp_f32(*p.add(i) - shift);
+        *p.add(i) = e;
+        sum += e;
+        i += 1;
+    }
+    sum
 }
+
+/// [`exp_f32`] on eight lanes (the same constants, with fused multiply-adds).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn exp256(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    let lo = _mm256_set1_ps(EXP_LO);
+    let xc = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(EXP_HI));
+    let fx = _mm256_floor_ps(_mm256_fmadd_ps(
+        xc,
+        _mm256_set1_ps(std::f32::consts::LOG2_E),
+        _mm256_set1_ps(0.5),
+    ));
+    let r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(EXP_C1), xc);
+    let r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(EXP_C2), r);
+    let mut y = _mm256_set1_ps(EXP_P[0]);
+    for c in &EXP_P[1..] {
+        y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(*c));
+    }
+    let y = _mm256_add_ps(
+        _mm256_fmadd_ps(_mm256_mul_ps(y, r), r, r),
+        _mm256_set1_ps(1.0),
+    );
+    let e = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)),
+        23,
+    );
+    let res = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+    // x < LO (and -inf): exactly 0.
+    _mm256_andnot_ps(_mm256_cmp_ps(x, lo, _CMP_LT_OQ), res)
+}
+
+const EXP_HI: f32 = 88.376_26;
+const EXP_LO: f32 = -87.336_55;
+/// ln 2 split in two (Cody–Waite): `C1 + (-C2)`; `C1` has few mantissa bits, so `fx·C1` is exact.
+const EXP_C1: f32 = 0.693_359_4;
+const EXP_C2: f32 = -2.121_944_4e-4;
+/// Cephes' `expf` polynomial, highest degree first.
+const EXP_P: [f32; 6] = [
+    1.987_569_1e-4,
+    1.398_199_9e-3,
+    8.333_452e-3,
+    4.166_579_6e-2,
+    1.666_666_5e-1,
+    0.5,
+];
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
@@ -185,22 +254,18 @@ fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 /// smallest normal result (so `exp(-inf) = 0`) and exactly 1 at 0.
 #[inline(always)]
 pub(crate) fn exp_f32(x: f32) -> f32 {
-    const HI: f32 = 88.376_26;
-    const LO: f32 = -87.336_55;
-    let xc = if x > HI { HI } else { x };
-    let xc = if xc < LO { LO } else { xc };
+    let xc = if x > EXP_HI { EXP_HI } else { x };
+    let xc = if xc < EXP_LO { EXP_LO } else { xc };
     let fx = (xc * std::f32::consts::LOG2_E + 0.5).floor();
-    let r = xc - fx * 0.693_359_4 + fx * 2.121_944_4e-4;
+    let r = xc - fx * EXP_C1 - fx * EXP_C2;
     // Plain products and sums, not `mul_add`: without FMA that is a slow library call.
-    let mut y = 1.987_569_1e-4f32;
-    y = y * r + 1.398_199_9e-3;
-    y = y * r + 8.333_452e-3;
-    y = y * r + 4.166_579_6e-2;
-    y = y * r + 1.666_666_5e-1;
-    y = y * r + 0.5;
+    let mut y = EXP_P[0];
+    for c in &EXP_P[1..] {
+        y = y * r + c;
+    }
     let y = y * r * r + r + 1.0;
     let pow2 = f32::from_bits(((fx as i32 + 127) as u32) << 23);
-    if x < LO {
+    if x < EXP_LO {
         0.0
     } else {
         y * pow2
@@ -221,6 +286,22 @@ mod tests {
             x += 0.0137;
         }
         assert!(worst < 2.5e-7, "worst relative error {worst}");
+        // The row version (AVX2 where available) against std, tails included.
+        let xs: Vec<f32> = (0..1003).map(|i| -80.0 + i as f32 * 0.161).collect();
+        let mut ys = xs.clone();
+        let sum = f32::exp_shift_sum(&mut ys, 1.5);
+        for (x, y) in xs.iter().zip(&ys) {
+            let want = (x - 1.5).exp();
+            assert!(
+                ((y - want) / want).abs() < 2.5e-7,
+                "exp({x} - 1.5): {y} vs {want}"
+            );
+        }
+        let want: f64 = xs.iter().map(|x| (f64::from(*x) - 1.5).exp()).sum();
+        assert!((f64::from(sum) - want).abs() < 1e-5 * want);
+        let mut masked = vec![f32::NEG_INFINITY; 11];
+        assert_eq!(f32::exp_shift_sum(&mut masked, 0.0), 0.0);
+        assert!(masked.iter().all(|x| *x == 0.0));
         assert_eq!(exp_f32(0.0), 1.0);
         assert_eq!(exp_f32(f32::NEG_INFINITY), 0.0);
         assert_eq!(exp_f32(-1000.0), 0.0);

@@ -14,7 +14,7 @@ use crate::attention::dropout::DropoutMask;
 /// Query rows per forward tile.
 const BR: usize = 64;
 /// Key columns per forward tile.
-const BC: usize = 128;
+const BC: usize = 256;
 /// Query rows and key columns per backward tile.
 const BB: usize = 64;
 

@@ -15,7 +15,9 @@
 
 mod elem;
 mod kernel;
+mod linear;
 mod op;
 
 pub(crate) use kernel::Geom;
+pub(crate) use linear::linear2d;
 pub(crate) use op::{FusedAttention, FusedWeights};

@@ -1,0 +1,335 @@
+//! CPU benchmark of the attention module: the fused kernel and the reference path against
+//! PyTorch's `nn.MultiheadAttention` on the same machine, threads and shapes, in one run;
+//! plus the peak memory of a long `need_weights=false` forward.
+//!
+//! ```sh
+//! cargo bench --bench attention_cpu
+//! RAYON_NUM_THREADS=2 MHA_BENCH_PYTHON=/tmp/torchvenv/bin/python cargo bench --bench attention_cpu
+//! ```
+//!
+//! Shapes `(N, L, E, H)`: batch_first self-attention, f32, dropout 0, bias on.
+//! - forward: module parameters as plain tensors (no autograd graph), `need_weights` false,
+//!   then true (weights averaged over heads); PyTorch in `eval()` under `torch.no_grad()`;
+//! - step: forward (`train`, `need_weights=false`) + backward of `sum(out · r)` to every
+//!   parameter and the input; PyTorch in `train()`, gradients set to `None` between steps.
+//!
+//! Memory: a child process runs one `need_weights=false` forward at `N=1, E=512, H=8` and
+//! `L=8192` (fused) and `L=4096` (fused and reference) and reports its peak RSS (`VmHWM`)
+//! against the bytes of the input, output, parameters and what a backward pass would keep
+//! (the packed projection, the attention context, the row log-sum-exp).
+//!
+//! Environment: `MHA_BENCH_REPS` / `MHA_BENCH_WARMUP` (default 10 / 3), `MHA_BENCH_SHAPES`
+//! (`;`-separated `N,L,E,H`), `MHA_BENCH_MEMORY=0` to skip the memory part,
+//! `MHA_BENCH_PYTHON` (a Python with torch; unset: `python3`, then `/tmp/torchvenv/bin/python`),
+//! `RAYON_NUM_THREADS` (candle's threads; torch gets the same).
+
+mod support;
+
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use candle::{DType, Device, Result, Tensor, Var};
+use candle_mha::rng::normal;
+use candle_mha::{
+    seeded_var_builder, AttentionKernel, AttentionOptions, MultiheadAttention,
+    MultiheadAttentionConfig,
+};
+use candle_nn::VarMap;
+use support::{cpu_model, find_torch, median, print_table, utc_now};
+
+type Shape4 = (usize, usize, usize, usize);
+
+const SHAPES: [Shape4; 3] = [(32, 128, 256, 8), (8, 512, 512, 8), (1, 2048, 512, 8)];
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn shapes() -> Vec<Shape4> {
+    match std::env::var("MHA_BENCH_SHAPES") {
+        Ok(s) if !s.trim().is_empty() => s
+            .split(';')
+            .filter_map(|t| {
+                let v: Vec<usize> = t.split(',').filter_map(|x| x.trim().parse().ok()).collect();
+                (v.len() == 4).then(|| (v[0], v[1], v[2], v[3]))
+            })
+            .collect(),
+        _ => SHAPES.to_vec(),
+    }
+}
+
+fn time_it(reps: usize, warmup: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    for _ in 0..warmup {
+        f()?;
+    }
+    let mut times = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let t = Instant::now();
+        f()?;
+        times.push(t.elapsed().as_secs_f64());
+    }
+    Ok(median(&times))
+}
+
+/// A module and its input: trainable (parameters are `Var`s) or for inference (plain tensors).
+fn setup((n, l, e, h): Shape4, trainable: bool) -> Result<(MultiheadAttention, Tensor, VarMap)> {
+    let cfg = MultiheadAttentionConfig::new(e, h).with_batch_first(true);
+    let varmap = VarMap::new();
+    let dev = Device::Cpu;
+    let mha = MultiheadAttention::new(
+        cfg.clone(),
+        seeded_var_builder(&varmap, 0, DType::F32, &dev),
+    )?;
+    let mha = match trainable {
+        true => mha,
+        false => {
+            let params = mha.named_parameters();
+            let plain = params
+                .iter()
+                .map(|(name, t)| Ok((name.as_str(), t.detach().copy()?)))
+                .collect::<Result<Vec<_>>>()?;
+            MultiheadAttention::from_tensors(cfg, plain)?
+        }
+    };
+    let x = normal(0.0, 1.0, (n, l, e), DType::F32, &dev, 1)?;
+    Ok((mha, x, varmap))
+}
+
+/// Medians in seconds: forward without weights, forward with weights, training step.
+fn bench_ours(
+    shape: Shape4,
+    kernel: AttentionKernel,
+    reps: usize,
+    warmup: usize,
+) -> Result<[f64; 3]> {
+    let (mha, x, _) = setup(shape, false)?;
+    let opts = AttentionOptions::new().with_kernel(kernel);
+    let nw = opts.clone().with_need_weights(false);
+    let fwd_nw = time_it(reps, warmup, || mha.forward(&x, &x, &x, &nw).map(drop))?;
+    let fwd_w = time_it(reps, warmup, || mha.forward(&x, &x, &x, &opts).map(drop))?;
+    let (mha, x, _) = setup(shape, true)?;
+    let x = Var::from_tensor(&x)?;
+    let r = normal(0.0, 1.0, x.shape(), DType::F32, &Device::Cpu, 2)?;
+    let train = nw.with_train(true);
+    let step = time_it(reps, warmup, || {
+        let out = mha.forward(&x, &x, &x, &train)?.output;
+        (out * &r)?.sum_all()?.backward().map(drop)
+    })?;
+    Ok([fwd_nw, fwd_w, step])
+}
+
+/// PyTorch's medians per shape from `scripts/bench_attention_reference.py`.
+fn bench_torch(
+    python: &str,
+    shapes: &[Shape4],
+    reps: usize,
+    warmup: usize,
+    threads: usize,
+) -> Vec<Option<[f64; 3]>> {
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/scripts/bench_attention_reference.py"
+    );
+    let list: Vec<[usize; 4]> = shapes.iter().map(|s| [s.0, s.1, s.2, s.3]).collect();
+    let out = Command::new(python)
+        .arg(script)
+        .args([
+            "--shapes",
+            &serde_json::to_string(&list).unwrap_or_default(),
+        ])
+        .args(["--reps", &reps.to_string(), "--warmup", &warmup.to_string()])
+        .args(["--threads", &threads.to_string()])
+        .stderr(Stdio::inherit())
+        .output();
+    let Ok(out) = out else {
+        return vec![None; shapes.len()];
+    };
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    list.iter()
+        .map(|s| {
+            let rec = lines.iter().find(|r| r["shape"] == serde_json::json!(s))?;
+            Some([
+                rec["fwd_nw_s"].as_f64()?,
+                rec["fwd_w_s"].as_f64()?,
+                rec["step_s"].as_f64()?,
+            ])
+        })
+        .collect()
+}
+
+/// `VmRSS` and `VmHWM` of this process in bytes.
+fn rss() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u64>().ok())
+            .map_or(0, |kb| kb * 1024)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// The child process of the memory measurement: one forward, then a JSON line.
+fn memory_child(l: usize, kernel: &str) -> Result<()> {
+    let (n, e, h) = (1, 512, 8);
+    let (base, _) = rss();
+    let (mha, x, _) = setup((n, l, e, h), false)?;
+    let kernel = match kernel {
+        "reference" => AttentionKernel::Reference,
+        _ => AttentionKernel::Fused,
+    };
+    let opts = AttentionOptions::new()
+        .with_need_weights(false)
+        .with_kernel(kernel);
+    let t = Instant::now();
+    let out = mha.forward(&x, &x, &x, &opts)?.output;
+    let secs = t.elapsed().as_secs_f64();
+    let (_, peak) = rss();
+    drop(out);
+    let f = 4u64;
+    let tokens = (n * l) as u64;
+    let e = e as u64;
+    let params = mha.num_parameters() as u64 * f;
+    // input + output + parameters + saved: packed qkv, attention context, row lse.
+    let accounted =
+        tokens * e * f * 2 + params + tokens * 3 * e * f + tokens * e * f + (n * h * l) as u64 * f;
+    println!(
+        "{}",
+        serde_json::json!({"l": l, "base": base, "peak": peak, "accounted": accounted, "secs": secs})
+    );
+    Ok(())
+}
+
+fn memory_rows() -> Vec<Vec<String>> {
+    let exe = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(_) => return Vec::new(),
+    };
+    let mut rows = Vec::new();
+    for (l, kernel) in [(8192, "fused"), (4096, "fused"), (4096, "reference")] {
+        let out = Command::new(&exe)
+            .env("MHA_BENCH_MEMORY_CHILD", format!("{l},{kernel}"))
+            .stderr(Stdio::inherit())
+            .output();
+        let rec: Option<serde_json::Value> = out.ok().and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .find_map(|l| serde_json::from_str(l).ok())
+        });
+        let Some(rec) = rec else {
+            rows.push(vec![
+                format!("{kernel} L={l}"),
+                "failed".into(),
+                String::new(),
+                String::new(),
+                String::new(),
+                String::new(),
+            ]);
+            continue;
+        };
+        let mb = |k: &str| rec[k].as_f64().unwrap_or(0.0) / 1048576.0;
+        let (base, peak, acc) = (mb("base"), mb("peak"), mb("accounted"));
+        rows.push(vec![
+            format!("{kernel}, N=1 L={l} E=512 H=8"),
+            format!("{:.0}", rec["secs"].as_f64().unwrap_or(0.0) * 1e3),
+            format!("{peak:.1}"),
+            format!("{base:.1}"),
+            format!("{acc:.1}"),
+            format!("{:.2} ({:.2})", peak / acc, (peak - base) / acc),
+        ]);
+    }
+    rows
+}
+
+fn main() -> Result<()> {
+    if let Ok(spec) = std::env::var("MHA_BENCH_MEMORY_CHILD") {
+        let (l, kernel) = spec.split_once(',').unwrap_or(("8192", "fused"));
+        return memory_child(l.parse().unwrap_or(8192), kernel);
+    }
+    let (reps, warmup) = (
+        env_usize("MHA_BENCH_REPS", 10),
+        env_usize("MHA_BENCH_WARMUP", 3),
+    );
+    let threads = candle::utils::get_num_threads();
+    println!(
+        "machine: {} | {threads} threads | {} | {reps} timed + {warmup} warmup per cell, medians",
+        cpu_model(),
+        utc_now()
+    );
+    let torch = find_torch();
+    match &torch {
+        Some((py, v)) => println!("torch: {v} ({py}), torch.set_num_threads({threads})"),
+        None => println!("torch: not available (set MHA_BENCH_PYTHON)"),
+    }
+    let shapes = shapes();
+    let mut fused = Vec::new();
+    let mut reference = Vec::new();
+    for &s in &shapes {
+        eprintln!("candle: {s:?}…");
+        fused.push(bench_ours(s, AttentionKernel::Fused, reps, warmup)?);
+        reference.push(bench_ours(s, AttentionKernel::Reference, reps, warmup)?);
+    }
+    let theirs = match &torch {
+        Some((py, _)) => {
+            eprintln!("torch: scripts/bench_attention_reference.py…");
+            bench_torch(py, &shapes, reps, warmup, threads)
+        }
+        None => vec![None; shapes.len()],
+    };
+    let header: Vec<String> = [
+        "(N, L, E, H)",
+        "measure",
+        "fused ms",
+        "reference ms",
+        "torch ms",
+        "fused/torch",
+        "reference/torch",
+    ]
+    .map(String::from)
+    .to_vec();
+    let mut rows = Vec::new();
+    let names = ["forward, no weights", "forward, weights", "train step"];
+    for (i, s) in shapes.iter().enumerate() {
+        for (m, name) in names.iter().enumerate() {
+            let (f, r) = (fused[i][m], reference[i][m]);
+            let t = theirs[i].map(|t| t[m]);
+            let ratio = |x: f64| t.map_or("n/a".into(), |t| format!("{:.2}", x / t));
+            rows.push(vec![
+                format!("({}, {}, {}, {})", s.0, s.1, s.2, s.3),
+                name.to_string(),
+                format!("{:.2}", f * 1e3),
+                format!("{:.2}", r * 1e3),
+                t.map_or("n/a".into(), |t| format!("{:.2}", t * 1e3)),
+                ratio(f),
+                ratio(r),
+            ]);
+        }
+    }
+    println!();
+    print_table(&header, &rows);
+    println!("\nratio < 1: candle-mha is faster than PyTorch; > 1: slower.");
+    if std::env::var("MHA_BENCH_MEMORY").as_deref() != Ok("0") {
+        println!("\nmemory of one need_weights=false forward (child process, MiB):");
+        let header: Vec<String> = [
+            "run",
+            "ms",
+            "peak RSS",
+            "RSS before",
+            "accounted",
+            "peak/accounted (growth/accounted)",
+        ]
+        .map(String::from)
+        .to_vec();
+        print_table(&header, &memory_rows());
+        println!("accounted = input + output + parameters + packed qkv + context + row lse (f32).");
+    }
+    Ok(())
+}

@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""Times PyTorch's nn.MultiheadAttention on the CPU: the side of `benches/attention_cpu.rs`.
+
+The Rust bench runs this script with the same shapes, repetitions and thread count and
+prints both in one table. By hand:
+
+    /tmp/torchvenv/bin/python scripts/bench_attention_reference.py \\
+        --shapes '[[32, 128, 256, 8]]' --reps 10 --warmup 3 --threads 2
+
+Each shape (N, L, E, H) is a batch_first self-attention, f32, dropout 0, bias on:
+- fwd_nw: eval(), torch.no_grad(), need_weights=False (PyTorch's fast path: native MHA with
+  its flash-attention CPU kernel);
+- fwd_w: the same with need_weights=True (weights averaged over heads);
+- step: train(), x.requires_grad, out = mha(x, x, x, need_weights=False)[0],
+  (out * r).sum().backward(), gradients set to None between steps.
+Output: one JSON line per shape, {"shape": [N, L, E, H], "fwd_nw_s": ..., ...} (medians).
+"""
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+
+def median_time(fn, reps, warmup):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", required=True, help="JSON list of [N, L, E, H]")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    for n, l, e, h in json.loads(args.shapes):
+        mha = torch.nn.MultiheadAttention(e, h, batch_first=True)
+        x = torch.randn(n, l, e)
+        r = torch.randn(n, l, e)
+        mha.eval()
+
+        def fwd(need_weights):
+            with torch.no_grad():
+                return mha(x, x, x, need_weights=need_weights)
+
+        fwd_nw = median_time(lambda: fwd(False), args.reps, args.warmup)
+        fwd_w = median_time(lambda: fwd(True), args.reps, args.warmup)
+        mha.train()
+        xg = x.clone().requires_grad_(True)
+
+        def step():
+            for p in mha.parameters():
+                p.grad = None
+            xg.grad = None
+            out = mha(xg, xg, xg, need_weights=False)[0]
+            (out * r).sum().backward()
+
+        step_s = median_time(step, args.reps, args.warmup)
+        rec = {"shape": [n, l, e, h], "fwd_nw_s": fwd_nw, "fwd_w_s": fwd_w, "step_s": step_s}
+        print(json.dumps(rec), flush=True)
+
+
+if __name__ == "__main__":
+    main()

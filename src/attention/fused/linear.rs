@@ -1,0 +1,259 @@
+//! `x @ w.T + b` as one CPU op: the bias is the product's starting value (no separate
+//! broadcast add, which costs candle as much as half the product), backward included.
+//!
+//! PyTorch equivalent: `F.linear(x, w, b)` (`addmm`).
+
+use candle::{CpuStorage, CustomOp2, CustomOp3, Device, Layout, Result, Shape, Tensor};
+
+use super::elem::Elem;
+
+/// The fused linear op on 2-D `x (M, K)`, `w (Nout, K)` and optional `b (Nout)`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FusedLinear;
+
+/// A 2-D operand: data from the layout's offset, row and column strides.
+struct Mat<'a, T> {
+    data: &'a [T],
+    rs: usize,
+    cs: usize,
+}
+
+fn mat<'a, T: Elem>(s: &'a CpuStorage, l: &Layout) -> Result<Mat<'a, T>> {
+    let st = l.stride();
+    if st.len() != 2 {
+        candle::bail!(
+            "fused linear: expected a 2-D operand, got dims {:?}",
+            l.dims()
+        )
+    }
+    Ok(Mat {
+        data: &T::cpu_storage_as_slice(s)?[l.start_offset()..],
+        rs: st[0],
+        cs: st[1],
+    })
+}
+
+/// `dst (m×n, row-major) = [dst +] lhs·rhs`, multi-threaded.
+///
+/// # Safety
+/// The operands must hold the addressed elements.
+unsafe fn gemm_par<T: Elem>(
+    (m, n, k): (usize, usize, usize),
+    dst: &mut [T],
+    accumulate: bool,
+    lhs: (&[T], usize, usize),
+    rhs: (&[T], usize, usize),
+) {
+    if m == 0 || n == 0 || k == 0 {
+        return;
+    }
+    let threads = candle::utils::get_num_threads();
+    gemm::gemm(
+        m,
+        n,
+        k,
+        dst.as_mut_ptr(),
+        1,
+        n as isize,
+        accumulate,
+        lhs.0.as_ptr(),
+        lhs.2 as isize,
+        lhs.1 as isize,
+        rhs.0.as_ptr(),
+        rhs.2 as isize,
+        rhs.1 as isize,
+        T::ONE,
+        T::ONE,
+        false,
+        false,
+        false,
+        if threads > 1 {
+            gemm::Parallelism::Rayon(threads)
+        } else {
+            gemm::Parallelism::None
+        },
+    )
+}
+
+fn forward<T: Elem>(
+    x: Mat<T>,
+    w: Mat<T>,
+    b: Option<Mat<T>>,
+    m: usize,
+    k: usize,
+    n: usize,
+) -> Vec<T> {
+    let mut out = vec![T::ZERO; m * n];
+    if let Some(b) = &b {
+        let row: Vec<T> = (0..n).map(|j| b.data[j * b.cs]).collect();
+        out.chunks_exact_mut(n.max(1))
+            .for_each(|r| r.copy_from_slice(&row));
+    }
+    // SAFETY: x is m×k, w is n×k (read transposed), out is m×n.
+    unsafe {
+        gemm_par(
+            (m, n, k),
+            &mut out,
+            b.is_some(),
+            (x.data, x.rs, x.cs),
+            (w.data, w.cs, w.rs),
+        );
+    }
+    out
+}
+
+fn dims(x: &Layout, w: &Layout) -> Result<(usize, usize, usize)> {
+    let (xd, wd) = (x.dims(), w.dims());
+    if xd.len() != 2 || wd.len() != 2 || xd[1] != wd[1] {
+        candle::bail!("fused linear: x {xd:?} and w {wd:?} do not chain")
+    }
+    Ok((xd[0], xd[1], wd[0]))
+}
+
+fn fwd(
+    x: (&CpuStorage, &Layout),
+    w: (&CpuStorage, &Layout),
+    b: Option<(&CpuStorage, &Layout)>,
+) -> Result<(CpuStorage, Shape)> {
+    let (m, k, n) = dims(x.1, w.1)?;
+    let storage = match x.0 {
+        CpuStorage::F32(_) => {
+            let b = b.map(|(s, l)| mat1::<f32>(s, l)).transpose()?;
+            CpuStorage::F32(forward(mat(x.0, x.1)?, mat(w.0, w.1)?, b, m, k, n))
+        }
+        CpuStorage::F64(_) => {
+            let b = b.map(|(s, l)| mat1::<f64>(s, l)).transpose()?;
+            CpuStorage::F64(forward(mat(x.0, x.1)?, mat(w.0, w.1)?, b, m, k, n))
+        }
+        _ => candle::bail!("fused linear runs in f32 or f64"),
+    };
+    Ok((storage, (m, n).into()))
+}
+
+/// A 1-D operand as a row.
+fn mat1<'a, T: Elem>(s: &'a CpuStorage, l: &Layout) -> Result<Mat<'a, T>> {
+    if l.dims().len() != 1 {
+        candle::bail!("fused linear: expected a 1-D bias, got dims {:?}", l.dims())
+    }
+    Ok(Mat {
+        data: &T::cpu_storage_as_slice(s)?[l.start_offset()..],
+        rs: 0,
+        cs: l.stride()[0],
+    })
+}
+
+/// Gradients of x, w and b from the output gradient, with candle ops that run as one GEMM
+/// each (`matmul` takes the strided operands as they are).
+fn backward(x: &Tensor, w: &Tensor, grad: &Tensor, bias: bool) -> Result<Vec<Tensor>> {
+    let grad = grad.contiguous()?;
+    let dx = grad.matmul(w)?;
+    let dw = grad.t()?.matmul(x)?;
+    let mut out = vec![dx, dw];
+    if bias {
+        out.push(column_sums(&grad)?);
+    }
+    Ok(out)
+}
+
+/// `g.sum(0)` for a contiguous 2-D CPU `g`: rows added into one accumulator (candle's
+/// reduction over the first dim is ~10× slower).
+fn column_sums(g: &Tensor) -> Result<Tensor> {
+    let (rows, cols) = g.dims2()?;
+    fn sums<T: Elem>(data: &[T], rows: usize, cols: usize) -> Vec<T> {
+        let mut acc = vec![T::ZERO; cols];
+        for r in data[..rows * cols].chunks_exact(cols.max(1)) {
+            acc.iter_mut().zip(r).for_each(|(a, x)| *a += *x);
+        }
+        acc
+    }
+    let (storage, layout) = g.storage_and_layout();
+    let candle::Storage::Cpu(cpu) = &*storage else {
+        return g.sum(0);
+    };
+    let off = layout.start_offset();
+    let out = match cpu {
+        CpuStorage::F32(v) => CpuStorage::F32(sums(&v[off..], rows, cols)),
+        CpuStorage::F64(v) => CpuStorage::F64(sums(&v[off..], rows, cols)),
+        _ => return g.sum(0),
+    };
+    match out {
+        CpuStorage::F32(v) => Tensor::from_vec(v, cols, &Device::Cpu),
+        CpuStorage::F64(v) => Tensor::from_vec(v, cols, &Device::Cpu),
+        _ => unreachable!("built as f32 or f64 above"),
+    }
+}
+
+impl CustomOp2 for FusedLinear {
+    fn name(&self) -> &'static str {
+        "fused-linear"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        fwd((s1, l1), (s2, l2), None)
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let mut g = backward(x, w, grad, false)?.into_iter();
+        Ok((g.next(), g.next()))
+    }
+}
+
+impl CustomOp3 for FusedLinear {
+    fn name(&self) -> &'static str {
+        "fused-linear-bias"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        fwd((s1, l1), (s2, l2), Some((s3, l3)))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _b: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let mut g = backward(x, w, grad, true)?.into_iter();
+        Ok((g.next(), g.next(), g.next()))
+    }
+}
+
+/// `x (M, K) @ w (Nout, K).T + b`: one op on the CPU in f32/f64, candle's `matmul` +
+/// `broadcast_add` elsewhere.
+pub(crate) fn linear2d(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+    let fused = matches!(x.device(), Device::Cpu)
+        && matches!(x.dtype(), candle::DType::F32 | candle::DType::F64);
+    if !fused {
+        let y = x.matmul(&w.t()?)?;
+        return match b {
+            Some(b) => y.broadcast_add(b),
+            None => Ok(y),
+        };
+    }
+    match b {
+        Some(b) => x.apply_op3(w, b, FusedLinear),
+        None => x.apply_op2(w, FusedLinear),
+    }
+}
