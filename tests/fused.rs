@@ -271,6 +271,15 @@ fn rel_err(a: &Tensor, b: &Tensor) -> Result<f64> {
 fn compare(case: &Case) -> Result<f64> {
     let fused = run(case, AttentionKernel::Fused)?;
     let reference = run(case, AttentionKernel::Reference)?;
+    // need_weights only decides whether weights are returned: the same output to the bit.
+    let flipped = Case {
+        need_weights: !case.need_weights,
+        ..case.clone()
+    };
+    let other = run(&flipped, AttentionKernel::Fused)?;
+    if common::rel_err(&other.output, &fused.output)? != 0.0 {
+        bail!("need_weights changed the fused output")
+    }
     let mut worst = rel_err(&fused.output, &reference.output)?;
     match (&fused.weights, &reference.weights) {
         (Some(a), Some(b)) => worst = worst.max(rel_err(a, b)?),

@@ -511,6 +511,8 @@ impl MultiheadAttention {
             key_padding_mask,
             dropout,
             lse: Default::default(),
+            with_weights: opts.need_weights.then_some(opts.average_attn_weights),
+            weights_slot: Default::default(),
         };
         let ctx = match &projected {
             Projected::Packed(qkv) => qkv.apply_op1(op.clone())?,

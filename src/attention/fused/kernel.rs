@@ -257,9 +257,132 @@ fn weight_index(g: &Geom, b: usize, h: usize, i: usize, j: usize) -> u64 {
     (((b * g.h + h) * g.l + i) * g.s + j) as u64
 }
 
+/// Buffers of one forward task, reused across the heads it handles.
+struct TileBuffers<T> {
+    /// One tile of scores / probabilities, `BR × BC`.
+    s: Vec<T>,
+    /// The unnormalised context, `rows × d`.
+    acc: Vec<T>,
+    /// Running row max and sum.
+    m: Vec<T>,
+    l: Vec<T>,
+}
+
+impl<T: Elem> TileBuffers<T> {
+    fn new(rows: usize, d: usize) -> Self {
+        Self {
+            s: vec![T::ZERO; BR * BC],
+            acc: vec![T::ZERO; rows * d],
+            m: vec![T::NEG_INF; rows],
+            l: vec![T::ZERO; rows],
+        }
+    }
+}
+
+/// One query tile of one head: online softmax over the key tiles, output rows and lse
+/// written. When `keep` is given (`rows × ld`), the raw scores of every key tile are copied
+/// there too (for the weights). [`forward`] and [`forward_with_weights`] both go through
+/// here, so the output does not depend on whether the weights are asked for, to the bit.
+#[allow(clippy::too_many_arguments)]
+fn attend_tile<T: Elem>(
+    g: &Geom,
+    (b, h): (usize, usize),
+    (i0, rows): (usize, usize),
+    (q, k, v): (&Rows<T>, &Rows<T>, &Rows<T>),
+    masks: &Masks<T>,
+    drop: Option<&Drop<T>>,
+    buf: &mut TileBuffers<T>,
+    mut keep: Option<(&mut [T], usize)>,
+    (out, lse_out): (&RowsMut<T>, &RowsMut<T>),
+) {
+    let d = g.d;
+    let TileBuffers { s, acc, m, l } = buf;
+    acc.iter_mut().for_each(|x| *x = T::ZERO);
+    m.iter_mut().for_each(|x| *x = T::NEG_INF);
+    l.iter_mut().for_each(|x| *x = T::ZERO);
+    for tile in key_tiles(g, i0, i0 + rows, BC) {
+        let (j0, cols, _) = tile;
+        scores_tile(g, (b, h), (i0, rows), tile, q, k, masks, s, BC);
+        if let Some((kept, ld)) = keep.as_mut() {
+            for r in 0..rows {
+                kept[r * *ld + j0..r * *ld + j0 + cols].copy_from_slice(&s[r * BC..r * BC + cols]);
+            }
+        }
+        for r in 0..rows {
+            let row = &mut s[r * BC..r * BC + cols];
+            let m_new = T::row_max(row);
+            let m_new = if m[r] > m_new { m[r] } else { m_new };
+            if m_new == T::NEG_INF {
+                // Every key so far masked: nothing to add.
+                row.iter_mut().for_each(|x| *x = T::ZERO);
+                continue;
+            }
+            let sum = T::exp_shift_sum(row, m_new);
+            if m[r] != m_new {
+                let alpha = (m[r] - m_new).exp();
+                l[r] *= alpha;
+                acc[r * d..(r + 1) * d].iter_mut().for_each(|x| *x *= alpha);
+                m[r] = m_new;
+            }
+            l[r] += sum;
+            if let Some(dr) = drop {
+                let i = i0 + r;
+                for (c, x) in row.iter_mut().enumerate() {
+                    let keep = dr.mask.keep(weight_index(g, b, h, i, j0 + c));
+                    *x = if keep { *x * dr.scale } else { T::ZERO };
+                }
+            }
+        }
+        // SAFETY: acc is rows × d, s rows × BC (cols used), v rows j0..j0+cols exist.
+        unsafe {
+            let vp = v.data.as_ptr().add(v.map.at(b, h, j0));
+            mm(
+                (rows, d, cols),
+                (acc.as_mut_ptr(), d, 1),
+                true,
+                (s.as_ptr(), BC, 1),
+                (vp, v.map.si, 1),
+                T::ONE,
+            );
+        }
+    }
+    for r in 0..rows {
+        // SAFETY: the caller's task is the only writer of output row (b, h, i0 + r) and of
+        // lse (b, h, i0 + r); both are within their buffers.
+        unsafe {
+            let o = std::slice::from_raw_parts_mut(out.at(b, h, i0 + r, 0), d);
+            let lse_i = lse_out.at(b, h, i0 + r, 0);
+            if l[r] == T::ZERO {
+                o.iter_mut().for_each(|x| *x = T::ZERO);
+                *lse_i = T::INF;
+            } else {
+                let inv = T::ONE / l[r];
+                o.iter_mut()
+                    .zip(&acc[r * d..(r + 1) * d])
+                    .for_each(|(x, a)| *x = *a * inv);
+                *lse_i = m[r] + l[r].ln();
+            }
+        }
+    }
+}
+
+/// The lse buffer `(N, H, L)` as rows of one element.
+fn lse_rows<T>(g: &Geom, lse: &mut [T]) -> RowsMut<T> {
+    RowsMut::new(
+        lse,
+        RowMap {
+            off: 0,
+            sb: g.h * g.l,
+            sh: g.l,
+            si: 1,
+        },
+    )
+}
+
 /// Fused forward: `out` rows get softmax(scale·q·kᵀ + masks)·v (dropped and rescaled as
 /// [`DropoutMask`] says), `lse[(b·H + h)·L + i]` the row log-sum-exp; a row with every key
 /// masked gets a zero output and `lse = +inf` (so that recomputed probabilities are 0).
+/// Parallel over batch × heads × query tiles.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn forward<T: Elem>(
     g: &Geom,
@@ -273,86 +396,24 @@ pub(crate) fn forward<T: Elem>(
 ) {
     let drop = drop_of::<T>(dropout);
     let q_tiles = g.l.div_ceil(BR);
-    let lse_out = RowsMut::new(
-        lse,
-        RowMap {
-            off: 0,
-            sb: g.h * g.l,
-            sh: g.l,
-            si: 1,
-        },
-    );
-    let d = g.d;
+    let lse_out = lse_rows(g, lse);
     (0..g.n * g.h * q_tiles).into_par_iter().for_each(|task| {
         let (bh, qt) = (task / q_tiles, task % q_tiles);
         let (b, h) = (bh / g.h, bh % g.h);
         let i0 = qt * BR;
         let rows = BR.min(g.l - i0);
-        let mut s = vec![T::ZERO; BR * BC];
-        let mut acc = vec![T::ZERO; rows * d];
-        let mut m = vec![T::NEG_INF; rows];
-        let mut l = vec![T::ZERO; rows];
-        for tile in key_tiles(g, i0, i0 + rows, BC) {
-            let (j0, cols, _) = tile;
-            scores_tile(g, (b, h), (i0, rows), tile, &q, &k, &masks, &mut s, BC);
-            for r in 0..rows {
-                let row = &mut s[r * BC..r * BC + cols];
-                let m_new = T::row_max(row);
-                let m_new = if m[r] > m_new { m[r] } else { m_new };
-                if m_new == T::NEG_INF {
-                    // Every key so far masked: nothing to add.
-                    row.iter_mut().for_each(|x| *x = T::ZERO);
-                    continue;
-                }
-                let sum = T::exp_shift_sum(row, m_new);
-                if m[r] != m_new {
-                    let alpha = (m[r] - m_new).exp();
-                    l[r] *= alpha;
-                    acc[r * d..(r + 1) * d].iter_mut().for_each(|x| *x *= alpha);
-                    m[r] = m_new;
-                }
-                l[r] += sum;
-                if let Some(dr) = &drop {
-                    let i = i0 + r;
-                    for (c, x) in row.iter_mut().enumerate() {
-                        let keep = dr.mask.keep(weight_index(g, b, h, i, j0 + c));
-                        *x = if keep { *x * dr.scale } else { T::ZERO };
-                    }
-                }
-            }
-            // SAFETY: acc is rows × d, s rows × BC (cols used), v rows j0..j0+cols exist.
-            unsafe {
-                let vp = v.data.as_ptr().add(v.map.at(b, h, j0));
-                mm(
-                    (rows, d, cols),
-                    (acc.as_mut_ptr(), d, 1),
-                    true,
-                    (s.as_ptr(), BC, 1),
-                    (vp, v.map.si, 1),
-                    T::ONE,
-                );
-            }
-        }
-        for r in 0..rows {
-            let i = i0 + r;
-            // SAFETY: this task is the only writer of output row (b, h, i) and lse (b, h, i);
-            // both are within the buffers (the maps were built for these sizes).
-            unsafe {
-                let o = std::slice::from_raw_parts_mut(out.at(b, h, i, 0), d);
-                debug_assert!(out.map.at(b, h, i) + d <= out.len);
-                let lse_i = lse_out.at(b, h, i, 0);
-                if l[r] == T::ZERO {
-                    o.iter_mut().for_each(|x| *x = T::ZERO);
-                    *lse_i = T::INF;
-                } else {
-                    let inv = T::ONE / l[r];
-                    o.iter_mut()
-                        .zip(&acc[r * d..(r + 1) * d])
-                        .for_each(|(x, a)| *x = *a * inv);
-                    *lse_i = m[r] + l[r].ln();
-                }
-            }
-        }
+        let mut buf = TileBuffers::new(rows, g.d);
+        attend_tile(
+            g,
+            (b, h),
+            (i0, rows),
+            (&q, &k, &v),
+            &masks,
+            drop.as_ref(),
+            &mut buf,
+            None,
+            (&out, &lse_out),
+        );
     });
 }
 
@@ -558,6 +619,95 @@ pub(crate) fn weights<T: Elem>(
             for r in 0..rows {
                 // SAFETY: as above.
                 let dst = unsafe { std::slice::from_raw_parts_mut(out.at(b, 0, i0 + r, 0), sk) };
+                dst.iter_mut().for_each(|x| *x *= inv_h);
+            }
+        }
+    });
+}
+
+/// Forward and weights together, for calls that return the weights: [`attend_tile`] keeps
+/// the raw scores of its query tile (`BR × S'`, never `L × S'`), from which the weights are
+/// written once with the tile's lse. Compared with [`forward`] + [`weights`] it computes
+/// `q·kᵀ` once. Outputs as in both; `weights_out` must be zeroed. Parallel over batch × query
+/// tiles, heads inside (the head mean is accumulated in place).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn forward_with_weights<T: Elem>(
+    g: &Geom,
+    (q, k, v): (Rows<T>, Rows<T>, Rows<T>),
+    masks: Masks<T>,
+    dropout: Option<&DropoutMask>,
+    out: RowsMut<T>,
+    lse: &mut [T],
+    weights_out: &mut [T],
+    average: bool,
+) {
+    let drop = drop_of::<T>(dropout);
+    let q_tiles = g.l.div_ceil(BR);
+    let (l, sk) = (g.l, g.s);
+    let lse_out = lse_rows(g, lse);
+    let w_out = RowsMut::new(
+        weights_out,
+        RowMap {
+            off: 0,
+            sb: if average { l * sk } else { g.h * l * sk },
+            sh: if average { 0 } else { l * sk },
+            si: sk,
+        },
+    );
+    let inv_h = T::from_f64(1.0 / g.h as f64);
+    (0..g.n * q_tiles).into_par_iter().for_each(|task| {
+        let (b, qt) = (task / q_tiles, task % q_tiles);
+        let i0 = qt * BR;
+        let rows = BR.min(l - i0);
+        let ld = sk.max(1);
+        let mut kept = vec![T::ZERO; rows * ld];
+        let mut buf = TileBuffers::new(rows, g.d);
+        let tiles = key_tiles(g, i0, i0 + rows, BC);
+        for h in 0..g.h {
+            attend_tile(
+                g,
+                (b, h),
+                (i0, rows),
+                (&q, &k, &v),
+                &masks,
+                drop.as_ref(),
+                &mut buf,
+                Some((&mut kept, ld)),
+                (&out, &lse_out),
+            );
+            for r in 0..rows {
+                let i = i0 + r;
+                // SAFETY: this task is the only writer of weight rows (b, ·, i); lse (b, h, i)
+                // was written above by this task.
+                let (lse_i, w_row) = unsafe {
+                    (
+                        *lse_out.at(b, h, i, 0),
+                        std::slice::from_raw_parts_mut(w_out.at(b, h, i, 0), sk),
+                    )
+                };
+                let row = &mut kept[r * ld..(r + 1) * ld];
+                for &(j0, c, _) in &tiles {
+                    let p = &mut row[j0..j0 + c];
+                    T::exp_shift_sum(p, lse_i);
+                    if let Some(dm) = &drop {
+                        for (jj, x) in p.iter_mut().enumerate() {
+                            let keep = dm.mask.keep(weight_index(g, b, h, i, j0 + jj));
+                            *x = if keep { *x * dm.scale } else { T::ZERO };
+                        }
+                    }
+                    let dst = &mut w_row[j0..j0 + c];
+                    if average {
+                        dst.iter_mut().zip(p.iter()).for_each(|(w, x)| *w += *x);
+                    } else {
+                        dst.copy_from_slice(p);
+                    }
+                }
+            }
+        }
+        if average {
+            for r in 0..rows {
+                // SAFETY: as above.
+                let dst = unsafe { std::slice::from_raw_parts_mut(w_out.at(b, 0, i0 + r, 0), sk) };
                 dst.iter_mut().for_each(|x| *x *= inv_h);
             }
         }

@@ -34,6 +34,11 @@ pub(crate) struct FusedAttention {
     pub dropout: Option<DropoutMask>,
     /// The row log-sum-exp `(N, H, L)` of the forward pass, kept for backward and weights.
     pub lse: Arc<Mutex<Option<Tensor>>>,
+    /// `Some(average)`: the call returns the weights, so the forward pass computes them too
+    /// (one pass, [`kernel::forward_with_weights`]) and leaves them in `weights_slot` for the
+    /// [`FusedWeights`] op, which then only hands them over.
+    pub with_weights: Option<bool>,
+    pub weights_slot: Arc<Mutex<Option<(CpuStorage, Shape)>>>,
 }
 
 /// Which columns of which argument q, k and v are.
@@ -166,6 +171,27 @@ impl FusedAttention {
         let mut out = vec![T::ZERO; g.n * g.l * e];
         let mut lse = vec![T::ZERO; g.n * g.h * g.l];
         let out_rows = RowsMut::new(&mut out, self.contiguous_map(g.l, e, 0));
+        if let Some(average) = self.with_weights {
+            let shape = self.weights_shape(average);
+            let mut weights = vec![T::ZERO; shape.elem_count()];
+            self.with_masks(|masks| {
+                kernel::forward_with_weights(
+                    g,
+                    (q, k, v),
+                    masks,
+                    self.dropout.as_ref(),
+                    out_rows,
+                    &mut lse,
+                    &mut weights,
+                    average,
+                );
+                Ok(())
+            })?;
+            *self.weights_slot.lock().expect("weights lock") =
+                Some((T::to_cpu_storage_owned(weights), shape));
+            self.store_lse(lse)?;
+            return Ok((T::to_cpu_storage_owned(out), self.out_shape(g.l, e)));
+        }
         self.with_masks(|masks| {
             kernel::forward(g, q, k, v, masks, self.dropout.as_ref(), out_rows, &mut lse);
             Ok(())
@@ -304,6 +330,15 @@ impl FusedAttention {
         }
     }
 
+    fn weights_shape(&self, average: bool) -> Shape {
+        let g = &self.geom;
+        if average {
+            (g.n, g.l, g.s).into()
+        } else {
+            (g.n, g.h, g.l, g.s).into()
+        }
+    }
+
     /// Weights `(N, H, L, S')` (or their head mean `(N, L, S')`) from q, k and the stored lse.
     fn weights_t<T: Elem>(
         &self,
@@ -329,11 +364,7 @@ impl FusedAttention {
         let lse_t = self.lse()?;
         let lg = lse_t.storage_and_layout();
         let lse = &guard_slice::<T>(&lg.0)?[lg.1.start_offset()..];
-        let shape: Shape = if average {
-            (g.n, g.l, g.s).into()
-        } else {
-            (g.n, g.h, g.l, g.s).into()
-        };
+        let shape = self.weights_shape(average);
         let mut out = vec![T::ZERO; shape.elem_count()];
         let dropout = self.dropout.as_ref().filter(|_| dropout);
         self.with_masks(|masks| {
@@ -350,6 +381,9 @@ impl FusedAttention {
         average: bool,
         dropout: bool,
     ) -> Result<(CpuStorage, Shape)> {
+        if let Some(ready) = self.weights_slot.lock().expect("weights lock").take() {
+            return Ok(ready);
+        }
         match args[0].0 {
             CpuStorage::F32(_) => self.weights_t::<f32>(parts, args, average, dropout),
             CpuStorage::F64(_) => self.weights_t::<f64>(parts, args, average, dropout),
@@ -438,6 +472,7 @@ impl FusedWeights {
             let plain = FusedWeights {
                 attn: FusedAttention {
                     dropout: None,
+                    weights_slot: Default::default(),
                     ..self.attn.clone()
                 },
                 average: false,
