@@ -15,8 +15,10 @@ use crate::attention::dropout::DropoutMask;
 const BR: usize = 64;
 /// Key columns per forward tile.
 const BC: usize = 256;
-/// Query rows and key columns per backward tile.
-const BB: usize = 64;
+/// Query rows per backward tile.
+const BQ: usize = 128;
+/// Key columns per backward tile.
+const BK: usize = 128;
 
 /// Sizes of one call, in head space.
 #[derive(Clone, Copy, Debug)]
@@ -55,6 +57,27 @@ impl RowMap {
     #[inline(always)]
     fn at(&self, b: usize, h: usize, i: usize) -> usize {
         self.off + b * self.sb + h * self.sh + i * self.si
+    }
+}
+
+/// Rows `0..len` of head `(b, h)` of `x`, copied contiguously (`len × d`): the projections'
+/// rows are `3E` apart, and the tile products run faster on packed rows.
+fn pack_head<T: Elem>(x: &Rows<T>, (b, h): (usize, usize), len: usize, d: usize) -> Vec<T> {
+    let mut buf = Vec::with_capacity(len * d);
+    for i in 0..len {
+        let at = x.map.at(b, h, i);
+        buf.extend_from_slice(&x.data[at..at + d]);
+    }
+    buf
+}
+
+/// The row map of a [`pack_head`] buffer.
+fn packed_map(d: usize) -> RowMap {
+    RowMap {
+        off: 0,
+        sb: 0,
+        sh: 0,
+        si: d,
     }
 }
 
@@ -403,11 +426,25 @@ pub(crate) fn forward<T: Elem>(
         let i0 = qt * BR;
         let rows = BR.min(g.l - i0);
         let mut buf = TileBuffers::new(rows, g.d);
+        let (kb, vb) = (
+            pack_head(&k, (b, h), g.s, g.d),
+            pack_head(&v, (b, h), g.s, g.d),
+        );
+        let (kp, vp) = (
+            Rows {
+                data: &kb,
+                map: packed_map(g.d),
+            },
+            Rows {
+                data: &vb,
+                map: packed_map(g.d),
+            },
+        );
         attend_tile(
             g,
             (b, h),
             (i0, rows),
-            (&q, &k, &v),
+            (&q, &kp, &vp),
             &masks,
             drop.as_ref(),
             &mut buf,
@@ -446,37 +483,56 @@ pub(crate) fn backward<T: Elem>(
     (0..g.n * g.h).into_par_iter().for_each(|bh| {
         let (b, h) = (bh / g.h, bh % g.h);
         let lse = &lse[bh * g.l..(bh + 1) * g.l];
+        // This head's rows of q, k, v and dO packed contiguously (the projections' rows are
+        // 3E apart), and its gradients accumulated likewise, then written out once.
+        let pack = |x: &Rows<T>, len: usize| pack_head(x, (b, h), len, d);
+        let (qb, kb, vb, gb) = (
+            pack(&q, g.l),
+            pack(&k, g.s),
+            pack(&v, g.s),
+            pack(&d_out, g.l),
+        );
+        let packed = packed_map(d);
+        let rows_of = |data| Rows { data, map: packed };
+        let (q, k, v, d_out) = (rows_of(&qb), rows_of(&kb), rows_of(&vb), rows_of(&gb));
+        let mut dqb = vec![T::ZERO; g.l * d];
+        let mut dkb = vec![T::ZERO; g.s * d];
+        let mut dvb = vec![T::ZERO; g.s * d];
+        let (dq_all, dk_all, dv_all) = (&dq, &dk, &dv);
+        let dq = RowsMut::new(&mut dqb, packed);
+        let dk = RowsMut::new(&mut dkb, packed);
+        let dv = RowsMut::new(&mut dvb, packed);
         // D_i = Σ_t dO_it·O_it = Σ_j P̃_ij·dP̃_ij (P̃: the dropped probabilities).
         let dsum: Vec<T> = (0..g.l)
             .map(|i| {
-                let (oi, gi) = (o.map.at(b, h, i), d_out.map.at(b, h, i));
+                let (oi, gi) = (o.map.at(b, h, i), i * d);
                 T::dot(&o.data[oi..oi + d], &d_out.data[gi..gi + d])
             })
             .collect();
-        let mut s = vec![T::ZERO; BB * BB];
-        let mut dp = vec![T::ZERO; BB * BB];
+        let mut s = vec![T::ZERO; BQ * BK];
+        let mut dp = vec![T::ZERO; BQ * BK];
         // Key tiles, each with the query tiles that see it.
         let mut key_tiles: Vec<(usize, usize, usize)> = Vec::new();
-        for j0 in (0..g.s_masked).step_by(BB) {
-            let first_q = if g.causal { j0 / BB * BB } else { 0 };
-            key_tiles.push((j0, BB.min(g.s_masked - j0), first_q));
+        for j0 in (0..g.s_masked).step_by(BK) {
+            let first_q = if g.causal { j0 / BQ * BQ } else { 0 };
+            key_tiles.push((j0, BK.min(g.s_masked - j0), first_q));
         }
-        for j0 in (g.s_masked..g.s).step_by(BB) {
-            key_tiles.push((j0, BB.min(g.s - j0), 0));
+        for j0 in (g.s_masked..g.s).step_by(BK) {
+            key_tiles.push((j0, BK.min(g.s - j0), 0));
         }
         for (j0, cols, first_q) in key_tiles {
             let masked_tile = j0 < g.s_masked;
-            for i0 in (first_q..g.l).step_by(BB) {
-                let rows = BB.min(g.l - i0);
+            for i0 in (first_q..g.l).step_by(BQ) {
+                let rows = BQ.min(g.l - i0);
                 let check = masked_tile && g.causal && j0 + cols - 1 > i0;
                 let tile = (j0, cols, check);
-                scores_tile(g, (b, h), (i0, rows), tile, &q, &k, &masks, &mut s, BB);
-                probs_tile(&mut s, BB, rows, cols, &lse[i0..i0 + rows]);
-                // SAFETY: d_out rows i0.. and v rows j0.. exist; dp is BB × BB.
+                scores_tile(g, (b, h), (i0, rows), tile, &q, &k, &masks, &mut s, BK);
+                probs_tile(&mut s, BK, rows, cols, &lse[i0..i0 + rows]);
+                // SAFETY: d_out rows i0.. and v rows j0.. exist; dp is BK × BK.
                 unsafe {
                     mm(
                         (rows, cols, d),
-                        (dp.as_mut_ptr(), BB, 1),
+                        (dp.as_mut_ptr(), BK, 1),
                         false,
                         (
                             d_out.data.as_ptr().add(d_out.map.at(b, h, i0)),
@@ -491,8 +547,8 @@ pub(crate) fn backward<T: Elem>(
                 for r in 0..rows {
                     let i = i0 + r;
                     let (sr, dr) = (
-                        &mut s[r * BB..r * BB + cols],
-                        &mut dp[r * BB..r * BB + cols],
+                        &mut s[r * BK..r * BK + cols],
+                        &mut dp[r * BK..r * BK + cols],
                     );
                     match &drop {
                         None => sr
@@ -509,8 +565,7 @@ pub(crate) fn backward<T: Elem>(
                         }
                     }
                 }
-                // SAFETY: this task is the only writer of the (b, h) rows of dq, dk and dv;
-                // the tiles are within L and S'.
+                // SAFETY: the tiles are within this head's L and S' rows of the local buffers.
                 unsafe {
                     let dvp = dv.at(b, h, j0, 0);
                     let dkp = dk.at(b, h, j0, 0);
@@ -523,7 +578,7 @@ pub(crate) fn backward<T: Elem>(
                         (cols, d, rows),
                         (dvp, dv.map.si, 1),
                         true,
-                        (s.as_ptr(), 1, BB),
+                        (s.as_ptr(), 1, BK),
                         (
                             d_out.data.as_ptr().add(d_out.map.at(b, h, i0)),
                             d_out.map.si,
@@ -536,7 +591,7 @@ pub(crate) fn backward<T: Elem>(
                         (rows, d, cols),
                         (dqp, dq.map.si, 1),
                         true,
-                        (dp.as_ptr(), BB, 1),
+                        (dp.as_ptr(), BK, 1),
                         (k.data.as_ptr().add(k.map.at(b, h, j0)), k.map.si, 1),
                         scale,
                     );
@@ -545,11 +600,23 @@ pub(crate) fn backward<T: Elem>(
                         (cols, d, rows),
                         (dkp, dk.map.si, 1),
                         true,
-                        (dp.as_ptr(), 1, BB),
+                        (dp.as_ptr(), 1, BK),
                         (q.data.as_ptr().add(q.map.at(b, h, i0)), q.map.si, 1),
                         scale,
                     );
                 }
+            }
+        }
+        for (all, local, len) in [
+            (dq_all, &dqb, g.l),
+            (dk_all, &dkb, g.s),
+            (dv_all, &dvb, g.s),
+        ] {
+            for i in 0..len {
+                // SAFETY: this task is the only writer of the (b, h) rows of the gradients
+                // (they may share one buffer: the rows of other heads are other columns).
+                let dst = unsafe { std::slice::from_raw_parts_mut(all.at(b, h, i, 0), d) };
+                dst.copy_from_slice(&local[i * d..(i + 1) * d]);
             }
         }
     });
@@ -664,11 +731,24 @@ pub(crate) fn forward_with_weights<T: Elem>(
         let mut buf = TileBuffers::new(rows, g.d);
         let tiles = key_tiles(g, i0, i0 + rows, BC);
         for h in 0..g.h {
+            // Packed as in `forward`, so that the products (and the output) are the same.
+            let (kb, vb) = (
+                pack_head(&k, (b, h), g.s, g.d),
+                pack_head(&v, (b, h), g.s, g.d),
+            );
+            let kp = Rows {
+                data: &kb,
+                map: packed_map(g.d),
+            };
+            let vp = Rows {
+                data: &vb,
+                map: packed_map(g.d),
+            };
             attend_tile(
                 g,
                 (b, h),
                 (i0, rows),
-                (&q, &k, &v),
+                (&q, &kp, &vp),
                 &masks,
                 drop.as_ref(),
                 &mut buf,
