@@ -8,7 +8,7 @@ use candle_nn::{Init, Linear, VarBuilder};
 
 use super::checks::{check_inputs, Dims};
 use super::dropout::{seeded_dropout, DropoutMask};
-use super::fused::{linear2d, FusedAttention, FusedWeights, Geom};
+use super::fused::{linear, FusedAttention, FusedWeights, Geom};
 use super::mask::{additive_mask, merged_mask};
 use super::softmax::{safe_softmax_last_dim, softmax_dtype};
 use super::{AttentionKernel, AttentionOptions, AttentionOutput, MultiheadAttentionConfig};
@@ -657,12 +657,6 @@ struct Call<'a> {
     seq_first: bool,
     opts: &'a AttentionOptions,
     dropout_seed: Option<u64>,
-}
-
-/// `x @ w.T + b` for a 3-D `x (A, B, in)` and `w (out, in)`: one 2-D product.
-fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
-    let (a, bsz, d) = x.dims3()?;
-    linear2d(&x.reshape((a * bsz, d))?, w, b)?.reshape((a, bsz, w.dim(0)?))
 }
 
 /// Self-attention `x → output` (query = key = value = `x`), without weights.

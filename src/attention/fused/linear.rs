@@ -7,7 +7,9 @@ use candle::{CpuStorage, CustomOp2, CustomOp3, Device, Layout, Result, Shape, Te
 
 use super::elem::Elem;
 
-/// The fused linear op on 2-D `x (M, K)`, `w (Nout, K)` and optional `b (Nout)`.
+/// The fused linear op on `x (…, K)` (2-D with any row stride, or contiguous), `w (Nout, K)`
+/// and optional `b (Nout)`, giving `(…, Nout)`: no reshapes around it, so no extra autograd
+/// nodes (candle accumulates every node's gradient into a fresh zero tensor).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct FusedLinear;
 
@@ -102,12 +104,33 @@ fn forward<T: Elem>(
     out
 }
 
+/// `(M, K, Nout)` of `x (…, K)` (M = the product of the leading dims) and `w (Nout, K)`.
 fn dims(x: &Layout, w: &Layout) -> Result<(usize, usize, usize)> {
     let (xd, wd) = (x.dims(), w.dims());
-    if xd.len() != 2 || wd.len() != 2 || xd[1] != wd[1] {
-        candle::bail!("fused linear: x {xd:?} and w {wd:?} do not chain")
+    match (xd.split_last(), wd) {
+        (Some((&k, lead)), &[n, wk]) if k == wk && !lead.is_empty() => {
+            Ok((lead.iter().product(), k, n))
+        }
+        _ => candle::bail!("fused linear: x {xd:?} and w {wd:?} do not chain"),
     }
-    Ok((xd[0], xd[1], wd[0]))
+}
+
+/// `x (…, K)` as an `(M, K)` operand: rows must be evenly spaced, which a contiguous `x` is.
+fn rows_of<'a, T: Elem>(s: &'a CpuStorage, l: &Layout) -> Result<Mat<'a, T>> {
+    if l.dims().len() == 2 {
+        return mat(s, l);
+    }
+    if !l.is_contiguous() {
+        candle::bail!(
+            "fused linear: x must be contiguous, got strides {:?}",
+            l.stride()
+        )
+    }
+    Ok(Mat {
+        data: &T::cpu_storage_as_slice(s)?[l.start_offset()..],
+        rs: *l.dims().last().unwrap_or(&1),
+        cs: 1,
+    })
 }
 
 fn fwd(
@@ -119,15 +142,17 @@ fn fwd(
     let storage = match x.0 {
         CpuStorage::F32(_) => {
             let b = b.map(|(s, l)| mat1::<f32>(s, l)).transpose()?;
-            CpuStorage::F32(forward(mat(x.0, x.1)?, mat(w.0, w.1)?, b, m, k, n))
+            CpuStorage::F32(forward(rows_of(x.0, x.1)?, mat(w.0, w.1)?, b, m, k, n))
         }
         CpuStorage::F64(_) => {
             let b = b.map(|(s, l)| mat1::<f64>(s, l)).transpose()?;
-            CpuStorage::F64(forward(mat(x.0, x.1)?, mat(w.0, w.1)?, b, m, k, n))
+            CpuStorage::F64(forward(rows_of(x.0, x.1)?, mat(w.0, w.1)?, b, m, k, n))
         }
         _ => candle::bail!("fused linear runs in f32 or f64"),
     };
-    Ok((storage, (m, n).into()))
+    let mut shape = x.1.dims().to_vec();
+    *shape.last_mut().expect("x has a last dim") = n;
+    Ok((storage, shape.into()))
 }
 
 /// A 1-D operand as a row.
@@ -145,9 +170,12 @@ fn mat1<'a, T: Elem>(s: &'a CpuStorage, l: &Layout) -> Result<Mat<'a, T>> {
 /// Gradients of x, w and b from the output gradient, with candle ops that run as one GEMM
 /// each (`matmul` takes the strided operands as they are).
 fn backward(x: &Tensor, w: &Tensor, grad: &Tensor, bias: bool) -> Result<Vec<Tensor>> {
-    let grad = grad.contiguous()?;
-    let dx = grad.matmul(w)?;
-    let dw = grad.t()?.matmul(x)?;
+    let (k, n) = (w.dim(1)?, w.dim(0)?);
+    let m = x.elem_count() / k.max(1);
+    let grad = grad.contiguous()?.reshape((m, n))?;
+    let x2 = x.reshape((m, k))?;
+    let dx = grad.matmul(w)?.reshape(x.shape())?;
+    let dw = grad.t()?.matmul(&x2)?;
     let mut out = vec![dx, dw];
     if bias {
         out.push(column_sums(&grad)?);
@@ -240,18 +268,32 @@ impl CustomOp3 for FusedLinear {
     }
 }
 
-/// `x (M, K) @ w (Nout, K).T + b`: one op on the CPU in f32/f64, candle's `matmul` +
-/// `broadcast_add` elsewhere.
-pub(crate) fn linear2d(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+/// `x (…, K) @ w (Nout, K).T + b` → `(…, Nout)`: one op on the CPU in f32/f64, candle's
+/// `matmul` + `broadcast_add` elsewhere.
+///
+/// PyTorch equivalent: `F.linear(x, w, b)`.
+pub(crate) fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
     let fused = matches!(x.device(), Device::Cpu)
         && matches!(x.dtype(), candle::DType::F32 | candle::DType::F64);
     if !fused {
-        let y = x.matmul(&w.t()?)?;
-        return match b {
-            Some(b) => y.broadcast_add(b),
-            None => Ok(y),
+        let (k, n) = (w.dim(1)?, w.dim(0)?);
+        let mut shape = x.dims().to_vec();
+        let m = x.elem_count() / k.max(1);
+        let y = x.reshape((m, k))?.matmul(&w.t()?)?;
+        let y = match b {
+            Some(b) => y.broadcast_add(b)?,
+            None => y,
         };
+        if let Some(last) = shape.last_mut() {
+            *last = n;
+        }
+        return y.reshape(shape);
     }
+    let x = if x.rank() == 2 {
+        x.clone()
+    } else {
+        x.contiguous()?
+    };
     match b {
         Some(b) => x.apply_op3(w, b, FusedLinear),
         None => x.apply_op2(w, FusedLinear),

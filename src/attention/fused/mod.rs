@@ -19,5 +19,5 @@ mod linear;
 mod op;
 
 pub(crate) use kernel::Geom;
-pub(crate) use linear::linear2d;
+pub(crate) use linear::linear;
 pub(crate) use op::{FusedAttention, FusedWeights};
