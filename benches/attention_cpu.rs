@@ -270,20 +270,21 @@ fn main() -> Result<()> {
         None => println!("torch: not available (set MHA_BENCH_PYTHON)"),
     }
     let shapes = shapes();
-    let mut fused = Vec::new();
-    let mut reference = Vec::new();
+    let (mut fused, mut reference, mut theirs) = (Vec::new(), Vec::new(), Vec::new());
+    // Shape by shape, torch right after ours: on a shared machine the load drifts, and the
+    // ratios should compare runs minutes apart at most.
     for &s in &shapes {
         eprintln!("candle: {s:?}…");
         fused.push(bench_ours(s, AttentionKernel::Fused, reps, warmup)?);
         reference.push(bench_ours(s, AttentionKernel::Reference, reps, warmup)?);
+        theirs.push(match &torch {
+            Some((py, _)) => {
+                eprintln!("torch: {s:?}…");
+                bench_torch(py, &[s], reps, warmup, threads)[0]
+            }
+            None => None,
+        });
     }
-    let theirs = match &torch {
-        Some((py, _)) => {
-            eprintln!("torch: scripts/bench_attention_reference.py…");
-            bench_torch(py, &shapes, reps, warmup, threads)
-        }
-        None => vec![None; shapes.len()],
-    };
     let header: Vec<String> = [
         "(N, L, E, H)",
         "measure",

@@ -317,7 +317,7 @@ impl MultiheadAttention {
         let projected = self.in_projection(&q_in, &k_in, &v_in, self_attn, kv_same)?;
         let dropout_seed = self.dropout_seed(opts);
         let fused = match opts.kernel {
-            AttentionKernel::Auto => query.device().is_cpu(),
+            AttentionKernel::Auto => query.device().is_cpu() && !reference_requested(),
             AttentionKernel::Fused => true,
             AttentionKernel::Reference => false,
         };
@@ -617,6 +617,15 @@ impl MultiheadAttention {
         };
         Ok((ctx, weights))
     }
+}
+
+/// `MHA_ATTENTION_KERNEL=reference` in the environment: [`AttentionKernel::Auto`] picks the
+/// reference path, so that whole models can be compared without code changes. Read once.
+fn reference_requested() -> bool {
+    static REFERENCE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *REFERENCE.get_or_init(|| {
+        std::env::var("MHA_ATTENTION_KERNEL").is_ok_and(|v| v.eq_ignore_ascii_case("reference"))
+    })
 }
 
 /// The input projections of one call, in the caller's 3-D layout.
