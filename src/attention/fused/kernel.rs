@@ -81,6 +81,14 @@ fn packed_map(d: usize) -> RowMap {
     }
 }
 
+/// A [`pack_head`] buffer as rows.
+fn packed_rows<T>(data: &[T], d: usize) -> Rows<'_, T> {
+    Rows {
+        data,
+        map: packed_map(d),
+    }
+}
+
 /// Additive masks over the first `s_masked` keys, in the kernel's dtype.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Masks<'a, T> {
@@ -319,6 +327,9 @@ fn attend_tile<T: Elem>(
     (out, lse_out): (&RowsMut<T>, &RowsMut<T>),
 ) {
     let d = g.d;
+    // This head's keys and values packed (the products run faster on contiguous rows).
+    let (kb, vb) = (pack_head(k, (b, h), g.s, d), pack_head(v, (b, h), g.s, d));
+    let (k, v) = (&packed_rows(&kb, d), &packed_rows(&vb, d));
     let TileBuffers { s, acc, m, l } = buf;
     acc.iter_mut().for_each(|x| *x = T::ZERO);
     m.iter_mut().for_each(|x| *x = T::NEG_INF);
@@ -426,25 +437,11 @@ pub(crate) fn forward<T: Elem>(
         let i0 = qt * BR;
         let rows = BR.min(g.l - i0);
         let mut buf = TileBuffers::new(rows, g.d);
-        let (kb, vb) = (
-            pack_head(&k, (b, h), g.s, g.d),
-            pack_head(&v, (b, h), g.s, g.d),
-        );
-        let (kp, vp) = (
-            Rows {
-                data: &kb,
-                map: packed_map(g.d),
-            },
-            Rows {
-                data: &vb,
-                map: packed_map(g.d),
-            },
-        );
         attend_tile(
             g,
             (b, h),
             (i0, rows),
-            (&q, &kp, &vp),
+            (&q, &k, &v),
             &masks,
             drop.as_ref(),
             &mut buf,
@@ -493,8 +490,12 @@ pub(crate) fn backward<T: Elem>(
             pack(&d_out, g.l),
         );
         let packed = packed_map(d);
-        let rows_of = |data| Rows { data, map: packed };
-        let (q, k, v, d_out) = (rows_of(&qb), rows_of(&kb), rows_of(&vb), rows_of(&gb));
+        let (q, k, v, d_out) = (
+            packed_rows(&qb, d),
+            packed_rows(&kb, d),
+            packed_rows(&vb, d),
+            packed_rows(&gb, d),
+        );
         let mut dqb = vec![T::ZERO; g.l * d];
         let mut dkb = vec![T::ZERO; g.s * d];
         let mut dvb = vec![T::ZERO; g.s * d];
@@ -731,24 +732,11 @@ pub(crate) fn forward_with_weights<T: Elem>(
         let mut buf = TileBuffers::new(rows, g.d);
         let tiles = key_tiles(g, i0, i0 + rows, BC);
         for h in 0..g.h {
-            // Packed as in `forward`, so that the products (and the output) are the same.
-            let (kb, vb) = (
-                pack_head(&k, (b, h), g.s, g.d),
-                pack_head(&v, (b, h), g.s, g.d),
-            );
-            let kp = Rows {
-                data: &kb,
-                map: packed_map(g.d),
-            };
-            let vp = Rows {
-                data: &vb,
-                map: packed_map(g.d),
-            };
             attend_tile(
                 g,
                 (b, h),
                 (i0, rows),
-                (&q, &kp, &vp),
+                (&q, &k, &v),
                 &masks,
                 drop.as_ref(),
                 &mut buf,

@@ -50,6 +50,16 @@ enum Parts {
     Separate,
 }
 
+impl Parts {
+    /// The first column of part `i` (0: q, 1: k, 2: v) in its argument.
+    fn col0(self, i: usize, e: usize) -> usize {
+        match self {
+            Parts::Packed => i * e,
+            Parts::Separate => 0,
+        }
+    }
+}
+
 fn slice_of<T: Elem>(storage: &CpuStorage) -> Result<&[T]> {
     T::cpu_storage_as_slice(storage)
 }
@@ -149,6 +159,19 @@ impl FusedAttention {
         }
     }
 
+    /// Part `i` (0: q, 1: k, 2: v) of a forward argument as rows.
+    fn arg_rows<'a, T: Elem>(
+        &self,
+        parts: Parts,
+        (s, l): (&'a CpuStorage, &Layout),
+        i: usize,
+    ) -> Result<Rows<'a, T>> {
+        Ok(Rows {
+            data: slice_of::<T>(s)?,
+            map: self.map_of(l, parts.col0(i, self.e()))?,
+        })
+    }
+
     fn fwd_t<T: Elem>(
         &self,
         parts: Parts,
@@ -156,17 +179,7 @@ impl FusedAttention {
     ) -> Result<(CpuStorage, Shape)> {
         let g = &self.geom;
         let e = self.e();
-        let cols = |i: usize| match parts {
-            Parts::Packed => i * e,
-            Parts::Separate => 0,
-        };
-        let rows = |i: usize| -> Result<Rows<T>> {
-            let (s, l) = args[i];
-            Ok(Rows {
-                data: slice_of::<T>(s)?,
-                map: self.map_of(l, cols(i))?,
-            })
-        };
+        let rows = |i: usize| self.arg_rows::<T>(parts, args[i], i);
         let (q, k, v) = (rows(0)?, rows(1)?, rows(2)?);
         let mut out = vec![T::ZERO; g.n * g.l * e];
         let mut lse = vec![T::ZERO; g.n * g.h * g.l];
@@ -232,13 +245,9 @@ impl FusedAttention {
                 Parts::Packed => &guards[0],
                 Parts::Separate => &guards[i],
             };
-            let col0 = match parts {
-                Parts::Packed => i * e,
-                Parts::Separate => 0,
-            };
             Ok(Rows {
                 data: guard_slice::<T>(guard)?,
-                map: self.map_of(layout, col0)?,
+                map: self.map_of(layout, parts.col0(i, e))?,
             })
         };
         let (q, k, v) = (input(0)?, input(1)?, input(2)?);
@@ -252,6 +261,13 @@ impl FusedAttention {
             map: out_map,
         };
         let lse = &guard_slice::<T>(&lg.0)?[lg.1.start_offset()..];
+        let run = |grads| {
+            self.with_masks(|masks| {
+                let drop = self.dropout.as_ref();
+                kernel::backward(g, (q, k, v), o, d_out, lse, masks, drop, grads);
+                Ok(())
+            })
+        };
         match parts {
             Parts::Packed => {
                 let mut buf = vec![T::ZERO; g.n * g.l * 3 * e];
@@ -262,19 +278,7 @@ impl FusedAttention {
                     RowsMut::new(&mut buf, mk),
                     RowsMut::new(&mut buf, mv),
                 );
-                self.with_masks(|masks| {
-                    kernel::backward(
-                        g,
-                        (q, k, v),
-                        o,
-                        d_out,
-                        lse,
-                        masks,
-                        self.dropout.as_ref(),
-                        (dq, dk, dv),
-                    );
-                    Ok(())
-                })?;
+                run((dq, dk, dv))?;
                 Ok(vec![Tensor::from_vec(
                     buf,
                     self.out_shape(g.l, 3 * e),
@@ -294,19 +298,7 @@ impl FusedAttention {
                     RowsMut::new(&mut dk, mkv),
                     RowsMut::new(&mut dv, mkv),
                 );
-                self.with_masks(|masks| {
-                    kernel::backward(
-                        g,
-                        (q, k, v),
-                        o,
-                        d_out,
-                        lse,
-                        masks,
-                        self.dropout.as_ref(),
-                        grads,
-                    );
-                    Ok(())
-                })?;
+                run(grads)?;
                 Ok(vec![
                     Tensor::from_vec(dq, self.out_shape(g.l, e), &Device::Cpu)?,
                     Tensor::from_vec(dk, self.out_shape(g.s, e), &Device::Cpu)?,
@@ -348,18 +340,7 @@ impl FusedAttention {
         dropout: bool,
     ) -> Result<(CpuStorage, Shape)> {
         let g = &self.geom;
-        let e = self.e();
-        let rows = |i: usize| -> Result<Rows<T>> {
-            let (s, l) = args[i];
-            let col0 = match parts {
-                Parts::Packed => i * e,
-                Parts::Separate => 0,
-            };
-            Ok(Rows {
-                data: slice_of::<T>(s)?,
-                map: self.map_of(l, col0)?,
-            })
-        };
+        let rows = |i: usize| self.arg_rows::<T>(parts, args[i], i);
         let (q, k) = (rows(0)?, rows(1)?);
         let lse_t = self.lse()?;
         let lg = lse_t.storage_and_layout();
