@@ -60,18 +60,24 @@ impl RowMap {
     }
 }
 
-/// Rows `0..len` of head `(b, h)` of `x`, copied contiguously (`len × d`): the projections'
-/// rows are `3E` apart, and the tile products run faster on packed rows.
-fn pack_head<T: Elem>(x: &Rows<T>, (b, h): (usize, usize), len: usize, d: usize) -> Vec<T> {
-    let mut buf = Vec::with_capacity(len * d);
+/// Rows `0..len` of head `(b, h)` of `x`, copied contiguously (`len × d`) into `buf`: the
+/// projections' rows are `3E` apart, and the tile products run faster on packed rows. The
+/// buffer is reused across tasks (large fresh allocations cost page faults).
+fn pack_head_into<T: Elem>(
+    x: &Rows<T>,
+    (b, h): (usize, usize),
+    len: usize,
+    d: usize,
+    buf: &mut Vec<T>,
+) {
+    buf.clear();
     for i in 0..len {
         let at = x.map.at(b, h, i);
         buf.extend_from_slice(&x.data[at..at + d]);
     }
-    buf
 }
 
-/// The row map of a [`pack_head`] buffer.
+/// The row map of a [`pack_head_into`] buffer.
 fn packed_map(d: usize) -> RowMap {
     RowMap {
         off: 0,
@@ -81,7 +87,7 @@ fn packed_map(d: usize) -> RowMap {
     }
 }
 
-/// A [`pack_head`] buffer as rows.
+/// A [`pack_head_into`] buffer as rows.
 fn packed_rows<T>(data: &[T], d: usize) -> Rows<'_, T> {
     Rows {
         data,
@@ -288,24 +294,30 @@ fn weight_index(g: &Geom, b: usize, h: usize, i: usize, j: usize) -> u64 {
     (((b * g.h + h) * g.l + i) * g.s + j) as u64
 }
 
-/// Buffers of one forward task, reused across the heads it handles.
+/// Scratch buffers of the forward tasks, made once per rayon job and reused by every task
+/// (query tile, head) it runs.
 struct TileBuffers<T> {
     /// One tile of scores / probabilities, `BR × BC`.
     s: Vec<T>,
-    /// The unnormalised context, `rows × d`.
+    /// The unnormalised context, `BR × d`.
     acc: Vec<T>,
     /// Running row max and sum.
     m: Vec<T>,
     l: Vec<T>,
+    /// The head's keys and values, packed.
+    kb: Vec<T>,
+    vb: Vec<T>,
 }
 
 impl<T: Elem> TileBuffers<T> {
-    fn new(rows: usize, d: usize) -> Self {
+    fn new(d: usize) -> Self {
         Self {
             s: vec![T::ZERO; BR * BC],
-            acc: vec![T::ZERO; rows * d],
-            m: vec![T::NEG_INF; rows],
-            l: vec![T::ZERO; rows],
+            acc: vec![T::ZERO; BR * d],
+            m: vec![T::NEG_INF; BR],
+            l: vec![T::ZERO; BR],
+            kb: Vec::new(),
+            vb: Vec::new(),
         }
     }
 }
@@ -328,9 +340,18 @@ fn attend_tile<T: Elem>(
 ) {
     let d = g.d;
     // This head's keys and values packed (the products run faster on contiguous rows).
-    let (kb, vb) = (pack_head(k, (b, h), g.s, d), pack_head(v, (b, h), g.s, d));
-    let (k, v) = (&packed_rows(&kb, d), &packed_rows(&vb, d));
-    let TileBuffers { s, acc, m, l } = buf;
+    let TileBuffers {
+        s,
+        acc,
+        m,
+        l,
+        kb,
+        vb,
+    } = buf;
+    pack_head_into(k, (b, h), g.s, d, kb);
+    pack_head_into(v, (b, h), g.s, d, vb);
+    let (k, v) = (&packed_rows(kb, d), &packed_rows(vb, d));
+    let (acc, m, l) = (&mut acc[..rows * d], &mut m[..rows], &mut l[..rows]);
     acc.iter_mut().for_each(|x| *x = T::ZERO);
     m.iter_mut().for_each(|x| *x = T::NEG_INF);
     l.iter_mut().for_each(|x| *x = T::ZERO);
@@ -431,24 +452,26 @@ pub(crate) fn forward<T: Elem>(
     let drop = drop_of::<T>(dropout);
     let q_tiles = g.l.div_ceil(BR);
     let lse_out = lse_rows(g, lse);
-    (0..g.n * g.h * q_tiles).into_par_iter().for_each(|task| {
-        let (bh, qt) = (task / q_tiles, task % q_tiles);
-        let (b, h) = (bh / g.h, bh % g.h);
-        let i0 = qt * BR;
-        let rows = BR.min(g.l - i0);
-        let mut buf = TileBuffers::new(rows, g.d);
-        attend_tile(
-            g,
-            (b, h),
-            (i0, rows),
-            (&q, &k, &v),
-            &masks,
-            drop.as_ref(),
-            &mut buf,
-            None,
-            (&out, &lse_out),
-        );
-    });
+    let init = || TileBuffers::new(g.d);
+    (0..g.n * g.h * q_tiles)
+        .into_par_iter()
+        .for_each_init(init, |buf, task| {
+            let (bh, qt) = (task / q_tiles, task % q_tiles);
+            let (b, h) = (bh / g.h, bh % g.h);
+            let i0 = qt * BR;
+            let rows = BR.min(g.l - i0);
+            attend_tile(
+                g,
+                (b, h),
+                (i0, rows),
+                (&q, &k, &v),
+                &masks,
+                drop.as_ref(),
+                buf,
+                None,
+                (&out, &lse_out),
+            );
+        });
 }
 
 /// Probabilities of a scores tile from the row log-sum-exp: `p = exp(s - lse)` (0 for a
@@ -477,150 +500,158 @@ pub(crate) fn backward<T: Elem>(
     let drop = drop_of::<T>(dropout);
     let d = g.d;
     let scale = T::from_f64(g.scale);
-    (0..g.n * g.h).into_par_iter().for_each(|bh| {
-        let (b, h) = (bh / g.h, bh % g.h);
-        let lse = &lse[bh * g.l..(bh + 1) * g.l];
-        // This head's rows of q, k, v and dO packed contiguously (the projections' rows are
-        // 3E apart), and its gradients accumulated likewise, then written out once.
-        let pack = |x: &Rows<T>, len: usize| pack_head(x, (b, h), len, d);
-        let (qb, kb, vb, gb) = (
-            pack(&q, g.l),
-            pack(&k, g.s),
-            pack(&v, g.s),
-            pack(&d_out, g.l),
-        );
-        let packed = packed_map(d);
-        let (q, k, v, d_out) = (
-            packed_rows(&qb, d),
-            packed_rows(&kb, d),
-            packed_rows(&vb, d),
-            packed_rows(&gb, d),
-        );
-        let mut dqb = vec![T::ZERO; g.l * d];
-        let mut dkb = vec![T::ZERO; g.s * d];
-        let mut dvb = vec![T::ZERO; g.s * d];
-        let (dq_all, dk_all, dv_all) = (&dq, &dk, &dv);
-        let dq = RowsMut::new(&mut dqb, packed);
-        let dk = RowsMut::new(&mut dkb, packed);
-        let dv = RowsMut::new(&mut dvb, packed);
-        // D_i = Σ_t dO_it·O_it = Σ_j P̃_ij·dP̃_ij (P̃: the dropped probabilities).
-        let dsum: Vec<T> = (0..g.l)
-            .map(|i| {
-                let (oi, gi) = (o.map.at(b, h, i), i * d);
-                T::dot(&o.data[oi..oi + d], &d_out.data[gi..gi + d])
-            })
-            .collect();
-        let mut s = vec![T::ZERO; BQ * BK];
-        let mut dp = vec![T::ZERO; BQ * BK];
-        // Key tiles, each with the query tiles that see it.
-        let mut key_tiles: Vec<(usize, usize, usize)> = Vec::new();
-        for j0 in (0..g.s_masked).step_by(BK) {
-            let first_q = if g.causal { j0 / BQ * BQ } else { 0 };
-            key_tiles.push((j0, BK.min(g.s_masked - j0), first_q));
-        }
-        for j0 in (g.s_masked..g.s).step_by(BK) {
-            key_tiles.push((j0, BK.min(g.s - j0), 0));
-        }
-        for (j0, cols, first_q) in key_tiles {
-            let masked_tile = j0 < g.s_masked;
-            for i0 in (first_q..g.l).step_by(BQ) {
-                let rows = BQ.min(g.l - i0);
-                let check = masked_tile && g.causal && j0 + cols - 1 > i0;
-                let tile = (j0, cols, check);
-                scores_tile(g, (b, h), (i0, rows), tile, &q, &k, &masks, &mut s, BK);
-                probs_tile(&mut s, BK, rows, cols, &lse[i0..i0 + rows]);
-                // SAFETY: d_out rows i0.. and v rows j0.. exist; dp is BK × BK.
-                unsafe {
-                    mm(
-                        (rows, cols, d),
-                        (dp.as_mut_ptr(), BK, 1),
-                        false,
-                        (
-                            d_out.data.as_ptr().add(d_out.map.at(b, h, i0)),
-                            d_out.map.si,
-                            1,
-                        ),
-                        (v.data.as_ptr().add(v.map.at(b, h, j0)), 1, v.map.si),
-                        T::ONE,
-                    );
-                }
-                // s: P → P̃ (what multiplied v); dp: dP̃ → dS = P∘(dP − D).
-                for r in 0..rows {
-                    let i = i0 + r;
-                    let (sr, dr) = (
-                        &mut s[r * BK..r * BK + cols],
-                        &mut dp[r * BK..r * BK + cols],
-                    );
-                    match &drop {
-                        None => sr
-                            .iter()
-                            .zip(dr.iter_mut())
-                            .for_each(|(p, x)| *x = *p * (*x - dsum[i])),
-                        Some(dm) => {
-                            for c in 0..cols {
-                                let keep = dm.mask.keep(weight_index(g, b, h, i, j0 + c));
-                                let z = if keep { dm.scale } else { T::ZERO };
-                                dr[c] = sr[c] * (dr[c] * z - dsum[i]);
-                                sr[c] *= z;
+    // Scratch of one rayon job, reused by the heads it runs: packed q, k, v, dO, the packed
+    // gradients, and two tiles.
+    let init = || {
+        (
+            [(); 7].map(|_| Vec::<T>::new()),
+            vec![T::ZERO; BQ * BK],
+            vec![T::ZERO; BQ * BK],
+        )
+    };
+    (0..g.n * g.h)
+        .into_par_iter()
+        .for_each_init(init, |(bufs, s, dp), bh| {
+            let (b, h) = (bh / g.h, bh % g.h);
+            let lse = &lse[bh * g.l..(bh + 1) * g.l];
+            // This head's rows of q, k, v and dO packed contiguously (the projections' rows are
+            // 3E apart), and its gradients accumulated likewise, then written out once.
+            let [qb, kb, vb, gb, dqb, dkb, dvb] = bufs;
+            pack_head_into(&q, (b, h), g.l, d, qb);
+            pack_head_into(&k, (b, h), g.s, d, kb);
+            pack_head_into(&v, (b, h), g.s, d, vb);
+            pack_head_into(&d_out, (b, h), g.l, d, gb);
+            let packed = packed_map(d);
+            let (q, k, v, d_out) = (
+                packed_rows(qb, d),
+                packed_rows(kb, d),
+                packed_rows(vb, d),
+                packed_rows(gb, d),
+            );
+            for (buf, len) in [(&mut *dqb, g.l), (&mut *dkb, g.s), (&mut *dvb, g.s)] {
+                buf.clear();
+                buf.resize(len * d, T::ZERO);
+            }
+            let (dq_all, dk_all, dv_all) = (&dq, &dk, &dv);
+            let dq = RowsMut::new(dqb, packed);
+            let dk = RowsMut::new(dkb, packed);
+            let dv = RowsMut::new(dvb, packed);
+            // D_i = Σ_t dO_it·O_it = Σ_j P̃_ij·dP̃_ij (P̃: the dropped probabilities).
+            let dsum: Vec<T> = (0..g.l)
+                .map(|i| {
+                    let (oi, gi) = (o.map.at(b, h, i), i * d);
+                    T::dot(&o.data[oi..oi + d], &d_out.data[gi..gi + d])
+                })
+                .collect();
+            // Key tiles, each with the query tiles that see it.
+            let mut key_tiles: Vec<(usize, usize, usize)> = Vec::new();
+            for j0 in (0..g.s_masked).step_by(BK) {
+                let first_q = if g.causal { j0 / BQ * BQ } else { 0 };
+                key_tiles.push((j0, BK.min(g.s_masked - j0), first_q));
+            }
+            for j0 in (g.s_masked..g.s).step_by(BK) {
+                key_tiles.push((j0, BK.min(g.s - j0), 0));
+            }
+            for (j0, cols, first_q) in key_tiles {
+                let masked_tile = j0 < g.s_masked;
+                for i0 in (first_q..g.l).step_by(BQ) {
+                    let rows = BQ.min(g.l - i0);
+                    let check = masked_tile && g.causal && j0 + cols - 1 > i0;
+                    let tile = (j0, cols, check);
+                    scores_tile(g, (b, h), (i0, rows), tile, &q, &k, &masks, s, BK);
+                    probs_tile(s, BK, rows, cols, &lse[i0..i0 + rows]);
+                    // SAFETY: d_out rows i0.. and v rows j0.. exist; dp is BK × BK.
+                    unsafe {
+                        mm(
+                            (rows, cols, d),
+                            (dp.as_mut_ptr(), BK, 1),
+                            false,
+                            (
+                                d_out.data.as_ptr().add(d_out.map.at(b, h, i0)),
+                                d_out.map.si,
+                                1,
+                            ),
+                            (v.data.as_ptr().add(v.map.at(b, h, j0)), 1, v.map.si),
+                            T::ONE,
+                        );
+                    }
+                    // s: P → P̃ (what multiplied v); dp: dP̃ → dS = P∘(dP − D).
+                    for r in 0..rows {
+                        let i = i0 + r;
+                        let (sr, dr) = (
+                            &mut s[r * BK..r * BK + cols],
+                            &mut dp[r * BK..r * BK + cols],
+                        );
+                        match &drop {
+                            None => sr
+                                .iter()
+                                .zip(dr.iter_mut())
+                                .for_each(|(p, x)| *x = *p * (*x - dsum[i])),
+                            Some(dm) => {
+                                for c in 0..cols {
+                                    let keep = dm.mask.keep(weight_index(g, b, h, i, j0 + c));
+                                    let z = if keep { dm.scale } else { T::ZERO };
+                                    dr[c] = sr[c] * (dr[c] * z - dsum[i]);
+                                    sr[c] *= z;
+                                }
                             }
                         }
                     }
-                }
-                // SAFETY: the tiles are within this head's L and S' rows of the local buffers.
-                unsafe {
-                    let dvp = dv.at(b, h, j0, 0);
-                    let dkp = dk.at(b, h, j0, 0);
-                    let dqp = dq.at(b, h, i0, 0);
-                    debug_assert!(dv.map.at(b, h, j0 + cols - 1) + d <= dv.len);
-                    debug_assert!(dk.map.at(b, h, j0 + cols - 1) + d <= dk.len);
-                    debug_assert!(dq.map.at(b, h, i0 + rows - 1) + d <= dq.len);
-                    // dV_j += P̃ᵀ·dO_i
-                    mm(
-                        (cols, d, rows),
-                        (dvp, dv.map.si, 1),
-                        true,
-                        (s.as_ptr(), 1, BK),
-                        (
-                            d_out.data.as_ptr().add(d_out.map.at(b, h, i0)),
-                            d_out.map.si,
-                            1,
-                        ),
-                        T::ONE,
-                    );
-                    // dQ_i += scale·dS·K_j
-                    mm(
-                        (rows, d, cols),
-                        (dqp, dq.map.si, 1),
-                        true,
-                        (dp.as_ptr(), BK, 1),
-                        (k.data.as_ptr().add(k.map.at(b, h, j0)), k.map.si, 1),
-                        scale,
-                    );
-                    // dK_j += scale·dSᵀ·Q_i
-                    mm(
-                        (cols, d, rows),
-                        (dkp, dk.map.si, 1),
-                        true,
-                        (dp.as_ptr(), 1, BK),
-                        (q.data.as_ptr().add(q.map.at(b, h, i0)), q.map.si, 1),
-                        scale,
-                    );
+                    // SAFETY: the tiles are within this head's L and S' rows of the local buffers.
+                    unsafe {
+                        let dvp = dv.at(b, h, j0, 0);
+                        let dkp = dk.at(b, h, j0, 0);
+                        let dqp = dq.at(b, h, i0, 0);
+                        debug_assert!(dv.map.at(b, h, j0 + cols - 1) + d <= dv.len);
+                        debug_assert!(dk.map.at(b, h, j0 + cols - 1) + d <= dk.len);
+                        debug_assert!(dq.map.at(b, h, i0 + rows - 1) + d <= dq.len);
+                        // dV_j += P̃ᵀ·dO_i
+                        mm(
+                            (cols, d, rows),
+                            (dvp, dv.map.si, 1),
+                            true,
+                            (s.as_ptr(), 1, BK),
+                            (
+                                d_out.data.as_ptr().add(d_out.map.at(b, h, i0)),
+                                d_out.map.si,
+                                1,
+                            ),
+                            T::ONE,
+                        );
+                        // dQ_i += scale·dS·K_j
+                        mm(
+                            (rows, d, cols),
+                            (dqp, dq.map.si, 1),
+                            true,
+                            (dp.as_ptr(), BK, 1),
+                            (k.data.as_ptr().add(k.map.at(b, h, j0)), k.map.si, 1),
+                            scale,
+                        );
+                        // dK_j += scale·dSᵀ·Q_i
+                        mm(
+                            (cols, d, rows),
+                            (dkp, dk.map.si, 1),
+                            true,
+                            (dp.as_ptr(), 1, BK),
+                            (q.data.as_ptr().add(q.map.at(b, h, i0)), q.map.si, 1),
+                            scale,
+                        );
+                    }
                 }
             }
-        }
-        for (all, local, len) in [
-            (dq_all, &dqb, g.l),
-            (dk_all, &dkb, g.s),
-            (dv_all, &dvb, g.s),
-        ] {
-            for i in 0..len {
-                // SAFETY: this task is the only writer of the (b, h) rows of the gradients
-                // (they may share one buffer: the rows of other heads are other columns).
-                let dst = unsafe { std::slice::from_raw_parts_mut(all.at(b, h, i, 0), d) };
-                dst.copy_from_slice(&local[i * d..(i + 1) * d]);
+            for (all, local, len) in [
+                (dq_all, &dqb, g.l),
+                (dk_all, &dkb, g.s),
+                (dv_all, &dvb, g.s),
+            ] {
+                for i in 0..len {
+                    // SAFETY: this task is the only writer of the (b, h) rows of the gradients
+                    // (they may share one buffer: the rows of other heads are other columns).
+                    let dst = unsafe { std::slice::from_raw_parts_mut(all.at(b, h, i, 0), d) };
+                    dst.copy_from_slice(&local[i * d..(i + 1) * d]);
+                }
             }
-        }
-    });
+        });
 }
 
 /// The attention weights from the forward's `lse`, written once: `(N, H, L, S')`, or the mean
@@ -723,61 +754,63 @@ pub(crate) fn forward_with_weights<T: Elem>(
         },
     );
     let inv_h = T::from_f64(1.0 / g.h as f64);
-    (0..g.n * q_tiles).into_par_iter().for_each(|task| {
-        let (b, qt) = (task / q_tiles, task % q_tiles);
-        let i0 = qt * BR;
-        let rows = BR.min(l - i0);
-        let ld = sk.max(1);
-        let mut kept = vec![T::ZERO; rows * ld];
-        let mut buf = TileBuffers::new(rows, g.d);
-        let tiles = key_tiles(g, i0, i0 + rows, BC);
-        for h in 0..g.h {
-            attend_tile(
-                g,
-                (b, h),
-                (i0, rows),
-                (&q, &k, &v),
-                &masks,
-                drop.as_ref(),
-                &mut buf,
-                Some((&mut kept, ld)),
-                (&out, &lse_out),
-            );
-            for r in 0..rows {
-                let i = i0 + r;
-                // SAFETY: this task is the only writer of weight rows (b, ·, i); lse (b, h, i)
-                // was written above by this task.
-                let (lse_i, w_row) = unsafe {
-                    (
-                        *lse_out.at(b, h, i, 0),
-                        std::slice::from_raw_parts_mut(w_out.at(b, h, i, 0), sk),
-                    )
-                };
-                let row = &mut kept[r * ld..(r + 1) * ld];
-                for &(j0, c, _) in &tiles {
-                    let p = &mut row[j0..j0 + c];
-                    T::exp_shift_sum(p, lse_i);
-                    if let Some(dm) = &drop {
-                        for (jj, x) in p.iter_mut().enumerate() {
-                            let keep = dm.mask.keep(weight_index(g, b, h, i, j0 + jj));
-                            *x = if keep { *x * dm.scale } else { T::ZERO };
+    let ld = sk.max(1);
+    let init = || (TileBuffers::new(g.d), vec![T::ZERO; BR * ld]);
+    (0..g.n * q_tiles)
+        .into_par_iter()
+        .for_each_init(init, |(buf, kept), task| {
+            let (b, qt) = (task / q_tiles, task % q_tiles);
+            let i0 = qt * BR;
+            let rows = BR.min(l - i0);
+            let tiles = key_tiles(g, i0, i0 + rows, BC);
+            for h in 0..g.h {
+                attend_tile(
+                    g,
+                    (b, h),
+                    (i0, rows),
+                    (&q, &k, &v),
+                    &masks,
+                    drop.as_ref(),
+                    buf,
+                    Some((&mut kept[..], ld)),
+                    (&out, &lse_out),
+                );
+                for r in 0..rows {
+                    let i = i0 + r;
+                    // SAFETY: this task is the only writer of weight rows (b, ·, i); lse (b, h, i)
+                    // was written above by this task.
+                    let (lse_i, w_row) = unsafe {
+                        (
+                            *lse_out.at(b, h, i, 0),
+                            std::slice::from_raw_parts_mut(w_out.at(b, h, i, 0), sk),
+                        )
+                    };
+                    let row = &mut kept[r * ld..(r + 1) * ld];
+                    for &(j0, c, _) in &tiles {
+                        let p = &mut row[j0..j0 + c];
+                        T::exp_shift_sum(p, lse_i);
+                        if let Some(dm) = &drop {
+                            for (jj, x) in p.iter_mut().enumerate() {
+                                let keep = dm.mask.keep(weight_index(g, b, h, i, j0 + jj));
+                                *x = if keep { *x * dm.scale } else { T::ZERO };
+                            }
                         }
-                    }
-                    let dst = &mut w_row[j0..j0 + c];
-                    if average {
-                        dst.iter_mut().zip(p.iter()).for_each(|(w, x)| *w += *x);
-                    } else {
-                        dst.copy_from_slice(p);
+                        let dst = &mut w_row[j0..j0 + c];
+                        if average {
+                            dst.iter_mut().zip(p.iter()).for_each(|(w, x)| *w += *x);
+                        } else {
+                            dst.copy_from_slice(p);
+                        }
                     }
                 }
             }
-        }
-        if average {
-            for r in 0..rows {
-                // SAFETY: as above.
-                let dst = unsafe { std::slice::from_raw_parts_mut(w_out.at(b, 0, i0 + r, 0), sk) };
-                dst.iter_mut().for_each(|x| *x *= inv_h);
+            if average {
+                for r in 0..rows {
+                    // SAFETY: as above.
+                    let dst =
+                        unsafe { std::slice::from_raw_parts_mut(w_out.at(b, 0, i0 + r, 0), sk) };
+                    dst.iter_mut().for_each(|x| *x *= inv_h);
+                }
             }
-        }
-    });
+        });
 }
