@@ -35,18 +35,11 @@ use candle_mha::{
     MultiheadAttentionConfig,
 };
 use candle_nn::VarMap;
-use support::{cpu_model, find_torch, median, print_table, utc_now};
+use support::{cpu_model, env_usize, find_torch, median, print_table, utc_now};
 
 type Shape4 = (usize, usize, usize, usize);
 
 const SHAPES: [Shape4; 3] = [(32, 128, 256, 8), (8, 512, 512, 8), (1, 2048, 512, 8)];
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn shapes() -> Vec<Shape4> {
     match std::env::var("MHA_BENCH_SHAPES") {
@@ -255,8 +248,8 @@ fn main() -> Result<()> {
         return memory_child(l.parse().unwrap_or(8192), kernel);
     }
     let (reps, warmup) = (
-        env_usize("MHA_BENCH_REPS", 10),
-        env_usize("MHA_BENCH_WARMUP", 3),
+        env_usize("MHA_BENCH_REPS").unwrap_or(10),
+        env_usize("MHA_BENCH_WARMUP").unwrap_or(3),
     );
     let threads = candle::utils::get_num_threads();
     println!(

@@ -25,7 +25,7 @@ mod support;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use support::{cpu_model, find_torch, median, print_table, utc_now};
+use support::{cpu_model, env_usize, find_torch, median, print_table, utc_now};
 
 use candle::{DType, Device, Result, Tensor};
 use candle_mha::models::{masked_cross_entropy, NextTokenPredictor, NextTokenPredictorConfig};
@@ -115,17 +115,6 @@ struct Timing {
     tokens_per_s: f64,
     /// Our side only: median seconds of forward + loss, backward, clipping, AdamW.
     phases: Option<[f64; 4]>,
-}
-
-fn env_usize(name: &str) -> Option<usize> {
-    let raw = std::env::var(name).ok()?;
-    match raw.trim().parse::<usize>() {
-        Ok(v) => Some(v),
-        Err(_) => {
-            eprintln!("warning: ignoring {name}={raw:?} (not a non-negative integer)");
-            None
-        }
-    }
 }
 
 fn selected_shapes() -> Vec<BenchShape> {

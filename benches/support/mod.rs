@@ -108,3 +108,15 @@ pub fn print_table(header: &[String], rows: &[Vec<String>]) {
         println!("{}", line(r));
     }
 }
+
+/// A non-negative integer from the environment; `None` (with a warning) when unparsable.
+pub fn env_usize(name: &str) -> Option<usize> {
+    let raw = std::env::var(name).ok()?;
+    match raw.trim().parse::<usize>() {
+        Ok(v) => Some(v),
+        Err(_) => {
+            eprintln!("warning: ignoring {name}={raw:?} (not a non-negative integer)");
+            None
+        }
+    }
+}

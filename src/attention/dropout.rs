@@ -1,11 +1,11 @@
 //! Seeded dropout on attention weights, counter-based so that any kernel can regenerate it.
 //!
 //! Whether element `idx` of the `(N, H, L, S')` weights is dropped is a pure function of
-//! `(seed, idx)` ([`dropout_keep`]): the reference path builds the whole mask from it, the
+//! `(seed, idx)` ([`DropoutMask::keep`]): the reference path builds the whole mask from it, the
 //! fused kernel draws the same bits tile by tile in the forward pass and again in the
 //! backward pass, so the mask is never stored and both paths drop the same elements.
 
-use candle::{Result, Tensor};
+use candle::{DType, Device, Result, Shape, Tensor};
 
 use crate::rng::splitmix64;
 
@@ -40,13 +40,22 @@ impl DropoutMask {
     /// Whether element `idx` (row-major over `(N, H, L, S')`) is kept.
     #[inline(always)]
     pub fn keep(&self, idx: u64) -> bool {
-        dropout_keep(self.key, self.threshold, idx)
+        let z = self
+            .key
+            .wrapping_add(idx.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        (splitmix64(z) >> 11) >= self.threshold
     }
-}
 
-#[inline(always)]
-fn dropout_keep(key: u64, threshold: u64, idx: u64) -> bool {
-    (splitmix64(key.wrapping_add(idx.wrapping_mul(0x9e37_79b9_7f4a_7c15))) >> 11) >= threshold
+    /// The mask as factors of a row-major tensor of `shape`: `scale` where kept, 0 where
+    /// dropped, in `dtype` on `device`.
+    pub fn factors(&self, shape: &Shape, dtype: DType, device: &Device) -> Result<Tensor> {
+        let factors: Vec<f64> = (0..shape.elem_count() as u64)
+            .map(|i| if self.keep(i) { self.scale } else { 0.0 })
+            .collect();
+        Tensor::from_vec(factors, shape, &Device::Cpu)?
+            .to_dtype(dtype)?
+            .to_device(device)
+    }
 }
 
 /// Zeroes each element of `x` with probability `p` and scales the rest by `1/(1-p)`, with a
@@ -63,11 +72,5 @@ pub fn seeded_dropout(x: &Tensor, p: f64, seed: u64) -> Result<Tensor> {
     if p == 1.0 {
         return x.zeros_like();
     }
-    let factors: Vec<f64> = (0..x.elem_count() as u64)
-        .map(|i| if mask.keep(i) { mask.scale } else { 0.0 })
-        .collect();
-    let factors = Tensor::from_vec(factors, x.shape(), &candle::Device::Cpu)?
-        .to_dtype(x.dtype())?
-        .to_device(x.device())?;
-    x * factors
+    x * mask.factors(x.shape(), x.dtype(), x.device())?
 }

@@ -440,7 +440,8 @@ impl MultiheadAttention {
     }
 
     /// q, k, v with the `bias_k` and zero-attention rows appended to k and v (projection
-    /// space, the caller's layout), and the number of rows appended.
+    /// space, the caller's layout; the same values PyTorch appends after the head split), and
+    /// the number of rows appended. Both attention paths start from here.
     fn append_extra_keys(&self, projected: Projected, call: &Call) -> Result<(Projected, usize)> {
         let cfg = &self.config;
         let extra = usize::from(cfg.add_bias_kv) + usize::from(cfg.add_zero_attn);
@@ -548,6 +549,7 @@ impl MultiheadAttention {
         let (e, h, hd) = (cfg.embed_dim, cfg.num_heads, cfg.head_dim());
         let seq_first = call.seq_first;
         let opts = call.opts;
+        let (projected, extra) = self.append_extra_keys(projected, call)?;
         let (q, k, v) = projected.split(e)?;
         let to_heads = |t: &Tensor| -> Result<Tensor> {
             let (a, b, _) = t.dims3()?;
@@ -561,26 +563,7 @@ impl MultiheadAttention {
         };
         // q is scaled before the product, by sqrt(1/hd) rounded to the dtype, as PyTorch does.
         let q = (to_heads(&q)? * (1.0 / hd as f64).sqrt())?;
-        let (mut k, mut v) = (to_heads(&k)?, to_heads(&v)?);
-        let mut extra = 0;
-        if let (Some(bk), Some(bv)) = (&self.bias_k, &self.bias_v) {
-            let row = |b: &Tensor| b.reshape((1, h, 1, hd))?.broadcast_as((n, h, 1, hd));
-            k = Tensor::cat(&[&k, &row(bk)?], 2)?;
-            v = Tensor::cat(&[&v, &row(bv)?], 2)?;
-            extra += 1;
-        }
-        if cfg.add_zero_attn {
-            // Appended after projection and bias: exactly zero in head space.
-            k = k.pad_with_zeros(2, 0, 1)?;
-            v = v.pad_with_zeros(2, 0, 1)?;
-            extra += 1;
-        }
-        // `cat` and `pad` along a middle dim leave strides matmul cannot take.
-        let (k, v) = if extra > 0 {
-            (k.contiguous()?, v.contiguous()?)
-        } else {
-            (k, v)
-        };
+        let (k, v) = (to_heads(&k)?, to_heads(&v)?);
         // Scores and softmax in f32 for the half types.
         let sm_dtype = softmax_dtype(dtype);
         let scores = q.matmul(&k.t()?)?.to_dtype(sm_dtype)?; // (N, H, L, S')

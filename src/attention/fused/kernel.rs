@@ -654,6 +654,67 @@ pub(crate) fn backward<T: Elem>(
         });
 }
 
+/// The weights buffer `(N, H, L, S')`, or `(N, L, S')` for the head mean (h ignored), as rows.
+fn weight_rows<T>(g: &Geom, out: &mut [T], average: bool) -> RowsMut<T> {
+    let (l, sk) = (g.l, g.s);
+    RowsMut::new(
+        out,
+        RowMap {
+            off: 0,
+            sb: if average { l * sk } else { g.h * l * sk },
+            sh: if average { 0 } else { l * sk },
+            si: sk,
+        },
+    )
+}
+
+/// Stores the probabilities `p` of keys `j0..` of row `(b, h, i)` into the weights: dropped
+/// and rescaled as the forward pass dropped them, then written, or added for the head mean.
+///
+/// # Safety
+/// The caller's task must be the only writer of weight row `(b, ·, i)`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn store_weights<T: Elem>(
+    g: &Geom,
+    (b, h, i): (usize, usize, usize),
+    j0: usize,
+    p: &[T],
+    out: &RowsMut<T>,
+    drop: Option<&Drop<T>>,
+    average: bool,
+) {
+    let dst = std::slice::from_raw_parts_mut(out.at(b, h, i, j0), p.len());
+    for (c, (x, p)) in dst.iter_mut().zip(p).enumerate() {
+        let p = match drop {
+            Some(dm) if !dm.mask.keep(weight_index(g, b, h, i, j0 + c)) => T::ZERO,
+            Some(dm) => *p * dm.scale,
+            None => *p,
+        };
+        if average {
+            *x += p;
+        } else {
+            *x = p;
+        }
+    }
+}
+
+/// Divides the head sums of weight rows `(b, i0..i0 + rows)` by `H`.
+///
+/// # Safety
+/// As [`store_weights`], for these rows.
+unsafe fn finish_head_mean<T: Elem>(
+    g: &Geom,
+    out: &RowsMut<T>,
+    b: usize,
+    (i0, rows): (usize, usize),
+) {
+    let inv_h = T::from_f64(1.0 / g.h as f64);
+    for r in 0..rows {
+        let dst = std::slice::from_raw_parts_mut(out.at(b, 0, i0 + r, 0), g.s);
+        dst.iter_mut().for_each(|x| *x *= inv_h);
+    }
+}
+
 /// The attention weights from the forward's `lse`, written once: `(N, H, L, S')`, or the mean
 /// over heads `(N, L, S')` when `average`, after dropout when `dropout` is given (as PyTorch
 /// returns them). `out` must be zeroed. Parallel over batch × query tiles, heads inside, so
@@ -671,16 +732,8 @@ pub(crate) fn weights<T: Elem>(
 ) {
     let drop = drop_of::<T>(dropout);
     let q_tiles = g.l.div_ceil(BR);
-    let (l, sk) = (g.l, g.s);
-    // Row (b, h, i) of the result, with h ignored when averaging.
-    let map = RowMap {
-        off: 0,
-        sb: if average { l * sk } else { g.h * l * sk },
-        sh: if average { 0 } else { l * sk },
-        si: sk,
-    };
-    let out = RowsMut::new(out, map);
-    let inv_h = T::from_f64(1.0 / g.h as f64);
+    let l = g.l;
+    let out = weight_rows(g, out, average);
     (0..g.n * q_tiles).into_par_iter().for_each(|task| {
         let (b, qt) = (task / q_tiles, task % q_tiles);
         let i0 = qt * BR;
@@ -693,33 +746,17 @@ pub(crate) fn weights<T: Elem>(
                 scores_tile(g, (b, h), (i0, rows), tile, &q, &k, &masks, &mut s, BC);
                 probs_tile(&mut s, BC, rows, cols, lse);
                 for r in 0..rows {
-                    let i = i0 + r;
+                    let p = &s[r * BC..r * BC + cols];
                     // SAFETY: this task is the only writer of rows (b, ·, i0..i0+rows).
-                    let dst = unsafe {
-                        debug_assert!(out.map.at(b, h, i) + j0 + cols <= out.len);
-                        std::slice::from_raw_parts_mut(out.at(b, h, i, j0), cols)
+                    unsafe {
+                        store_weights(g, (b, h, i0 + r), j0, p, &out, drop.as_ref(), average)
                     };
-                    for (c, (x, p)) in dst.iter_mut().zip(&s[r * BC..r * BC + cols]).enumerate() {
-                        let p = match &drop {
-                            Some(dm) if !dm.mask.keep(weight_index(g, b, h, i, j0 + c)) => T::ZERO,
-                            Some(dm) => *p * dm.scale,
-                            None => *p,
-                        };
-                        if average {
-                            *x += p;
-                        } else {
-                            *x = p;
-                        }
-                    }
                 }
             }
         }
         if average {
-            for r in 0..rows {
-                // SAFETY: as above.
-                let dst = unsafe { std::slice::from_raw_parts_mut(out.at(b, 0, i0 + r, 0), sk) };
-                dst.iter_mut().for_each(|x| *x *= inv_h);
-            }
+            // SAFETY: as above.
+            unsafe { finish_head_mean(g, &out, b, (i0, rows)) };
         }
     });
 }
@@ -744,16 +781,7 @@ pub(crate) fn forward_with_weights<T: Elem>(
     let q_tiles = g.l.div_ceil(BR);
     let (l, sk) = (g.l, g.s);
     let lse_out = lse_rows(g, lse);
-    let w_out = RowsMut::new(
-        weights_out,
-        RowMap {
-            off: 0,
-            sb: if average { l * sk } else { g.h * l * sk },
-            sh: if average { 0 } else { l * sk },
-            si: sk,
-        },
-    );
-    let inv_h = T::from_f64(1.0 / g.h as f64);
+    let w_out = weight_rows(g, weights_out, average);
     let ld = sk.max(1);
     let init = || (TileBuffers::new(g.d), vec![T::ZERO; BR * ld]);
     (0..g.n * q_tiles)
@@ -777,40 +805,22 @@ pub(crate) fn forward_with_weights<T: Elem>(
                 );
                 for r in 0..rows {
                     let i = i0 + r;
-                    // SAFETY: this task is the only writer of weight rows (b, ·, i); lse (b, h, i)
-                    // was written above by this task.
-                    let (lse_i, w_row) = unsafe {
-                        (
-                            *lse_out.at(b, h, i, 0),
-                            std::slice::from_raw_parts_mut(w_out.at(b, h, i, 0), sk),
-                        )
-                    };
+                    // SAFETY: lse (b, h, i) was written above by this task.
+                    let lse_i = unsafe { *lse_out.at(b, h, i, 0) };
                     let row = &mut kept[r * ld..(r + 1) * ld];
                     for &(j0, c, _) in &tiles {
                         let p = &mut row[j0..j0 + c];
                         T::exp_shift_sum(p, lse_i);
-                        if let Some(dm) = &drop {
-                            for (jj, x) in p.iter_mut().enumerate() {
-                                let keep = dm.mask.keep(weight_index(g, b, h, i, j0 + jj));
-                                *x = if keep { *x * dm.scale } else { T::ZERO };
-                            }
-                        }
-                        let dst = &mut w_row[j0..j0 + c];
-                        if average {
-                            dst.iter_mut().zip(p.iter()).for_each(|(w, x)| *w += *x);
-                        } else {
-                            dst.copy_from_slice(p);
-                        }
+                        // SAFETY: this task is the only writer of weight rows (b, ·, i).
+                        unsafe {
+                            store_weights(g, (b, h, i), j0, p, &w_out, drop.as_ref(), average)
+                        };
                     }
                 }
             }
             if average {
-                for r in 0..rows {
-                    // SAFETY: as above.
-                    let dst =
-                        unsafe { std::slice::from_raw_parts_mut(w_out.at(b, 0, i0 + r, 0), sk) };
-                    dst.iter_mut().for_each(|x| *x *= inv_h);
-                }
+                // SAFETY: as above.
+                unsafe { finish_head_mean(g, &w_out, b, (i0, rows)) };
             }
         });
 }

@@ -195,19 +195,15 @@ fn column_sums(g: &Tensor) -> Result<Tensor> {
         acc
     }
     let (storage, layout) = g.storage_and_layout();
-    let candle::Storage::Cpu(cpu) = &*storage else {
-        return g.sum(0);
-    };
     let off = layout.start_offset();
-    let out = match cpu {
-        CpuStorage::F32(v) => CpuStorage::F32(sums(&v[off..], rows, cols)),
-        CpuStorage::F64(v) => CpuStorage::F64(sums(&v[off..], rows, cols)),
-        _ => return g.sum(0),
-    };
-    match out {
-        CpuStorage::F32(v) => Tensor::from_vec(v, cols, &Device::Cpu),
-        CpuStorage::F64(v) => Tensor::from_vec(v, cols, &Device::Cpu),
-        _ => unreachable!("built as f32 or f64 above"),
+    match &*storage {
+        candle::Storage::Cpu(CpuStorage::F32(v)) => {
+            Tensor::from_vec(sums(&v[off..], rows, cols), cols, &Device::Cpu)
+        }
+        candle::Storage::Cpu(CpuStorage::F64(v)) => {
+            Tensor::from_vec(sums(&v[off..], rows, cols), cols, &Device::Cpu)
+        }
+        _ => g.sum(0),
     }
 }
 

@@ -337,7 +337,6 @@ impl FusedAttention {
         parts: Parts,
         args: [(&CpuStorage, &Layout); 2],
         average: bool,
-        dropout: bool,
     ) -> Result<(CpuStorage, Shape)> {
         let g = &self.geom;
         let rows = |i: usize| self.arg_rows::<T>(parts, args[i], i);
@@ -347,9 +346,17 @@ impl FusedAttention {
         let lse = &guard_slice::<T>(&lg.0)?[lg.1.start_offset()..];
         let shape = self.weights_shape(average);
         let mut out = vec![T::ZERO; shape.elem_count()];
-        let dropout = self.dropout.as_ref().filter(|_| dropout);
         self.with_masks(|masks| {
-            kernel::weights(g, q, k, lse, masks, dropout, average, &mut out);
+            kernel::weights(
+                g,
+                q,
+                k,
+                lse,
+                masks,
+                self.dropout.as_ref(),
+                average,
+                &mut out,
+            );
             Ok(())
         })?;
         Ok((T::to_cpu_storage_owned(out), shape))
@@ -360,14 +367,13 @@ impl FusedAttention {
         parts: Parts,
         args: [(&CpuStorage, &Layout); 2],
         average: bool,
-        dropout: bool,
     ) -> Result<(CpuStorage, Shape)> {
         if let Some(ready) = self.weights_slot.lock().expect("weights lock").take() {
             return Ok(ready);
         }
         match args[0].0 {
-            CpuStorage::F32(_) => self.weights_t::<f32>(parts, args, average, dropout),
-            CpuStorage::F64(_) => self.weights_t::<f64>(parts, args, average, dropout),
+            CpuStorage::F32(_) => self.weights_t::<f32>(parts, args, average),
+            CpuStorage::F64(_) => self.weights_t::<f64>(parts, args, average),
             _ => candle::bail!("fused attention runs in f32 or f64"),
         }
     }
@@ -469,11 +475,7 @@ impl FusedWeights {
             grad.clone()
         };
         if let Some(dm) = &self.attn.dropout {
-            let z: Vec<f64> = (0..probs.elem_count() as u64)
-                .map(|i| if dm.keep(i) { dm.scale } else { 0.0 })
-                .collect();
-            let z = Tensor::from_vec(z, probs.shape(), &Device::Cpu)?.to_dtype(probs.dtype())?;
-            gp = (gp * z)?;
+            gp = (gp * dm.factors(probs.shape(), probs.dtype(), probs.device())?)?;
         }
         let row = (&gp * &probs)?.sum_keepdim(3)?;
         let ds = (probs * gp.broadcast_sub(&row)?)?;
@@ -510,7 +512,7 @@ impl CustomOp1 for FusedWeights {
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         self.attn
-            .weights(Parts::Packed, [(s, l), (s, l)], self.average, true)
+            .weights(Parts::Packed, [(s, l), (s, l)], self.average)
     }
 
     fn bwd(&self, arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
@@ -533,7 +535,7 @@ impl CustomOp2 for FusedWeights {
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         self.attn
-            .weights(Parts::Separate, [(s1, l1), (s2, l2)], self.average, true)
+            .weights(Parts::Separate, [(s1, l1), (s2, l2)], self.average)
     }
 
     fn bwd(
