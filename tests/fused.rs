@@ -60,6 +60,7 @@ struct Case {
     need_weights: bool,
     average: bool,
     dropout: Option<f64>,
+    dropout_seed: u64,
     head_mask: bool,
     dtype: DType,
 }
@@ -117,6 +118,7 @@ fn random_case(seed: u64, dtype: DType) -> Case {
         } else {
             None
         },
+        dropout_seed: seed + 40,
         head_mask: rng.random_bool(0.1),
         dtype,
     }
@@ -221,7 +223,7 @@ fn run(case: &Case, kernel: AttentionKernel) -> Result<Run> {
         _ => {}
     }
     if case.dropout.is_some() {
-        opts = opts.with_train(true).with_dropout_seed(seed + 40);
+        opts = opts.with_train(true).with_dropout_seed(case.dropout_seed);
     }
     if case.head_mask {
         let factors: Vec<f64> = (0..h).map(|i| (i % 3) as f64 * 0.5).collect();
@@ -366,6 +368,7 @@ fn fused_matches_reference_with_everything_on() -> Result<()> {
                 need_weights: true,
                 average: false,
                 dropout: Some(0.3),
+                dropout_seed: 47,
                 head_mask: false,
                 dtype,
             };
@@ -381,5 +384,33 @@ fn fused_matches_reference_with_everything_on() -> Result<()> {
             assert!(err <= tol, "{dtype:?} {inputs:?} causal: {err:.3e}");
         }
     }
+    Ok(())
+}
+
+/// Dropout in the fused kernel: the same seed gives the same output and the same gradients
+/// (the backward pass regenerates the mask), another seed another output.
+#[test]
+fn fused_dropout_is_reproducible_through_backward() -> Result<()> {
+    let case = Case {
+        dropout: Some(0.3),
+        attn_mask: MaskKind::None,
+        key_padding: 0,
+        need_weights: false,
+        ..random_case(42, DType::F32)
+    };
+    let a = run(&case, AttentionKernel::Fused)?;
+    let b = run(&case, AttentionKernel::Fused)?;
+    assert_eq!(common::rel_err(&a.output, &b.output)?, 0.0);
+    for ((name, ga), (_, gb)) in a.grads.iter().zip(&b.grads) {
+        assert_eq!(common::rel_err(ga, gb)?, 0.0, "gradient of {name}");
+    }
+    let other = run(
+        &Case {
+            dropout_seed: case.dropout_seed + 1,
+            ..case.clone()
+        },
+        AttentionKernel::Fused,
+    )?;
+    assert!(common::rel_err(&other.output, &a.output)? > 1e-3);
     Ok(())
 }
