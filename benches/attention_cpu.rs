@@ -18,17 +18,27 @@
 //! against the bytes of the input, output, parameters and what a backward pass would keep
 //! (the packed projection, the attention context, the row log-sum-exp).
 //!
-//! Environment: `MHA_BENCH_REPS` / `MHA_BENCH_WARMUP` (default 10 / 3), `MHA_BENCH_SHAPES`
-//! (`;`-separated `N,L,E,H`), `MHA_BENCH_MEMORY=0` to skip the memory part,
+//! Rounds: the reference path runs once; then, for `MHA_BENCH_ROUNDS` rounds, each shape runs
+//! on the fused path and right after on PyTorch (a `--serve` child of
+//! `scripts/bench_attention_reference.py`), so that both sides of a ratio see the same load.
+//!
+//! Allocator: both processes keep freed memory for reuse (`alloc::retain_freed_memory` here,
+//! the equivalent `GLIBC_TUNABLES` for PyTorch's child), as the `mha` CLI runs;
+//! `MHA_BENCH_ALLOCATOR=default` runs both with glibc's defaults.
+//!
+//! Environment: `MHA_BENCH_REPS` / `MHA_BENCH_WARMUP` / `MHA_BENCH_ROUNDS` (default 10 / 3 / 3),
+//! `MHA_BENCH_SHAPES` (`;`-separated `N,L,E,H`), `MHA_BENCH_MEMORY=0` to skip the memory part,
 //! `MHA_BENCH_PYTHON` (a Python with torch; unset: `python3`, then `/tmp/torchvenv/bin/python`),
 //! `RAYON_NUM_THREADS` (candle's threads; torch gets the same).
 
 mod support;
 
-use std::process::{Command, Stdio};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Instant;
 
 use candle::{DType, Device, Result, Tensor, Var};
+use candle_mha::alloc;
 use candle_mha::rng::normal;
 use candle_mha::{
     seeded_var_builder, AttentionKernel, AttentionOptions, MultiheadAttention,
@@ -114,46 +124,64 @@ fn bench_ours(
     Ok([fwd_nw, fwd_w, step])
 }
 
-/// PyTorch's medians per shape from `scripts/bench_attention_reference.py`.
-fn bench_torch(
-    python: &str,
-    shapes: &[Shape4],
-    reps: usize,
-    warmup: usize,
-    threads: usize,
-) -> Vec<Option<[f64; 3]>> {
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/scripts/bench_attention_reference.py"
-    );
-    let list: Vec<[usize; 4]> = shapes.iter().map(|s| [s.0, s.1, s.2, s.3]).collect();
-    let out = Command::new(python)
-        .arg(script)
-        .args([
-            "--shapes",
-            &serde_json::to_string(&list).unwrap_or_default(),
-        ])
-        .args(["--reps", &reps.to_string(), "--warmup", &warmup.to_string()])
-        .args(["--threads", &threads.to_string()])
-        .stderr(Stdio::inherit())
-        .output();
-    let Ok(out) = out else {
-        return vec![None; shapes.len()];
-    };
-    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect();
-    list.iter()
-        .map(|s| {
-            let rec = lines.iter().find(|r| r["shape"] == serde_json::json!(s))?;
-            Some([
-                rec["fwd_nw_s"].as_f64()?,
-                rec["fwd_w_s"].as_f64()?,
-                rec["step_s"].as_f64()?,
-            ])
+/// PyTorch's side: `scripts/bench_attention_reference.py --serve` as a child process that
+/// times one shape per request, so that the rounds alternate between the two sides.
+struct TorchServer {
+    child: Child,
+    input: ChildStdin,
+    output: BufReader<ChildStdout>,
+}
+
+impl TorchServer {
+    /// Starts the child and waits for its `ready` line; `None` when it does not come.
+    fn start(python: &str, threads: usize, retain: bool) -> Option<Self> {
+        let script = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/scripts/bench_attention_reference.py"
+        );
+        let mut cmd = Command::new(python);
+        cmd.arg(script)
+            .args(["--serve", "--threads", &threads.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        if retain {
+            cmd.env("GLIBC_TUNABLES", alloc::GLIBC_TUNABLES);
+        }
+        let mut child = cmd.spawn().ok()?;
+        let input = child.stdin.take()?;
+        let mut output = BufReader::new(child.stdout.take()?);
+        let mut line = String::new();
+        output.read_line(&mut line).ok()?;
+        line.contains("ready").then_some(Self {
+            child,
+            input,
+            output,
         })
-        .collect()
+    }
+
+    /// Medians in seconds, as [`bench_ours`] returns them.
+    fn run(&mut self, s: Shape4, reps: usize, warmup: usize) -> Option<[f64; 3]> {
+        let req =
+            serde_json::json!({"shape": [s.0, s.1, s.2, s.3], "reps": reps, "warmup": warmup});
+        writeln!(self.input, "{req}").ok()?;
+        self.input.flush().ok()?;
+        let mut line = String::new();
+        self.output.read_line(&mut line).ok()?;
+        let rec: serde_json::Value = serde_json::from_str(&line).ok()?;
+        Some([
+            rec["fwd_nw_s"].as_f64()?,
+            rec["fwd_w_s"].as_f64()?,
+            rec["step_s"].as_f64()?,
+        ])
+    }
+}
+
+impl Drop for TorchServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 /// `VmRSS` and `VmHWM` of this process in bytes.
@@ -247,37 +275,57 @@ fn main() -> Result<()> {
         let (l, kernel) = spec.split_once(',').unwrap_or(("8192", "fused"));
         return memory_child(l.parse().unwrap_or(8192), kernel);
     }
-    let (reps, warmup) = (
+    let (reps, warmup, rounds) = (
         env_usize("MHA_BENCH_REPS").unwrap_or(10),
         env_usize("MHA_BENCH_WARMUP").unwrap_or(3),
+        env_usize("MHA_BENCH_ROUNDS").unwrap_or(3).max(1),
     );
+    // Both sides run under the same allocator settings (PyTorch's child gets the equivalent
+    // GLIBC_TUNABLES): `retain` keeps freed memory for reuse, as the `mha` CLI does.
+    let retain = std::env::var("MHA_BENCH_ALLOCATOR").as_deref() != Ok("default");
+    let allocator = match retain && alloc::retain_freed_memory() {
+        true => format!(
+            "retain freed memory (GLIBC_TUNABLES={})",
+            alloc::GLIBC_TUNABLES
+        ),
+        false => "glibc defaults".to_string(),
+    };
     let threads = candle::utils::get_num_threads();
     println!(
-        "machine: {} | {threads} threads | {} | {reps} timed + {warmup} warmup per cell, medians",
+        "machine: {} | {threads} threads | {} | {rounds} rounds of {reps} timed + {warmup} warmup per cell",
         cpu_model(),
         utc_now()
     );
-    let torch = find_torch();
-    match &torch {
-        Some((py, v)) => println!("torch: {v} ({py}), torch.set_num_threads({threads})"),
-        None => println!("torch: not available (set MHA_BENCH_PYTHON)"),
+    println!("allocator (both sides): {allocator}");
+    let mut torch = find_torch().and_then(|(py, v)| {
+        let server = TorchServer::start(&py, threads, retain)?;
+        println!("torch: {v} ({py}), torch.set_num_threads({threads})");
+        Some(server)
+    });
+    if torch.is_none() {
+        println!("torch: not available (set MHA_BENCH_PYTHON)");
     }
     let shapes = shapes();
-    let (mut fused, mut reference, mut theirs) = (Vec::new(), Vec::new(), Vec::new());
-    // Shape by shape, torch right after ours: on a shared machine the load drifts, and the
-    // ratios should compare runs minutes apart at most.
+    // The reference path once (it is 2-7x slower); the fused path and PyTorch alternate shape
+    // by shape for several rounds: on a shared machine the load drifts, and each ratio should
+    // compare runs seconds apart.
+    let mut reference = Vec::new();
     for &s in &shapes {
-        eprintln!("candle: {s:?}…");
-        fused.push(bench_ours(s, AttentionKernel::Fused, reps, warmup)?);
+        eprintln!("reference: {s:?}…");
         reference.push(bench_ours(s, AttentionKernel::Reference, reps, warmup)?);
-        theirs.push(match &torch {
-            Some((py, _)) => {
-                eprintln!("torch: {s:?}…");
-                bench_torch(py, &[s], reps, warmup, threads)[0]
-            }
-            None => None,
-        });
     }
+    let mut fused = vec![Vec::new(); shapes.len()];
+    let mut theirs = vec![Vec::new(); shapes.len()];
+    for round in 0..rounds {
+        for (i, &s) in shapes.iter().enumerate() {
+            eprintln!("round {}/{rounds}: {s:?}…", round + 1);
+            fused[i].push(bench_ours(s, AttentionKernel::Fused, reps, warmup)?);
+            if let Some(t) = torch.as_mut().and_then(|t| t.run(s, reps, warmup)) {
+                theirs[i].push(t);
+            }
+        }
+    }
+    drop(torch);
     let header: Vec<String> = [
         "(N, L, E, H)",
         "measure",
@@ -285,6 +333,7 @@ fn main() -> Result<()> {
         "reference ms",
         "torch ms",
         "fused/torch",
+        "per round",
         "reference/torch",
     ]
     .map(String::from)
@@ -293,9 +342,23 @@ fn main() -> Result<()> {
     let names = ["forward, no weights", "forward, weights", "train step"];
     for (i, s) in shapes.iter().enumerate() {
         for (m, name) in names.iter().enumerate() {
-            let (f, r) = (fused[i][m], reference[i][m]);
-            let t = theirs[i].map(|t| t[m]);
+            let f = median(&fused[i].iter().map(|r| r[m]).collect::<Vec<_>>());
+            let r = reference[i][m];
+            let t = (!theirs[i].is_empty())
+                .then(|| median(&theirs[i].iter().map(|r| r[m]).collect::<Vec<_>>()));
             let ratio = |x: f64| t.map_or("n/a".into(), |t| format!("{:.2}", x / t));
+            let per_round: Vec<f64> = fused[i]
+                .iter()
+                .zip(&theirs[i])
+                .map(|(f, t)| f[m] / t[m])
+                .collect();
+            let range = match per_round.iter().copied().reduce(f64::min) {
+                Some(lo) => {
+                    let hi = per_round.iter().copied().fold(lo, f64::max);
+                    format!("{lo:.2}–{hi:.2}")
+                }
+                None => "n/a".into(),
+            };
             rows.push(vec![
                 format!("({}, {}, {}, {})", s.0, s.1, s.2, s.3),
                 name.to_string(),
@@ -303,12 +366,17 @@ fn main() -> Result<()> {
                 format!("{:.2}", r * 1e3),
                 t.map_or("n/a".into(), |t| format!("{:.2}", t * 1e3)),
                 ratio(f),
+                range,
                 ratio(r),
             ]);
         }
     }
     println!();
     print_table(&header, &rows);
+    println!(
+        "\nms: medians over the rounds of each round's median (reference: one round). \
+         per round: the lowest and highest fused/torch ratio of a round."
+    );
     println!("\nratio < 1: candle-mha is faster than PyTorch; > 1: slower.");
     if std::env::var("MHA_BENCH_MEMORY").as_deref() != Ok("0") {
         println!("\nmemory of one need_weights=false forward (child process, MiB):");

@@ -14,11 +14,17 @@ Each shape (N, L, E, H) is a batch_first self-attention, f32, dropout 0, bias on
 - step: train(), x.requires_grad, out = mha(x, x, x, need_weights=False)[0],
   (out * r).sum().backward(), gradients set to None between steps.
 Output: one JSON line per shape, {"shape": [N, L, E, H], "fwd_nw_s": ..., ...} (medians).
+
+With --serve (what the bench uses), shapes come one per stdin line as JSON
+{"shape": [N, L, E, H], "reps": R, "warmup": W} and each gets its JSON line back, so that the
+bench can alternate between our side and PyTorch's for several rounds in one process each.
+The module of a shape is built once and reused by later rounds.
 """
 
 import argparse
 import json
 import statistics
+import sys
 import time
 
 import torch
@@ -35,40 +41,59 @@ def median_time(fn, reps, warmup):
     return statistics.median(times)
 
 
+_MODULES = {}
+
+
+def bench_shape(shape, reps, warmup):
+    n, l, e, h = shape
+    if tuple(shape) not in _MODULES:
+        mha = torch.nn.MultiheadAttention(e, h, batch_first=True)
+        _MODULES[tuple(shape)] = (mha, torch.randn(n, l, e), torch.randn(n, l, e))
+    mha, x, r = _MODULES[tuple(shape)]
+    mha.eval()
+
+    def fwd(need_weights):
+        with torch.no_grad():
+            return mha(x, x, x, need_weights=need_weights)
+
+    fwd_nw = median_time(lambda: fwd(False), reps, warmup)
+    fwd_w = median_time(lambda: fwd(True), reps, warmup)
+    mha.train()
+    xg = x.clone().requires_grad_(True)
+
+    def step():
+        for p in mha.parameters():
+            p.grad = None
+        xg.grad = None
+        out = mha(xg, xg, xg, need_weights=False)[0]
+        (out * r).sum().backward()
+
+    step_s = median_time(step, reps, warmup)
+    rec = {"shape": [n, l, e, h], "fwd_nw_s": fwd_nw, "fwd_w_s": fwd_w, "step_s": step_s}
+    print(json.dumps(rec), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shapes", required=True, help="JSON list of [N, L, E, H]")
+    ap.add_argument("--shapes", help="JSON list of [N, L, E, H]")
+    ap.add_argument("--serve", action="store_true", help="read shapes from stdin")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    for n, l, e, h in json.loads(args.shapes):
-        mha = torch.nn.MultiheadAttention(e, h, batch_first=True)
-        x = torch.randn(n, l, e)
-        r = torch.randn(n, l, e)
-        mha.eval()
-
-        def fwd(need_weights):
-            with torch.no_grad():
-                return mha(x, x, x, need_weights=need_weights)
-
-        fwd_nw = median_time(lambda: fwd(False), args.reps, args.warmup)
-        fwd_w = median_time(lambda: fwd(True), args.reps, args.warmup)
-        mha.train()
-        xg = x.clone().requires_grad_(True)
-
-        def step():
-            for p in mha.parameters():
-                p.grad = None
-            xg.grad = None
-            out = mha(xg, xg, xg, need_weights=False)[0]
-            (out * r).sum().backward()
-
-        step_s = median_time(step, args.reps, args.warmup)
-        rec = {"shape": [n, l, e, h], "fwd_nw_s": fwd_nw, "fwd_w_s": fwd_w, "step_s": step_s}
-        print(json.dumps(rec), flush=True)
+    if args.serve:
+        print(json.dumps({"ready": torch.__version__}), flush=True)
+        for line in sys.stdin:
+            if line.strip():
+                req = json.loads(line)
+                bench_shape(req["shape"], req["reps"], req["warmup"])
+        return
+    if args.shapes is None:
+        ap.error("--shapes or --serve is required")
+    for shape in json.loads(args.shapes):
+        bench_shape(shape, args.reps, args.warmup)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@
 /// The candle-core crate this one is built on (re-exported so users match its version).
 pub use candle;
 
+pub mod alloc;
 pub mod analysis;
 pub mod attention;
 pub mod checkpoint;

@@ -41,6 +41,9 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
+    // Training and corpus passes allocate the same large buffers every step: keep freed memory
+    // for reuse rather than page-faulting it in again (see `candle_mha::alloc`).
+    candle_mha::alloc::retain_freed_memory();
     let result = match Cli::parse().command {
         Command::Train(args) => cli::train::run(&args),
         Command::Generate(args) => cli::generate::run(&args),

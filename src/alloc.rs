@@ -1,0 +1,68 @@
+//! Keeping freed memory in the process between training steps (glibc's allocator).
+//!
+//! candle allocates a fresh buffer for every intermediate tensor and every gradient (its
+//! `GradStore` adds each gradient into a new zero tensor). With glibc's default settings the
+//! large ones are `mmap`ed or sit at the top of the heap, and are returned to the operating
+//! system when freed; the next step then page-faults the same megabytes in again, which on a
+//! 2-core machine costs up to a third of a small training step (see `BENCHMARKS.md`).
+//! [`retain_freed_memory`] tells glibc to keep such memory for reuse.
+//!
+//! PyTorch equivalent: none in `torch` itself; the same process setting is
+//! `GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=2147483647`
+//! (see [`GLIBC_TUNABLES`]), which the CPU bench gives PyTorch's side as well.
+
+/// Allocations at least this large (32 MiB, glibc's maximum for the setting) still get their
+/// own `mmap`; smaller ones are served from the heap and reused.
+pub const MMAP_THRESHOLD: usize = 32 << 20;
+
+/// Free memory at the top of a heap is kept up to this many bytes (`i32::MAX`, glibc's
+/// largest value): in effect, never trimmed.
+pub const TRIM_THRESHOLD: usize = i32::MAX as usize;
+
+/// The environment setting with the same effect for another glibc process (a PyTorch run in
+/// a benchmark): pass it as `GLIBC_TUNABLES`.
+pub const GLIBC_TUNABLES: &str =
+    "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=2147483647";
+
+/// Makes glibc's `malloc` keep freed memory for reuse instead of returning it to the
+/// operating system: `mallopt(M_MMAP_THRESHOLD, 32 MiB)` and `mallopt(M_TRIM_THRESHOLD,
+/// i32::MAX)`. Process-wide and opt-in: the library never calls it; the `mha` CLI does.
+///
+/// The cost: the resident memory stays at its high-water mark until the process exits.
+/// Returns whether the settings were applied (`false` off Linux/glibc, where it does nothing).
+///
+/// PyTorch equivalent: running under [`GLIBC_TUNABLES`].
+///
+/// ```
+/// let applied = candle_mha::alloc::retain_freed_memory();
+/// assert_eq!(applied, cfg!(all(target_os = "linux", target_env = "gnu")));
+/// ```
+pub fn retain_freed_memory() -> bool {
+    imp::retain()
+}
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+mod imp {
+    // glibc's `malloc.h` values; declared here to avoid a direct `libc` dependency.
+    const M_TRIM_THRESHOLD: i32 = -1;
+    const M_MMAP_THRESHOLD: i32 = -3;
+
+    extern "C" {
+        fn mallopt(param: i32, value: i32) -> i32;
+    }
+
+    pub(super) fn retain() -> bool {
+        // SAFETY: mallopt only changes allocator parameters; it returns 1 on success.
+        unsafe {
+            mallopt(M_MMAP_THRESHOLD, super::MMAP_THRESHOLD as i32) == 1
+                && mallopt(M_TRIM_THRESHOLD, super::TRIM_THRESHOLD as i32) == 1
+        }
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+mod imp {
+    pub(super) fn retain() -> bool {
+        false
+    }
+}
