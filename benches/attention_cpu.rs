@@ -101,6 +101,39 @@ fn setup((n, l, e, h): Shape4, trainable: bool) -> Result<(MultiheadAttention, T
     Ok((mha, x, varmap))
 }
 
+/// The machine's matrix-product rate in FLOP/s: a 1024³ candle `matmul` (the `gemm` crate,
+/// on all threads), 20 runs after 5 warmup: the fastest (the best the machine gave, so that
+/// the floor derived from it is a low one) and the median. PyTorch's MKL reached the same
+/// rates within noise on the machine of `BENCHMARKS.md`.
+fn gemm_rate() -> Result<(f64, f64)> {
+    let n = 1024;
+    let a = normal(0.0, 1.0, (n, n), DType::F32, &Device::Cpu, 3)?;
+    let b = normal(0.0, 1.0, (n, n), DType::F32, &Device::Cpu, 4)?;
+    for _ in 0..5 {
+        a.matmul(&b)?;
+    }
+    let mut times = Vec::with_capacity(20);
+    for _ in 0..20 {
+        let t = Instant::now();
+        a.matmul(&b)?;
+        times.push(t.elapsed().as_secs_f64());
+    }
+    let flop = 2.0 * (n as f64).powi(3);
+    let best = times.iter().copied().fold(f64::INFINITY, f64::min);
+    Ok((flop / best, flop / median(&times)))
+}
+
+/// The matrix-product FLOPs of one forward and of one training step: projections
+/// `8·T·E²` (T = N·L tokens) forward and twice that backward; attention `2·N·L²·E` per
+/// product, 2 forward and 4 backward (probabilities stored, as PyTorch's step does; our
+/// kernel recomputes them: one product more).
+fn flops((n, l, e, _): Shape4) -> (f64, f64) {
+    let (n, l, e) = (n as f64, l as f64, e as f64);
+    let proj = 8.0 * n * l * e * e;
+    let attn = 2.0 * n * l * l * e;
+    (proj + 2.0 * attn, 3.0 * proj + 6.0 * attn)
+}
+
 /// Medians in seconds: forward without weights, forward with weights, training step.
 fn bench_ours(
     shape: Shape4,
@@ -306,6 +339,8 @@ fn main() -> Result<()> {
         println!("torch: not available (set MHA_BENCH_PYTHON)");
     }
     let shapes = shapes();
+    // Measured again each round: the best rate of the run, and each round's median.
+    let mut rates = vec![gemm_rate()?];
     // The reference path once (it is 2-7x slower); the fused path and PyTorch alternate shape
     // by shape for several rounds: on a shared machine the load drifts, and each ratio should
     // compare runs seconds apart.
@@ -317,6 +352,7 @@ fn main() -> Result<()> {
     let mut fused = vec![Vec::new(); shapes.len()];
     let mut theirs = vec![Vec::new(); shapes.len()];
     for round in 0..rounds {
+        rates.push(gemm_rate()?);
         for (i, &s) in shapes.iter().enumerate() {
             eprintln!("round {}/{rounds}: {s:?}…", round + 1);
             fused[i].push(bench_ours(s, AttentionKernel::Fused, reps, warmup)?);
@@ -326,6 +362,13 @@ fn main() -> Result<()> {
         }
     }
     drop(torch);
+    let rate = rates.iter().map(|r| r.0).fold(0.0, f64::max);
+    let typical = median(&rates.iter().map(|r| r.1).collect::<Vec<_>>());
+    println!(
+        "matrix products (1024x1024x1024 matmul, {threads} threads): best {:.0} GFLOP/s, median {:.0} GFLOP/s",
+        rate / 1e9,
+        typical / 1e9
+    );
     let header: Vec<String> = [
         "(N, L, E, H)",
         "measure",
@@ -335,6 +378,8 @@ fn main() -> Result<()> {
         "fused/torch",
         "per round",
         "reference/torch",
+        "floor ms",
+        "floor/torch",
     ]
     .map(String::from)
     .to_vec();
@@ -344,6 +389,10 @@ fn main() -> Result<()> {
         for (m, name) in names.iter().enumerate() {
             let f = median(&fused[i].iter().map(|r| r[m]).collect::<Vec<_>>());
             let r = reference[i][m];
+            let floor = match m {
+                2 => flops(*s).1,
+                _ => flops(*s).0,
+            } / rate;
             let t = (!theirs[i].is_empty())
                 .then(|| median(&theirs[i].iter().map(|r| r[m]).collect::<Vec<_>>()));
             let ratio = |x: f64| t.map_or("n/a".into(), |t| format!("{:.2}", x / t));
@@ -368,6 +417,8 @@ fn main() -> Result<()> {
                 ratio(f),
                 range,
                 ratio(r),
+                format!("{:.1}", floor * 1e3),
+                ratio(floor),
             ]);
         }
     }
@@ -375,7 +426,9 @@ fn main() -> Result<()> {
     print_table(&header, &rows);
     println!(
         "\nms: medians over the rounds of each round's median (reference: one round). \
-         per round: the lowest and highest fused/torch ratio of a round."
+         per round: the lowest and highest fused/torch ratio of a round.\n\
+         floor: the matrix-product FLOPs of the measure (`flops` in this file) at the best matmul \
+         rate above, what any implementation that does those products needs at that rate."
     );
     println!("\nratio < 1: candle-mha is faster than PyTorch; > 1: slower.");
     if std::env::var("MHA_BENCH_MEMORY").as_deref() != Ok("0") {

@@ -8,7 +8,7 @@ use candle_nn::{Init, Linear, VarBuilder};
 
 use super::checks::{check_inputs, Dims};
 use super::dropout::{seeded_dropout, DropoutMask};
-use super::fused::{linear, FusedAttention, FusedWeights, Geom};
+use super::fused::{linear, projected_self_attention, FusedAttention, FusedWeights, Geom};
 use super::mask::{additive_mask, merged_mask};
 use super::softmax::{safe_softmax_last_dim, softmax_dtype};
 use super::{AttentionKernel, AttentionOptions, AttentionOutput, MultiheadAttentionConfig};
@@ -314,7 +314,6 @@ impl MultiheadAttention {
         let (q_in, k_in, v_in) = (batch(query)?, batch(key)?, batch(value)?);
         let self_attn = query.id() == key.id() && key.id() == value.id();
         let kv_same = key.id() == value.id();
-        let projected = self.in_projection(&q_in, &k_in, &v_in, self_attn, kv_same)?;
         let dropout_seed = self.dropout_seed(opts);
         let fused = match opts.kernel {
             AttentionKernel::Auto => query.device().is_cpu() && !reference_requested(),
@@ -327,10 +326,29 @@ impl MultiheadAttention {
             opts,
             dropout_seed,
         };
+        // Packed self-attention without weights (a training step's usual call) projects inside
+        // the attention op: no autograd node, hence no gradient buffers, for the projection.
+        let one_op = fused
+            && self_attn
+            && !opts.need_weights
+            && !cfg.add_bias_kv
+            && !cfg.add_zero_attn
+            && query.device().is_cpu()
+            && matches!(dtype, DType::F32 | DType::F64);
         // ctx: (A, B, E) in the caller's layout; weights: batch-major.
-        let (ctx, weights) = match fused {
-            true => self.attend_fused(projected, &call)?,
-            false => self.attend_reference(projected, &call)?,
+        let (ctx, weights) = match (&self.in_proj_weight, one_op) {
+            (InProjWeight::Packed(w), true) => {
+                let op = self.fused_op(&call, 0, dtype)?;
+                let b = self.in_proj_bias.as_ref();
+                (projected_self_attention(&q_in, w, b, op)?, None)
+            }
+            _ => {
+                let projected = self.in_projection(&q_in, &k_in, &v_in, self_attn, kv_same)?;
+                match fused {
+                    true => self.attend_fused(projected, &call)?,
+                    false => self.attend_reference(projected, &call)?,
+                }
+            }
         };
         let ctx = match &opts.head_mask {
             Some(m) => {
@@ -468,16 +486,11 @@ impl MultiheadAttention {
         Ok((Projected::Separate(q, k, v), extra))
     }
 
-    /// The attention step by the fused kernel: context `(A, B, E)` and the weights.
-    fn attend_fused(&self, projected: Projected, call: &Call) -> Result<(Tensor, Option<Tensor>)> {
+    /// The fused kernel's op for one call: `extra` appended key rows, kernel dtype `kdt`.
+    fn fused_op(&self, call: &Call, extra: usize, kdt: DType) -> Result<FusedAttention> {
         let cfg = &self.config;
-        let dtype = self.dtype();
         let Dims { n, l, s, .. } = *call.dims;
         let (h, hd) = (cfg.num_heads, cfg.head_dim());
-        let (projected, extra) = self.append_extra_keys(projected, call)?;
-        // The half types run in f32 (the kernel accumulates in its dtype).
-        let kdt = softmax_dtype(dtype);
-        let projected = projected.into_dtype(kdt)?;
         let opts = call.opts;
         let attn_mask = match &opts.attn_mask {
             Some(m) if m.rank() == 2 => Some(additive_mask(m, kdt)?.contiguous()?),
@@ -496,7 +509,7 @@ impl MultiheadAttention {
             Some(seed) => Some(DropoutMask::new(cfg.dropout, seed)?),
             None => None,
         };
-        let op = FusedAttention {
+        Ok(FusedAttention {
             geom: Geom {
                 n,
                 h,
@@ -514,7 +527,18 @@ impl MultiheadAttention {
             lse: Default::default(),
             with_weights: opts.need_weights.then_some(opts.average_attn_weights),
             weights_slot: Default::default(),
-        };
+        })
+    }
+
+    /// The attention step by the fused kernel: context `(A, B, E)` and the weights.
+    fn attend_fused(&self, projected: Projected, call: &Call) -> Result<(Tensor, Option<Tensor>)> {
+        let dtype = self.dtype();
+        let (projected, extra) = self.append_extra_keys(projected, call)?;
+        // The half types run in f32 (the kernel accumulates in its dtype).
+        let kdt = softmax_dtype(dtype);
+        let projected = projected.into_dtype(kdt)?;
+        let opts = call.opts;
+        let op = self.fused_op(call, extra, kdt)?;
         let ctx = match &projected {
             Projected::Packed(qkv) => qkv.apply_op1(op.clone())?,
             Projected::Separate(q, k, v) => q.apply_op3(k, v, op.clone())?,

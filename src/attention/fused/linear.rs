@@ -85,12 +85,17 @@ fn forward<T: Elem>(
     k: usize,
     n: usize,
 ) -> Vec<T> {
-    let mut out = vec![T::ZERO; m * n];
-    if let Some(b) = &b {
-        let row: Vec<T> = (0..n).map(|j| b.data[j * b.cs]).collect();
-        out.chunks_exact_mut(n.max(1))
-            .for_each(|r| r.copy_from_slice(&row));
-    }
+    // The bias rows are the product's starting value; without a bias, zeros (gemm with
+    // `accumulate = false` ignores dst, but an uninitialised Vec must not be exposed).
+    let mut out = match &b {
+        Some(b) => {
+            let row: Vec<T> = (0..n).map(|j| b.data[j * b.cs]).collect();
+            let mut out = Vec::with_capacity(m * n);
+            (0..m).for_each(|_| out.extend_from_slice(&row));
+            out
+        }
+        None => vec![T::ZERO; m * n],
+    };
     // SAFETY: x is m×k, w is n×k (read transposed), out is m×n.
     unsafe {
         gemm_par(
@@ -133,26 +138,36 @@ fn rows_of<'a, T: Elem>(s: &'a CpuStorage, l: &Layout) -> Result<Mat<'a, T>> {
     })
 }
 
+/// `x·wᵀ + b` as a `Vec` and its shape `(…, Nout)`.
+pub(crate) fn forward_vec<T: Elem>(
+    x: (&CpuStorage, &Layout),
+    w: (&CpuStorage, &Layout),
+    b: Option<(&CpuStorage, &Layout)>,
+) -> Result<(Vec<T>, Shape)> {
+    let (m, k, n) = dims(x.1, w.1)?;
+    let b = b.map(|(s, l)| mat1::<T>(s, l)).transpose()?;
+    let out = forward(rows_of(x.0, x.1)?, mat(w.0, w.1)?, b, m, k, n);
+    let mut shape = x.1.dims().to_vec();
+    *shape.last_mut().expect("x has a last dim") = n;
+    Ok((out, shape.into()))
+}
+
 fn fwd(
     x: (&CpuStorage, &Layout),
     w: (&CpuStorage, &Layout),
     b: Option<(&CpuStorage, &Layout)>,
 ) -> Result<(CpuStorage, Shape)> {
-    let (m, k, n) = dims(x.1, w.1)?;
-    let storage = match x.0 {
+    match x.0 {
         CpuStorage::F32(_) => {
-            let b = b.map(|(s, l)| mat1::<f32>(s, l)).transpose()?;
-            CpuStorage::F32(forward(rows_of(x.0, x.1)?, mat(w.0, w.1)?, b, m, k, n))
+            let (v, shape) = forward_vec::<f32>(x, w, b)?;
+            Ok((CpuStorage::F32(v), shape))
         }
         CpuStorage::F64(_) => {
-            let b = b.map(|(s, l)| mat1::<f64>(s, l)).transpose()?;
-            CpuStorage::F64(forward(rows_of(x.0, x.1)?, mat(w.0, w.1)?, b, m, k, n))
+            let (v, shape) = forward_vec::<f64>(x, w, b)?;
+            Ok((CpuStorage::F64(v), shape))
         }
         _ => candle::bail!("fused linear runs in f32 or f64"),
-    };
-    let mut shape = x.1.dims().to_vec();
-    *shape.last_mut().expect("x has a last dim") = n;
-    Ok((storage, shape.into()))
+    }
 }
 
 /// A 1-D operand as a row.
@@ -169,7 +184,7 @@ fn mat1<'a, T: Elem>(s: &'a CpuStorage, l: &Layout) -> Result<Mat<'a, T>> {
 
 /// Gradients of x, w and b from the output gradient, with candle ops that run as one GEMM
 /// each (`matmul` takes the strided operands as they are).
-fn backward(x: &Tensor, w: &Tensor, grad: &Tensor, bias: bool) -> Result<Vec<Tensor>> {
+pub(crate) fn backward(x: &Tensor, w: &Tensor, grad: &Tensor, bias: bool) -> Result<Vec<Tensor>> {
     let (k, n) = (w.dim(1)?, w.dim(0)?);
     let m = x.elem_count() / k.max(1);
     let grad = grad.contiguous()?.reshape((m, n))?;

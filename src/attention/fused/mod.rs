@@ -17,7 +17,9 @@ mod elem;
 mod kernel;
 mod linear;
 mod op;
+mod projected;
 
 pub(crate) use kernel::Geom;
 pub(crate) use linear::linear;
 pub(crate) use op::{FusedAttention, FusedWeights};
+pub(crate) use projected::projected_self_attention;

@@ -221,6 +221,19 @@ impl FusedAttention {
         }
     }
 
+    /// The forward pass on a packed `(·, ·, 3E)` projection.
+    pub(crate) fn fwd_packed(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        self.fwd(Parts::Packed, [(s, l), (s, l), (s, l)])
+    }
+
+    /// The gradient of a packed `(·, ·, 3E)` projection.
+    pub(crate) fn bwd_packed(&self, qkv: &Tensor, res: &Tensor, grad: &Tensor) -> Result<Tensor> {
+        match self.bwd(Parts::Packed, &[qkv], res, grad)?.pop() {
+            Some(t) => Ok(t),
+            None => candle::bail!("fused attention: no gradient for the packed projection"),
+        }
+    }
+
     /// Gradients of q, k, v: one `(·, ·, 3E)` tensor when packed, else three.
     fn bwd_t<T: Elem>(
         &self,
@@ -385,12 +398,11 @@ impl CustomOp1 for FusedAttention {
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        self.fwd(Parts::Packed, [(s, l), (s, l), (s, l)])
+        self.fwd_packed(s, l)
     }
 
     fn bwd(&self, arg: &Tensor, res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        let mut g = FusedAttention::bwd(self, Parts::Packed, &[arg], res, grad)?;
-        Ok(g.pop())
+        self.bwd_packed(arg, res, grad).map(Some)
     }
 }
 
