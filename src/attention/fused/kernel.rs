@@ -304,9 +304,6 @@ struct TileBuffers<T> {
     /// Running row max and sum.
     m: Vec<T>,
     l: Vec<T>,
-    /// The head's keys and values, packed.
-    kb: Vec<T>,
-    vb: Vec<T>,
 }
 
 impl<T: Elem> TileBuffers<T> {
@@ -316,9 +313,71 @@ impl<T: Elem> TileBuffers<T> {
             acc: vec![T::ZERO; BR * d],
             m: vec![T::NEG_INF; BR],
             l: vec![T::ZERO; BR],
+        }
+    }
+}
+
+/// One head's keys and values packed (the tile products run faster on contiguous rows),
+/// kept across the query tiles of that head that a worker runs one after another: packing
+/// per query tile would copy the whole head `L / BR` times.
+struct HeadCache<T> {
+    head: Option<(usize, usize)>,
+    kb: Vec<T>,
+    vb: Vec<T>,
+}
+
+impl<T: Elem> HeadCache<T> {
+    fn new() -> Self {
+        Self {
+            head: None,
             kb: Vec::new(),
             vb: Vec::new(),
         }
+    }
+
+    /// Head `(b, h)` of k and v, packed (repacked only when the head changes).
+    fn get(
+        &mut self,
+        g: &Geom,
+        (b, h): (usize, usize),
+        k: &Rows<T>,
+        v: &Rows<T>,
+    ) -> (Rows<'_, T>, Rows<'_, T>) {
+        if self.head != Some((b, h)) {
+            pack_head_into(k, (b, h), g.s, g.d, &mut self.kb);
+            pack_head_into(v, (b, h), g.s, g.d, &mut self.vb);
+            self.head = Some((b, h));
+        }
+        (packed_rows(&self.kb, g.d), packed_rows(&self.vb, g.d))
+    }
+}
+
+/// Every head of `x` (rows `0..len`) packed into one `(N, H, len, d)` buffer, in parallel.
+fn pack_all_heads<T: Elem>(g: &Geom, x: &Rows<T>, len: usize) -> Vec<T> {
+    let d = g.d;
+    let mut buf = vec![T::ZERO; g.n * g.h * len * d];
+    buf.par_chunks_mut((len * d).max(1))
+        .enumerate()
+        .for_each(|(bh, dst)| {
+            let (b, h) = (bh / g.h, bh % g.h);
+            for (i, row) in dst.chunks_exact_mut(d.max(1)).enumerate() {
+                let at = x.map.at(b, h, i);
+                row.copy_from_slice(&x.data[at..at + d]);
+            }
+        });
+    buf
+}
+
+/// A [`pack_all_heads`] buffer as rows.
+fn all_heads_rows<'a, T>(g: &Geom, data: &'a [T], len: usize) -> Rows<'a, T> {
+    Rows {
+        data,
+        map: RowMap {
+            off: 0,
+            sb: g.h * len * g.d,
+            sh: len * g.d,
+            si: g.d,
+        },
     }
 }
 
@@ -339,18 +398,7 @@ fn attend_tile<T: Elem>(
     (out, lse_out): (&RowsMut<T>, &RowsMut<T>),
 ) {
     let d = g.d;
-    // This head's keys and values packed (the products run faster on contiguous rows).
-    let TileBuffers {
-        s,
-        acc,
-        m,
-        l,
-        kb,
-        vb,
-    } = buf;
-    pack_head_into(k, (b, h), g.s, d, kb);
-    pack_head_into(v, (b, h), g.s, d, vb);
-    let (k, v) = (&packed_rows(kb, d), &packed_rows(vb, d));
+    let TileBuffers { s, acc, m, l } = buf;
     let (acc, m, l) = (&mut acc[..rows * d], &mut m[..rows], &mut l[..rows]);
     acc.iter_mut().for_each(|x| *x = T::ZERO);
     m.iter_mut().for_each(|x| *x = T::NEG_INF);
@@ -452,19 +500,20 @@ pub(crate) fn forward<T: Elem>(
     let drop = drop_of::<T>(dropout);
     let q_tiles = g.l.div_ceil(BR);
     let lse_out = lse_rows(g, lse);
-    let init = || TileBuffers::new(g.d);
+    let init = || (TileBuffers::new(g.d), HeadCache::new());
     (0..g.n * g.h * q_tiles)
         .into_par_iter()
-        .for_each_init(init, |buf, task| {
+        .for_each_init(init, |(buf, cache), task| {
             let (bh, qt) = (task / q_tiles, task % q_tiles);
             let (b, h) = (bh / g.h, bh % g.h);
             let i0 = qt * BR;
             let rows = BR.min(g.l - i0);
+            let (kh, vh) = cache.get(g, (b, h), &k, &v);
             attend_tile(
                 g,
                 (b, h),
                 (i0, rows),
-                (&q, &k, &v),
+                (&q, &kh, &vh),
                 &masks,
                 drop.as_ref(),
                 buf,
@@ -783,6 +832,9 @@ pub(crate) fn forward_with_weights<T: Elem>(
     let lse_out = lse_rows(g, lse);
     let w_out = weight_rows(g, weights_out, average);
     let ld = sk.max(1);
+    // Heads run inside a task here (for the in-place head mean): pack every head once.
+    let (kp, vp) = (pack_all_heads(g, &k, sk), pack_all_heads(g, &v, sk));
+    let (k, v) = (all_heads_rows(g, &kp, sk), all_heads_rows(g, &vp, sk));
     let init = || (TileBuffers::new(g.d), vec![T::ZERO; BR * ld]);
     (0..g.n * q_tiles)
         .into_par_iter()
