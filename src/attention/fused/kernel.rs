@@ -381,10 +381,21 @@ fn all_heads_rows<'a, T>(g: &Geom, data: &'a [T], len: usize) -> Rows<'a, T> {
     }
 }
 
+/// Where [`attend_tile`] leaves what the weights need: the exponentials `exp(s - m_t)` of
+/// every key tile `t` (before dropout; rows `ld` apart) and the shift `m_t` of each row and
+/// tile (`-inf` where the row had no unmasked key yet). The weights are then
+/// `exp(s - m_t) · exp(m_t - lse)`: one exponential per row and tile instead of per element.
+struct Kept<'a, T> {
+    p: &'a mut [T],
+    ld: usize,
+    m: &'a mut [T],
+    tiles: usize,
+}
+
 /// One query tile of one head: online softmax over the key tiles, output rows and lse
-/// written. When `keep` is given (`rows × ld`), the raw scores of every key tile are copied
-/// there too (for the weights). [`forward`] and [`forward_with_weights`] both go through
-/// here, so the output does not depend on whether the weights are asked for, to the bit.
+/// written; with `keep`, the tile's exponentials for the weights too. [`forward`] and
+/// [`forward_with_weights`] both go through here, so the output does not depend on whether
+/// the weights are asked for, to the bit.
 #[allow(clippy::too_many_arguments)]
 fn attend_tile<T: Elem>(
     g: &Geom,
@@ -394,7 +405,7 @@ fn attend_tile<T: Elem>(
     masks: &Masks<T>,
     drop: Option<&Drop<T>>,
     buf: &mut TileBuffers<T>,
-    mut keep: Option<(&mut [T], usize)>,
+    mut keep: Option<Kept<'_, T>>,
     (out, lse_out): (&RowsMut<T>, &RowsMut<T>),
 ) {
     let d = g.d;
@@ -403,14 +414,9 @@ fn attend_tile<T: Elem>(
     acc.iter_mut().for_each(|x| *x = T::ZERO);
     m.iter_mut().for_each(|x| *x = T::NEG_INF);
     l.iter_mut().for_each(|x| *x = T::ZERO);
-    for tile in key_tiles(g, i0, i0 + rows, BC) {
+    for (t, tile) in key_tiles(g, i0, i0 + rows, BC).into_iter().enumerate() {
         let (j0, cols, _) = tile;
         scores_tile(g, (b, h), (i0, rows), tile, q, k, masks, s, BC);
-        if let Some((kept, ld)) = keep.as_mut() {
-            for r in 0..rows {
-                kept[r * *ld + j0..r * *ld + j0 + cols].copy_from_slice(&s[r * BC..r * BC + cols]);
-            }
-        }
         for r in 0..rows {
             let row = &mut s[r * BC..r * BC + cols];
             let m_new = T::row_max(row);
@@ -418,9 +424,17 @@ fn attend_tile<T: Elem>(
             if m_new == T::NEG_INF {
                 // Every key so far masked: nothing to add.
                 row.iter_mut().for_each(|x| *x = T::ZERO);
+                if let Some(kp) = keep.as_mut() {
+                    kp.p[r * kp.ld + j0..][..cols].copy_from_slice(row);
+                    kp.m[r * kp.tiles + t] = T::NEG_INF;
+                }
                 continue;
             }
             let sum = T::exp_shift_sum(row, m_new);
+            if let Some(kp) = keep.as_mut() {
+                kp.p[r * kp.ld + j0..][..cols].copy_from_slice(row);
+                kp.m[r * kp.tiles + t] = m_new;
+            }
             if m[r] != m_new {
                 let alpha = (m[r] - m_new).exp();
                 l[r] *= alpha;
@@ -835,15 +849,29 @@ pub(crate) fn forward_with_weights<T: Elem>(
     // Heads run inside a task here (for the in-place head mean): pack every head once.
     let (kp, vp) = (pack_all_heads(g, &k, sk), pack_all_heads(g, &v, sk));
     let (k, v) = (all_heads_rows(g, &kp, sk), all_heads_rows(g, &vp, sk));
-    let init = || (TileBuffers::new(g.d), vec![T::ZERO; BR * ld]);
+    // At most one tile per BC masked keys, plus the bias_k / zero-attention tile.
+    let n_tiles = g.s_masked.div_ceil(BC) + (g.s - g.s_masked).div_ceil(BC);
+    let init = || {
+        (
+            TileBuffers::new(g.d),
+            vec![T::ZERO; BR * ld],
+            vec![T::ZERO; BR * n_tiles.max(1)],
+        )
+    };
     (0..g.n * q_tiles)
         .into_par_iter()
-        .for_each_init(init, |(buf, kept), task| {
+        .for_each_init(init, |(buf, kept, kept_m), task| {
             let (b, qt) = (task / q_tiles, task % q_tiles);
             let i0 = qt * BR;
             let rows = BR.min(l - i0);
             let tiles = key_tiles(g, i0, i0 + rows, BC);
             for h in 0..g.h {
+                let keep = Kept {
+                    p: &mut kept[..],
+                    ld,
+                    m: &mut kept_m[..],
+                    tiles: n_tiles,
+                };
                 attend_tile(
                     g,
                     (b, h),
@@ -852,7 +880,7 @@ pub(crate) fn forward_with_weights<T: Elem>(
                     &masks,
                     drop.as_ref(),
                     buf,
-                    Some((&mut kept[..], ld)),
+                    Some(keep),
                     (&out, &lse_out),
                 );
                 for r in 0..rows {
@@ -860,9 +888,11 @@ pub(crate) fn forward_with_weights<T: Elem>(
                     // SAFETY: lse (b, h, i) was written above by this task.
                     let lse_i = unsafe { *lse_out.at(b, h, i, 0) };
                     let row = &mut kept[r * ld..(r + 1) * ld];
-                    for &(j0, c, _) in &tiles {
+                    for (t, &(j0, c, _)) in tiles.iter().enumerate() {
                         let p = &mut row[j0..j0 + c];
-                        T::exp_shift_sum(p, lse_i);
+                        // exp(s - m_t) · exp(m_t - lse): 0 for a fully masked row (lse = +inf).
+                        let f = (kept_m[r * n_tiles + t] - lse_i).exp();
+                        p.iter_mut().for_each(|x| *x *= f);
                         // SAFETY: this task is the only writer of weight rows (b, ·, i).
                         unsafe {
                             store_weights(g, (b, h, i), j0, p, &w_out, drop.as_ref(), average)
