@@ -18,7 +18,10 @@
 //!   10 + 3 for small and medium, 5 + 2 for large);
 //! - `MHA_BENCH_PYTHON`: the Python with torch (unset: `python3`, then
 //!   `/tmp/torchvenv/bin/python`); without torch the PyTorch columns are left out;
-//! - `RAYON_NUM_THREADS`: candle's CPU threads (default: the cores); torch gets the same.
+//! - `RAYON_NUM_THREADS`: candle's CPU threads (default: the cores); torch gets the same;
+//! - `MHA_BENCH_ALLOCATOR=default`: glibc's allocator defaults on both sides. Otherwise both
+//!   keep freed memory (`alloc::retain_freed_memory` here, the equivalent `GLIBC_TUNABLES` in
+//!   PyTorch's process), as the `mha` CLI trains.
 
 mod support;
 
@@ -28,6 +31,7 @@ use std::time::Instant;
 use support::{cpu_model, env_usize, find_torch, median, print_table, utc_now};
 
 use candle::{DType, Device, Result, Tensor};
+use candle_mha::alloc;
 use candle_mha::models::{masked_cross_entropy, NextTokenPredictor, NextTokenPredictorConfig};
 use candle_mha::rng::{derive_seed, rng_from_seed};
 use candle_mha::seeded_var_builder;
@@ -219,11 +223,20 @@ fn bench_ours(shape: &BenchShape) -> Result<Timing> {
 
 /// The PyTorch side: `scripts/bench_reference.py` for every shape, parsed from its JSON lines.
 /// A shape it did not report is `None`.
-fn bench_torch(python: &str, shapes: &[BenchShape], threads: usize) -> Vec<Option<Timing>> {
+fn bench_torch(
+    python: &str,
+    shapes: &[BenchShape],
+    threads: usize,
+    retain: bool,
+) -> Vec<Option<Timing>> {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/bench_reference.py");
     let shapes_json = serde_json::Value::Array(shapes.iter().map(BenchShape::to_json).collect());
     let first = &shapes[0];
-    let out = Command::new(python)
+    let mut cmd = Command::new(python);
+    if retain {
+        cmd.env("GLIBC_TUNABLES", alloc::GLIBC_TUNABLES);
+    }
+    let out = cmd
         .arg(script)
         .args(["--shapes", &shapes_json.to_string()])
         .args(["--steps", &first.steps.to_string()])
@@ -264,6 +277,9 @@ fn main() -> Result<()> {
         eprintln!("no shape selected (MHA_BENCH_SHAPES: small, medium, large)");
         return Ok(());
     }
+    // Both sides under the same allocator settings (see the module docs).
+    let retain = std::env::var("MHA_BENCH_ALLOCATOR").as_deref() != Ok("default")
+        && alloc::retain_freed_memory();
     let threads = candle::utils::get_num_threads();
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let threads_from = match std::env::var("RAYON_NUM_THREADS") {
@@ -276,6 +292,16 @@ fn main() -> Result<()> {
         candle::utils::with_avx(),
         candle::utils::has_mkl(),
         utc_now()
+    );
+    println!(
+        "allocator (both sides): {}",
+        match retain {
+            true => format!(
+                "retain freed memory (GLIBC_TUNABLES={})",
+                alloc::GLIBC_TUNABLES
+            ),
+            false => "glibc defaults".to_string(),
+        }
     );
     let torch = find_torch();
     match &torch {
@@ -296,7 +322,7 @@ fn main() -> Result<()> {
     let theirs = match &torch {
         Some((py, _)) => {
             eprintln!("torch: running scripts/bench_reference.py…");
-            Some(bench_torch(py, &shapes, threads))
+            Some(bench_torch(py, &shapes, threads, retain))
         }
         None => None,
     };
