@@ -38,14 +38,13 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Instant;
 
 use candle::{DType, Device, Result, Tensor, Var};
-use candle_mha::alloc;
 use candle_mha::rng::normal;
 use candle_mha::{
     seeded_var_builder, AttentionKernel, AttentionOptions, MultiheadAttention,
     MultiheadAttentionConfig,
 };
 use candle_nn::VarMap;
-use support::{cpu_model, env_usize, find_torch, median, print_table, utc_now};
+use support::{cpu_model, env_usize, find_torch, median, print_table, utc_now, Allocator};
 
 type Shape4 = (usize, usize, usize, usize);
 
@@ -167,7 +166,7 @@ struct TorchServer {
 
 impl TorchServer {
     /// Starts the child and waits for its `ready` line; `None` when it does not come.
-    fn start(python: &str, threads: usize, retain: bool) -> Option<Self> {
+    fn start(python: &str, threads: usize, allocator: &Allocator) -> Option<Self> {
         let script = concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/scripts/bench_attention_reference.py"
@@ -178,9 +177,7 @@ impl TorchServer {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
-        if retain {
-            cmd.env("GLIBC_TUNABLES", alloc::GLIBC_TUNABLES);
-        }
+        allocator.apply(&mut cmd);
         let mut child = cmd.spawn().ok()?;
         let input = child.stdin.take()?;
         let mut output = BufReader::new(child.stdout.take()?);
@@ -313,25 +310,16 @@ fn main() -> Result<()> {
         env_usize("MHA_BENCH_WARMUP").unwrap_or(3),
         env_usize("MHA_BENCH_ROUNDS").unwrap_or(3).max(1),
     );
-    // Both sides run under the same allocator settings (PyTorch's child gets the equivalent
-    // GLIBC_TUNABLES): `retain` keeps freed memory for reuse, as the `mha` CLI does.
-    let retain = std::env::var("MHA_BENCH_ALLOCATOR").as_deref() != Ok("default");
-    let allocator = match retain && alloc::retain_freed_memory() {
-        true => format!(
-            "retain freed memory (GLIBC_TUNABLES={})",
-            alloc::GLIBC_TUNABLES
-        ),
-        false => "glibc defaults".to_string(),
-    };
+    let allocator = Allocator::from_env();
     let threads = candle::utils::get_num_threads();
     println!(
         "machine: {} | {threads} threads | {} | {rounds} rounds of {reps} timed + {warmup} warmup per cell",
         cpu_model(),
         utc_now()
     );
-    println!("allocator (both sides): {allocator}");
+    println!("{}", allocator.describe());
     let mut torch = find_torch().and_then(|(py, v)| {
-        let server = TorchServer::start(&py, threads, retain)?;
+        let server = TorchServer::start(&py, threads, &allocator)?;
         println!("torch: {v} ({py}), torch.set_num_threads({threads})");
         Some(server)
     });

@@ -28,10 +28,9 @@ mod support;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use support::{cpu_model, env_usize, find_torch, median, print_table, utc_now};
+use support::{cpu_model, env_usize, find_torch, median, print_table, utc_now, Allocator};
 
 use candle::{DType, Device, Result, Tensor};
-use candle_mha::alloc;
 use candle_mha::models::{masked_cross_entropy, NextTokenPredictor, NextTokenPredictorConfig};
 use candle_mha::rng::{derive_seed, rng_from_seed};
 use candle_mha::seeded_var_builder;
@@ -227,15 +226,13 @@ fn bench_torch(
     python: &str,
     shapes: &[BenchShape],
     threads: usize,
-    retain: bool,
+    allocator: &Allocator,
 ) -> Vec<Option<Timing>> {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/bench_reference.py");
     let shapes_json = serde_json::Value::Array(shapes.iter().map(BenchShape::to_json).collect());
     let first = &shapes[0];
     let mut cmd = Command::new(python);
-    if retain {
-        cmd.env("GLIBC_TUNABLES", alloc::GLIBC_TUNABLES);
-    }
+    allocator.apply(&mut cmd);
     let out = cmd
         .arg(script)
         .args(["--shapes", &shapes_json.to_string()])
@@ -278,8 +275,7 @@ fn main() -> Result<()> {
         return Ok(());
     }
     // Both sides under the same allocator settings (see the module docs).
-    let retain = std::env::var("MHA_BENCH_ALLOCATOR").as_deref() != Ok("default")
-        && alloc::retain_freed_memory();
+    let allocator = Allocator::from_env();
     let threads = candle::utils::get_num_threads();
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let threads_from = match std::env::var("RAYON_NUM_THREADS") {
@@ -293,16 +289,7 @@ fn main() -> Result<()> {
         candle::utils::has_mkl(),
         utc_now()
     );
-    println!(
-        "allocator (both sides): {}",
-        match retain {
-            true => format!(
-                "retain freed memory (GLIBC_TUNABLES={})",
-                alloc::GLIBC_TUNABLES
-            ),
-            false => "glibc defaults".to_string(),
-        }
-    );
+    println!("{}", allocator.describe());
     let torch = find_torch();
     match &torch {
         Some((py, version)) => {
@@ -322,7 +309,7 @@ fn main() -> Result<()> {
     let theirs = match &torch {
         Some((py, _)) => {
             eprintln!("torch: running scripts/bench_reference.py…");
-            Some(bench_torch(py, &shapes, threads, retain))
+            Some(bench_torch(py, &shapes, threads, &allocator))
         }
         None => None,
     };

@@ -5,6 +5,44 @@
 use std::process::{Command, Stdio};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+/// Both sides of a bench under the same allocator settings: unless
+/// `MHA_BENCH_ALLOCATOR=default`, this process keeps freed memory
+/// (`alloc::retain_freed_memory`, as the `mha` CLI runs) and PyTorch's process gets the
+/// equivalent `GLIBC_TUNABLES` through [`Allocator::apply`].
+pub struct Allocator {
+    /// The setting took effect here (so it is given to the child too).
+    pub retain: bool,
+}
+
+impl Allocator {
+    /// Applies the setting to this process; prints nothing.
+    pub fn from_env() -> Self {
+        let wanted = std::env::var("MHA_BENCH_ALLOCATOR").as_deref() != Ok("default");
+        Self {
+            retain: wanted && candle_mha::alloc::retain_freed_memory(),
+        }
+    }
+
+    /// The header line: `allocator (both sides): …`.
+    pub fn describe(&self) -> String {
+        let setting = match self.retain {
+            true => format!(
+                "retain freed memory (GLIBC_TUNABLES={})",
+                candle_mha::alloc::GLIBC_TUNABLES
+            ),
+            false => "glibc defaults".to_string(),
+        };
+        format!("allocator (both sides): {setting}")
+    }
+
+    /// Gives a child process (PyTorch's side) the same setting.
+    pub fn apply(&self, cmd: &mut Command) {
+        if self.retain {
+            cmd.env("GLIBC_TUNABLES", candle_mha::alloc::GLIBC_TUNABLES);
+        }
+    }
+}
+
 pub fn median(xs: &[f64]) -> f64 {
     let mut v = xs.to_vec();
     v.sort_by(f64::total_cmp);
