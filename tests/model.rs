@@ -232,3 +232,41 @@ fn bad_tokens_are_errors() -> Result<()> {
         .contains("u32 or i64"));
     Ok(())
 }
+
+/// A training loop must not keep earlier steps alive: candle leaves a variable's gradient
+/// attached to the forward graph, so clipped gradients and AdamW's moments built from it
+/// without detaching chained every step's activations onto the next (the medium `train_step`
+/// bench grew by ~300 MB of RSS per step).
+#[test]
+fn clipped_gradients_and_optimizer_state_hold_no_graph() -> Result<()> {
+    let f = fixture("next_token.safetensors")?;
+    let (m, varmap) = model(&f)?;
+    let mut opt = AdamW::from_varmap(&varmap, AdamWConfig::default())?;
+    let vars = opt.vars();
+    let tokens = f.tensor("tokens")?.to_dtype(DType::U32)?;
+    let targets = f.tensor("targets")?.to_dtype(DType::U32)?;
+    let mask = f.tensor("loss_mask")?;
+    for step in 0..2 {
+        let logits = m.forward_train(&tokens, None, step)?;
+        let loss = masked_cross_entropy(&logits, &targets, &mask)?;
+        let mut grads = loss.backward()?;
+        clip_grad_norm(&mut grads, &vars, 0.5)?;
+        for v in &vars {
+            let g = grads
+                .get(v.as_tensor())
+                .context("a variable has no gradient")?;
+            assert!(
+                !g.track_op(),
+                "step {step}: a clipped gradient holds its graph"
+            );
+        }
+        opt.step(&grads)?;
+        for (name, t) in opt.state_dict()?.tensors() {
+            assert!(
+                !t.track_op(),
+                "step {step}: optimizer state {name} holds a graph"
+            );
+        }
+    }
+    Ok(())
+}

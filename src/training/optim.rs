@@ -125,9 +125,13 @@ impl AdamW {
             let Some(g) = grads.get(slot.var.as_tensor()) else {
                 continue;
             };
+            // Detached: candle leaves a variable's gradient attached to the forward graph, and
+            // moments built from it would chain every step's graph (all its activations) onto
+            // the next step's, so memory would grow by one forward pass per step.
+            let g = &g.detach();
             slot.step += 1;
             let t = slot.step as i32;
-            let p = slot.var.as_tensor();
+            let p = slot.var.as_tensor().detach();
             let p = (p * (1.0 - lr * weight_decay))?;
             // m.lerp_(g, 1 - β1) = m + (1 - β1)(g - m)
             slot.exp_avg = (&slot.exp_avg + ((g - &slot.exp_avg)? * (1.0 - beta1))?)?;
@@ -214,7 +218,8 @@ pub fn clip_grad_norm(grads: &mut GradStore, vars: &[Var], max_norm: f64) -> Res
     let scale = (max_norm / (norm + 1e-6)).min(1.0);
     for v in vars {
         if let Some(g) = grads.get(v.as_tensor()) {
-            let scaled = (g * scale)?;
+            // Detached for the same reason as in `AdamW::step`.
+            let scaled = (g.detach() * scale)?;
             grads.insert(v.as_tensor(), scaled);
         }
     }
