@@ -248,7 +248,7 @@ fn clipped_gradients_and_optimizer_state_hold_no_graph() -> Result<()> {
     let mask = f.tensor("loss_mask")?;
     for step in 0..2 {
         let logits = m.forward_train(&tokens, None, step)?;
-        let loss = masked_cross_entropy(&logits, &targets, &mask)?;
+        let loss = masked_cross_entropy(&logits, &targets, mask)?;
         let mut grads = loss.backward()?;
         clip_grad_norm(&mut grads, &vars, 0.5)?;
         for v in &vars {
