@@ -12,5 +12,6 @@ mod options;
 pub mod softmax;
 
 pub use config::MultiheadAttentionConfig;
+pub(crate) use fused::linear;
 pub use mha::{multihead_attention, MultiheadAttention};
 pub use options::{AttentionKernel, AttentionOptions, AttentionOutput};

@@ -2,9 +2,10 @@
 //! `nn.Embedding`, `nn.LayerNorm`.
 //!
 //! candle-nn's `linear` uses another initialisation and its fused `LayerNorm` has no backward,
-//! so these are written out.
+//! so these are written out. On the CPU in f32/f64, `Linear` and `LayerNorm` run as single ops
+//! with their own backward (no broadcast adds and reductions through candle's autograd).
 
-use candle::{Module, Result, Tensor, D};
+use candle::{Module, Result, Tensor};
 use candle_nn::{Init, VarBuilder};
 
 use crate::init::linear_weight;
@@ -52,19 +53,7 @@ impl Linear {
 
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let dims = x.dims().to_vec();
-        let last = *dims.last().unwrap_or(&0);
-        let rows = x.elem_count() / last.max(1);
-        let y = x.reshape((rows, last))?.matmul(&self.weight.t()?)?;
-        let y = match &self.bias {
-            Some(b) => y.broadcast_add(b)?,
-            None => y,
-        };
-        let mut out = dims;
-        if let Some(l) = out.last_mut() {
-            *l = self.weight.dim(0)?;
-        }
-        y.reshape(out)
+        crate::attention::linear(x, &self.weight, self.bias.as_ref())
     }
 }
 
@@ -105,7 +94,8 @@ impl Module for Embedding {
     }
 }
 
-/// Layer normalisation over the last dimension, built from differentiable ops.
+/// Layer normalisation over the last dimension, with a backward: one op on the CPU in
+/// f32/f64 (row statistics in f64), candle's generic ops elsewhere.
 ///
 /// PyTorch equivalent: `nn.LayerNorm(dim, eps=1e-5)`: `weight` ones, `bias` zeros; biased
 /// variance. candle-nn's `LayerNorm` takes a fused path without backward.
@@ -129,12 +119,6 @@ impl LayerNorm {
 
 impl Module for LayerNorm {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let mean = x.mean_keepdim(D::Minus1)?;
-        let centered = x.broadcast_sub(&mean)?;
-        let var = centered.sqr()?.mean_keepdim(D::Minus1)?;
-        let normed = centered.broadcast_div(&(var + self.eps)?.sqrt()?)?;
-        normed
-            .broadcast_mul(&self.weight)?
-            .broadcast_add(&self.bias)
+        super::fused::layer_norm(x, &self.weight, &self.bias, self.eps)
     }
 }

@@ -1,6 +1,7 @@
 //! Models built on the attention core: layers with PyTorch's names and a next-token predictor.
 
 mod config;
+mod fused;
 mod generate;
 pub mod layers;
 mod next_token;

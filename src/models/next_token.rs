@@ -46,9 +46,9 @@ impl Block {
         let h = self.ln1.forward(x)?;
         let attn = self.attn.forward(&h, &h, &h, opts)?;
         let x = (x + attn.output)?;
-        let m = self
-            .fc2
-            .forward(&self.fc1.forward(&self.ln2.forward(&x)?)?.gelu_erf()?)?;
+        let m = self.fc2.forward(&super::fused::gelu_erf(
+            &self.fc1.forward(&self.ln2.forward(&x)?)?,
+        )?)?;
         Ok(((x + m)?, attn.weights))
     }
 }

@@ -285,7 +285,8 @@ impl CustomOp3 for FusedLinear {
 /// PyTorch equivalent: `F.linear(x, w, b)`.
 pub(crate) fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
     let fused = matches!(x.device(), Device::Cpu)
-        && matches!(x.dtype(), candle::DType::F32 | candle::DType::F64);
+        && matches!(x.dtype(), candle::DType::F32 | candle::DType::F64)
+        && x.rank() >= 2;
     if !fused {
         let (k, n) = (w.dim(1)?, w.dim(0)?);
         let mut shape = x.dims().to_vec();

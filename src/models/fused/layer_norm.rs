@@ -1,0 +1,203 @@
+//! Layer normalisation over the last dimension as one op with its backward.
+//!
+//! Row statistics are accumulated in f64; the backward pass recomputes them from `x` (one pass
+//! over a row) instead of keeping them.
+
+use candle::backend::BackendStorage;
+use candle::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, WithDType};
+use rayon::prelude::*;
+
+use super::rows::{cpu, fused, rows_per_task, slice};
+
+/// Mean and `1/√(var + eps)` of a row (biased variance, as PyTorch).
+fn stats<T: WithDType>(row: &[T], eps: f64) -> (f64, f64) {
+    let n = row.len().max(1) as f64;
+    let mean = row.iter().map(|x| x.to_f64()).sum::<f64>() / n;
+    let var = row
+        .iter()
+        .map(|x| {
+            let d = x.to_f64() - mean;
+            d * d
+        })
+        .sum::<f64>()
+        / n;
+    (mean, 1.0 / (var + eps).sqrt())
+}
+
+fn forward<T: WithDType>(x: &[T], w: &[T], b: &[T], eps: f64) -> Vec<T> {
+    let d = w.len();
+    let mut y = vec![T::from_f64(0.0); x.len()];
+    let chunk = rows_per_task(x.len() / d.max(1)) * d;
+    y.par_chunks_mut(chunk.max(1))
+        .zip(x.par_chunks(chunk.max(1)))
+        .for_each(|(y, x)| {
+            for (y, x) in y.chunks_exact_mut(d).zip(x.chunks_exact(d)) {
+                let (mean, rstd) = stats(x, eps);
+                for (((y, &x), &w), &b) in y.iter_mut().zip(x).zip(w).zip(b) {
+                    let xhat = (x.to_f64() - mean) * rstd;
+                    *y = T::from_f64(xhat * w.to_f64() + b.to_f64());
+                }
+            }
+        });
+    y
+}
+
+/// `(dx, dw, db)`: per row `dx = rstd·(g∘w − mean(g∘w) − x̂·mean(g∘w∘x̂))`; `dw = Σ g∘x̂`,
+/// `db = Σ g` over the rows.
+fn backward<T: WithDType>(x: &[T], w: &[T], g: &[T], eps: f64) -> (Vec<T>, Vec<T>, Vec<T>) {
+    let d = w.len();
+    let mut dx = vec![T::from_f64(0.0); x.len()];
+    let chunk = (rows_per_task(x.len() / d.max(1)) * d).max(1);
+    let (dw, db) = dx
+        .par_chunks_mut(chunk)
+        .zip(x.par_chunks(chunk).zip(g.par_chunks(chunk)))
+        .map(|(dx, (x, g))| {
+            let (mut dw, mut db) = (vec![0f64; d], vec![0f64; d]);
+            let mut xhat = vec![0f64; d];
+            for ((dx, x), g) in dx
+                .chunks_exact_mut(d)
+                .zip(x.chunks_exact(d))
+                .zip(g.chunks_exact(d))
+            {
+                let (mean, rstd) = stats(x, eps);
+                let (mut c1, mut c2) = (0f64, 0f64);
+                for j in 0..d {
+                    xhat[j] = (x[j].to_f64() - mean) * rstd;
+                    let (gj, gw) = (g[j].to_f64(), g[j].to_f64() * w[j].to_f64());
+                    c1 += gw;
+                    c2 += gw * xhat[j];
+                    dw[j] += gj * xhat[j];
+                    db[j] += gj;
+                }
+                let (c1, c2) = (c1 / d as f64, c2 / d as f64);
+                for j in 0..d {
+                    let gw = g[j].to_f64() * w[j].to_f64();
+                    dx[j] = T::from_f64(rstd * (gw - c1 - xhat[j] * c2));
+                }
+            }
+            (dw, db)
+        })
+        .reduce(
+            || (vec![0f64; d], vec![0f64; d]),
+            |(mut aw, mut ab), (bw, bb)| {
+                aw.iter_mut().zip(&bw).for_each(|(a, b)| *a += b);
+                ab.iter_mut().zip(&bb).for_each(|(a, b)| *a += b);
+                (aw, ab)
+            },
+        );
+    let cast = |v: Vec<f64>| v.into_iter().map(T::from_f64).collect();
+    (dx, cast(dw), cast(db))
+}
+
+struct LayerNormOp {
+    eps: f64,
+}
+
+impl CustomOp3 for LayerNormOp {
+    fn name(&self) -> &'static str {
+        "fused-layer-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        xs: &CpuStorage,
+        xl: &Layout,
+        ws: &CpuStorage,
+        wl: &Layout,
+        bs: &CpuStorage,
+        bl: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        const OP: &str = "layer norm";
+        let y = match xs {
+            CpuStorage::F32(_) => CpuStorage::F32(forward::<f32>(
+                slice(OP, xs, xl)?,
+                slice(OP, ws, wl)?,
+                slice(OP, bs, bl)?,
+                self.eps,
+            )),
+            CpuStorage::F64(_) => CpuStorage::F64(forward::<f64>(
+                slice(OP, xs, xl)?,
+                slice(OP, ws, wl)?,
+                slice(OP, bs, bl)?,
+                self.eps,
+            )),
+            _ => candle::bail!("fused layer norm runs in f32 or f64, got {:?}", xs.dtype()),
+        };
+        Ok((y, xl.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _b: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        const OP: &str = "layer norm";
+        let grad = grad.contiguous()?;
+        let (xs, xl) = x.storage_and_layout();
+        let (ws, wl) = w.storage_and_layout();
+        let (gs, gl) = grad.storage_and_layout();
+        let (xs, ws, gs) = (cpu(&xs)?, cpu(&ws)?, cpu(&gs)?);
+        let dev = x.device();
+        let (dx, dw, db) = match xs {
+            CpuStorage::F32(_) => {
+                let (dx, dw, db) = backward::<f32>(
+                    slice(OP, xs, xl)?,
+                    slice(OP, ws, wl)?,
+                    slice(OP, gs, gl)?,
+                    self.eps,
+                );
+                (
+                    Tensor::from_vec(dx, x.shape(), dev)?,
+                    Tensor::from_vec(dw, w.shape(), dev)?,
+                    Tensor::from_vec(db, w.shape(), dev)?,
+                )
+            }
+            CpuStorage::F64(_) => {
+                let (dx, dw, db) = backward::<f64>(
+                    slice(OP, xs, xl)?,
+                    slice(OP, ws, wl)?,
+                    slice(OP, gs, gl)?,
+                    self.eps,
+                );
+                (
+                    Tensor::from_vec(dx, x.shape(), dev)?,
+                    Tensor::from_vec(dw, w.shape(), dev)?,
+                    Tensor::from_vec(db, w.shape(), dev)?,
+                )
+            }
+            _ => candle::bail!("fused layer norm runs in f32 or f64, got {:?}", x.dtype()),
+        };
+        Ok((Some(dx), Some(dw), Some(db)))
+    }
+}
+
+/// Layer normalisation of `x (…, D)` over its last dimension with `weight [D]`, `bias [D]`:
+/// one op forward and backward on the CPU in f32/f64, candle's generic ops elsewhere.
+///
+/// PyTorch equivalent: `F.layer_norm(x, (D,), weight, bias, eps)`.
+pub(crate) fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<Tensor> {
+    let d = weight.dims1()?;
+    if x.dim(candle::D::Minus1)? != d || bias.dims() != [d] {
+        candle::bail!(
+            "layer norm: x {:?} must end in D = {d} like weight {:?} and bias {:?}",
+            x.dims(),
+            weight.dims(),
+            bias.dims()
+        )
+    }
+    if !fused(x) || x.dtype() != weight.dtype() || x.dtype() != bias.dtype() {
+        let mean = x.mean_keepdim(candle::D::Minus1)?;
+        let centered = x.broadcast_sub(&mean)?;
+        let var = centered.sqr()?.mean_keepdim(candle::D::Minus1)?;
+        let normed = centered.broadcast_div(&(var + eps)?.sqrt()?)?;
+        return normed.broadcast_mul(weight)?.broadcast_add(bias);
+    }
+    x.contiguous()?.apply_op3(
+        &weight.contiguous()?,
+        &bias.contiguous()?,
+        LayerNormOp { eps },
+    )
+}
