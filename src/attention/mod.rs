@@ -5,7 +5,7 @@
 mod checks;
 mod config;
 pub mod dropout;
-mod fused;
+pub(crate) mod fused;
 pub mod mask;
 mod mha;
 mod options;

@@ -101,8 +101,9 @@ impl Elem for f32 {
     }
 }
 
+/// Whether the CPU has AVX2 and FMA (the `*_avx2` paths).
 #[cfg(target_arch = "x86_64")]
-fn avx2() -> bool {
+pub(crate) fn avx2() -> bool {
     // Cached by std after the first call: one atomic load.
     is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
 }
@@ -145,7 +146,7 @@ unsafe fn exp_shift_sum_avx2(row: &mut [f32], shift: f32) -> f32 {
 /// [`exp_f32`] on eight lanes (the same constants, with fused multiply-adds).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn exp256(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+pub(crate) unsafe fn exp256(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
     use std::arch::x86_64::*;
     let lo = _mm256_set1_ps(EXP_LO);
     let xc = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(EXP_HI));

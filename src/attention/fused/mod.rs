@@ -13,7 +13,7 @@
 //! `F.scaled_dot_product_attention`'s CPU flash kernel computes), with the module's
 //! fully-masked-row rule (zeros, finite gradients) and its `bias_k` / zero-attention columns.
 
-mod elem;
+pub(crate) mod elem;
 mod kernel;
 mod linear;
 mod op;
