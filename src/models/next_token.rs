@@ -5,7 +5,6 @@ use candle_nn::VarBuilder;
 
 use super::layers::{Embedding, LayerNorm, Linear};
 use super::NextTokenPredictorConfig;
-use crate::attention::mask::causal_mask;
 use crate::attention::{AttentionOptions, MultiheadAttention, MultiheadAttentionConfig};
 use crate::rng::derive_seed;
 
@@ -161,8 +160,10 @@ impl NextTokenPredictor {
         let mut x = x.broadcast_add(&self.position_embedding.forward(&positions)?)?;
         let mut weights = Vec::new();
         for (i, block) in self.blocks.iter().enumerate() {
+            // `is_causal` without a mask: the module builds the causal mask where it needs one
+            // and the fused kernel skips the key tiles above the diagonal.
             let mut opts = AttentionOptions::new()
-                .with_attn_mask(causal_mask(l, l, dev)?)
+                .with_is_causal(true)
                 .with_need_weights(need_weights)
                 .with_average_attn_weights(false);
             if let Some(m) = kpm {
