@@ -133,11 +133,11 @@ fn logits_loss_gradients_and_one_clipped_adamw_step_match_pytorch() -> Result<()
     Ok(())
 }
 
-#[test]
-fn adamw_six_steps_with_varying_lr_match_pytorch() -> Result<()> {
+/// Six AdamW steps on the fixture's parameters in `dtype` against PyTorch (f32).
+fn adamw_six_steps(dtype: DType, tol_param: f64, tol_state: f64) -> Result<()> {
     let f = fixture("adamw.safetensors")?;
-    let p0 = Var::from_tensor(f.tensor("init.p0")?)?;
-    let p1 = Var::from_tensor(f.tensor("init.p1")?)?;
+    let p0 = Var::from_tensor(&f.tensor("init.p0")?.to_dtype(dtype)?)?;
+    let p1 = Var::from_tensor(&f.tensor("init.p1")?.to_dtype(dtype)?)?;
     let cfg = AdamWConfig {
         lr: meta_f64(&f, "base_lr")?,
         beta1: meta_f64(&f, "beta1")?,
@@ -151,30 +151,43 @@ fn adamw_six_steps_with_varying_lr_match_pytorch() -> Result<()> {
     )?;
     for t in 0..f.usize("steps")? {
         // A GradStore holding exactly the stored gradients: d(sum(p * g))/dp = g.
-        let g0 = f.tensor(&format!("grad.t{t}.p0"))?;
-        let g1 = f.tensor(&format!("grad.t{t}.p1"))?;
+        let g0 = f.tensor(&format!("grad.t{t}.p0"))?.to_dtype(dtype)?;
+        let g1 = f.tensor(&format!("grad.t{t}.p1"))?.to_dtype(dtype)?;
         let loss = ((p0.as_tensor() * g0)?.sum_all()? + (p1.as_tensor() * g1)?.sum_all()?)?;
         let grads = loss.backward()?;
         opt.set_lr(f.tensor(&format!("lr.t{t}"))?.to_scalar::<f64>()?);
         opt.step(&grads)?;
-        assert_close(
-            &format!("after.t{t}.p0"),
-            p0.as_tensor(),
-            f.tensor(&format!("after.t{t}.p0"))?,
-            1e-6,
-        )?;
-        assert_close(
-            &format!("after.t{t}.p1"),
-            p1.as_tensor(),
-            f.tensor(&format!("after.t{t}.p1"))?,
-            1e-6,
-        )?;
+        for (name, p) in [("p0", &p0), ("p1", &p1)] {
+            let key = format!("after.t{t}.{name}");
+            let got = p.as_tensor().to_dtype(DType::F32)?;
+            assert_close(
+                &format!("{dtype:?} {key}"),
+                &got,
+                f.tensor(&key)?,
+                tol_param,
+            )?;
+        }
     }
     let state = opt.state_dict()?;
     for key in ["exp_avg.p0", "exp_avg.p1", "exp_avg_sq.p0", "exp_avg_sq.p1"] {
-        assert_close(key, state.get(key).unwrap(), f.tensor(key)?, 1e-5)?;
+        let got = state.get(key).unwrap().to_dtype(DType::F32)?;
+        assert_close(&format!("{dtype:?} {key}"), &got, f.tensor(key)?, tol_state)?;
     }
     Ok(())
+}
+
+/// f32 and f64 run the optimizer's one-pass CPU loop.
+#[test]
+fn adamw_six_steps_with_varying_lr_match_pytorch() -> Result<()> {
+    adamw_six_steps(DType::F32, 1e-6, 1e-5)?;
+    adamw_six_steps(DType::F64, 1e-6, 1e-5)
+}
+
+/// f16 takes the tensor-op path (the one other devices take): the same update at f16's
+/// precision.
+#[test]
+fn adamw_tensor_path_matches_pytorch_at_half_precision() -> Result<()> {
+    adamw_six_steps(DType::F16, 2e-3, 2e-3)
 }
 
 #[test]

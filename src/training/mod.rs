@@ -3,6 +3,7 @@
 
 mod evaluate;
 mod optim;
+mod optim_cpu;
 mod schedule;
 mod trainer;
 

@@ -8,6 +8,7 @@ use candle::backprop::GradStore;
 use candle::{DType, Result, Tensor, Var};
 use candle_nn::VarMap;
 
+use super::optim_cpu::{adamw_update, sum_of_squares, Update};
 use crate::checkpoint::StateDict;
 
 /// AdamW hyper-parameters; defaults are `torch.optim.AdamW`'s.
@@ -131,15 +132,27 @@ impl AdamW {
             let g = &g.detach();
             slot.step += 1;
             let t = slot.step as i32;
+            let u = Update {
+                decay: 1.0 - lr * weight_decay,
+                beta1,
+                beta2,
+                step_size: lr / (1.0 - beta1.powi(t)),
+                bias2_sqrt: (1.0 - beta2.powi(t)).sqrt(),
+                eps,
+            };
+            let fused = adamw_update(&u, slot.var.as_tensor(), g, &slot.exp_avg, &slot.exp_avg_sq)?;
+            if let Some((p, m, v)) = fused {
+                slot.var.set(&p)?;
+                (slot.exp_avg, slot.exp_avg_sq) = (m, v);
+                continue;
+            }
             let p = slot.var.as_tensor().detach();
             let p = (p * (1.0 - lr * weight_decay))?;
             // m.lerp_(g, 1 - β1) = m + (1 - β1)(g - m)
             slot.exp_avg = (&slot.exp_avg + ((g - &slot.exp_avg)? * (1.0 - beta1))?)?;
             slot.exp_avg_sq = ((&slot.exp_avg_sq * beta2)? + (g.sqr()? * (1.0 - beta2))?)?;
-            let step_size = lr / (1.0 - beta1.powi(t));
-            let bias2_sqrt = (1.0 - beta2.powi(t)).sqrt();
-            let denom = ((slot.exp_avg_sq.sqrt()? / bias2_sqrt)? + eps)?;
-            let update = ((&slot.exp_avg / denom)? * step_size)?;
+            let denom = ((slot.exp_avg_sq.sqrt()? / u.bias2_sqrt)? + eps)?;
+            let update = ((&slot.exp_avg / denom)? * u.step_size)?;
             slot.var.set(&(p - update)?)?;
         }
         Ok(())
@@ -207,11 +220,14 @@ pub fn clip_grad_norm(grads: &mut GradStore, vars: &[Var], max_norm: f64) -> Res
     let mut sq = 0f64;
     for v in vars {
         if let Some(g) = grads.get(v.as_tensor()) {
-            sq += g
-                .to_dtype(DType::F64)?
-                .sqr()?
-                .sum_all()?
-                .to_scalar::<f64>()?;
+            sq += match sum_of_squares(g) {
+                Some(s) => s,
+                None => g
+                    .to_dtype(DType::F64)?
+                    .sqr()?
+                    .sum_all()?
+                    .to_scalar::<f64>()?,
+            };
         }
     }
     let norm = sq.sqrt();
