@@ -1,6 +1,6 @@
 //! [`NextTokenPredictor`]: a small causal transformer over token ids, with PyTorch names.
 
-use candle::{DType, Module, Result, Tensor, D};
+use candle::{DType, Module, Result, Tensor};
 use candle_nn::VarBuilder;
 
 use super::layers::{Embedding, LayerNorm, Linear};
@@ -213,7 +213,8 @@ impl NextTokenPredictor {
 }
 
 /// Mean cross-entropy of `logits (N, L, V)` against `targets (N, L)` over the positions where
-/// `mask (N, L)` is nonzero. Errors if no position counts.
+/// `mask (N, L)` (u8) is nonzero. Errors if no position counts or a counted target is outside
+/// `[0, V)`; positions that do not count may hold any target (padding).
 ///
 /// PyTorch equivalent: `F.cross_entropy(logits[mask], targets[mask])`.
 pub fn masked_cross_entropy(logits: &Tensor, targets: &Tensor, mask: &Tensor) -> Result<Tensor> {
@@ -226,14 +227,9 @@ pub fn masked_cross_entropy(logits: &Tensor, targets: &Tensor, mask: &Tensor) ->
             [n, l]
         )
     }
-    let logp = candle_nn::ops::log_softmax(&logits.reshape((n * l, v))?, D::Minus1)?;
-    let picked = logp
-        .gather(&targets.reshape((n * l, 1))?.to_dtype(DType::U32)?, 1)?
-        .squeeze(1)?;
-    let mask = mask.reshape(n * l)?.ne(0u8)?.to_dtype(logits.dtype())?;
-    let count = mask.sum_all()?.to_dtype(DType::F64)?.to_scalar::<f64>()?;
-    if count == 0.0 {
-        candle::bail!("the loss mask selects no position")
-    }
-    ((picked * mask)?.sum_all()? / -count)?.to_dtype(logits.dtype())
+    super::fused::cross_entropy_rows(
+        &logits.reshape((n * l, v))?,
+        &targets.reshape(n * l)?,
+        &mask.reshape(n * l)?,
+    )
 }

@@ -1,15 +1,17 @@
 //! CPU ops for the model's layers, forward and backward in one pass each: layer
-//! normalisation and the exact GELU.
+//! normalisation, the exact GELU and the masked cross-entropy.
 //!
 //! Built from candle's generic ops these cost many passes over the activations (layer norm:
 //! ~10 forward and ~25 backward, each gradient added into a fresh zero tensor; GELU's backward
 //! 8 single-threaded passes with `erf` recomputed), which made them most of a training step.
 //! Other devices and dtypes keep the generic ops.
 
+mod cross_entropy;
 mod gelu;
 mod layer_norm;
 mod rows;
 
+pub(crate) use cross_entropy::cross_entropy_rows;
 pub(crate) use gelu::gelu_erf;
 pub(crate) use layer_norm::layer_norm;
 

@@ -3,7 +3,7 @@
 
 use candle::{DType, Device, Result, Tensor, Var, D};
 
-use super::{gelu_erf, layer_norm};
+use super::{cross_entropy_rows, gelu_erf, layer_norm};
 use crate::rng::normal;
 
 fn rel_err(a: &Tensor, b: &Tensor) -> Result<f64> {
@@ -129,5 +129,86 @@ fn layer_norm_shape_errors_name_the_shapes() -> Result<()> {
     let b = Tensor::zeros(4, DType::F32, &dev)?;
     let err = layer_norm(&x, &w, &b, 1e-5).unwrap_err().to_string();
     assert!(err.contains("x [2, 5] must end in D = 4"), "{err}");
+    Ok(())
+}
+
+/// `−mean(log_softmax(x)[target])` over the kept rows, with candle's generic ops.
+fn reference_cross_entropy(x: &Tensor, targets: &[u32], keep: &[u8]) -> Result<Tensor> {
+    let (r, _) = x.dims2()?;
+    let ids: Vec<u32> = targets
+        .iter()
+        .zip(keep)
+        .map(|(&t, &k)| if k != 0 { t } else { 0 })
+        .collect();
+    let ids = Tensor::from_vec(ids, (r, 1), x.device())?;
+    let picked = candle_nn::ops::log_softmax(x, D::Minus1)?
+        .gather(&ids, 1)?
+        .squeeze(1)?;
+    let w = Tensor::from_vec(keep.to_vec(), r, x.device())?.to_dtype(x.dtype())?;
+    let count = keep.iter().filter(|k| **k != 0).count() as f64;
+    (picked * w)?.sum_all()? / -count
+}
+
+#[test]
+fn cross_entropy_matches_generic_ops_loss_and_gradient() -> Result<()> {
+    let dev = Device::Cpu;
+    for (case, &(r, v, dtype)) in [
+        (7, 5, DType::F32),
+        (40, 37, DType::F64),
+        (70, 300, DType::F32),
+        (3, 1, DType::F64),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let x = Var::from_tensor(&normal(0.0, 4.0, (r, v), dtype, &dev, 400 + case as u64)?)?;
+        // Every third row does not count and holds an out-of-range target (padding).
+        let keep: Vec<u8> = (0..r).map(|i| u8::from(i % 3 != 1)).collect();
+        let targets: Vec<u32> = (0..r)
+            .map(|i| {
+                if keep[i] != 0 {
+                    ((i * 7) % v) as u32
+                } else {
+                    9999
+                }
+            })
+            .collect();
+        let t = Tensor::from_vec(targets.clone(), r, &dev)?;
+        let m = Tensor::from_vec(keep.clone(), r, &dev)?;
+        let fused = cross_entropy_rows(&x, &t, &m)?;
+        let reference = reference_cross_entropy(&x, &targets, &keep)?;
+        let what = format!("case {case} ({r}, {v}) {dtype:?}");
+        check(&format!("{what} loss"), &fused, &reference, tol(dtype))?;
+        // A loss scaled by 3 checks that the incoming gradient is used.
+        let gf = (fused * 3.0)?.backward()?;
+        let gr = (reference * 3.0)?.backward()?;
+        check(
+            &format!("{what} dx"),
+            gf.get(&x).expect("fused"),
+            gr.get(&x).expect("ref"),
+            tol(dtype),
+        )?;
+    }
+    Ok(())
+}
+
+#[test]
+fn cross_entropy_errors_name_the_problem() -> Result<()> {
+    let dev = Device::Cpu;
+    let x = Tensor::zeros((2, 4), DType::F32, &dev)?;
+    let t = Tensor::new(&[1u32, 4], &dev)?;
+    let err = |m: &[u8]| {
+        cross_entropy_rows(&x, &t, &Tensor::new(m, &dev).unwrap())
+            .unwrap_err()
+            .to_string()
+    };
+    let e = err(&[1, 1]);
+    assert!(
+        e.contains("targets must be in [0, 4) (the vocabulary), got 4"),
+        "{e}"
+    );
+    assert!(err(&[0, 0]).contains("the loss mask selects no position"));
+    // The out-of-range target does not count: no error.
+    cross_entropy_rows(&x, &t, &Tensor::new(&[1u8, 0], &dev)?)?;
     Ok(())
 }

@@ -1,0 +1,168 @@
+//! Mean cross-entropy over selected rows of logits as one op with its backward: one pass per
+//! row forward (max, log-sum-exp, the target's logit) and one backward (softmax minus the
+//! target's one-hot), where candle's `log_softmax` + `gather` + mask take about fifteen passes
+//! over the logits and their gradients.
+
+use candle::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
+use rayon::prelude::*;
+
+use super::rows::{cpu, fused, slice};
+use crate::attention::fused::elem::Elem;
+
+/// Rows per rayon task.
+const ROWS: usize = 32;
+
+/// The op over `logits (R, V)`: the targets and which rows count are data of the op (they
+/// have no gradient).
+struct CrossEntropy {
+    targets: Vec<u32>,
+    keep: Vec<bool>,
+    count: f64,
+}
+
+impl CrossEntropy {
+    /// `Σ (lse(row) − row[target])` over the kept rows, in f64.
+    fn forward<T: Elem>(&self, x: &[T], v: usize) -> f64 {
+        x.par_chunks(v * ROWS)
+            .enumerate()
+            .map(|(k, rows)| {
+                let mut buf = vec![T::ZERO; v];
+                let mut sum = 0f64;
+                for (i, row) in rows.chunks_exact(v).enumerate() {
+                    let r = k * ROWS + i;
+                    if !self.keep[r] {
+                        continue;
+                    }
+                    let m = T::row_max(row);
+                    buf.copy_from_slice(row);
+                    let s = T::exp_shift_sum(&mut buf, m);
+                    let lse = m.to_f64() + s.to_f64().ln();
+                    sum += lse - row[self.targets[r] as usize].to_f64();
+                }
+                sum
+            })
+            .sum()
+    }
+
+    /// `g/count · (softmax(row) − onehot(target))` on kept rows, zeros elsewhere.
+    fn backward<T: Elem>(&self, x: &[T], v: usize, g: f64) -> Vec<T> {
+        let mut dx = vec![T::ZERO; x.len()];
+        let scale = g / self.count;
+        dx.par_chunks_mut(v * ROWS)
+            .zip(x.par_chunks(v * ROWS))
+            .enumerate()
+            .for_each(|(k, (dx, rows))| {
+                for (i, (d, row)) in dx.chunks_exact_mut(v).zip(rows.chunks_exact(v)).enumerate() {
+                    let r = k * ROWS + i;
+                    if !self.keep[r] {
+                        continue;
+                    }
+                    let m = T::row_max(row);
+                    d.copy_from_slice(row);
+                    let s = T::exp_shift_sum(d, m).to_f64();
+                    let f = T::from_f64(scale / s);
+                    d.iter_mut().for_each(|p| *p *= f);
+                    let t = self.targets[r] as usize;
+                    d[t] = T::from_f64(d[t].to_f64() - scale);
+                }
+            });
+        dx
+    }
+}
+
+impl CustomOp1 for CrossEntropy {
+    fn name(&self) -> &'static str {
+        "fused-cross-entropy"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (_, v) = l.shape().dims2()?;
+        let loss = match s {
+            CpuStorage::F32(_) => CpuStorage::F32(vec![
+                (self.forward(slice::<f32>("cross-entropy", s, l)?, v) / self.count) as f32,
+            ]),
+            CpuStorage::F64(_) => CpuStorage::F64(vec![
+                self.forward(slice::<f64>("cross-entropy", s, l)?, v) / self.count,
+            ]),
+            _ => candle::bail!("fused cross-entropy runs in f32 or f64"),
+        };
+        Ok((loss, Shape::from(())))
+    }
+
+    fn bwd(&self, x: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        let g = grad.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+        let (_, v) = x.dims2()?;
+        let (xs, xl) = x.storage_and_layout();
+        let xs = cpu(&xs)?;
+        let dx = match xs {
+            CpuStorage::F32(_) => {
+                let dx = self.backward(slice::<f32>("cross-entropy", xs, xl)?, v, g);
+                Tensor::from_vec(dx, x.shape(), x.device())?
+            }
+            CpuStorage::F64(_) => {
+                let dx = self.backward(slice::<f64>("cross-entropy", xs, xl)?, v, g);
+                Tensor::from_vec(dx, x.shape(), x.device())?
+            }
+            _ => candle::bail!("fused cross-entropy runs in f32 or f64"),
+        };
+        Ok(Some(dx))
+    }
+}
+
+/// Mean of `−log softmax(logits[r])[targets[r]]` over the rows `r` where `mask[r] != 0`, for
+/// `logits (R, V)`, `targets (R)` (u32/i64), `mask (R)` (u8): one op on the CPU in f32/f64,
+/// candle's `log_softmax` + `gather` elsewhere. Errors when no row counts or a counted target is
+/// outside `[0, V)`.
+///
+/// PyTorch equivalent: `F.cross_entropy(logits[mask], targets[mask])`.
+pub(crate) fn cross_entropy_rows(
+    logits: &Tensor,
+    targets: &Tensor,
+    mask: &Tensor,
+) -> Result<Tensor> {
+    let (r, v) = logits.dims2()?;
+    let keep: Vec<bool> = mask
+        .ne(0u8)?
+        .to_vec1::<u8>()?
+        .into_iter()
+        .map(|k| k != 0)
+        .collect();
+    let count = keep.iter().filter(|k| **k).count();
+    if count == 0 {
+        candle::bail!("the loss mask selects no position")
+    }
+    let ids = targets.to_dtype(DType::U32)?.to_vec1::<u32>()?;
+    if keep.len() != r || ids.len() != r {
+        candle::bail!(
+            "cross-entropy: {r} rows of logits, {} targets, {} mask entries",
+            ids.len(),
+            keep.len()
+        )
+    }
+    if let Some((&t, _)) = ids
+        .iter()
+        .zip(&keep)
+        .filter(|(_, k)| **k)
+        .find(|(t, _)| **t as usize >= v)
+    {
+        candle::bail!("targets must be in [0, {v}) (the vocabulary), got {t}")
+    }
+    if !fused(logits) {
+        // Rows that do not count may hold any target (padding): gather from column 0 there.
+        let ids: Vec<u32> = ids
+            .iter()
+            .zip(&keep)
+            .map(|(&t, &k)| if k { t } else { 0 })
+            .collect();
+        let ids = Tensor::from_vec(ids, (r, 1), logits.device())?;
+        let logp = candle_nn::ops::log_softmax(logits, candle::D::Minus1)?;
+        let picked = logp.gather(&ids, 1)?.squeeze(1)?;
+        let weights = mask.ne(0u8)?.to_dtype(logits.dtype())?;
+        return ((picked * weights)?.sum_all()? / -(count as f64))?.to_dtype(logits.dtype());
+    }
+    logits.contiguous()?.apply_op1(CrossEntropy {
+        targets: ids,
+        keep,
+        count: count as f64,
+    })
+}
