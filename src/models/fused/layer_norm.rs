@@ -4,7 +4,7 @@
 //! over a row) instead of keeping them.
 
 use candle::backend::BackendStorage;
-use candle::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, WithDType};
+use candle::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, WithDType};
 use rayon::prelude::*;
 
 use super::rows::{cpu, fused, rows_per_task, slice};
@@ -93,6 +93,48 @@ struct LayerNormOp {
     eps: f64,
 }
 
+const OP: &str = "layer norm";
+
+impl LayerNormOp {
+    fn fwd_typed<T: WithDType>(
+        &self,
+        x: (&CpuStorage, &Layout),
+        w: (&CpuStorage, &Layout),
+        b: (&CpuStorage, &Layout),
+    ) -> Result<Vec<T>> {
+        Ok(forward::<T>(
+            slice(OP, x.0, x.1)?,
+            slice(OP, w.0, w.1)?,
+            slice(OP, b.0, b.1)?,
+            self.eps,
+        ))
+    }
+
+    /// `(dx, dw, db)` as tensors shaped like `x` and `w`.
+    fn bwd_typed<T: WithDType>(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let (xs, xl) = x.storage_and_layout();
+        let (ws, wl) = w.storage_and_layout();
+        let (gs, gl) = grad.storage_and_layout();
+        let (dx, dw, db) = backward::<T>(
+            slice(OP, cpu(&xs)?, xl)?,
+            slice(OP, cpu(&ws)?, wl)?,
+            slice(OP, cpu(&gs)?, gl)?,
+            self.eps,
+        );
+        let dev = x.device();
+        Ok((
+            Tensor::from_vec(dx, x.shape(), dev)?,
+            Tensor::from_vec(dw, w.shape(), dev)?,
+            Tensor::from_vec(db, w.shape(), dev)?,
+        ))
+    }
+}
+
 impl CustomOp3 for LayerNormOp {
     fn name(&self) -> &'static str {
         "fused-layer-norm"
@@ -107,20 +149,10 @@ impl CustomOp3 for LayerNormOp {
         bs: &CpuStorage,
         bl: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        const OP: &str = "layer norm";
+        let (x, w, b) = ((xs, xl), (ws, wl), (bs, bl));
         let y = match xs {
-            CpuStorage::F32(_) => CpuStorage::F32(forward::<f32>(
-                slice(OP, xs, xl)?,
-                slice(OP, ws, wl)?,
-                slice(OP, bs, bl)?,
-                self.eps,
-            )),
-            CpuStorage::F64(_) => CpuStorage::F64(forward::<f64>(
-                slice(OP, xs, xl)?,
-                slice(OP, ws, wl)?,
-                slice(OP, bs, bl)?,
-                self.eps,
-            )),
+            CpuStorage::F32(_) => CpuStorage::F32(self.fwd_typed(x, w, b)?),
+            CpuStorage::F64(_) => CpuStorage::F64(self.fwd_typed(x, w, b)?),
             _ => candle::bail!("fused layer norm runs in f32 or f64, got {:?}", xs.dtype()),
         };
         Ok((y, xl.shape().clone()))
@@ -134,41 +166,11 @@ impl CustomOp3 for LayerNormOp {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        const OP: &str = "layer norm";
         let grad = grad.contiguous()?;
-        let (xs, xl) = x.storage_and_layout();
-        let (ws, wl) = w.storage_and_layout();
-        let (gs, gl) = grad.storage_and_layout();
-        let (xs, ws, gs) = (cpu(&xs)?, cpu(&ws)?, cpu(&gs)?);
-        let dev = x.device();
-        let (dx, dw, db) = match xs {
-            CpuStorage::F32(_) => {
-                let (dx, dw, db) = backward::<f32>(
-                    slice(OP, xs, xl)?,
-                    slice(OP, ws, wl)?,
-                    slice(OP, gs, gl)?,
-                    self.eps,
-                );
-                (
-                    Tensor::from_vec(dx, x.shape(), dev)?,
-                    Tensor::from_vec(dw, w.shape(), dev)?,
-                    Tensor::from_vec(db, w.shape(), dev)?,
-                )
-            }
-            CpuStorage::F64(_) => {
-                let (dx, dw, db) = backward::<f64>(
-                    slice(OP, xs, xl)?,
-                    slice(OP, ws, wl)?,
-                    slice(OP, gs, gl)?,
-                    self.eps,
-                );
-                (
-                    Tensor::from_vec(dx, x.shape(), dev)?,
-                    Tensor::from_vec(dw, w.shape(), dev)?,
-                    Tensor::from_vec(db, w.shape(), dev)?,
-                )
-            }
-            _ => candle::bail!("fused layer norm runs in f32 or f64, got {:?}", x.dtype()),
+        let (dx, dw, db) = match x.dtype() {
+            DType::F32 => self.bwd_typed::<f32>(x, w, &grad)?,
+            DType::F64 => self.bwd_typed::<f64>(x, w, &grad)?,
+            dt => candle::bail!("fused layer norm runs in f32 or f64, got {dt:?}"),
         };
         Ok((Some(dx), Some(dw), Some(db)))
     }
