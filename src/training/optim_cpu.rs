@@ -117,6 +117,9 @@ pub(super) fn sum_of_squares(g: &Tensor) -> Option<f64> {
     fn sum<T: WithDType>(x: &[T]) -> f64 {
         x.par_chunks(CHUNK)
             .map(|c| c.iter().map(|x| x.to_f64() * x.to_f64()).sum::<f64>())
+            // In chunk order, for a run-to-run identical norm (see `cross_entropy.rs`).
+            .collect::<Vec<f64>>()
+            .into_iter()
             .sum()
     }
     let (s, l) = g.storage_and_layout();

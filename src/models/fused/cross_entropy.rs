@@ -41,6 +41,10 @@ impl CrossEntropy {
                 }
                 sum
             })
+            // Collected in chunk order and added in that order: the same sum whichever thread
+            // ran which chunk (rayon's own `sum` follows its work-stealing splits).
+            .collect::<Vec<f64>>()
+            .into_iter()
             .sum()
     }
 

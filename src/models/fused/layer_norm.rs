@@ -7,7 +7,7 @@ use candle::backend::BackendStorage;
 use candle::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, WithDType};
 use rayon::prelude::*;
 
-use super::rows::{cpu, fused, rows_per_task, slice};
+use super::rows::{cpu, fused, slice, ROWS_PER_TASK};
 
 /// Mean and `1/√(var + eps)` of a row (biased variance, as PyTorch).
 fn stats<T: WithDType>(row: &[T], eps: f64) -> (f64, f64) {
@@ -27,7 +27,7 @@ fn stats<T: WithDType>(row: &[T], eps: f64) -> (f64, f64) {
 fn forward<T: WithDType>(x: &[T], w: &[T], b: &[T], eps: f64) -> Vec<T> {
     let d = w.len();
     let mut y = vec![T::from_f64(0.0); x.len()];
-    let chunk = rows_per_task(x.len() / d.max(1)) * d;
+    let chunk = ROWS_PER_TASK * d;
     y.par_chunks_mut(chunk.max(1))
         .zip(x.par_chunks(chunk.max(1)))
         .for_each(|(y, x)| {
@@ -47,7 +47,7 @@ fn forward<T: WithDType>(x: &[T], w: &[T], b: &[T], eps: f64) -> Vec<T> {
 fn backward<T: WithDType>(x: &[T], w: &[T], g: &[T], eps: f64) -> (Vec<T>, Vec<T>, Vec<T>) {
     let d = w.len();
     let mut dx = vec![T::from_f64(0.0); x.len()];
-    let chunk = (rows_per_task(x.len() / d.max(1)) * d).max(1);
+    let chunk = (ROWS_PER_TASK * d).max(1);
     let (dw, db) = dx
         .par_chunks_mut(chunk)
         .zip(x.par_chunks(chunk).zip(g.par_chunks(chunk)))
@@ -77,8 +77,12 @@ fn backward<T: WithDType>(x: &[T], w: &[T], g: &[T], eps: f64) -> (Vec<T>, Vec<T
             }
             (dw, db)
         })
-        .reduce(
-            || (vec![0f64; d], vec![0f64; d]),
+        // Partial sums collected in chunk order and added in that order: the same dw and db
+        // whichever thread ran which chunk, so training resumes bit-identically.
+        .collect::<Vec<_>>()
+        .into_iter()
+        .fold(
+            (vec![0f64; d], vec![0f64; d]),
             |(mut aw, mut ab), (bw, bb)| {
                 aw.iter_mut().zip(&bw).for_each(|(a, b)| *a += b);
                 ab.iter_mut().zip(&bb).for_each(|(a, b)| *a += b);

@@ -26,8 +26,6 @@ pub(super) fn slice<'a, T: WithDType>(op: &str, s: &'a CpuStorage, l: &Layout) -
     }
 }
 
-/// Rows per rayon task: a few tasks per thread, at least 16 rows.
-pub(super) fn rows_per_task(rows: usize) -> usize {
-    let threads = rayon::current_num_threads().max(1);
-    rows.div_ceil(4 * threads).max(16)
-}
+/// Rows per rayon task. Fixed, not derived from the thread count, so that sums over tasks
+/// come out the same with any number of threads.
+pub(super) const ROWS_PER_TASK: usize = 32;

@@ -212,3 +212,37 @@ fn cross_entropy_errors_name_the_problem() -> Result<()> {
     cross_entropy_rows(&x, &t, &Tensor::new(&[1u8, 0], &dev)?)?;
     Ok(())
 }
+
+/// Bit-identical results with 1 and 2 threads (f64, where a changed order of the partial sums
+/// shows in the last bits): the reductions over row chunks (layer norm's
+/// weight and bias gradients, the cross-entropy sum) must not depend on scheduling, or a
+/// resumed training run would drift from an uninterrupted one.
+#[test]
+fn reductions_do_not_depend_on_the_thread_count() -> Result<()> {
+    let dev = Device::Cpu;
+    let run = || -> Result<Vec<Vec<f64>>> {
+        let x = Var::from_tensor(&normal(0.3, 2.0, (300, 48), DType::F64, &dev, 7)?)?;
+        let w = Var::from_tensor(&normal(1.0, 0.5, 48, DType::F64, &dev, 8)?)?;
+        let b = Var::from_tensor(&normal(0.0, 0.5, 48, DType::F64, &dev, 9)?)?;
+        let y = layer_norm(&x, &w, &b, 1e-5)?;
+        let targets = Tensor::from_vec((0..300u32).map(|i| i % 48).collect::<Vec<_>>(), 300, &dev)?;
+        let keep = Tensor::ones(300, DType::U8, &dev)?;
+        let loss = cross_entropy_rows(&y, &targets, &keep)?;
+        let grads = loss.backward()?;
+        let mut out = vec![vec![loss.to_scalar::<f64>()?]];
+        for v in [&w, &b] {
+            out.push(grads.get(v).expect("grad").to_vec1::<f64>()?);
+        }
+        Ok(out)
+    };
+    let pool = |n| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build()
+            .expect("pool")
+    };
+    let one = pool(1).install(run)?;
+    let two = pool(2).install(run)?;
+    assert_eq!(one, two);
+    Ok(())
+}
