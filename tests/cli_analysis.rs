@@ -69,7 +69,12 @@ fn inspect_and_vocab_matrix() -> Result<()> {
     );
     let png = std::fs::read(p("a.png"))?;
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
-    assert!(std::fs::read_to_string(p("a.svg"))?.contains("<svg"));
+    // --all-heads: one panel per head under a title that says so (not the fused matrix's).
+    let svg = std::fs::read_to_string(p("a.svg"))?;
+    assert!(
+        svg.contains("<svg") && svg.contains("layer 1, 2 heads") && !svg.contains("mean over"),
+        "{svg}"
+    );
     assert!(std::fs::read_to_string(p("a.dot"))?.contains("digraph"));
     assert!(std::fs::read_to_string(p("a.graphml"))?.contains("<graphml"));
 

@@ -161,8 +161,12 @@ pub fn run(args: &InspectArgs) -> Result<()> {
         );
     }
 
+    // The grid shows every head, not the fused matrix the tables start with.
     let hopts = HeatmapOptions {
-        title: Some(what.clone()),
+        title: Some(match args.all_heads {
+            true => format!("layer {layer}, {h} heads"),
+            false => what.clone(),
+        }),
         ..HeatmapOptions::default()
     };
     let panels: Vec<Tensor> = (0..h)
