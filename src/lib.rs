@@ -19,8 +19,8 @@
 //! # }
 //! ```
 //!
-//! Layering (lower layers never import higher ones): [`rng`] and [`init`] (seeded randomness)
-//! → [`attention`] (the module itself) → [`checkpoint`] (PyTorch state_dicts in and out).
+//! Layering (lower layers never import higher ones): [`rng`] and [`init`] (seeded randomness),
+//! [`autograd`] (backward from a given gradient) → [`attention`] (the module itself) → [`checkpoint`] (PyTorch state_dicts in and out).
 //!
 //! [`torch.nn.MultiheadAttention`]: https://pytorch.org/docs/stable/generated/torch.nn.MultiheadAttention.html
 //! [candle]: https://github.com/huggingface/candle
@@ -33,6 +33,7 @@ pub use candle;
 pub mod alloc;
 pub mod analysis;
 pub mod attention;
+pub mod autograd;
 pub mod checkpoint;
 pub mod data;
 pub mod device;
