@@ -10,8 +10,9 @@
 //! Shapes `(N, L, E, H)`: batch_first self-attention, f32, dropout 0, bias on.
 //! - forward: module parameters as plain tensors (no autograd graph), `need_weights` false,
 //!   then true (weights averaged over heads); PyTorch in `eval()` under `torch.no_grad()`;
-//! - step: forward (`train`, `need_weights=false`) + backward of `sum(out · r)` to every
-//!   parameter and the input; PyTorch in `train()`, gradients set to `None` between steps.
+//! - step: forward (`train`, `need_weights=false`) + backward from the output gradient `r`
+//!   (`autograd::backward_with(&out, &r)`, PyTorch's `out.backward(r)`) to every parameter and
+//!   the input; PyTorch in `train()`, gradients set to `None` between steps.
 //!
 //! Memory: a child process runs one `need_weights=false` forward at `N=1, E=512, H=8` and
 //! `L=8192` (fused) and `L=4096` (fused and reference) and reports its peak RSS (`VmHWM`)
@@ -151,7 +152,7 @@ fn bench_ours(
     let train = nw.with_train(true);
     let step = time_it(reps, warmup, || {
         let out = mha.forward(&x, &x, &x, &train)?.output;
-        (out * &r)?.sum_all()?.backward().map(drop)
+        candle_mha::autograd::backward_with(&out, &r).map(drop)
     })?;
     Ok([fwd_nw, fwd_w, step])
 }

@@ -12,7 +12,8 @@ Each shape (N, L, E, H) is a batch_first self-attention, f32, dropout 0, bias on
   its flash-attention CPU kernel);
 - fwd_w: the same with need_weights=True (weights averaged over heads);
 - step: train(), x.requires_grad, out = mha(x, x, x, need_weights=False)[0],
-  (out * r).sum().backward(), gradients set to None between steps.
+  out.backward(r) (the output gradient r, as our side's autograd::backward_with), gradients
+  set to None between steps.
 Output: one JSON line per shape, {"shape": [N, L, E, H], "fwd_nw_s": ..., ...} (medians).
 
 With --serve (what the bench uses), shapes come one per stdin line as JSON
@@ -66,7 +67,7 @@ def bench_shape(shape, reps, warmup):
             p.grad = None
         xg.grad = None
         out = mha(xg, xg, xg, need_weights=False)[0]
-        (out * r).sum().backward()
+        out.backward(r)
 
     step_s = median_time(step, reps, warmup)
     rec = {"shape": [n, l, e, h], "fwd_nw_s": fwd_nw, "fwd_w_s": fwd_w, "step_s": step_s}
