@@ -45,9 +45,9 @@ impl Block {
         let h = self.ln1.forward(x)?;
         let attn = self.attn.forward(&h, &h, &h, opts)?;
         let x = (x + attn.output)?;
-        let m = self.fc2.forward(&super::fused::gelu_erf(
-            &self.fc1.forward(&self.ln2.forward(&x)?)?,
-        )?)?;
+        let fc1 = &self.fc1;
+        let h = super::fused::linear_gelu(&self.ln2.forward(&x)?, fc1.weight(), fc1.bias())?;
+        let m = self.fc2.forward(&h)?;
         Ok(((x + m)?, attn.weights))
     }
 }

@@ -15,7 +15,7 @@
 
 pub(crate) mod elem;
 mod kernel;
-mod linear;
+pub(crate) mod linear;
 mod op;
 mod projected;
 

@@ -29,7 +29,7 @@ const AS_A: [f32; 5] = [
 const CHUNK: usize = 4096;
 
 /// The element types of the op and their rows.
-trait Gelu: WithDType {
+pub(super) trait Gelu: WithDType {
     /// `y = x·Φ(x)`.
     fn forward_row(x: &[Self], y: &mut [Self]);
     /// `dx = g·(Φ(x) + x·φ(x))`.
@@ -152,7 +152,7 @@ mod avx2 {
     }
 }
 
-fn forward<T: Gelu>(x: &[T]) -> Vec<T> {
+pub(super) fn forward<T: Gelu>(x: &[T]) -> Vec<T> {
     let mut y = vec![T::from_f64(0.0); x.len()];
     y.par_chunks_mut(CHUNK)
         .zip(x.par_chunks(CHUNK))
@@ -160,7 +160,7 @@ fn forward<T: Gelu>(x: &[T]) -> Vec<T> {
     y
 }
 
-fn backward<T: Gelu>(x: &[T], g: &[T]) -> Vec<T> {
+pub(super) fn backward<T: Gelu>(x: &[T], g: &[T]) -> Vec<T> {
     let mut dx = vec![T::from_f64(0.0); x.len()];
     dx.par_chunks_mut(CHUNK)
         .zip(x.par_chunks(CHUNK).zip(g.par_chunks(CHUNK)))

@@ -3,7 +3,7 @@
 
 use candle::{DType, Device, Result, Tensor, Var, D};
 
-use super::{cross_entropy_rows, gelu_erf, layer_norm};
+use super::{cross_entropy_rows, gelu_erf, layer_norm, linear_gelu};
 use crate::rng::normal;
 
 fn rel_err(a: &Tensor, b: &Tensor) -> Result<f64> {
@@ -117,6 +117,50 @@ fn gelu_matches_generic_ops_forward_and_gradient() -> Result<()> {
             gr.get(&x).expect("ref grad"),
         );
         check(&format!("{what} dx"), a, e, tol(dtype))?;
+    }
+    Ok(())
+}
+
+/// fc1 + GELU as one op against `reference_gelu(x·Wᵀ + b)` in generic ops, every gradient;
+/// twice through one graph (the second use of `x` adds into its gradient), so the op's kept
+/// pre-activation must belong to its own call.
+#[test]
+fn linear_gelu_matches_generic_ops_forward_and_gradients() -> Result<()> {
+    let dev = Device::Cpu;
+    for (case, &(lead, k, dtype, transpose)) in CASES.iter().enumerate() {
+        let seed = 400 + 10 * case as u64;
+        let n = 2 * k + 3;
+        let shape: Vec<usize> = lead.iter().copied().chain([k]).collect();
+        let x = Var::from_tensor(&normal(0.0, 1.0, shape.clone(), dtype, &dev, seed)?)?;
+        let w = Var::from_tensor(&normal(0.0, 1.0, (n, k), dtype, &dev, seed + 1)?)?;
+        let b = Var::from_tensor(&normal(0.0, 1.0, n, dtype, &dev, seed + 2)?)?;
+        let input = match transpose {
+            true => x.as_tensor().transpose(0, 1)?,
+            false => x.as_tensor().clone(),
+        };
+        let w2 = (w.as_tensor() * 0.5)?;
+        let fused = (linear_gelu(&input, &w, Some(&b))? + linear_gelu(&input, &w2, Some(&b))?)?;
+        let reference = |w: &Tensor| -> Result<Tensor> {
+            let m: usize = input.dims()[..input.rank() - 1].iter().product();
+            let mut out_shape = input.dims().to_vec();
+            *out_shape.last_mut().unwrap() = n;
+            let pre = input
+                .reshape((m, k))?
+                .matmul(&w.t()?)?
+                .broadcast_add(&b)?
+                .reshape(out_shape)?;
+            reference_gelu(&pre)
+        };
+        let reference = (reference(&w)? + reference(&w2)?)?;
+        let what = format!("case {case} {shape:?} {dtype:?}");
+        check(&format!("{what} y"), &fused, &reference, tol(dtype))?;
+        let r = normal(0.0, 1.0, fused.shape(), dtype, &dev, seed + 3)?;
+        let gf = (fused * &r)?.sum_all()?.backward()?;
+        let gr = (reference * &r)?.sum_all()?.backward()?;
+        for (name, v) in [("dx", &x), ("dw", &w), ("db", &b)] {
+            let (a, e) = (gf.get(v).expect("fused grad"), gr.get(v).expect("ref grad"));
+            check(&format!("{what} {name}"), a, e, tol(dtype))?;
+        }
     }
     Ok(())
 }

@@ -1,0 +1,121 @@
+//! `gelu(x Wᵀ + b)` as one op: the MLP's first layer and its activation.
+//!
+//! As two ops (fused linear, then GELU) the backward pass writes the GELU's input gradient
+//! into a new tensor and candle adds it into a fresh zero tensor before the linear's backward
+//! reads it: two extra passes over the widest activation of a block (`ff_dim` per token) and
+//! one node less in the graph. Here the pre-activation is kept by the op (as the separate
+//! GELU op kept its input) and the backward pass goes straight from the output gradient to
+//! the pre-activation gradient to the linear's three gradients.
+
+use std::sync::Mutex;
+
+use candle::{CpuStorage, CustomOp3, Device, Layout, Result, Shape, Tensor};
+
+use super::gelu::{self, Gelu};
+use super::rows::{cpu, fused, slice};
+use crate::attention::fused::elem::Elem;
+use crate::attention::fused::linear;
+
+/// The op; `pre` holds `x Wᵀ + b` from the forward pass for the backward pass.
+#[derive(Default)]
+struct LinearGelu {
+    pre: Mutex<Option<Tensor>>,
+}
+
+impl LinearGelu {
+    fn forward<T: Elem + Gelu>(
+        &self,
+        x: (&CpuStorage, &Layout),
+        w: (&CpuStorage, &Layout),
+        b: (&CpuStorage, &Layout),
+    ) -> Result<(Vec<T>, Shape)> {
+        let (pre, shape) = linear::forward_vec::<T>(x, w, Some(b))?;
+        let y = gelu::forward(&pre);
+        let pre = Tensor::from_vec(pre, shape.clone(), &Device::Cpu)?;
+        *self.pre.lock().expect("the op's lock is never poisoned") = Some(pre);
+        Ok((y, shape))
+    }
+}
+
+/// `dL/d pre = g · gelu'(pre)`.
+fn pre_grad<T: Elem + Gelu>(pre: &Tensor, grad: &Tensor) -> Result<Tensor> {
+    let (ps, pl) = pre.storage_and_layout();
+    let (gs, gl) = grad.storage_and_layout();
+    let (ps, gs) = (cpu(&ps)?, cpu(&gs)?);
+    let d = gelu::backward(
+        slice::<T>("linear_gelu", ps, pl)?,
+        slice("linear_gelu", gs, gl)?,
+    );
+    Tensor::from_vec(d, pre.shape(), &Device::Cpu)
+}
+
+impl CustomOp3 for LinearGelu {
+    fn name(&self) -> &'static str {
+        "fused-linear-gelu"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (x, w, b) = ((s1, l1), (s2, l2), (s3, l3));
+        match s1 {
+            CpuStorage::F32(_) => {
+                let (y, shape) = self.forward::<f32>(x, w, b)?;
+                Ok((CpuStorage::F32(y), shape))
+            }
+            CpuStorage::F64(_) => {
+                let (y, shape) = self.forward::<f64>(x, w, b)?;
+                Ok((CpuStorage::F64(y), shape))
+            }
+            _ => candle::bail!("fused linear_gelu runs in f32 or f64"),
+        }
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _b: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let pre = self
+            .pre
+            .lock()
+            .expect("the op's lock is never poisoned")
+            .clone();
+        let Some(pre) = pre else {
+            candle::bail!("fused linear_gelu: backward without a forward pass")
+        };
+        let grad = grad.contiguous()?;
+        let dpre = match pre.dtype() {
+            candle::DType::F32 => pre_grad::<f32>(&pre, &grad)?,
+            _ => pre_grad::<f64>(&pre, &grad)?,
+        };
+        let mut g = linear::backward(x, w, &dpre, true)?.into_iter();
+        Ok((g.next(), g.next(), g.next()))
+    }
+}
+
+/// `gelu(x (…, K) @ w (Nout, K).T + b)` → `(…, Nout)`: one op forward and backward on the CPU
+/// in f32/f64 with a bias, the fused linear and GELU ops otherwise.
+///
+/// PyTorch equivalent: `F.gelu(F.linear(x, w, b))` (`approximate="none"`).
+pub(crate) fn linear_gelu(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+    match b {
+        Some(b) if fused(x) && x.rank() >= 2 => {
+            let x = match x.rank() {
+                2 => x.clone(),
+                _ => x.contiguous()?,
+            };
+            x.apply_op3(w, b, LinearGelu::default())
+        }
+        _ => super::gelu_erf(&crate::attention::linear(x, w, b)?),
+    }
+}
