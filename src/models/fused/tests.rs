@@ -34,6 +34,26 @@ fn tol(dtype: DType) -> f64 {
     }
 }
 
+/// `fused` against `reference` (same graph inputs), then the gradients of `sum(out · r)` for
+/// each named variable.
+fn check_op(
+    what: &str,
+    fused: Tensor,
+    reference: Tensor,
+    r: &Tensor,
+    vars: &[(&str, &Var)],
+) -> Result<()> {
+    let tol = tol(fused.dtype());
+    check(&format!("{what} y"), &fused, &reference, tol)?;
+    let gf = (fused * r)?.sum_all()?.backward()?;
+    let gr = (reference * r)?.sum_all()?.backward()?;
+    for (name, v) in vars {
+        let (a, e) = (gf.get(v).expect("fused grad"), gr.get(v).expect("ref grad"));
+        check(&format!("{what} {name}"), a, e, tol)?;
+    }
+    Ok(())
+}
+
 fn reference_layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Result<Tensor> {
     let mean = x.mean_keepdim(D::Minus1)?;
     let centered = x.broadcast_sub(&mean)?;
@@ -76,13 +96,13 @@ fn layer_norm_matches_generic_ops_forward_and_gradients() -> Result<()> {
         let fused = layer_norm(&input, &w, &b, 1e-5)?;
         let reference = reference_layer_norm(&input, &w, &b, 1e-5)?;
         let what = format!("case {case} {shape:?} {dtype:?}");
-        check(&format!("{what} y"), &fused, &reference, tol(dtype))?;
-        let gf = (fused * &r)?.sum_all()?.backward()?;
-        let gr = (reference * &r)?.sum_all()?.backward()?;
-        for (name, v) in [("dx", &x), ("dw", &w), ("db", &b)] {
-            let (a, e) = (gf.get(v).expect("fused grad"), gr.get(v).expect("ref grad"));
-            check(&format!("{what} {name}"), a, e, tol(dtype))?;
-        }
+        check_op(
+            &what,
+            fused,
+            reference,
+            &r,
+            &[("dx", &x), ("dw", &w), ("db", &b)],
+        )?;
     }
     Ok(())
 }
@@ -109,14 +129,7 @@ fn gelu_matches_generic_ops_forward_and_gradient() -> Result<()> {
         let fused = gelu_erf(&input)?;
         let reference = reference_gelu(&input)?;
         let what = format!("case {case} {shape:?} {dtype:?}");
-        check(&format!("{what} y"), &fused, &reference, tol(dtype))?;
-        let gf = (fused * &r)?.sum_all()?.backward()?;
-        let gr = (reference * &r)?.sum_all()?.backward()?;
-        let (a, e) = (
-            gf.get(&x).expect("fused grad"),
-            gr.get(&x).expect("ref grad"),
-        );
-        check(&format!("{what} dx"), a, e, tol(dtype))?;
+        check_op(&what, fused, reference, &r, &[("dx", &x)])?;
     }
     Ok(())
 }
@@ -153,14 +166,14 @@ fn linear_gelu_matches_generic_ops_forward_and_gradients() -> Result<()> {
         };
         let reference = (reference(&w)? + reference(&w2)?)?;
         let what = format!("case {case} {shape:?} {dtype:?}");
-        check(&format!("{what} y"), &fused, &reference, tol(dtype))?;
         let r = normal(0.0, 1.0, fused.shape(), dtype, &dev, seed + 3)?;
-        let gf = (fused * &r)?.sum_all()?.backward()?;
-        let gr = (reference * &r)?.sum_all()?.backward()?;
-        for (name, v) in [("dx", &x), ("dw", &w), ("db", &b)] {
-            let (a, e) = (gf.get(v).expect("fused grad"), gr.get(v).expect("ref grad"));
-            check(&format!("{what} {name}"), a, e, tol(dtype))?;
-        }
+        check_op(
+            &what,
+            fused,
+            reference,
+            &r,
+            &[("dx", &x), ("dw", &w), ("db", &b)],
+        )?;
     }
     Ok(())
 }
