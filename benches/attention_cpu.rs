@@ -34,8 +34,7 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use candle::{DType, Device, Result, Tensor, Var};
@@ -45,7 +44,9 @@ use candle_mha::{
     MultiheadAttentionConfig,
 };
 use candle_nn::VarMap;
-use support::{cpu_model, env_usize, find_torch, median, print_table, utc_now, Allocator};
+use support::{
+    cpu_model, env_usize, find_torch, median, print_table, utc_now, Allocator, TorchServer,
+};
 
 type Shape4 = (usize, usize, usize, usize);
 
@@ -157,62 +158,16 @@ fn bench_ours(
     Ok([fwd_nw, fwd_w, step])
 }
 
-/// PyTorch's side: `scripts/bench_attention_reference.py --serve` as a child process that
-/// times one shape per request, so that the rounds alternate between the two sides.
-struct TorchServer {
-    child: Child,
-    input: ChildStdin,
-    output: BufReader<ChildStdout>,
-}
-
-impl TorchServer {
-    /// Starts the child and waits for its `ready` line; `None` when it does not come.
-    fn start(python: &str, threads: usize, allocator: &Allocator) -> Option<Self> {
-        let script = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/scripts/bench_attention_reference.py"
-        );
-        let mut cmd = Command::new(python);
-        cmd.arg(script)
-            .args(["--serve", "--threads", &threads.to_string()])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        allocator.apply(&mut cmd);
-        let mut child = cmd.spawn().ok()?;
-        let input = child.stdin.take()?;
-        let mut output = BufReader::new(child.stdout.take()?);
-        let mut line = String::new();
-        output.read_line(&mut line).ok()?;
-        line.contains("ready").then_some(Self {
-            child,
-            input,
-            output,
-        })
-    }
-
-    /// Medians in seconds, as [`bench_ours`] returns them.
-    fn run(&mut self, s: Shape4, reps: usize, warmup: usize) -> Option<[f64; 3]> {
-        let req =
-            serde_json::json!({"shape": [s.0, s.1, s.2, s.3], "reps": reps, "warmup": warmup});
-        writeln!(self.input, "{req}").ok()?;
-        self.input.flush().ok()?;
-        let mut line = String::new();
-        self.output.read_line(&mut line).ok()?;
-        let rec: serde_json::Value = serde_json::from_str(&line).ok()?;
-        Some([
-            rec["fwd_nw_s"].as_f64()?,
-            rec["fwd_w_s"].as_f64()?,
-            rec["step_s"].as_f64()?,
-        ])
-    }
-}
-
-impl Drop for TorchServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// PyTorch's medians in seconds for one shape, as [`bench_ours`] returns them.
+fn torch_run(server: &mut TorchServer, s: Shape4, reps: usize, warmup: usize) -> Option<[f64; 3]> {
+    let rec = server.request(
+        &serde_json::json!({"shape": [s.0, s.1, s.2, s.3], "reps": reps, "warmup": warmup}),
+    )?;
+    Some([
+        rec["fwd_nw_s"].as_f64()?,
+        rec["fwd_w_s"].as_f64()?,
+        rec["step_s"].as_f64()?,
+    ])
 }
 
 /// `VmRSS` and `VmHWM` of this process in bytes.
@@ -320,7 +275,7 @@ fn main() -> Result<()> {
     );
     println!("{}", allocator.describe());
     let mut torch = find_torch().and_then(|(py, v)| {
-        let server = TorchServer::start(&py, threads, &allocator)?;
+        let server = TorchServer::start(&py, "bench_attention_reference.py", threads, &allocator)?;
         println!("torch: {v} ({py}), torch.set_num_threads({threads})");
         Some(server)
     });
@@ -345,7 +300,7 @@ fn main() -> Result<()> {
         for (i, &s) in shapes.iter().enumerate() {
             eprintln!("round {}/{rounds}: {s:?}…", round + 1);
             fused[i].push(bench_ours(s, AttentionKernel::Fused, reps, warmup)?);
-            if let Some(t) = torch.as_mut().and_then(|t| t.run(s, reps, warmup)) {
+            if let Some(t) = torch.as_mut().and_then(|t| torch_run(t, s, reps, warmup)) {
                 theirs[i].push(t);
             }
         }

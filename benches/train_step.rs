@@ -12,8 +12,14 @@
 //! `clip_grad_norm(1.0)` + `AdamW::step` (PyTorch's default hyper-parameters), f32. Tokens
 //! are random (seeded), a fresh batch per step, drawn outside the timed region.
 //!
+//! Rounds: for `MHA_BENCH_ROUNDS` rounds (default 3), each shape runs on our side and right
+//! after on PyTorch's (a `--serve` child of `scripts/bench_reference.py`), so that both sides
+//! of a ratio see the same load; a cell is the median over rounds of the round medians, and
+//! "per round" is the range of the ratio over the rounds.
+//!
 //! Environment:
 //! - `MHA_BENCH_SHAPES`: comma-separated subset of `small,medium,large` (default: all);
+//! - `MHA_BENCH_ROUNDS`: rounds (default 3);
 //! - `MHA_BENCH_STEPS` / `MHA_BENCH_WARMUP`: timed / untimed steps for every shape (default:
 //!   10 + 3 for small and medium, 5 + 2 for large);
 //! - `MHA_BENCH_PYTHON`: the Python with torch (unset: `python3`, then
@@ -25,10 +31,11 @@
 
 mod support;
 
-use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use support::{cpu_model, env_usize, find_torch, median, print_table, utc_now, Allocator};
+use support::{
+    cpu_model, env_usize, find_torch, median, print_table, utc_now, Allocator, TorchServer,
+};
 
 use candle::{DType, Device, Result, Tensor};
 use candle_mha::models::{masked_cross_entropy, NextTokenPredictor, NextTokenPredictorConfig};
@@ -220,52 +227,37 @@ fn bench_ours(shape: &BenchShape) -> Result<Timing> {
     })
 }
 
-/// The PyTorch side: `scripts/bench_reference.py` for every shape, parsed from its JSON lines.
-/// A shape it did not report is `None`.
-fn bench_torch(
-    python: &str,
-    shapes: &[BenchShape],
-    threads: usize,
-    allocator: &Allocator,
-) -> Vec<Option<Timing>> {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/bench_reference.py");
-    let shapes_json = serde_json::Value::Array(shapes.iter().map(BenchShape::to_json).collect());
-    let first = &shapes[0];
-    let mut cmd = Command::new(python);
-    allocator.apply(&mut cmd);
-    let out = cmd
-        .arg(script)
-        .args(["--shapes", &shapes_json.to_string()])
-        .args(["--steps", &first.steps.to_string()])
-        .args(["--warmup", &first.warmup.to_string()])
-        .args(["--threads", &threads.to_string()])
-        .stderr(Stdio::inherit())
-        .output();
-    let out = match out {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("torch: could not run {script}: {e}");
-            return vec![None; shapes.len()];
-        }
-    };
-    if !out.status.success() {
-        eprintln!("torch: {script} exited with {}", out.status);
+/// The PyTorch side for one shape: a request to `scripts/bench_reference.py --serve`.
+fn bench_torch(server: &mut TorchServer, shape: &BenchShape) -> Option<Timing> {
+    let rec = server.request(&shape.to_json())?;
+    Some(Timing {
+        median_s: rec["median_s"].as_f64()?,
+        tokens_per_s: rec["tokens_per_s"].as_f64()?,
+        phases: None,
+    })
+}
+
+/// The median over rounds of each round's timing (`None` rounds left out).
+fn over_rounds(rounds: &[Option<Timing>]) -> Option<Timing> {
+    let got: Vec<&Timing> = rounds.iter().flatten().collect();
+    if got.is_empty() {
+        return None;
     }
-    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect();
-    shapes
-        .iter()
-        .map(|s| {
-            let rec = lines.iter().find(|r| r["name"] == s.name)?;
-            Some(Timing {
-                median_s: rec["median_s"].as_f64()?,
-                tokens_per_s: rec["tokens_per_s"].as_f64()?,
-                phases: None,
-            })
+    let median_s = median(&got.iter().map(|t| t.median_s).collect::<Vec<_>>());
+    let phases = got[0].phases.map(|_| {
+        std::array::from_fn(|k| {
+            median(
+                &got.iter()
+                    .filter_map(|t| t.phases.map(|p| p[k]))
+                    .collect::<Vec<_>>(),
+            )
         })
-        .collect()
+    });
+    Some(Timing {
+        median_s,
+        tokens_per_s: got[0].tokens_per_s * got[0].median_s / median_s,
+        phases,
+    })
 }
 
 fn main() -> Result<()> {
@@ -290,28 +282,59 @@ fn main() -> Result<()> {
         utc_now()
     );
     println!("{}", allocator.describe());
+    let rounds = env_usize("MHA_BENCH_ROUNDS").unwrap_or(3).max(1);
+    println!("{rounds} rounds; in each, every shape runs on our side and right after on PyTorch's");
     let torch = find_torch();
-    match &torch {
+    let mut server = match &torch {
         Some((py, version)) => {
-            println!("torch: {version} ({py}), torch.set_num_threads({threads})")
+            println!("torch: {version} ({py}), torch.set_num_threads({threads})");
+            let server = TorchServer::start(py, "bench_reference.py", threads, &allocator);
+            if server.is_none() {
+                eprintln!("torch: scripts/bench_reference.py --serve did not start");
+            }
+            server
         }
-        None => println!("torch: not available (set MHA_BENCH_PYTHON)"),
-    }
+        None => {
+            println!("torch: not available (set MHA_BENCH_PYTHON)");
+            None
+        }
+    };
+    let with_torch = server.is_some();
 
-    let mut ours = Vec::new();
-    for s in &shapes {
-        eprintln!(
-            "candle: {} ({} warmup + {} timed steps)…",
-            s.name, s.warmup, s.steps
-        );
-        ours.push(bench_ours(s)?);
-    }
-    let theirs = match &torch {
-        Some((py, _)) => {
-            eprintln!("torch: running scripts/bench_reference.py…");
-            Some(bench_torch(py, &shapes, threads, &allocator))
+    // Per shape, per round: ours, then PyTorch's on the same load.
+    let mut ours_r: Vec<Vec<Option<Timing>>> = vec![Vec::new(); shapes.len()];
+    let mut theirs_r: Vec<Vec<Option<Timing>>> = vec![Vec::new(); shapes.len()];
+    for round in 0..rounds {
+        for (i, s) in shapes.iter().enumerate() {
+            eprintln!(
+                "round {}/{rounds}: {} ({} warmup + {} timed steps)…",
+                round + 1,
+                s.name,
+                s.warmup,
+                s.steps
+            );
+            ours_r[i].push(Some(bench_ours(s)?));
+            if let Some(server) = server.as_mut() {
+                theirs_r[i].push(bench_torch(server, s));
+            }
         }
-        None => None,
+    }
+    let ours: Vec<Timing> = ours_r
+        .iter()
+        .map(|r| over_rounds(r).expect("our side ran every round"))
+        .collect();
+    let theirs: Option<Vec<Option<Timing>>> =
+        with_torch.then(|| theirs_r.iter().map(|r| over_rounds(r)).collect());
+    // The lowest and highest ours/torch ratio of a round.
+    let per_round = |i: usize| -> Option<String> {
+        let ratios: Vec<f64> = ours_r[i]
+            .iter()
+            .zip(&theirs_r[i])
+            .filter_map(|(o, t)| Some(o.as_ref()?.median_s / t.as_ref()?.median_s))
+            .collect();
+        let lo = ratios.iter().copied().reduce(f64::min)?;
+        let hi = ratios.iter().copied().reduce(f64::max)?;
+        Some(format!("{lo:.2}–{hi:.2}"))
     };
 
     let mut header: Vec<String> = [
@@ -327,7 +350,13 @@ fn main() -> Result<()> {
     .to_vec();
     if theirs.is_some() {
         header.extend(
-            ["torch median ms", "torch tok/s", "ratio (ours/torch time)"].map(String::from),
+            [
+                "torch median ms",
+                "torch tok/s",
+                "ratio (ours/torch time)",
+                "per round",
+            ]
+            .map(String::from),
         );
     }
     let mut rows = Vec::new();
@@ -348,8 +377,9 @@ fn main() -> Result<()> {
                     format!("{:.1}", t.median_s * 1e3),
                     format!("{:.0}", t.tokens_per_s),
                     format!("{:.2}", o.median_s / t.median_s),
+                    per_round(i).unwrap_or_else(|| "n/a".into()),
                 ]),
-                None => row.extend(["n/a", "n/a", "n/a"].map(String::from)),
+                None => row.extend(["n/a", "n/a", "n/a", "n/a"].map(String::from)),
             }
         }
         rows.push(row);
@@ -357,7 +387,10 @@ fn main() -> Result<()> {
     println!();
     print_table(&header, &rows);
     if theirs.is_some() {
-        println!("\nratio < 1: candle-mha is faster; > 1: slower.");
+        println!(
+            "\nmedians over the rounds of each round's median; per round: the lowest and highest \
+             ours/torch ratio of a round.\nratio < 1: candle-mha is faster; > 1: slower."
+        );
     }
     println!("\nours, median ms per phase: forward+loss / backward / clip_grad_norm / AdamW step");
     for (s, o) in shapes.iter().zip(&ours) {

@@ -17,6 +17,10 @@ One step is what `Trainer::train_step` does: model.train(), forward on random to
 loss.item(), backward, clip_grad_norm_(1.0), AdamW (PyTorch's defaults) step, f32 on CPU;
 zero_grad(set_to_none=True) is counted too. Output: one JSON line per shape on stdout,
 {"name": ..., "median_s": ..., "tokens_per_s": ..., ...}, with tokens = N * L.
+
+With --serve (what the bench uses), shapes come one per stdin line as such objects (with
+steps and warmup) after a {"ready": version} line, and each gets its JSON line back, so that
+the bench can alternate between our side and PyTorch's for several rounds.
 """
 
 import argparse
@@ -78,7 +82,8 @@ def bench_shape(shape, steps, warmup, seed=0):
 def main(argv=None):
     ap = argparse.ArgumentParser(description="Time a PyTorch training step of the "
                                              "NextTokenPredictor twin (JSON lines out).")
-    ap.add_argument("--shapes", required=True, help="JSON list of shape objects")
+    ap.add_argument("--shapes", help="JSON list of shape objects")
+    ap.add_argument("--serve", action="store_true", help="read shape objects from stdin")
     ap.add_argument("--steps", type=int, default=10, help="timed steps per shape")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     ap.add_argument("--threads", type=int, default=0,
@@ -88,7 +93,13 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads",
           file=sys.stderr, flush=True)
-    shapes = json.loads(args.shapes)
+    if args.serve:
+        print(json.dumps({"ready": torch.__version__}), flush=True)
+        shapes = (json.loads(line) for line in sys.stdin if line.strip())
+    elif args.shapes is None:
+        ap.error("--shapes or --serve is required")
+    else:
+        shapes = json.loads(args.shapes)
     for shape in shapes:
         steps = int(shape.get("steps", args.steps))
         warmup = int(shape.get("warmup", args.warmup))

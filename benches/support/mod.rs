@@ -2,7 +2,8 @@
 
 #![allow(dead_code)]
 
-use std::process::{Command, Stdio};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Both sides of a bench under the same allocator settings: unless
@@ -156,5 +157,59 @@ pub fn env_usize(name: &str) -> Option<usize> {
             eprintln!("warning: ignoring {name}={raw:?} (not a non-negative integer)");
             None
         }
+    }
+}
+
+/// PyTorch's side of a bench as a long-lived child: `python SCRIPT --serve --threads T`, one
+/// JSON request per stdin line, one JSON line back, so that a bench can alternate between
+/// the two sides in rounds (this shared machine's load drifts within minutes).
+pub struct TorchServer {
+    child: Child,
+    input: ChildStdin,
+    output: BufReader<ChildStdout>,
+}
+
+impl TorchServer {
+    /// Starts `scripts/<script>` and waits for its `ready` line; `None` when it does not come.
+    pub fn start(
+        python: &str,
+        script: &str,
+        threads: usize,
+        allocator: &Allocator,
+    ) -> Option<Self> {
+        let path = format!("{}/scripts/{script}", env!("CARGO_MANIFEST_DIR"));
+        let mut cmd = Command::new(python);
+        cmd.arg(path)
+            .args(["--serve", "--threads", &threads.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        allocator.apply(&mut cmd);
+        let mut child = cmd.spawn().ok()?;
+        let input = child.stdin.take()?;
+        let mut output = BufReader::new(child.stdout.take()?);
+        let mut line = String::new();
+        output.read_line(&mut line).ok()?;
+        line.contains("ready").then_some(Self {
+            child,
+            input,
+            output,
+        })
+    }
+
+    /// One request, its reply; `None` when the child does not answer with JSON.
+    pub fn request(&mut self, req: &serde_json::Value) -> Option<serde_json::Value> {
+        writeln!(self.input, "{req}").ok()?;
+        self.input.flush().ok()?;
+        let mut line = String::new();
+        self.output.read_line(&mut line).ok()?;
+        serde_json::from_str(&line).ok()
+    }
+}
+
+impl Drop for TorchServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
