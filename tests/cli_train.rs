@@ -167,6 +167,27 @@ fn bad_data_and_checkpoints_are_clear_errors() -> Result<()> {
         "{stderr}"
     );
 
+    // Hyper-parameters PyTorch would reject (or that would train into NaNs) are errors before
+    // anything is written.
+    for (flag, message) in [
+        ("--lr=-1", "Invalid learning rate: -1"),
+        ("--lr=nan", "Invalid learning rate: NaN"),
+        ("--weight-decay=-0.5", "Invalid weight_decay value: -0.5"),
+        ("--clip=-1", "clip_norm must be >= 0 (0 = off), got -1"),
+        (
+            "--val-fraction=1.5",
+            "--val-fraction 1.5: expected a fraction in [0, 1]",
+        ),
+    ] {
+        let out = p("bad_hparams");
+        let (ok, _, stderr) = mha(&["train", flag, "--out", &out, "--steps", "1"])?;
+        assert!(!ok && stderr.contains(message), "{flag}: {stderr}");
+        assert!(
+            !dir.path().join("bad_hparams/model.safetensors").exists(),
+            "{flag}: a checkpoint was written"
+        );
+    }
+
     let (ok, _, stderr) = mha(&["train", "--out", &p("r3"), "--resume"])?;
     assert!(
         !ok && stderr.contains("has no trainer_state.json"),

@@ -180,6 +180,12 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             args.out.display()
         )
     }
+    if !(0.0..=1.0).contains(&args.val_fraction) {
+        bail!(
+            "--val-fraction {}: expected a fraction in [0, 1]",
+            args.val_fraction
+        )
+    }
     if !args.resume && args.out.join(STATE_FILE).exists() {
         bail!(
             "{} already holds a run: pass --resume to continue it, or choose another --out",

@@ -41,6 +41,47 @@ impl Default for AdamWConfig {
     }
 }
 
+impl AdamWConfig {
+    /// Checks the hyper-parameters with PyTorch's messages (`Invalid learning rate: -1`, …).
+    ///
+    /// PyTorch equivalent: the checks of `torch.optim.AdamW.__init__`: `lr`, `eps` and
+    /// `weight_decay` ≥ 0, each beta in `[0, 1)`. Deliberately also rejected: infinite `lr`,
+    /// `eps` and `weight_decay`, which PyTorch accepts and which turn every weight into NaN.
+    pub fn validate(&self) -> Result<()> {
+        let checks = [
+            (
+                "Invalid learning rate",
+                self.lr,
+                (0.0..f64::INFINITY).contains(&self.lr),
+            ),
+            (
+                "Invalid epsilon value",
+                self.eps,
+                (0.0..f64::INFINITY).contains(&self.eps),
+            ),
+            (
+                "Invalid beta parameter at index 0",
+                self.beta1,
+                (0.0..1.0).contains(&self.beta1),
+            ),
+            (
+                "Invalid beta parameter at index 1",
+                self.beta2,
+                (0.0..1.0).contains(&self.beta2),
+            ),
+            (
+                "Invalid weight_decay value",
+                self.weight_decay,
+                (0.0..f64::INFINITY).contains(&self.weight_decay),
+            ),
+        ];
+        match checks.iter().find(|c| !c.2) {
+            Some((what, value, _)) => candle::bail!("AdamW: {what}: {value}"),
+            None => Ok(()),
+        }
+    }
+}
+
 struct Slot {
     name: String,
     var: Var,
@@ -61,8 +102,10 @@ pub struct AdamW {
 }
 
 impl AdamW {
-    /// An optimizer over `params` (name, variable).
+    /// An optimizer over `params` (name, variable); errors when [`AdamWConfig::validate`]
+    /// does.
     pub fn new(params: Vec<(String, Var)>, config: AdamWConfig) -> Result<Self> {
+        config.validate()?;
         let slots = params
             .into_iter()
             .map(|(name, var)| {
@@ -111,10 +154,12 @@ impl AdamW {
         self.slots.iter().map(|s| s.var.clone()).collect()
     }
 
-    /// One update from `grads`.
+    /// One update from `grads`; errors, changing nothing, when the hyper-parameters (a
+    /// learning rate from [`set_lr`](Self::set_lr)) do not pass [`AdamWConfig::validate`].
     ///
     /// PyTorch equivalent: `optimizer.step()`.
     pub fn step(&mut self, grads: &GradStore) -> Result<()> {
+        self.config.validate()?;
         let AdamWConfig {
             lr,
             beta1,
@@ -215,8 +260,12 @@ impl AdamW {
 /// returns the norm before clipping.
 ///
 /// PyTorch equivalent: `torch.nn.utils.clip_grad_norm_(params, max_norm)`: the scale is
-/// `min(1, max_norm / (norm + 1e-6))`.
+/// `min(1, max_norm / (norm + 1e-6))`; `f64::INFINITY` only measures. Deliberately, a negative
+/// or NaN `max_norm` is an error (PyTorch would flip or NaN the gradients).
 pub fn clip_grad_norm(grads: &mut GradStore, vars: &[Var], max_norm: f64) -> Result<f64> {
+    if max_norm.is_nan() || max_norm < 0.0 {
+        candle::bail!("clip_grad_norm: max_norm must be >= 0 (inf: no clipping), got {max_norm}")
+    }
     let mut sq = 0f64;
     for v in vars {
         if let Some(g) = grads.get(v.as_tensor()) {
@@ -240,4 +289,85 @@ pub fn clip_grad_norm(grads: &mut GradStore, vars: &[Var], max_norm: f64) -> Res
         }
     }
     Ok(norm)
+}
+
+#[cfg(test)]
+mod tests {
+    use candle::{DType, Device, Var};
+
+    use super::*;
+
+    #[test]
+    fn bad_hyper_parameters_are_errors_with_pytorchs_messages() -> Result<()> {
+        let var = Var::zeros(3, DType::F32, &Device::Cpu)?;
+        let params = || vec![("w".to_string(), var.clone())];
+        for (config, message) in [
+            (
+                AdamWConfig {
+                    lr: -1.0,
+                    ..Default::default()
+                },
+                "Invalid learning rate: -1",
+            ),
+            (
+                AdamWConfig {
+                    lr: f64::NAN,
+                    ..Default::default()
+                },
+                "Invalid learning rate: NaN",
+            ),
+            (
+                AdamWConfig {
+                    lr: f64::INFINITY,
+                    ..Default::default()
+                },
+                "Invalid learning rate: inf",
+            ),
+            (
+                AdamWConfig {
+                    eps: -1e-8,
+                    ..Default::default()
+                },
+                "Invalid epsilon value",
+            ),
+            (
+                AdamWConfig {
+                    beta1: 1.0,
+                    ..Default::default()
+                },
+                "Invalid beta parameter at index 0: 1",
+            ),
+            (
+                AdamWConfig {
+                    beta2: -0.1,
+                    ..Default::default()
+                },
+                "Invalid beta parameter at index 1",
+            ),
+            (
+                AdamWConfig {
+                    weight_decay: -0.5,
+                    ..Default::default()
+                },
+                "Invalid weight_decay value: -0.5",
+            ),
+        ] {
+            let e = AdamW::new(params(), config).err().expect("an error");
+            assert!(e.to_string().contains(message), "{e}");
+        }
+        // A learning rate set later is checked at the step, before anything changes.
+        let mut opt = AdamW::new(params(), AdamWConfig::default())?;
+        opt.set_lr(f64::NAN);
+        let loss = (var.as_tensor() - 1.0)?.sqr()?.sum_all()?;
+        let mut grads = loss.backward()?;
+        let e = opt.step(&grads).unwrap_err();
+        assert!(e.to_string().contains("Invalid learning rate: NaN"), "{e}");
+        assert_eq!(var.to_vec1::<f32>()?, [0.0; 3]);
+
+        let e = clip_grad_norm(&mut grads, std::slice::from_ref(&var), -1.0).unwrap_err();
+        assert!(e.to_string().contains("max_norm must be >= 0"), "{e}");
+        let norm = clip_grad_norm(&mut grads, std::slice::from_ref(&var), f64::INFINITY)?;
+        assert!((norm - 12f64.sqrt()).abs() < 1e-6, "{norm}");
+        Ok(())
+    }
 }

@@ -161,6 +161,13 @@ impl Trainer {
                 weight_decay: config.weight_decay,
             },
         )?;
+        // After the optimizer, which checks lr (min_lr derives from it in the CLI).
+        if config.clip_norm.is_nan() || config.clip_norm < 0.0 {
+            candle::bail!("clip_norm must be >= 0 (0 = off), got {}", config.clip_norm)
+        }
+        if !(0.0..f64::INFINITY).contains(&config.min_lr) {
+            candle::bail!("min_lr must be finite and >= 0, got {}", config.min_lr)
+        }
         let schedule = LrSchedule {
             base_lr: config.lr,
             min_lr: config.min_lr,
