@@ -167,8 +167,8 @@ fn bad_data_and_checkpoints_are_clear_errors() -> Result<()> {
         "{stderr}"
     );
 
-    // Hyper-parameters PyTorch would reject (or that would train into NaNs) are errors before
-    // anything is written.
+    // Hyper-parameters PyTorch would reject (or that train into NaNs) are errors, and no
+    // checkpoint is written.
     for (flag, message) in [
         ("--lr=-1", "Invalid learning rate: -1"),
         ("--lr=nan", "Invalid learning rate: NaN"),
@@ -177,6 +177,12 @@ fn bad_data_and_checkpoints_are_clear_errors() -> Result<()> {
         (
             "--val-fraction=1.5",
             "--val-fraction 1.5: expected a fraction in [0, 1]",
+        ),
+        // Finite but diverging: after the first update the evaluation loss is NaN, and the
+        // save refuses.
+        (
+            "--lr=1e30",
+            "evaluation loss is NaN, the weights have diverged",
         ),
     ] {
         let out = p("bad_hparams");

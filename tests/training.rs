@@ -204,3 +204,31 @@ fn text_model_beats_unigram_entropy() -> Result<()> {
     );
     Ok(())
 }
+
+/// A checkpoint is never replaced by weights that hold NaN (however they got there).
+#[test]
+fn non_finite_weights_are_not_saved() -> Result<()> {
+    let (task, _, _) = task_data(10);
+    let mut cfg = NextTokenPredictorConfig::new(task.vocab().len());
+    cfg.max_len = task.seq_len();
+    let (model, varmap) = build(&cfg)?;
+    let name = "blocks.0.mlp.fc1.bias";
+    let var = varmap.data().lock().unwrap()[name].clone();
+    let trainer = Trainer::new(
+        model,
+        varmap,
+        TrainConfig::default(),
+        serde_json::Value::Null,
+    )?;
+    let dir = tempfile::tempdir()?;
+    trainer.save(dir.path())?;
+    let saved = std::fs::read(dir.path().join("model.safetensors"))?;
+    var.set(&var.ones_like()?.affine(0.0, f64::NAN)?)?;
+    let e = trainer.save(dir.path()).unwrap_err().to_string();
+    assert!(
+        e.contains(&format!("parameter {name} holds NaN or infinite values")),
+        "{e}"
+    );
+    assert_eq!(std::fs::read(dir.path().join("model.safetensors"))?, saved);
+    Ok(())
+}

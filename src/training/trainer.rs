@@ -140,6 +140,18 @@ pub struct Trainer {
     state: TrainerState,
 }
 
+/// An error when an evaluation just before a save gave a non-finite loss: the weights have
+/// diverged (finite but huge, or NaN) and must not replace the checkpoint in `dir`.
+fn diverged(step: u64, eval_loss: Option<f64>, dir: &Path) -> Result<()> {
+    match eval_loss {
+        Some(loss) if !loss.is_finite() => candle::bail!(
+            "step {step}: evaluation loss is {loss}, the weights have diverged (learning rate too high?): not saved, {} keeps its previous checkpoint",
+            dir.display()
+        ),
+        _ => Ok(()),
+    }
+}
+
 impl Trainer {
     /// A fresh run.
     pub fn new(
@@ -316,6 +328,7 @@ impl Trainer {
             let stats = self.train_step(&batch)?;
             let step = self.state.step;
             observer.on_step(step, &stats);
+            let mut eval_loss = None;
             if cfg.eval_every > 0
                 && step.is_multiple_of(cfg.eval_every)
                 && step < cfg.steps
@@ -323,9 +336,11 @@ impl Trainer {
             {
                 let eval = self.evaluate(val)?;
                 observer.on_eval(step, &eval);
+                eval_loss = Some(eval.loss);
             }
             if let Some(dir) = dir {
                 if cfg.save_every > 0 && step.is_multiple_of(cfg.save_every) && step < cfg.steps {
+                    diverged(step, eval_loss, dir)?;
                     self.save(dir)?;
                     observer.on_save(step, dir);
                 }
@@ -338,6 +353,7 @@ impl Trainer {
         };
         observer.on_eval(self.state.step, &eval);
         if let Some(dir) = dir {
+            diverged(self.state.step, Some(eval.loss), dir)?;
             self.save(dir)?;
             observer.on_save(self.state.step, dir);
         }
@@ -370,6 +386,26 @@ impl Trainer {
     /// Writes `model.safetensors` (PyTorch names), `config.json`, `optimizer.safetensors` and
     /// `trainer_state.json` into `dir`, each atomically.
     pub fn save(&self, dir: &Path) -> Result<()> {
+        // A diverged run (a learning rate far too high) must not replace a good checkpoint.
+        for (name, var) in self
+            .varmap
+            .data()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
+            let values = var
+                .flatten_all()?
+                .to_dtype(candle::DType::F64)?
+                .to_vec1::<f64>()?;
+            if !values.iter().all(|x| x.is_finite()) {
+                candle::bail!(
+                    "step {}: parameter {name} holds NaN or infinite values (learning rate too high?): not saved, {} keeps its previous checkpoint",
+                    self.state.step,
+                    dir.display()
+                )
+            }
+        }
         std::fs::create_dir_all(dir).map_err(|e| {
             candle::Error::Msg(format!(
                 "cannot create checkpoint directory {}: {e}",
