@@ -49,10 +49,12 @@ pub fn generate(
     if prompt.is_empty() {
         candle::bail!("the prompt is empty: give at least one token")
     }
-    if cfg.top_k == Some(0) || cfg.temperature <= 0.0 || !cfg.temperature.is_finite() {
+    if cfg.top_k == Some(0) {
+        candle::bail!("top_k must be at least 1 (None: greedy), got 0")
+    }
+    if !(cfg.temperature > 0.0 && cfg.temperature.is_finite()) {
         candle::bail!(
-            "top_k must be at least 1 and temperature positive, got top_k {:?} and temperature {}",
-            cfg.top_k,
+            "temperature must be positive and finite, got {}",
             cfg.temperature
         )
     }
@@ -104,4 +106,54 @@ pub fn generate(
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use candle::{DType, Device};
+
+    use super::*;
+    use crate::models::NextTokenPredictorConfig;
+
+    #[test]
+    fn bad_settings_are_errors_naming_them() -> Result<()> {
+        let varmap = candle_nn::VarMap::new();
+        let vb = crate::seeded_var_builder(&varmap, 0, DType::F32, &Device::Cpu);
+        let model = NextTokenPredictor::new(NextTokenPredictorConfig::new(5), vb)?;
+        for (cfg, message) in [
+            (
+                GenerateConfig {
+                    top_k: Some(0),
+                    ..Default::default()
+                },
+                "top_k must be at least 1 (None: greedy), got 0",
+            ),
+            (
+                GenerateConfig {
+                    top_k: Some(2),
+                    temperature: 0.0,
+                    ..Default::default()
+                },
+                "temperature must be positive and finite, got 0",
+            ),
+            (
+                GenerateConfig {
+                    temperature: f64::NAN,
+                    ..Default::default()
+                },
+                "temperature must be positive and finite, got NaN",
+            ),
+        ] {
+            let e = generate(&model, &[1, 2], &cfg).unwrap_err().to_string();
+            assert!(e.contains(message), "{e}");
+        }
+        let e = generate(&model, &[], &GenerateConfig::default()).unwrap_err();
+        assert!(e.to_string().contains("the prompt is empty"), "{e}");
+        // Greedy with the defaults runs: the new ids only (no end-of-sequence id to stop at).
+        assert_eq!(
+            generate(&model, &[1, 2], &GenerateConfig::default())?.len(),
+            20
+        );
+        Ok(())
+    }
 }
