@@ -307,7 +307,9 @@ impl Trainer {
     }
 
     /// Trains until `config.steps`, evaluating on `val` and checkpointing to `dir` (when
-    /// given) as configured, and at the end. Returns the final evaluation.
+    /// given) as configured, and at the end. Returns the final evaluation. Stops with an error,
+    /// leaving the last checkpoint, at a non-finite training loss or when a save follows an
+    /// evaluation with a non-finite loss (diverged weights).
     pub fn run(
         &mut self,
         train: &Dataset,
@@ -384,7 +386,8 @@ impl Trainer {
     }
 
     /// Writes `model.safetensors` (PyTorch names), `config.json`, `optimizer.safetensors` and
-    /// `trainer_state.json` into `dir`, each atomically.
+    /// `trainer_state.json` into `dir`, each atomically; writes nothing and errors, naming the
+    /// parameter, when a parameter holds NaN or infinity.
     pub fn save(&self, dir: &Path) -> Result<()> {
         // A diverged run (a learning rate far too high) must not replace a good checkpoint.
         for (name, var) in self
