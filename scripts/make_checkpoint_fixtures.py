@@ -3,11 +3,12 @@
 
 PyTorch is the oracle. This script builds a few small PyTorch models that contain
 `nn.MultiheadAttention` modules (an `nn.TransformerEncoder`, an `nn.Transformer`, a small
-`nn.ModuleDict` with a kdim/vdim cross-attention, a bare MHA), overwrites EVERY parameter
-with `randn_like(p) * 0.3` (so zero-initialised biases are exercised too), switches them to
-`eval()`, and saves their `state_dict()`s as safetensors and as `torch.save` .pt files in
-`tests/fixtures/checkpoints/`. Next to the checkpoints it writes `*_expected.safetensors`
-files holding inputs and the outputs / averaged attention weights of the MHA modules,
+`nn.ModuleDict` with a kdim/vdim cross-attention, a bare MHA, a small module with buffers),
+overwrites EVERY parameter with `randn_like(p) * 0.3` (so zero-initialised biases are
+exercised too), switches them to `eval()`, and saves their `state_dict()`s as safetensors and
+as `torch.save` .pt files in `tests/fixtures/checkpoints/` (also in the legacy format, and
+whole pickled models), plus a .pt of views and dtypes with its contiguous expected copy.
+Next to the checkpoints it writes `*_expected.safetensors` files holding inputs and the outputs / averaged attention weights of the MHA modules,
 computed on CPU in eval mode with grad enabled (so the slow path,
 F.multi_head_attention_forward, runs, never the inference fast path). The files are
 described in tests/fixtures/checkpoints/README.md.
@@ -17,7 +18,8 @@ Rerun (CPU only, a throwaway venv is enough):
     python3 -m venv /tmp/torchvenv && /tmp/torchvenv/bin/pip install torch numpy safetensors
     /tmp/torchvenv/bin/python scripts/make_checkpoint_fixtures.py [--out tests/fixtures/checkpoints]
 
-Output is deterministic for a given torch version: every model reseeds with
+Output is deterministic for a given torch version (except encoder_bf_legacy.pt, whose
+storage keys are object ids): every model reseeds with
 torch.manual_seed(crc32(model name)), safetensors metadata keys are sorted, and
 torch.save's zip records carry fixed timestamps and a content-derived serialization id.
 """
@@ -79,9 +81,14 @@ class Writer:
         canonicalize_header(path)
         self._done(name, f"{len(tensors)} tensors")
 
-    def pt(self, name, obj, what):
+    def pt(self, name, obj, what, legacy=False):
         path = os.path.join(self.out, name)
-        torch.save(obj, path)
+        if legacy:
+            # The pre-1.6 stream format (still what `_use_new_zipfile_serialization=False`
+            # writes).
+            torch.save(obj, path, _use_new_zipfile_serialization=False)
+        else:
+            torch.save(obj, path)
         self._done(name, what)
 
 
@@ -94,6 +101,57 @@ def build_encoder(batch_first):
                                        dropout=0.0, batch_first=batch_first)
     model = nn.TransformerEncoder(layer, num_layers=LAYERS_ENC, enable_nested_tensor=False)
     return randomize(model)
+
+
+class Tagged(nn.Module):
+    """A module with what a pickled model carries besides parameters: a submodule, an
+    int32 and a bool persistent buffer, a non-persistent buffer and a `None` parameter.
+    Its state_dict() holds attn.in_proj_weight, attn.out_proj.weight, steps and mask."""
+
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(8, 2, bias=False)
+        self.register_buffer("steps", torch.tensor([7, -3], dtype=torch.int32))
+        self.register_buffer("mask", torch.tril(torch.ones(3, 3)).bool())
+        self.register_buffer("scratch", torch.ones(2), persistent=False)
+        self.register_parameter("unused", None)
+
+
+def views_and_dtypes():
+    """Tensors as torch.save stores views and dtypes: (readable, unreadable)."""
+    base = torch.randn(6, 7)
+    readable = {
+        "rows": base[1:3],                      # storage offset
+        "cols": base[:, ::2],                   # strided
+        "transposed": base.t(),                 # column-major
+        "expanded": base[2].expand(3, 7),       # stride 0
+        "permuted": torch.randn(2, 3, 4).permute(2, 0, 1),
+        "flat_slice": base.view(42)[5:9],       # shares base's storage
+        "whole": base,
+        "scalar": torch.tensor(3.5),
+        "empty": torch.zeros(0, 3),
+        "f64": torch.randn(3, dtype=torch.float64),
+        "f16": torch.randn(3).half(),
+        "bf16": torch.randn(3).bfloat16(),
+        "f8_e4m3": torch.randn(4).to(torch.float8_e4m3fn),
+        "i64": torch.tensor([-(2 ** 40), 5]),
+        "i32": torch.tensor([-7, 2 ** 30], dtype=torch.int32),
+        "i16": torch.tensor([-300, 12], dtype=torch.int16),
+        "u8": torch.tensor([0, 255], dtype=torch.uint8),
+        "u32": torch.tensor([1, 2 ** 31 + 5], dtype=torch.uint32),
+        "bool": torch.tensor([[True, False], [False, True]]),
+    }
+    unreadable = {
+        "i8": torch.tensor([-1, 2], dtype=torch.int8),
+        "c64": torch.randn(2, dtype=torch.complex64),
+    }
+    return readable, unreadable
+
+
+def contiguous_expected(tensors):
+    """What a reader must produce: contiguous copies, bool as uint8 (candle has no bool)."""
+    return {k: (v.to(torch.uint8) if v.dtype == torch.bool else v).contiguous().clone()
+            for k, v in tensors.items()}
 
 
 def mha_forward(mha, q, k, v):
@@ -150,6 +208,8 @@ def main():
          "{'state_dict': sd, 'epoch': 3}")
     w.pt("encoder_bf_nested_model.pt", {"model": sd_bf, "step": 10},
          "{'model': sd, 'step': 10}")
+    w.pt("encoder_bf_legacy.pt", sd_bf, f"{len(sd_bf)} tensors, legacy format", legacy=True)
+    w.pt("encoder_bf_module.pt", enc_bf, "the whole nn.TransformerEncoder: torch.save(model)")
     x_bf = torch.randn(N_ENC, L_ENC, E_ENC)
     exp_bf = encoder_expected(enc_bf, x_bf, True)
     for dt_name, dt in (("f16", torch.float16), ("bf16", torch.bfloat16),
@@ -204,7 +264,24 @@ def main():
     assert sorted(sd_mb) == ["in_proj_weight", "out_proj.weight"], sorted(sd_mb)
     w.pt("mha_bias_false.pt", sd_mb, f"{len(sd_mb)} tensors")
 
+    # ---- views, shared storages and dtypes
+    seed("views_dtypes")
+    readable, unreadable = views_and_dtypes()
+    w.pt("views_dtypes.pt", {**readable, **unreadable}, "views and dtypes")
+    w.st("views_dtypes_expected.safetensors", contiguous_expected(readable), {"format": "pt"})
+
+    # ---- a pickled custom module with buffers
+    seed("tagged_module")
+    tagged = randomize(Tagged())
+    w.pt("tagged_module.pt", tagged, "torch.save(Tagged())")
+    w.st("tagged_module_expected.safetensors", contiguous_expected(tagged.state_dict()),
+         {"format": "pt"})
+
     verify(args.out, w.written, sd_seq, sd_bf)
+
+
+def readable_names():
+    return list(views_and_dtypes()[0])
 
 
 def verify(out, written, sd_seq, sd_bf):
@@ -225,12 +302,21 @@ def verify(out, written, sd_seq, sd_bf):
             if not name.endswith("_expected.safetensors"):
                 assert meta == {"format": "pt"}, (name, meta)
             assert t, name
+        elif name in ("encoder_bf_module.pt", "tagged_module.pt"):
+            # Pickled modules: only a full unpickling (trusted file, classes importable).
+            t = torch.load(path, weights_only=False).state_dict()
         else:
             t = torch.load(path, weights_only=True)
         if name == "encoder_seq.safetensors" or name == "encoder_seq.pt":
             same(t, sd_seq)
-        elif name in ("encoder_bf.safetensors", "encoder_bf.pt"):
+        elif name in ("encoder_bf.safetensors", "encoder_bf.pt", "encoder_bf_legacy.pt",
+                      "encoder_bf_module.pt"):
             same(t, sd_bf)
+        elif name == "views_dtypes.pt":
+            assert sorted(t) == sorted([*readable_names(), "i8", "c64"]), sorted(t)
+        elif name == "tagged_module.pt":
+            assert sorted(t) == ["attn.in_proj_weight", "attn.out_proj.weight", "mask",
+                                 "steps"], sorted(t)
         elif name == "encoder_bf_nested_state_dict.pt":
             assert t["epoch"] == 3
             same(t["state_dict"], sd_bf)

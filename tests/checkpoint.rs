@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use candle_mha::candle::{DType, Device, Tensor};
 use candle_mha::checkpoint::{
-    find_attention_modules, load_attention, load_attention_file, save_modules,
+    cast, find_attention_modules, load_attention, load_attention_file, save_modules,
     AttentionLoadOptions, NamedParameters, StateDict,
 };
 use candle_mha::{
@@ -77,7 +77,91 @@ fn encoder_layers_from_safetensors_and_pickles() -> Result<()> {
         "encoder_bf_nested_model.pt",
         "encoder_bf_expected.safetensors",
         "",
+    )?;
+    // The legacy stream format and a whole pickled model (`torch.save(model)`).
+    check_encoder(
+        "encoder_bf_legacy.pt",
+        "encoder_bf_expected.safetensors",
+        "",
+    )?;
+    check_encoder(
+        "encoder_bf_module.pt",
+        "encoder_bf_expected.safetensors",
+        "",
     )
+}
+
+/// `a` and `b` hold the same names, dtypes, shapes and bit-identical values.
+fn assert_same_tensors(what: &str, a: &StateDict, b: &StateDict) -> Result<()> {
+    let names = |sd: &StateDict| {
+        sd.tensors()
+            .iter()
+            .map(|(n, _)| n.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(names(a), names(b), "{what}: names");
+    for ((name, x), (_, y)) in a.tensors().iter().zip(b.tensors()) {
+        assert_eq!(
+            (x.dtype(), x.dims()),
+            (y.dtype(), y.dims()),
+            "{what}: {name}"
+        );
+        let bits = |t: &Tensor| -> Result<Vec<u64>> {
+            let v = cast(&t.flatten_all()?, DType::F64)?.to_vec1::<f64>()?;
+            Ok(v.iter().map(|v| v.to_bits()).collect())
+        };
+        assert_eq!(bits(x)?, bits(y)?, "{what}: {name} values");
+    }
+    Ok(())
+}
+
+#[test]
+fn pickle_formats_read_as_pytorch_wrote_them() -> Result<()> {
+    let bf = StateDict::load(ckpt("encoder_bf.safetensors"))?;
+    for file in [
+        "encoder_bf.pt",
+        "encoder_bf_legacy.pt",
+        "encoder_bf_module.pt",
+    ] {
+        let sd = StateDict::load(ckpt(file))?;
+        assert_same_tensors(file, &sd, &bf)?;
+        assert!(sd.skipped().is_empty(), "{file}: {:?}", sd.skipped());
+    }
+    assert_eq!(
+        StateDict::load(ckpt("encoder_bf_module.pt"))?.metadata()["pickled_module"],
+        "torch.nn.modules.transformer.TransformerEncoder"
+    );
+    // A pickled module: parameters, persistent buffers (int32, bool as u8) and submodules,
+    // as state_dict() lists them; not the non-persistent buffer or the None parameter.
+    let tagged = StateDict::load(ckpt("tagged_module.pt"))?;
+    assert_same_tensors(
+        "tagged_module.pt",
+        &tagged,
+        &StateDict::load(ckpt("tagged_module_expected.safetensors"))?,
+    )?;
+    assert_eq!(tagged.metadata()["pickled_module"], "__main__.Tagged");
+    // Views (offsets, strides, stride 0, permutations, shared storage) and every dtype
+    // candle has; int8 and complex are reported, not dropped silently.
+    let views = StateDict::load(ckpt("views_dtypes.pt"))?;
+    assert_same_tensors(
+        "views_dtypes.pt",
+        &views,
+        &StateDict::load(ckpt("views_dtypes_expected.safetensors"))?,
+    )?;
+    let skipped: Vec<_> = views.skipped().iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(skipped, ["c64", "i8"]);
+    assert!(
+        views.skipped()[0].1.contains("complex64"),
+        "{:?}",
+        views.skipped()
+    );
+    assert!(
+        views.skipped()[1].1.contains("int8"),
+        "{:?}",
+        views.skipped()
+    );
+    assert_eq!(views.under("nothing").skipped().len(), 0);
+    Ok(())
 }
 
 #[test]

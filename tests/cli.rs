@@ -154,5 +154,23 @@ fn bad_input_is_a_clear_error() -> Result<()> {
     assert!(!ok && err.contains("unknown dtype \"f8\""), "{err}");
     let (ok, _, err) = mha(&["info", dir.path().to_str().unwrap()])?;
     assert!(!ok && err.contains("is a directory"), "{err}");
+    // Tensors the reader cannot represent are listed by info and stop a convert (the file
+    // would lack them), unless a prefix leaves them out.
+    let views = ckpt("views_dtypes.pt");
+    let (ok, out, _) = mha(&["info", views.to_str().unwrap()])?;
+    assert!(
+        ok && out.contains("not readable (2):\n  c64: its dtype complex64"),
+        "{out}"
+    );
+    let (ok, _, err) = mha(&[
+        "convert",
+        views.to_str().unwrap(),
+        out_path.to_str().unwrap(),
+    ])?;
+    assert!(
+        !ok && err.contains("2 tensor(s) of") && err.contains("i8: its dtype int8"),
+        "{err}"
+    );
+    assert!(!out_path.exists());
     Ok(())
 }

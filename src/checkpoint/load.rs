@@ -129,7 +129,7 @@ pub fn load_into_varmap(
         }
         updates.push((
             name.clone(),
-            value.to_dtype(var.dtype())?.to_device(var.device())?,
+            super::cast(value, var.dtype())?.to_device(var.device())?,
         ));
         report.loaded.push(name.clone());
     }

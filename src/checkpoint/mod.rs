@@ -10,8 +10,10 @@
 
 mod atomic;
 mod attention_io;
+mod cast;
 mod discover;
 mod load;
+mod pickle;
 mod report;
 mod state_dict;
 
@@ -20,6 +22,7 @@ pub use attention_io::{
     load_attention, load_attention_file, save_modules, state_dict_of, AttentionLoadOptions,
     LoadedAttention, NamedParameters,
 };
+pub use cast::cast;
 pub use discover::{find_attention_modules, InferredAttention};
 pub use load::{load_into_varmap, LoadOptions};
 pub use report::{DtypeCast, LoadReport, ShapeMismatch};

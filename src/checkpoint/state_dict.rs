@@ -8,9 +8,6 @@ use candle::{DType, Device, Result, Tensor};
 
 use super::atomic::write_atomic;
 
-/// Keys under which PyTorch training scripts commonly nest the state_dict in a pickle.
-const NESTING_KEYS: [&str; 5] = ["state_dict", "model", "model_state_dict", "module", "net"];
-
 /// An ordered map of parameter names to tensors, with the file's metadata.
 ///
 /// Names are kept in natural order (`layers.2` before `layers.10`). Tensors stay in their stored
@@ -21,6 +18,8 @@ const NESTING_KEYS: [&str; 5] = ["state_dict", "model", "model_state_dict", "mod
 pub struct StateDict {
     tensors: Vec<(String, Tensor)>,
     metadata: HashMap<String, String>,
+    /// Tensors of the file that could not be read, with the reason.
+    skipped: Vec<(String, String)>,
 }
 
 /// Compares dotted names segment by segment, numbers numerically.
@@ -49,7 +48,8 @@ fn natural_cmp(a: &str, b: &str) -> std::cmp::Ordering {
 pub enum CheckpointFormat {
     /// `.safetensors`.
     Safetensors,
-    /// A `torch.save` zip pickle (`.pt`, `.pth`, `.bin`, `.ckpt`).
+    /// A `torch.save` file (`.pt`, `.pth`, `.bin`, `.ckpt`): the zip format, or the legacy
+    /// format of PyTorch < 1.6 / `_use_new_zipfile_serialization=False`.
     Pickle,
 }
 
@@ -61,9 +61,9 @@ impl CheckpointFormat {
             Some("pt" | "pth" | "bin" | "ckpt") => return Ok(Self::Pickle),
             _ => {}
         }
-        let mut magic = [0u8; 4];
+        let mut magic = [0u8; 16];
         let n = std::io::Read::read(&mut open(path)?, &mut magic).map_err(|e| io_err(path, e))?;
-        Ok(if n == 4 && &magic == b"PK\x03\x04" {
+        Ok(if super::pickle::is_pickle_header(&magic[..n]) {
             Self::Pickle
         } else {
             Self::Safetensors
@@ -93,6 +93,7 @@ impl StateDict {
         Self {
             tensors,
             metadata: HashMap::new(),
+            skipped: Vec::new(),
         }
     }
 
@@ -134,29 +135,25 @@ impl StateDict {
     }
 
     fn from_pickle(path: &Path) -> Result<Self> {
-        let mut last_err = None;
-        for key in std::iter::once(None).chain(NESTING_KEYS.iter().map(Some)) {
-            // candle's reader wants the dict's values to be tensors: try the top level, then
-            // the usual nestings.
-            match candle::pickle::read_pth_tensor_info(path, false, key.copied()) {
-                Ok(infos) if !infos.is_empty() => {
-                    let tensors = candle::pickle::read_all_with_key(path, key.copied())?;
-                    let mut sd = Self::from_tensors(tensors);
-                    if let Some(k) = key {
-                        sd.metadata.insert("nested_under".into(), k.to_string());
-                    }
-                    return Ok(sd);
-                }
-                Ok(_) => {}
-                Err(e) => last_err = Some(e),
-            }
+        let contents = super::pickle::read(path)?;
+        let mut sd = Self::from_tensors(contents.tensors);
+        if let Some(k) = contents.nested_under {
+            sd.metadata.insert("nested_under".into(), k);
         }
-        match last_err {
-            Some(e) if !e.to_string().contains("not found") => Err(e),
-            _ => candle::bail!(
-                "the pickle holds no tensors (looked at the top level and under {NESTING_KEYS:?}); expected a state_dict saved with torch.save"
-            ),
+        if let Some(class) = contents.module_class {
+            sd.metadata.insert("pickled_module".into(), class);
         }
+        sd.skipped = contents.skipped;
+        sd.skipped.sort_by(|a, b| natural_cmp(&a.0, &b.0));
+        Ok(sd)
+    }
+
+    /// Tensors the file holds that could not be read (an int8, complex or sparse tensor, …),
+    /// each with the reason; empty for safetensors files and state dicts built in memory.
+    ///
+    /// PyTorch equivalent: none (PyTorch reads every tensor type).
+    pub fn skipped(&self) -> &[(String, String)] {
+        &self.skipped
     }
 
     /// The tensors, in natural name order.
@@ -194,7 +191,16 @@ impl StateDict {
             .iter()
             .filter_map(|(n, t)| n.strip_prefix(&prefix).map(|n| (n.to_string(), t.clone())))
             .collect::<Vec<_>>();
-        Self::from_tensors(tensors)
+        let mut sd = Self::from_tensors(tensors);
+        sd.skipped = self
+            .skipped
+            .iter()
+            .filter_map(|(n, why)| {
+                n.strip_prefix(&prefix)
+                    .map(|n| (n.to_string(), why.clone()))
+            })
+            .collect();
+        sd
     }
 
     /// Every tensor cast to `dtype`.
@@ -202,11 +208,12 @@ impl StateDict {
         let tensors = self
             .tensors
             .iter()
-            .map(|(n, t)| Ok((n.clone(), t.to_dtype(dtype)?)))
+            .map(|(n, t)| Ok((n.clone(), super::cast(t, dtype)?)))
             .collect::<Result<Vec<_>>>()?;
         Ok(Self {
             tensors,
             metadata: self.metadata.clone(),
+            skipped: self.skipped.clone(),
         })
     }
 
@@ -221,7 +228,8 @@ impl StateDict {
             .map(|(n, t)| Ok((n.clone(), t.to_device(&Device::Cpu)?.contiguous()?)))
             .collect::<Result<Vec<_>>>()?;
         let mut metadata = self.metadata.clone();
-        metadata.retain(|k, _| k != "nested_under");
+        // What this crate noted about the source file, not the file's own metadata.
+        metadata.retain(|k, _| k != "nested_under" && k != "pickled_module");
         metadata.insert("format".into(), "pt".into());
         safetensors::serialize(tensors, Some(metadata))
             .map_err(|e| candle::Error::Msg(format!("serializing safetensors: {e}")))

@@ -3,8 +3,8 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use candle_mha::candle::DType;
-use candle_mha::checkpoint::{find_attention_modules, StateDict};
+use candle_mha::candle::{DType, Tensor};
+use candle_mha::checkpoint::{cast, find_attention_modules, StateDict};
 
 /// Arguments of `mha convert`.
 #[derive(clap::Args, Debug)]
@@ -31,6 +31,21 @@ pub fn run(args: &ConvertArgs) -> Result<()> {
     } else {
         input.under(&args.prefix)
     };
+    if !selected.skipped().is_empty() {
+        // The written file would lack them, and PyTorch's strict load would fail on it.
+        let list: Vec<String> = selected
+            .skipped()
+            .iter()
+            .map(|(n, why)| format!("{n}: {why}"))
+            .collect();
+        bail!(
+            "{} tensor(s) of {} cannot be read, so the converted file would lack them (pick a \
+             --prefix without them, or cast them in PyTorch):\n  {}",
+            list.len(),
+            args.input.display(),
+            list.join("\n  ")
+        )
+    }
     if selected.is_empty() {
         bail!(
             "no tensor under prefix \"{}\" in {}",
@@ -46,7 +61,7 @@ pub fn run(args: &ConvertArgs) -> Result<()> {
                 Ok((
                     n.clone(),
                     if t.dtype().is_float() {
-                        t.to_dtype(dtype)?
+                        cast(t, dtype)?
                     } else {
                         t.clone()
                     },
@@ -74,13 +89,12 @@ pub fn run(args: &ConvertArgs) -> Result<()> {
         let b = back
             .get(name)
             .with_context(|| format!("{name} missing after writing"))?;
+        let as_f64 = |x: &Tensor| cast(&x.flatten_all()?, DType::F64)?.to_vec1::<f64>();
         let same = b.dims() == t.dims()
             && b.dtype() == t.dtype()
-            && b.flatten_all()?
-                .to_dtype(DType::F64)?
-                .to_vec1::<f64>()?
+            && as_f64(b)?
                 .iter()
-                .zip(t.flatten_all()?.to_dtype(DType::F64)?.to_vec1::<f64>()?)
+                .zip(as_f64(t)?)
                 .all(|(x, y)| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()));
         if !same {
             bail!("{name} differs after writing")

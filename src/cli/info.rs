@@ -43,13 +43,23 @@ pub fn run(args: &InfoArgs) -> Result<()> {
         .max()
         .unwrap_or(4)
         .max(4);
-    println!("\n{:<width$}  {:<5}  shape", "name", "dtype");
+    let dtype = |t: &candle_mha::candle::Tensor| format!("{:?}", t.dtype()).to_lowercase();
+    let dw = sd
+        .tensors()
+        .iter()
+        .map(|(_, t)| dtype(t).len())
+        .max()
+        .unwrap_or(5)
+        .max(5);
+    println!("\n{:<width$}  {:<dw$}  shape", "name", "dtype");
     for (name, t) in sd.tensors() {
-        println!(
-            "{name:<width$}  {:<5}  {:?}",
-            format!("{:?}", t.dtype()).to_lowercase(),
-            t.dims()
-        );
+        println!("{name:<width$}  {:<dw$}  {:?}", dtype(t), t.dims());
+    }
+    if !sd.skipped().is_empty() {
+        println!("\nnot readable ({}):", sd.skipped().len());
+        for (name, why) in sd.skipped() {
+            println!("  {name}: {why}");
+        }
     }
     let found = find_attention_modules(&all);
     println!("\nattention modules ({}):", found.len());
