@@ -276,6 +276,10 @@ def main():
     w.pt("tagged_module.pt", tagged, "torch.save(Tagged())")
     w.st("tagged_module_expected.safetensors", contiguous_expected(tagged.state_dict()),
          {"format": "pt"})
+    # The same state dict as safetensors with its bool buffer kept bool, plus an int8 tensor.
+    w.st("tagged_module_bool_i8.safetensors",
+         {**tagged.state_dict(), "q8": torch.tensor([-1, 2], dtype=torch.int8)},
+         {"format": "pt"})
 
     verify(args.out, w.written, sd_seq, sd_bf)
 

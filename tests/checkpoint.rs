@@ -140,6 +140,11 @@ fn pickle_formats_read_as_pytorch_wrote_them() -> Result<()> {
         &StateDict::load(ckpt("tagged_module_expected.safetensors"))?,
     )?;
     assert_eq!(tagged.metadata()["pickled_module"], "__main__.Tagged");
+    // Safetensors too: bool read as u8, an int8 tensor reported, the rest still read.
+    let st = StateDict::load(ckpt("tagged_module_bool_i8.safetensors"))?;
+    assert_same_tensors("tagged_module_bool_i8.safetensors", &st, &tagged)?;
+    assert_eq!(st.skipped().len(), 1);
+    assert_eq!(st.skipped()[0].0, "q8");
     // Views (offsets, strides, stride 0, permutations, shared storage) and every dtype
     // candle has; int8 and complex are reported, not dropped silently.
     let views = StateDict::load(ckpt("views_dtypes.pt"))?;

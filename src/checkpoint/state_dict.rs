@@ -120,17 +120,43 @@ impl StateDict {
         }
     }
 
-    /// Parses safetensors bytes.
+    /// Parses safetensors bytes. A bool tensor is read as u8 (0/1, candle having no bool);
+    /// tensors of dtypes candle lacks (int8, complex, float8_e5m2, …) go to
+    /// [`skipped`](Self::skipped) instead of failing the whole file.
     pub fn from_safetensors_bytes(bytes: &[u8]) -> Result<Self> {
         if bytes.is_empty() {
             candle::bail!("the file is empty, expected a safetensors header")
         }
+        let st = safetensors::SafeTensors::deserialize(bytes)
+            .map_err(|e| candle::Error::Msg(format!("invalid safetensors header: {e}")))?;
         let (_, header) = safetensors::SafeTensors::read_metadata(bytes)
             .map_err(|e| candle::Error::Msg(format!("invalid safetensors header: {e}")))?;
-        let metadata = header.metadata().clone().unwrap_or_default();
-        let tensors = candle::safetensors::load_buffer(bytes, &Device::Cpu)?;
+        let mut tensors = Vec::new();
+        let mut skipped = Vec::new();
+        for (name, view) in st.tensors() {
+            let view = if view.dtype() == safetensors::Dtype::BOOL {
+                safetensors::tensor::TensorView::new(
+                    safetensors::Dtype::U8,
+                    view.shape().to_vec(),
+                    view.data(),
+                )
+                .map_err(|e| candle::Error::Msg(format!("tensor {name}: {e}")))?
+            } else {
+                view
+            };
+            match candle::safetensors::Load::load(&view, &Device::Cpu) {
+                Ok(t) => tensors.push((name, t)),
+                Err(e) if e.to_string().contains("unsupported safetensor dtype") => skipped.push((
+                    name,
+                    format!("its dtype {:?} has no candle equivalent", view.dtype()),
+                )),
+                Err(e) => return Err(e),
+            }
+        }
         let mut sd = Self::from_tensors(tensors);
-        sd.metadata = metadata;
+        sd.metadata = header.metadata().clone().unwrap_or_default();
+        skipped.sort_by(|a, b| natural_cmp(&a.0, &b.0));
+        sd.skipped = skipped;
         Ok(sd)
     }
 
@@ -149,7 +175,7 @@ impl StateDict {
     }
 
     /// Tensors the file holds that could not be read (an int8, complex or sparse tensor, …),
-    /// each with the reason; empty for safetensors files and state dicts built in memory.
+    /// each with the reason; empty for state dicts built in memory.
     ///
     /// PyTorch equivalent: none (PyTorch reads every tensor type).
     pub fn skipped(&self) -> &[(String, String)] {
