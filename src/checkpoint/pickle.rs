@@ -275,7 +275,15 @@ fn materialize(t: &TensorRef, storage: &[u8]) -> Result<Tensor> {
                 "its {numel} elements of {es} bytes do not fit in memory"
             ))
         })?;
-    if numel > 0 {
+    let mut contiguous = true;
+    let mut expect = 1;
+    for (n, st) in t.size.iter().zip(&t.stride).rev() {
+        contiguous &= *n == 1 || *st == expect;
+        expect *= n;
+    }
+    if numel > 0 && contiguous {
+        bytes.extend_from_slice(&storage[t.offset * es..(t.offset + numel) * es]);
+    } else if numel > 0 {
         // Row-major walk over the view (bounds checked in `rebuild_tensor`).
         let mut index = vec![0usize; t.size.len()];
         let mut at = t.offset;
@@ -317,8 +325,11 @@ enum Storages {
         archive: zip::ZipArchive<BufReader<std::fs::File>>,
         dir: String,
     },
-    /// Legacy format: every storage's bytes, by key.
-    Legacy(HashMap<String, Vec<u8>>),
+    /// Legacy format: the file, and where each storage's bytes are (offset, length).
+    Legacy {
+        file: std::fs::File,
+        at: HashMap<String, (u64, usize)>,
+    },
 }
 
 impl Storages {
@@ -333,9 +344,15 @@ impl Storages {
                 record.read_to_end(&mut bytes)?;
                 Ok(bytes)
             }
-            Self::Legacy(map) => map
-                .remove(key)
-                .ok_or_else(|| candle::Error::Msg(format!("storage {key} is not in the file"))),
+            Self::Legacy { file, at } => {
+                let (offset, len) = *at.get(key).ok_or_else(|| {
+                    candle::Error::Msg(format!("storage {key} is not in the file"))
+                })?;
+                file.seek(std::io::SeekFrom::Start(offset))?;
+                let mut bytes = vec![0u8; len];
+                file.read_exact(&mut bytes)?;
+                Ok(bytes)
+            }
         }
     }
 }
@@ -432,14 +449,14 @@ fn open_legacy(path: &Path) -> Result<(Object, Storages)> {
             .ok_or_else(|| candle::Error::Msg(format!("storage {key}: bad size {numel}")))?;
         let here = r.stream_position()?;
         let file_len = r.get_ref().metadata()?.len();
-        if here + len as u64 > file_len {
+        if here.saturating_add(len as u64) > file_len {
             candle::bail!("storage {key} ({len} bytes) runs past the end of the file")
         }
-        let mut bytes = vec![0u8; len];
-        r.read_exact(&mut bytes)?;
-        storages.insert(key, bytes);
+        r.seek_relative(len as i64)?;
+        storages.insert(key, (here, len));
     }
-    Ok((obj, Storages::Legacy(storages)))
+    let file = r.into_inner();
+    Ok((obj, Storages::Legacy { file, at: storages }))
 }
 
 /// Element size of every storage a tensor in `obj` uses (its type is in the persistent id).
@@ -608,16 +625,21 @@ pub(crate) fn read(path: &Path) -> Result<PickleContents> {
     };
     let mut out = PickleContents::default();
     let entries = state_dict_entries(obj, &mut out)?;
-    let mut cache: HashMap<String, Vec<u8>> = HashMap::new();
+    let mut refs = Vec::new();
     for (name, value) in entries {
-        let t = match tensor_ref(value) {
-            None => continue,
-            Some(Err(why)) => {
-                out.skipped.push((name, why));
-                continue;
-            }
-            Some(Ok(t)) => t,
-        };
+        match tensor_ref(value) {
+            None => {}
+            Some(Err(why)) => out.skipped.push((name, why)),
+            Some(Ok(t)) => refs.push((name, t)),
+        }
+    }
+    // A storage's bytes are read once and kept only while a later tensor still views them.
+    let mut users: HashMap<String, usize> = HashMap::new();
+    for (_, t) in &refs {
+        *users.entry(t.key.clone()).or_default() += 1;
+    }
+    let mut cache: HashMap<String, Vec<u8>> = HashMap::new();
+    for (name, t) in refs {
         if !cache.contains_key(&t.key) {
             let bytes = storages.bytes(&t.key)?;
             cache.insert(t.key.clone(), bytes);
@@ -625,6 +647,11 @@ pub(crate) fn read(path: &Path) -> Result<PickleContents> {
         let tensor = materialize(&t, &cache[&t.key])
             .map_err(|e| candle::Error::Msg(format!("tensor {name}: {e}")))?;
         out.tensors.push((name, tensor));
+        let left = users.get_mut(&t.key).expect("counted above");
+        *left -= 1;
+        if *left == 0 {
+            cache.remove(&t.key);
+        }
     }
     Ok(out)
 }
