@@ -101,11 +101,15 @@ fn usizes(obj: Object, what: &str) -> std::result::Result<Vec<usize>, String> {
     };
     items
         .into_iter()
-        .map(|o| match o.int_or_long() {
-            Ok(v) if v >= 0 => Ok(v as usize),
-            _ => Err(format!("its {what} holds a negative or non-integer entry")),
-        })
+        .map(|o| non_negative(o, &format!("{what} entry")))
         .collect()
+}
+
+fn non_negative(obj: Object, what: &str) -> std::result::Result<usize, String> {
+    match obj.int_or_long() {
+        Ok(v) if v >= 0 => Ok(v as usize),
+        _ => Err(format!("its {what} is not a non-negative integer")),
+    }
 }
 
 fn class_of(obj: &Object) -> Option<(&str, &str)> {
@@ -178,12 +182,7 @@ fn rebuild_tensor(
 ) -> std::result::Result<TensorRef, String> {
     let stride = usizes(args.remove(3), "stride")?;
     let size = usizes(args.remove(2), "size")?;
-    let offset = args
-        .remove(1)
-        .int_or_long()
-        .ok()
-        .filter(|o| *o >= 0)
-        .ok_or("its storage offset is not a non-negative integer")? as usize;
+    let offset = non_negative(args.remove(1), "storage offset")?;
     let storage = match args.remove(0) {
         Object::PersistentLoad(id) => *id,
         other => {
@@ -200,12 +199,7 @@ fn rebuild_tensor(
     if id.len() > 5 && id[5] != Object::None {
         return Err("it views a storage view (PyTorch < 0.4 files): not supported".into());
     }
-    let storage_numel = id
-        .remove(4)
-        .int_or_long()
-        .ok()
-        .filter(|n| *n >= 0)
-        .ok_or("its storage size is not a non-negative integer")? as usize;
+    let storage_numel = non_negative(id.remove(4), "storage size")?;
     let key = match id.remove(2) {
         Object::Unicode(k) => k,
         other => return Err(format!("its storage key is {other:?}")),
