@@ -145,6 +145,15 @@ fn pickle_formats_read_as_pytorch_wrote_them() -> Result<()> {
     assert_same_tensors("tagged_module_bool_i8.safetensors", &st, &tagged)?;
     assert_eq!(st.skipped().len(), 1);
     assert_eq!(st.skipped()[0].0, "q8");
+    // Loading the module that holds it names the tensor; the one beside it loads.
+    let opts = AttentionLoadOptions::new(2);
+    let err = load_attention(&st, "", &opts, DType::F32, &Device::Cpu)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(err.contains("q8 cannot be read: its dtype I8"), "{err}");
+    let attn = load_attention(&st, "attn", &opts, DType::F32, &Device::Cpu)?;
+    assert!(attn.report.is_clean(), "{}", attn.report);
     // Views (offsets, strides, stride 0, permutations, shared storage) and every dtype
     // candle has; int8 and complex are reported, not dropped silently.
     let views = StateDict::load(ckpt("views_dtypes.pt"))?;

@@ -139,6 +139,16 @@ pub fn load_attention(
     dtype: DType,
     device: &Device,
 ) -> Result<LoadedAttention> {
+    // A tensor of the module that the file holds but the reader could not represent: say so,
+    // rather than report it missing.
+    let under = super::normalize_prefix(prefix);
+    if let Some((name, why)) = state_dict
+        .skipped()
+        .iter()
+        .find(|(n, _)| n.starts_with(&under))
+    {
+        candle::bail!("attention module at \"{prefix}\": {name} cannot be read: {why}")
+    }
     let inferred = InferredAttention::infer(state_dict, prefix)?;
     let config = inferred
         .config(opts.num_heads)
