@@ -1,7 +1,9 @@
 //! Checkpoint I/O: PyTorch state_dicts in, PyTorch state_dicts out.
 //!
-//! - [`StateDict`] reads safetensors and `torch.save` pickles (also nested under
-//!   `state_dict`/`model`), and writes safetensors with `{"format": "pt"}`, atomically.
+//! - [`StateDict`] reads safetensors and `torch.save` pickles (zip or legacy format, also
+//!   nested under `state_dict`/`model`, or a whole pickled model; `pickle.rs` is the reader),
+//!   lists what it cannot represent in [`StateDict::skipped`], and writes safetensors with
+//!   `{"format": "pt"}`, atomically. [`cast`] converts dtypes, float8 included.
 //! - [`load_into_varmap`] loads any model tree held in a `VarMap`, strictly or not, with a
 //!   [`LoadReport`] like PyTorch's `load_state_dict`.
 //! - [`find_attention_modules`] lists the attention layers of a checkpoint;
