@@ -2,12 +2,14 @@
 //! evaluation, and the trainer that runs, checkpoints and resumes.
 
 mod evaluate;
+mod metrics;
 mod optim;
 mod optim_cpu;
 mod schedule;
 mod trainer;
 
 pub use evaluate::{evaluate, Evaluation};
+pub use metrics::{append_metrics, read_metrics, truncate_metrics, MetricsRecord, METRICS_FILE};
 pub use optim::{clip_grad_norm, AdamW, AdamWConfig};
 pub use schedule::LrSchedule;
 pub use trainer::{
