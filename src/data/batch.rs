@@ -24,6 +24,9 @@ pub struct Batch {
     pub key_padding_mask: Tensor,
     /// The number of target positions that count (the sum of `loss_mask`).
     pub num_tokens: usize,
+    /// Whether some sequence is shorter than `L` (when not, `key_padding_mask` is all zero
+    /// and may be left out).
+    pub padded: bool,
 }
 
 impl Batch {
@@ -86,6 +89,7 @@ impl Batch {
             loss_mask: Tensor::from_vec(loss_mask, (n, l), device)?,
             key_padding_mask: Tensor::from_vec(key_padding_mask, (n, l), device)?,
             num_tokens,
+            padded: examples.iter().any(|e| e.tokens.len() - 1 < l),
         })
     }
 

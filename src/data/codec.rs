@@ -47,6 +47,21 @@ impl Codec {
         }
     }
 
+    /// The JSON that [`Codec::save_dir`] writes (`vocab.json` or `tokenizer.json`).
+    pub fn to_json(&self) -> Result<String> {
+        match self {
+            Self::Symbols(v) => v.to_json(),
+            Self::Text(t) => t.to_json(),
+        }
+    }
+
+    /// SHA-256 (hex) of [`Codec::to_json`]: two tokenizations with the same fingerprint give
+    /// the same ids. Prepared data records it, so a checkpoint or tokenizer that does not
+    /// match the data is caught.
+    pub fn fingerprint(&self) -> Result<String> {
+        Ok(super::prepared::sha256_hex(self.to_json()?.as_bytes()))
+    }
+
     /// Number of ids.
     pub fn vocab_size(&self) -> usize {
         match self {

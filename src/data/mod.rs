@@ -7,21 +7,39 @@
 //! - Sources: [`AssociativeRecall`] (the default synthetic task, solvable only by attention),
 //!   token files ([`read_token_file`], [`encode_sequences`]) and text through a
 //!   [`TextTokenizer`] ([`text_dataset`]).
+//! - Corpora of any size: [`prepare_text`] / [`prepare_token_files`] encode once, in bounded
+//!   memory, into a data directory ([`TokenData`], memory-mapped); [`TokenWindows`] draws
+//!   training windows from it by (seed, step) and fixes the validation windows;
+//!   [`TextWindows`] streams any text file as windows; [`TextChunks`] and
+//!   [`expand_sources`] read the sources.
 
 mod batch;
 mod codec;
 mod dataset;
 mod example;
+mod prepared;
+mod source;
 mod synthetic;
 mod text;
+mod text_chunks;
+mod text_windows;
 mod token_file;
 mod vocab;
+mod windows;
 
 pub use batch::Batch;
 pub use codec::{Codec, TOKENIZER_FILE, VOCAB_FILE};
 pub use dataset::Dataset;
 pub use example::Example;
+pub use prepared::{
+    prepare_text, prepare_token_files, sha256_hex, split_point, PrepareOptions, PrepareProgress,
+    SourceFile, TokenData, TokenDataMeta, TokenDtype, DATA_FORMAT, META_FILE, TOKENS_FILE,
+};
 pub use synthetic::AssociativeRecall;
+pub use source::{EvalSet, TrainSource, WindowSource};
 pub use text::{text_dataset, TextTokenizer};
+pub use text_chunks::{expand_sources, TextChunks, DEFAULT_CHUNK_BYTES};
+pub use text_windows::TextWindows;
 pub use token_file::{encode_sequences, read_token_file};
 pub use vocab::{Vocab, BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, UNK, UNK_ID};
+pub use windows::TokenWindows;

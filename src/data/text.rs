@@ -164,13 +164,16 @@ impl TextTokenizer {
     ///
     /// PyTorch equivalent: `tokenizer.save(path)`.
     pub fn save(&self, path: &Path) -> Result<()> {
-        let json = self.inner.to_string(true).map_err(|e| {
-            candle::Error::Msg(format!(
-                "serializing the tokenizer for {}: {e}",
-                path.display()
-            ))
-        })?;
-        write_atomic(path, json.as_bytes())
+        write_atomic(path, self.to_json()?.as_bytes())
+    }
+
+    /// The JSON [`TextTokenizer::save`] writes.
+    ///
+    /// PyTorch equivalent: `tokenizer.to_str(pretty=True)`.
+    pub fn to_json(&self) -> Result<String> {
+        self.inner
+            .to_string(true)
+            .map_err(|e| candle::Error::Msg(format!("serializing the tokenizer: {e}")))
     }
 
     /// The number of ids: one more than the largest id (added tokens included), the size an

@@ -53,7 +53,7 @@ impl Vocab {
     }
 
     /// Adds `symbol` unless it is already present.
-    fn push(&mut self, symbol: &str) {
+    pub(crate) fn push(&mut self, symbol: &str) {
         if !self.ids.contains_key(symbol) {
             // A vocabulary never holds 2^32 symbols in practice; saturate rather than wrap.
             let id = u32::try_from(self.symbols.len()).unwrap_or(u32::MAX);
@@ -173,13 +173,13 @@ impl Vocab {
     ///
     /// PyTorch equivalent: `torch.save(vocab, path)`.
     pub fn save(&self, path: &Path) -> Result<()> {
-        let json = serde_json::to_string_pretty(&self.symbols).map_err(|e| {
-            candle::Error::Msg(format!(
-                "serializing the vocabulary for {}: {e}",
-                path.display()
-            ))
-        })?;
-        write_atomic(path, json.as_bytes())
+        write_atomic(path, self.to_json()?.as_bytes())
+    }
+
+    /// The JSON [`Vocab::save`] writes.
+    pub fn to_json(&self) -> Result<String> {
+        serde_json::to_string_pretty(&self.symbols)
+            .map_err(|e| candle::Error::Msg(format!("serializing the vocabulary: {e}")))
     }
 
     /// Reads a vocabulary written by [`Vocab::save`], checking that it is a JSON array of

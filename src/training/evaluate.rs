@@ -1,9 +1,10 @@
-//! [`evaluate`]: loss, perplexity and accuracy of a model on a dataset.
+//! [`evaluate`]: loss, perplexity, accuracy and bits per byte of a model on a dataset or on a
+//! stream of examples.
 
 use candle::{DType, Device, Result, D};
 use serde::{Deserialize, Serialize};
 
-use crate::data::Dataset;
+use crate::data::{Batch, Dataset, Example};
 use crate::models::{masked_cross_entropy, NextTokenPredictor};
 
 /// Evaluation metrics over the counted (loss-masked) positions.
@@ -17,22 +18,30 @@ pub struct Evaluation {
     pub accuracy: f64,
     /// Number of positions counted.
     pub tokens: usize,
+    /// Bits per byte of text: the summed loss in bits over the UTF-8 bytes the predicted
+    /// tokens stand for (comparable across tokenizers); `None` when the data is not text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bits_per_byte: Option<f64>,
 }
 
 impl std::fmt::Display for Evaluation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "loss {:.4}, perplexity {:.3}, accuracy {:.2}% over {} tokens",
+            "loss {:.4}, perplexity {:.3}, accuracy {:.2}%",
             self.loss,
             self.perplexity,
             100.0 * self.accuracy,
-            self.tokens
-        )
+        )?;
+        if let Some(bpb) = self.bits_per_byte {
+            write!(f, ", {bpb:.4} bits/byte")?;
+        }
+        write!(f, " over {} tokens", self.tokens)
     }
 }
 
-/// Evaluates `model` (evaluation mode, no dropout) on every example of `dataset`.
+/// Evaluates `model` (evaluation mode, no dropout) on every example of `dataset`, without
+/// bits per byte.
 ///
 /// PyTorch equivalent: a `torch.no_grad()` loop summing `cross_entropy(..., reduction="sum")`
 /// and correct argmax predictions over the masked positions.
@@ -42,8 +51,42 @@ pub fn evaluate(
     batch_size: usize,
     device: &Device,
 ) -> Result<Evaluation> {
+    evaluate_examples(
+        model,
+        dataset.examples.iter().cloned().map(Ok),
+        batch_size,
+        device,
+        None,
+    )
+}
+
+/// Evaluates `model` on a stream of examples, `batch_size` at a time (only one batch in
+/// memory), with bits per byte when `text_bytes` (the bytes the predicted tokens stand for)
+/// is given. Errors on a `batch_size` of 0, on the stream's first error, and when no
+/// position counts.
+///
+/// PyTorch equivalent: as [`evaluate`], over an iterable dataset.
+pub fn evaluate_examples(
+    model: &NextTokenPredictor,
+    examples: impl Iterator<Item = Result<Example>>,
+    batch_size: usize,
+    device: &Device,
+    text_bytes: Option<u64>,
+) -> Result<Evaluation> {
+    if batch_size == 0 {
+        candle::bail!("batch size 0 is invalid; expected at least 1")
+    }
     let (mut loss_sum, mut correct, mut count) = (0f64, 0f64, 0usize);
-    for batch in dataset.eval_batches(batch_size, device)? {
+    let mut pending: Vec<Example> = Vec::with_capacity(batch_size);
+    let mut examples = examples.peekable();
+    while let Some(e) = examples.next() {
+        pending.push(e?);
+        if pending.len() < batch_size && examples.peek().is_some() {
+            continue;
+        }
+        let refs: Vec<&Example> = pending.iter().collect();
+        let batch = Batch::from_examples(&refs, device)?;
+        pending.clear();
         if batch.num_tokens == 0 {
             continue;
         }
@@ -69,5 +112,8 @@ pub fn evaluate(
         perplexity: loss.exp(),
         accuracy: correct / count as f64,
         tokens: count,
+        bits_per_byte: text_bytes
+            .filter(|&b| b > 0)
+            .map(|b| loss_sum / std::f64::consts::LN_2 / b as f64),
     })
 }

@@ -8,11 +8,11 @@ mod optim_cpu;
 mod schedule;
 mod trainer;
 
-pub use evaluate::{evaluate, Evaluation};
+pub use evaluate::{evaluate, evaluate_examples, Evaluation};
 pub use metrics::{append_metrics, read_metrics, truncate_metrics, MetricsRecord, METRICS_FILE};
 pub use optim::{clip_grad_norm, AdamW, AdamWConfig};
 pub use schedule::LrSchedule;
 pub use trainer::{
-    EvalRecord, StepStats, TrainConfig, TrainObserver, Trainer, TrainerState, CONFIG_FILE,
+    BEST_DIR, EvalRecord, StepStats, TrainConfig, TrainObserver, Trainer, TrainerState, CONFIG_FILE,
     MODEL_FILE, OPTIMIZER_FILE, STATE_FILE,
 };

@@ -2,14 +2,17 @@
 //! periodic evaluation, atomic checkpoints, exact resume.
 
 use std::path::Path;
+use std::time::Instant;
 
-use candle::{DType, Device, Result};
+use candle::backprop::GradStore;
+use candle::{DType, Device, Result, Tensor};
 use candle_nn::VarMap;
 use serde::{Deserialize, Serialize};
 
-use super::{clip_grad_norm, evaluate, AdamW, AdamWConfig, Evaluation, LrSchedule};
+use super::metrics::{append_metrics, truncate_metrics, MetricsRecord, METRICS_FILE};
+use super::{clip_grad_norm, evaluate_examples, AdamW, AdamWConfig, Evaluation, LrSchedule};
 use crate::checkpoint::{state_dict_of, write_atomic, NamedParameters, StateDict};
-use crate::data::{Batch, Dataset};
+use crate::data::{Batch, Codec, Dataset, EvalSet, Example, TrainSource};
 use crate::models::{masked_cross_entropy, NextTokenPredictor};
 use crate::rng::derive_seed;
 
@@ -21,8 +24,16 @@ use crate::rng::derive_seed;
 pub struct TrainConfig {
     /// Optimizer steps of the whole run. Default 1500.
     pub steps: u64,
-    /// Sequences per batch. Default 64.
+    /// Sequences per batch (per micro-batch with `grad_accum > 1`). Default 64.
     pub batch_size: usize,
+    /// Micro-batches whose gradients are summed into one update (the same update as one
+    /// batch of `batch_size × grad_accum`, up to float rounding). Default 1.
+    #[serde(default = "one")]
+    pub grad_accum: usize,
+    /// Stop after this many evaluations in a row without a new best validation loss (0 =
+    /// never). Default 0.
+    #[serde(default)]
+    pub early_stop: u64,
     /// Peak learning rate. Default 3e-3.
     pub lr: f64,
     /// Final learning rate of the cosine decay. Default 3e-4.
@@ -50,6 +61,8 @@ impl Default for TrainConfig {
         Self {
             steps: 1500,
             batch_size: 64,
+            grad_accum: 1,
+            early_stop: 0,
             lr: 3e-3,
             min_lr: 3e-4,
             warmup_steps: 100,
@@ -62,6 +75,10 @@ impl Default for TrainConfig {
             seed: 0,
         }
     }
+}
+
+fn one() -> usize {
+    1
 }
 
 /// One evaluation in the run's history.
@@ -86,6 +103,12 @@ pub struct TrainerState {
     pub evals: Vec<EvalRecord>,
     /// Where the data came from (free-form JSON, written by the caller; used by `mha eval`).
     pub data: serde_json::Value,
+    /// The validation evaluation with the lowest loss so far (its weights are in `best/`).
+    #[serde(default)]
+    pub best: Option<EvalRecord>,
+    /// Whether the run stopped early (`early_stop` evaluations without improvement).
+    #[serde(default)]
+    pub stopped_early: bool,
 }
 
 /// What one step did.
@@ -99,8 +122,10 @@ pub struct StepStats {
     pub lr: f64,
     /// Target positions counted in the loss.
     pub tokens: usize,
-    /// Input positions processed (`N × L`, padding included).
+    /// Input positions processed (`N × L` summed over the micro-batches, padding included).
     pub input_tokens: usize,
+    /// Sequences in the update (over all micro-batches).
+    pub sequences: usize,
 }
 
 /// Hooks the loop calls: progress display, early stop (Ctrl-C).
@@ -111,6 +136,8 @@ pub trait TrainObserver {
     fn on_eval(&mut self, _step: u64, _eval: &Evaluation) {}
     /// After each checkpoint.
     fn on_save(&mut self, _step: u64, _dir: &Path) {}
+    /// After a validation evaluation that set a new best loss and was saved into `dir`.
+    fn on_best(&mut self, _step: u64, _eval: &Evaluation, _dir: &Path) {}
     /// Whether to stop now (a checkpoint is written first).
     fn should_stop(&self) -> bool {
         false
@@ -127,6 +154,8 @@ pub const CONFIG_FILE: &str = "config.json";
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 /// The trainer's state in a checkpoint directory.
 pub const STATE_FILE: &str = "trainer_state.json";
+/// The subdirectory of a run directory holding the checkpoint of the best validation loss.
+pub const BEST_DIR: &str = "best";
 
 /// Trains a [`NextTokenPredictor`] whose parameters live in a `VarMap`.
 ///
@@ -138,6 +167,20 @@ pub struct Trainer {
     optimizer: AdamW,
     schedule: LrSchedule,
     state: TrainerState,
+    codec: Option<Codec>,
+}
+
+/// Whether some sequence of `batch` is padded (a key padding mask is needed).
+fn padded(batch: &Batch) -> bool {
+    batch.padded
+}
+
+/// Copies the validation fields of `eval` into a metrics record.
+fn fill_eval(record: &mut MetricsRecord, eval: &Evaluation) {
+    record.val_loss = Some(eval.loss);
+    record.val_perplexity = Some(eval.perplexity);
+    record.val_accuracy = Some(eval.accuracy);
+    record.val_bits_per_byte = eval.bits_per_byte;
 }
 
 /// An error when an evaluation just before a save gave a non-finite loss: the weights have
@@ -162,6 +205,9 @@ impl Trainer {
     ) -> Result<Self> {
         if config.batch_size == 0 {
             candle::bail!("batch_size must be greater than 0")
+        }
+        if config.grad_accum == 0 {
+            candle::bail!("grad_accum must be at least 1 (1 = no accumulation), got 0")
         }
         let optimizer = AdamW::from_varmap(
             &varmap,
@@ -192,6 +238,8 @@ impl Trainer {
             losses: Vec::new(),
             evals: Vec::new(),
             data,
+            best: None,
+            stopped_early: false,
         };
         Ok(Self {
             model,
@@ -199,6 +247,7 @@ impl Trainer {
             optimizer,
             schedule,
             state,
+            codec: None,
         })
     }
 
@@ -236,6 +285,13 @@ impl Trainer {
         Ok(trainer)
     }
 
+    /// Saves `codec` (`vocab.json` / `tokenizer.json`) with every checkpoint, `best/`
+    /// included, so each is usable on its own.
+    pub fn with_codec(mut self, codec: Codec) -> Self {
+        self.codec = Some(codec);
+        self
+    }
+
     /// The model.
     pub fn model(&self) -> &NextTokenPredictor {
         &self.model
@@ -268,22 +324,58 @@ impl Trainer {
     /// One optimizer step on `batch`. A non-finite loss stops with an error and leaves the
     /// weights unchanged.
     pub fn train_step(&mut self, batch: &Batch) -> Result<StepStats> {
+        self.train_step_accumulated(std::slice::from_ref(batch))
+    }
+
+    /// One optimizer step on the gradients of several micro-batches, each micro-batch's mean
+    /// loss weighted by its share of the counted tokens, so the update is that of one batch
+    /// holding them all (up to float rounding). Micro-batch `m > 0` draws its dropout from
+    /// `"dropout/{step}/{m}"`. A non-finite loss stops with an error and leaves the weights
+    /// unchanged.
+    ///
+    /// PyTorch equivalent: `for x in micro: (loss(x) * n_x / n).backward()`, then clip and
+    /// `opt.step()`.
+    pub fn train_step_accumulated(&mut self, batches: &[Batch]) -> Result<StepStats> {
         let step = self.state.step;
         let lr = self.schedule.lr(step);
         self.optimizer.set_lr(lr);
-        let dropout_seed = derive_seed(self.state.config.seed, &format!("dropout/{step}"));
-        let logits =
-            self.model
-                .forward_train(&batch.input, Some(&batch.key_padding_mask), dropout_seed)?;
-        let loss = masked_cross_entropy(&logits, &batch.targets, &batch.loss_mask)?;
-        let loss_value = loss.to_dtype(DType::F32)?.to_scalar::<f32>()?;
-        if !loss_value.is_finite() {
-            candle::bail!(
-                "training loss is {loss_value} at step {} (lr {lr:.3e}): stopping; lower the learning rate or check the data. The weights were not updated.",
-                step + 1
-            )
+        let total: usize = batches.iter().map(|b| b.num_tokens).sum();
+        if batches.is_empty() || total == 0 {
+            candle::bail!("step {}: the batch has no position to predict", step + 1)
         }
-        let mut grads = loss.backward()?;
+        let mut grads: Option<GradStore> = None;
+        let mut loss_value = 0f64;
+        for (m, batch) in batches.iter().enumerate() {
+            if batch.num_tokens == 0 {
+                continue;
+            }
+            let label = match m {
+                0 => format!("dropout/{step}"),
+                m => format!("dropout/{step}/{m}"),
+            };
+            let dropout_seed = derive_seed(self.state.config.seed, &label);
+            // No mask when no sequence is padded: the attention skips the masking work.
+            let kpm = padded(batch).then_some(&batch.key_padding_mask);
+            let logits = self.model.forward_train(&batch.input, kpm, dropout_seed)?;
+            let mut loss = masked_cross_entropy(&logits, &batch.targets, &batch.loss_mask)?;
+            if batches.len() > 1 {
+                loss = loss.affine(batch.num_tokens as f64 / total as f64, 0.0)?;
+            }
+            let value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+            if !value.is_finite() {
+                candle::bail!(
+                    "training loss is {value} at step {} (lr {lr:.3e}): stopping; lower the learning rate or check the data. The weights were not updated.",
+                    step + 1
+                )
+            }
+            loss_value += value;
+            let g = loss.backward()?;
+            grads = Some(match grads {
+                None => g,
+                Some(acc) => self.add_grads(acc, g)?,
+            });
+        }
+        let mut grads = grads.expect("a micro-batch with tokens was seen");
         let grad_norm = match self.state.config.clip_norm {
             c if c > 0.0 => clip_grad_norm(&mut grads, &self.optimizer.vars(), c)?,
             _ => clip_grad_norm(&mut grads, &self.optimizer.vars(), f64::INFINITY)?,
@@ -296,24 +388,87 @@ impl Trainer {
         }
         self.optimizer.step(&grads)?;
         self.state.step += 1;
+        let loss_value = loss_value as f32;
         self.state.losses.push(loss_value);
         Ok(StepStats {
             loss: loss_value,
             grad_norm,
             lr,
-            tokens: batch.num_tokens,
-            input_tokens: batch.input.elem_count(),
+            tokens: total,
+            input_tokens: batches.iter().map(|b| b.input.elem_count()).sum(),
+            sequences: batches.iter().map(Batch::batch_size).sum(),
         })
+    }
+
+    /// `acc + g` for every trainable variable, detached (candle leaves gradients attached to
+    /// their graph; keeping them would keep every micro-batch's activations alive).
+    fn add_grads(&self, mut acc: GradStore, g: GradStore) -> Result<GradStore> {
+        for var in self.optimizer.vars() {
+            let t: &Tensor = &var;
+            let sum = match (acc.get(t), g.get(t)) {
+                (Some(a), Some(b)) => Some((a.detach() + b.detach())?),
+                (None, Some(b)) => Some(b.detach()),
+                _ => None,
+            };
+            if let Some(sum) = sum {
+                acc.insert(t, sum);
+            }
+        }
+        Ok(acc)
+    }
+
+    /// The micro-batches of step `step`: `batch_size × grad_accum` examples from `train`,
+    /// cut into `grad_accum` batches of `batch_size` in order.
+    pub fn batches_for_step(
+        &self,
+        train: &dyn TrainSource,
+        step: u64,
+        device: &Device,
+    ) -> Result<Vec<Batch>> {
+        let cfg = &self.state.config;
+        let examples = train.examples(cfg.seed, step, cfg.batch_size * cfg.grad_accum)?;
+        examples
+            .chunks(cfg.batch_size)
+            .map(|chunk| {
+                let refs: Vec<&Example> = chunk.iter().collect();
+                Batch::from_examples(&refs, device)
+            })
+            .collect()
     }
 
     /// Trains until `config.steps`, evaluating on `val` and checkpointing to `dir` (when
     /// given) as configured, and at the end. Returns the final evaluation. Stops with an error,
     /// leaving the last checkpoint, at a non-finite training loss or when a save follows an
     /// evaluation with a non-finite loss (diverged weights).
+    ///
+    /// As [`Trainer::run_source`] with a dataset for each side and no bits per byte.
     pub fn run(
         &mut self,
         train: &Dataset,
         val: &Dataset,
+        dir: Option<&Path>,
+        observer: &mut dyn TrainObserver,
+    ) -> Result<Evaluation> {
+        let val = EvalSet {
+            data: val,
+            text_bytes: None,
+        };
+        self.run_source(train, &val, dir, observer)
+    }
+
+    /// Trains on the batches of `train` until `config.steps` or an early stop.
+    ///
+    /// Every `eval_every` steps it evaluates on `val`; an evaluation with a new lowest loss
+    /// is saved into `dir/best/` (a complete checkpoint). With `early_stop = N > 0`, N
+    /// evaluations in a row without a new best end the run. Every `save_every` steps and at
+    /// the end it saves into `dir`, and every step it appends to `dir/metrics.jsonl`. Returns
+    /// the final evaluation (on `val`, or on the training set when `val` is empty, as
+    /// [`Trainer::run`] always did). Stops with an error, leaving the last checkpoint, at a
+    /// non-finite training loss or when a save follows an evaluation with a non-finite loss.
+    pub fn run_source(
+        &mut self,
+        train: &dyn TrainSource,
+        val: &EvalSet,
         dir: Option<&Path>,
         observer: &mut dyn TrainObserver,
     ) -> Result<Evaluation> {
@@ -322,23 +477,45 @@ impl Trainer {
         }
         let device = self.device();
         let cfg = self.state.config.clone();
-        while self.state.step < cfg.steps {
+        let metrics = dir.map(|d| d.join(METRICS_FILE));
+        if let (Some(d), Some(m)) = (dir, &metrics) {
+            std::fs::create_dir_all(d).map_err(|e| {
+                candle::Error::Msg(format!("cannot create run directory {}: {e}", d.display()))
+            })?;
+            // A resumed run continues the file from its checkpoint's step.
+            truncate_metrics(m, self.state.step)?;
+        }
+        let has_val = !val.data.is_empty();
+        while self.state.step < cfg.steps && !self.state.stopped_early {
             if observer.should_stop() {
                 break;
             }
-            let batch = self.batch_for_step(train, self.state.step, &device)?;
-            let stats = self.train_step(&batch)?;
+            let batches = self.batches_for_step(train, self.state.step, &device)?;
+            let started = Instant::now();
+            let stats = self.train_step_accumulated(&batches)?;
+            let seconds = started.elapsed().as_secs_f64();
             let step = self.state.step;
             observer.on_step(step, &stats);
+            let mut record = MetricsRecord {
+                step,
+                train_loss: Some(f64::from(stats.loss)),
+                lr: Some(stats.lr),
+                grad_norm: Some(stats.grad_norm),
+                tokens_per_s: Some(stats.input_tokens as f64 / seconds.max(1e-9)),
+                tokens: Some(stats.input_tokens),
+                ..Default::default()
+            };
             let mut eval_loss = None;
-            if cfg.eval_every > 0
-                && step.is_multiple_of(cfg.eval_every)
-                && step < cfg.steps
-                && !val.is_empty()
+            if cfg.eval_every > 0 && step.is_multiple_of(cfg.eval_every) && step < cfg.steps && has_val
             {
-                let eval = self.evaluate(val)?;
+                let eval = self.evaluate_set(val)?;
                 observer.on_eval(step, &eval);
                 eval_loss = Some(eval.loss);
+                fill_eval(&mut record, &eval);
+                self.track_best(&eval, dir, observer)?;
+            }
+            if let Some(m) = &metrics {
+                append_metrics(m, &record)?;
             }
             if let Some(dir) = dir {
                 if cfg.save_every > 0 && step.is_multiple_of(cfg.save_every) && step < cfg.steps {
@@ -348,12 +525,23 @@ impl Trainer {
                 }
             }
         }
-        let eval = if val.is_empty() {
-            self.evaluate(train)?
+        let eval = if has_val {
+            self.evaluate_set(val)?
         } else {
-            self.evaluate(val)?
+            self.evaluate(&*train.fallback_eval(cfg.seed)?)?
         };
         observer.on_eval(self.state.step, &eval);
+        if has_val {
+            self.track_best(&eval, dir, observer)?;
+        }
+        if let Some(m) = &metrics {
+            let mut record = MetricsRecord {
+                step: self.state.step,
+                ..Default::default()
+            };
+            fill_eval(&mut record, &eval);
+            append_metrics(m, &record)?;
+        }
         if let Some(dir) = dir {
             diverged(self.state.step, Some(eval.loss), dir)?;
             self.save(dir)?;
@@ -362,9 +550,60 @@ impl Trainer {
         Ok(eval)
     }
 
+    /// Records `eval` as the best when its loss is the lowest so far (saving `dir/best/`),
+    /// and sets `stopped_early` after `early_stop` evaluations without one.
+    fn track_best(
+        &mut self,
+        eval: &Evaluation,
+        dir: Option<&Path>,
+        observer: &mut dyn TrainObserver,
+    ) -> Result<()> {
+        let step = self.state.step;
+        let improved = eval.loss.is_finite()
+            && self.state.best.as_ref().is_none_or(|b| eval.loss < b.eval.loss);
+        if improved {
+            self.state.best = Some(EvalRecord { step, eval: *eval });
+            if let Some(dir) = dir {
+                let best = dir.join(BEST_DIR);
+                self.save(&best)?;
+                observer.on_best(step, eval, &best);
+            }
+        } else if self.state.config.early_stop > 0 {
+            let best_step = self.state.best.as_ref().map_or(0, |b| b.step);
+            // Validation evaluations after the best one (the history holds only those when
+            // there is a validation set).
+            let since = self
+                .state
+                .evals
+                .iter()
+                .filter(|e| e.step > best_step)
+                .count() as u64;
+            if since >= self.state.config.early_stop {
+                self.state.stopped_early = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// Evaluates on a validation set (with bits per byte when it has them) and records it.
+    pub fn evaluate_set(&mut self, set: &EvalSet) -> Result<Evaluation> {
+        let eval = evaluate_examples(
+            &self.model,
+            set.data.examples.iter().cloned().map(Ok),
+            self.state.config.batch_size,
+            &self.device(),
+            set.text_bytes,
+        )?;
+        self.state.evals.push(EvalRecord {
+            step: self.state.step,
+            eval,
+        });
+        Ok(eval)
+    }
+
     /// Evaluates on `dataset` and records it in the history.
     pub fn evaluate(&mut self, dataset: &Dataset) -> Result<Evaluation> {
-        let eval = evaluate(
+        let eval = super::evaluate(
             &self.model,
             dataset,
             self.state.config.batch_size,

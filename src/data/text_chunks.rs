@@ -1,0 +1,224 @@
+//! Reading a large text file in bounded memory: [`TextChunks`] yields pieces of about
+//! `chunk_bytes`, cut where a byte-level BPE would cut anyway, and [`expand_sources`] turns
+//! files, directories and glob patterns into a sorted list of files.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use candle::Result;
+
+/// The default size of one piece of text read and encoded at a time (1 MiB).
+pub const DEFAULT_CHUNK_BYTES: usize = 1 << 20;
+
+/// Whether `b` is an ASCII whitespace byte (what the pre-tokenizers' `\s` matches in ASCII).
+fn is_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c)
+}
+
+/// Where to cut `buf` (a prefix of the file's remaining bytes, followed by at least one more
+/// byte `next`) so that encoding the two sides separately gives the same tokens as encoding
+/// them together with a GPT-2-style pre-tokenizer: after a newline that a non-space follows
+/// (the newline ends a whitespace pre-token, the next word starts a new one), else before a
+/// space that follows a non-space and precedes one (the space starts the next word's
+/// pre-token), else at a UTF-8 character boundary. Searches the second half of `buf` only,
+/// so a piece is never smaller than half the chunk.
+fn cut_point(buf: &[u8], next: u8) -> usize {
+    let at = |i: usize| if i < buf.len() { buf[i] } else { next };
+    let half = buf.len() / 2;
+    let newline = (half.max(1)..buf.len())
+        .rev()
+        .find(|&i| buf[i - 1] == b'\n' && !is_space(at(i)));
+    if let Some(i) = newline {
+        return i;
+    }
+    let space = (half.max(1)..buf.len())
+        .rev()
+        .find(|&i| buf[i] == b' ' && !is_space(buf[i - 1]) && !is_space(at(i + 1)));
+    if let Some(i) = space {
+        return i;
+    }
+    // A byte that is not a UTF-8 continuation byte starts a character.
+    (half.max(1)..buf.len())
+        .rev()
+        .find(|&i| buf[i] & 0xc0 != 0x80)
+        .unwrap_or(buf.len())
+}
+
+/// The pieces of one UTF-8 text file, each about `chunk_bytes` long (the last may be shorter),
+/// in order; concatenated they are the file. Invalid UTF-8 is an error naming the file, the
+/// line and the byte offset.
+///
+/// Memory: about two chunks, whatever the file's size.
+///
+/// PyTorch equivalent: none (reading a corpus with `open(path).read(n)` in a loop).
+pub struct TextChunks {
+    path: PathBuf,
+    file: std::fs::File,
+    chunk_bytes: usize,
+    /// Bytes read from the file but not yet returned.
+    pending: Vec<u8>,
+    eof: bool,
+    /// Byte offset and 1-based line of the start of `pending`, for error messages.
+    offset: u64,
+    line: u64,
+}
+
+impl TextChunks {
+    /// Opens `path`; errors on a directory or an unreadable file, naming it.
+    pub fn open(path: &Path, chunk_bytes: usize) -> Result<Self> {
+        if path.is_dir() {
+            candle::bail!("{} is a directory; expected a text file", path.display())
+        }
+        let file = std::fs::File::open(path)
+            .map_err(|e| candle::Error::Msg(format!("reading {}: {e}", path.display())))?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            file,
+            chunk_bytes: chunk_bytes.max(16),
+            pending: Vec::new(),
+            eof: false,
+            offset: 0,
+            line: 1,
+        })
+    }
+
+    /// Reads until `pending` holds more than `chunk_bytes` bytes or the file ends.
+    fn fill(&mut self) -> Result<()> {
+        let mut buf = vec![0u8; self.chunk_bytes];
+        while !self.eof && self.pending.len() <= self.chunk_bytes {
+            let n = self
+                .file
+                .read(&mut buf)
+                .map_err(|e| candle::Error::Msg(format!("reading {}: {e}", self.path.display())))?;
+            if n == 0 {
+                self.eof = true;
+            } else {
+                self.pending.extend_from_slice(&buf[..n]);
+            }
+        }
+        Ok(())
+    }
+
+    fn next_chunk(&mut self) -> Result<Option<String>> {
+        self.fill()?;
+        if self.pending.is_empty() {
+            return Ok(None);
+        }
+        let cut = if self.pending.len() > self.chunk_bytes {
+            cut_point(
+                &self.pending[..self.chunk_bytes],
+                self.pending[self.chunk_bytes],
+            )
+        } else {
+            self.pending.len()
+        };
+        let rest = self.pending.split_off(cut);
+        let bytes = std::mem::replace(&mut self.pending, rest);
+        let text = String::from_utf8(bytes).map_err(|e| {
+            let at = e.utf8_error().valid_up_to();
+            let lines = e.as_bytes()[..at].iter().filter(|&&b| b == b'\n').count() as u64;
+            candle::Error::Msg(format!(
+                "{}:{}: invalid UTF-8 at byte {}; expected a UTF-8 text file",
+                self.path.display(),
+                self.line + lines,
+                self.offset + at as u64
+            ))
+        })?;
+        self.offset += text.len() as u64;
+        self.line += text.bytes().filter(|&b| b == b'\n').count() as u64;
+        Ok(Some(text))
+    }
+}
+
+impl Iterator for TextChunks {
+    type Item = Result<String>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.next_chunk().transpose()
+    }
+}
+
+/// The files named by `sources`, in order, each source expanded: a file as is, a directory to
+/// every file below it (sorted, hidden files and folders skipped), a pattern with `*`, `?` or
+/// `[` to the files it matches (sorted). Errors, naming the source, when one does not exist or
+/// a pattern matches no file; a file named twice is kept once.
+///
+/// PyTorch equivalent: none (`glob.glob(pattern, recursive=True)` in a data script).
+pub fn expand_sources(sources: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    for src in sources {
+        let text = src.to_string_lossy();
+        let mut found = if text.contains(['*', '?', '[']) {
+            let paths = glob::glob(&text).map_err(|e| {
+                candle::Error::Msg(format!("{text}: not a valid glob pattern ({e})"))
+            })?;
+            let mut files = Vec::new();
+            for p in paths {
+                let p = p.map_err(|e| candle::Error::Msg(format!("{text}: {e}")))?;
+                if p.is_dir() {
+                    walk(&p, &mut files)?;
+                } else {
+                    files.push(p);
+                }
+            }
+            if files.is_empty() {
+                candle::bail!("{text}: the pattern matches no file")
+            }
+            files.sort();
+            files
+        } else if src.is_dir() {
+            let mut files = Vec::new();
+            walk(src, &mut files)?;
+            if files.is_empty() {
+                candle::bail!("{}: the directory holds no file", src.display())
+            }
+            files
+        } else if src.exists() {
+            vec![src.clone()]
+        } else {
+            candle::bail!("{}: no such file or directory", src.display())
+        };
+        found.retain(|p| !out.contains(p));
+        out.extend(found);
+    }
+    Ok(out)
+}
+
+/// Every file below `dir`, sorted, skipping names that start with a dot.
+fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    let entries = std::fs::read_dir(dir)
+        .map_err(|e| candle::Error::Msg(format!("reading directory {}: {e}", dir.display())))?;
+    let mut paths: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            !p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+        })
+        .collect();
+    paths.sort();
+    for p in paths {
+        if p.is_dir() {
+            walk(&p, out)?;
+        } else {
+            out.push(p);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cuts_fall_where_a_bpe_would_cut() {
+        // After a newline followed by a word.
+        assert_eq!(cut_point(b"aaaa bb\nccc", b'd'), 8);
+        // Not after a newline followed by a space: before the space of " bb" instead.
+        assert_eq!(cut_point(b"aaaa\n bb cc", b'd'), 8);
+        // A long word: at a character boundary, never inside a multi-byte character.
+        let s = "ééééé".as_bytes();
+        let c = cut_point(&s[..7], s[7]);
+        assert!(c < 7 && s[c] & 0xc0 != 0x80, "{c}");
+    }
+}
