@@ -1,7 +1,8 @@
 //! `mha`: the command-line interface of candle-mha.
 //!
 //! ```text
-//! mha train [--tokens FILE | --text FILE]           train a next-token predictor (default: synthetic task)
+//! mha prepare --text PATH... --out DATA_DIR        encode a corpus once (streaming, parallel)
+//! mha train [--tokens F | --text F... | --data D]  train a next-token predictor (default: synthetic task)
 //! mha generate --checkpoint DIR --prompt "..."      continue a prompt (greedy or --top-k)
 //! mha eval --checkpoint DIR [--tokens F | --text F] loss, perplexity, accuracy
 //! mha inspect --checkpoint DIR --input "..."      attention tables, --png/--svg heatmaps, --dot/--graphml graphs
@@ -24,6 +25,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Encode a text corpus (or token files) once into a data directory for --data.
+    Prepare(cli::prepare::PrepareArgs),
     /// Train a next-token predictor (default: the built-in associative-recall task).
     Train(Box<cli::train::TrainArgs>),
     /// Continue a prompt with a trained checkpoint.
@@ -45,6 +48,7 @@ fn main() -> std::process::ExitCode {
     // for reuse rather than page-faulting it in again (see `candle_mha::alloc`).
     candle_mha::alloc::retain_freed_memory();
     let result = match Cli::parse().command {
+        Command::Prepare(args) => cli::prepare::run(&args),
         Command::Train(args) => cli::train::run(&args),
         Command::Generate(args) => cli::generate::run(&args),
         Command::Eval(args) => cli::eval::run(&args),

@@ -26,7 +26,7 @@ pub mod rollout;
 pub mod vocab_matrix;
 pub use graph::{is_symmetric, max_asymmetry, AttentionGraph, GraphOptions};
 pub use rollout::{attention_flow, attention_rollout, RolloutFusion, ATTENTION_FLOW_MAX_LEN};
-pub use vocab_matrix::{corpus_vocab_matrix, VocabMatrix};
+pub use vocab_matrix::{corpus_vocab_matrix, corpus_vocab_matrix_stream, VocabMatrix};
 mod font;
 pub mod heatmap;
 pub mod word_vectors;

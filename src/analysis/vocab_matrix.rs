@@ -400,6 +400,29 @@ pub fn corpus_vocab_matrix(
     batch_size: usize,
     device: &Device,
 ) -> Result<VocabMatrix> {
+    corpus_vocab_matrix_stream(
+        model,
+        dataset.examples.iter().cloned().map(Ok),
+        layer,
+        head,
+        batch_size,
+        device,
+    )
+}
+
+/// [`corpus_vocab_matrix`] over a stream of examples (a corpus read piece by piece, such as
+/// [`TextWindows`](crate::data::TextWindows)): one batch in memory at a time. Errors as
+/// [`corpus_vocab_matrix`] does, and on the stream's first error.
+///
+/// PyTorch equivalent: the same loop over an `IterableDataset`.
+pub fn corpus_vocab_matrix_stream(
+    model: &NextTokenPredictor,
+    examples: impl Iterator<Item = Result<Example>>,
+    layer: usize,
+    head: Option<usize>,
+    batch_size: usize,
+    device: &Device,
+) -> Result<VocabMatrix> {
     let cfg = model.config();
     if layer >= cfg.num_layers {
         candle::bail!(
@@ -422,9 +445,16 @@ pub fn corpus_vocab_matrix(
         candle::bail!("batch_size 0 is invalid; expected at least 1")
     }
     let mut matrix = VocabMatrix::new(cfg.vocab_size);
-    for chunk in dataset.examples.chunks(batch_size) {
+    let mut examples = examples.peekable();
+    let mut chunk: Vec<Example> = Vec::with_capacity(batch_size);
+    while let Some(e) = examples.next() {
+        chunk.push(e?);
+        if chunk.len() < batch_size && examples.peek().is_some() {
+            continue;
+        }
         let refs: Vec<&Example> = chunk.iter().collect();
         let batch = Batch::from_examples(&refs, device)?;
+        chunk.clear();
         let (_, weights) =
             model.forward_with_attention(&batch.input, Some(&batch.key_padding_mask))?;
         let w = weights.get(layer).ok_or_else(|| {

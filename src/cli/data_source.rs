@@ -1,14 +1,19 @@
-//! Where `mha train` / `mha eval` get their data: the built-in synthetic task, a token file or
-//! a text file, described in JSON so a checkpoint can rebuild the same split.
+//! Where `mha train` / `mha eval` / `mha vocab-matrix` get their data: the built-in synthetic
+//! task, a token file, prepared token data, or (old runs) a text file cut into chunks,
+//! described in JSON so a checkpoint can rebuild the same split.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+use candle_mha::candle;
 use candle_mha::data::{
-    encode_sequences, read_token_file, text_dataset, AssociativeRecall, Codec, Dataset,
-    TextTokenizer, Vocab,
+    consecutive_windows, encode_sequences, read_token_file, text_dataset, AssociativeRecall, Codec, Dataset, Example,
+    TextTokenizer, TextWindows, TokenData, TokenWindows, TrainSource, Vocab, WindowSource,
 };
 use serde::{Deserialize, Serialize};
+
+/// Validation windows of prepared data evaluated at most (evenly spaced over the tail).
+pub const DEFAULT_EVAL_WINDOWS: usize = 256;
 
 /// A data source, as recorded in `trainer_state.json`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -29,28 +34,95 @@ pub enum DataSpec {
         val_fraction: f64,
         seed: u64,
     },
-    /// Text through a tokenizer (given, or a BPE trained on the corpus).
+    /// Text cut into fixed chunks with a random split (runs made before prepared data; kept
+    /// so they resume and evaluate as they were trained).
     Text {
         path: PathBuf,
         val_fraction: f64,
         seed: u64,
     },
+    /// A data directory written by `mha prepare`: random training windows from
+    /// `[0, train_tokens)`, fixed validation windows from the rest.
+    Prepared {
+        dir: PathBuf,
+        train_tokens: u64,
+        eval_windows: usize,
+    },
 }
 
-/// Training and validation sets and the tokenization.
+/// What a run trains on.
+pub enum TrainData {
+    /// A finite set of sequences, shuffled per epoch.
+    Sequences(Dataset),
+    /// A token stream, random windows per step.
+    Stream(WindowSource),
+}
+
+impl TrainData {
+    /// As a [`TrainSource`] for the trainer.
+    pub fn source(&self) -> &dyn TrainSource {
+        match self {
+            Self::Sequences(d) => d,
+            Self::Stream(w) => w,
+        }
+    }
+
+    /// A line for the log.
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Sequences(d) => format!("{} training sequences", d.len()),
+            Self::Stream(WindowSource { windows, .. }) => format!(
+                "{} training tokens (random windows of {}: {} offsets)",
+                windows.train.end - windows.train.start,
+                windows.len,
+                windows.num_train_offsets()
+            ),
+        }
+    }
+}
+
+/// Training and validation data and the tokenization.
 pub struct Data {
-    pub train: Dataset,
+    pub train: TrainData,
     pub val: Dataset,
+    /// Bytes of text the validation targets stand for (text data only).
+    pub val_bytes: Option<u64>,
     pub codec: Codec,
     /// Tokens per example the model must see (its context `max_len` is this minus 1).
     pub longest: usize,
 }
 
+/// The UTF-8 bytes of text that the targets of `examples` (every token but each one's
+/// first) stand for; `None` unless `codec` is a text tokenizer.
+pub fn target_bytes(codec: &Codec, examples: &[Example]) -> Result<Option<u64>> {
+    let Codec::Text(tok) = codec else {
+        return Ok(None);
+    };
+    let mut bytes = 0u64;
+    for e in examples {
+        bytes += tok.decode(&e.tokens[1..])?.len() as u64;
+    }
+    Ok(Some(bytes))
+}
+
+/// Opens prepared data, checking `codec` (a checkpoint's or a given tokenizer's) against it.
+pub fn open_prepared(dir: &Path, codec: Option<&Codec>, what: &str) -> Result<(TokenData, Codec)> {
+    let data = TokenData::open(dir)?;
+    let codec = match codec {
+        Some(c) => {
+            data.check_codec(c, what)?;
+            c.clone()
+        }
+        None => data.codec()?,
+    };
+    Ok((data, codec))
+}
+
 impl DataSpec {
     /// Loads the data. `codec` is the checkpoint's tokenization when resuming or evaluating
     /// (the vocabulary must not change); `None` builds it (a vocabulary, or `tokenizer` /
-    /// a BPE of `bpe_vocab` ids for text). `max_tokens` bounds a sequence (the model's
-    /// context + 1) when known.
+    /// a BPE of `bpe_vocab` ids for old-style text). `max_tokens` bounds a sequence (the
+    /// model's context + 1) when known; prepared data needs it (its window length).
     pub fn load(
         &self,
         codec: Option<Codec>,
@@ -79,8 +151,9 @@ impl DataSpec {
                     task.generate(*val_examples, seed ^ 0x5eed),
                 );
                 Ok(Data {
-                    train,
+                    train: TrainData::Sequences(train),
                     val,
+                    val_bytes: None,
                     codec,
                     longest: task.seq_len(),
                 })
@@ -108,8 +181,9 @@ impl DataSpec {
                 let longest = data.max_len();
                 let (train, val) = data.split(*val_fraction, *seed);
                 Ok(Data {
-                    train,
+                    train: TrainData::Sequences(train),
                     val,
+                    val_bytes: None,
                     codec,
                     longest,
                 })
@@ -136,10 +210,41 @@ impl DataSpec {
                 let longest = data.max_len();
                 let (train, val) = data.split(*val_fraction, *seed);
                 Ok(Data {
-                    train,
+                    train: TrainData::Sequences(train),
                     val,
+                    val_bytes: None,
                     codec: Codec::Text(Box::new(tok)),
                     longest,
+                })
+            }
+            Self::Prepared {
+                dir,
+                train_tokens,
+                eval_windows,
+            } => {
+                let window = max_tokens.context("prepared data needs the model's context")?;
+                let what = match &codec {
+                    Some(_) => "the checkpoint's tokenizer".to_string(),
+                    None => format!("{}", dir.display()),
+                };
+                let (data, codec) = open_prepared(dir, codec.as_ref(), &what)?;
+                if *train_tokens > data.len() {
+                    bail!(
+                        "{}: the run trained on {train_tokens} tokens but the data has {}: it was prepared again",
+                        dir.display(),
+                        data.len()
+                    )
+                }
+                let windows =
+                    TokenWindows::new(window as u64, 0..*train_tokens, *train_tokens..data.len())?;
+                let val = windows.val_dataset(&data, *eval_windows)?;
+                let val_bytes = target_bytes(&codec, &val.examples)?;
+                Ok(Data {
+                    train: TrainData::Stream(WindowSource { data, windows }),
+                    val,
+                    val_bytes,
+                    codec,
+                    longest: window,
                 })
             }
         }
@@ -155,54 +260,112 @@ pub enum RunSplit {
     Val,
 }
 
-/// The data an analysis or evaluation command reads: every sequence of `tokens` or `text`
-/// when given (encoded with the checkpoint's `codec`), else the run's own `split` rebuilt from
-/// `trainer_state.json`. Returns a description for messages and the dataset.
-pub fn checkpoint_dataset(
+/// A corpus an evaluation or analysis command reads, streamed as examples of at most the
+/// model's context + 1 tokens.
+pub enum Corpus {
+    /// Sequences in memory (token files, the synthetic task, old text runs, validation windows).
+    Sequences(Dataset),
+    /// A text file, encoded piece by piece.
+    Text { path: PathBuf, tok: TextTokenizer },
+    /// A range of prepared tokens, as consecutive windows.
+    Prepared {
+        data: Box<TokenData>,
+        range: std::ops::Range<u64>,
+    },
+}
+
+impl Corpus {
+    /// The examples, `len` tokens each at most (windows overlap by one token, so every token
+    /// but the first is predicted once).
+    pub fn examples(&self, len: usize) -> Result<Box<dyn Iterator<Item = candle::Result<Example>> + '_>> {
+        Ok(match self {
+            Self::Sequences(d) => Box::new(d.examples.iter().cloned().map(Ok)),
+            Self::Text { path, tok } => Box::new(TextWindows::open(path, tok, len)?),
+            Self::Prepared { data, range } => Box::new(
+                consecutive_windows(range.clone(), len as u64, usize::MAX)
+                    .into_iter()
+                    .map(move |r| Ok(Example::full(data.tokens(r)?))),
+            ),
+        })
+    }
+}
+
+/// The data an analysis or evaluation command reads: `tokens`, `text` or `data` when given
+/// (encoded with, or checked against, the checkpoint's `codec`), else the run's own `split`
+/// rebuilt from `trainer_state.json`. Returns a description for messages and the corpus.
+pub fn checkpoint_corpus(
     checkpoint: &Path,
     tokens: Option<&Path>,
     text: Option<&Path>,
-    codec: Codec,
+    data: Option<&Path>,
+    codec: &Codec,
     max_tokens: usize,
     split: RunSplit,
-) -> Result<(String, Dataset)> {
-    let whole = |spec: DataSpec, path: &Path| -> Result<(String, Dataset)> {
-        Ok((
-            path.display().to_string(),
-            spec.load(Some(codec.clone()), None, 0, Some(max_tokens))?
-                .train,
-        ))
-    };
-    match (tokens, text) {
-        (Some(p), _) => whole(
-            DataSpec::Tokens {
-                path: p.to_path_buf(),
-                val_fraction: 0.0,
-                seed: 0,
-            },
-            p,
-        ),
-        (_, Some(p)) => whole(
-            DataSpec::Text {
-                path: p.to_path_buf(),
-                val_fraction: 0.0,
-                seed: 0,
-            },
-            p,
-        ),
-        _ => {
-            let path = checkpoint.join(candle_mha::training::STATE_FILE);
-            let text = std::fs::read_to_string(&path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            let state: serde_json::Value = serde_json::from_str(&text)?;
-            let spec: DataSpec = serde_json::from_value(state["data"].clone()).context(
-                "the checkpoint does not say what it was trained on: pass --tokens or --text",
-            )?;
-            let data = spec.load(Some(codec), None, 0, Some(max_tokens))?;
-            Ok(match split {
-                RunSplit::Train => ("the run's training set".to_string(), data.train),
-                RunSplit::Val => ("the run's validation set".to_string(), data.val),
-            })
-        }
+) -> Result<(String, Corpus)> {
+    if let Some(p) = tokens {
+        let spec = DataSpec::Tokens {
+            path: p.to_path_buf(),
+            val_fraction: 0.0,
+            seed: 0,
+        };
+        let TrainData::Sequences(d) = spec.load(Some(codec.clone()), None, 0, Some(max_tokens))?.train
+        else {
+            unreachable!("token files load as sequences")
+        };
+        return Ok((p.display().to_string(), Corpus::Sequences(d)));
     }
+    if let Some(p) = text {
+        let Codec::Text(tok) = codec else {
+            bail!("this checkpoint uses a symbol vocabulary: use --tokens, not --text")
+        };
+        return Ok((
+            p.display().to_string(),
+            Corpus::Text {
+                path: p.to_path_buf(),
+                tok: (**tok).clone(),
+            },
+        ));
+    }
+    if let Some(dir) = data {
+        let (d, _) = open_prepared(dir, Some(codec), "the checkpoint's tokenizer")?;
+        let range = match split {
+            RunSplit::Train => d.meta().train_range(),
+            RunSplit::Val => d.meta().val_range(),
+        };
+        let name = format!(
+            "{} ({} part, {} tokens)",
+            dir.display(),
+            if split == RunSplit::Train { "training" } else { "validation" },
+            range.end - range.start
+        );
+        return Ok((name, Corpus::Prepared { data: Box::new(d), range }));
+    }
+    let path = checkpoint.join(candle_mha::training::STATE_FILE);
+    let state_text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let state: serde_json::Value = serde_json::from_str(&state_text)?;
+    let spec: DataSpec = serde_json::from_value(state["data"].clone()).context(
+        "the checkpoint does not say what it was trained on: pass --tokens, --text or --data",
+    )?;
+    if let (DataSpec::Prepared { dir, train_tokens, .. }, RunSplit::Train) = (&spec, split) {
+        let (d, _) = open_prepared(dir, Some(codec), "the checkpoint's tokenizer")?;
+        return Ok((
+            "the run's training tokens".to_string(),
+            Corpus::Prepared {
+                data: Box::new(d),
+                range: 0..*train_tokens,
+            },
+        ));
+    }
+    let data = spec.load(Some(codec.clone()), None, 0, Some(max_tokens))?;
+    Ok(match split {
+        RunSplit::Train => match data.train {
+            TrainData::Sequences(d) => ("the run's training set".to_string(), Corpus::Sequences(d)),
+            TrainData::Stream(_) => unreachable!("handled above"),
+        },
+        RunSplit::Val => (
+            "the run's validation set".to_string(),
+            Corpus::Sequences(data.val),
+        ),
+    })
 }

@@ -3,11 +3,11 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use candle_mha::analysis::corpus_vocab_matrix;
+use candle_mha::analysis::corpus_vocab_matrix_stream;
 use candle_mha::candle::DType;
 use candle_mha::device::select_device;
 
-use super::data_source::{checkpoint_dataset, RunSplit};
+use super::data_source::{checkpoint_corpus, RunSplit};
 
 /// Arguments of `mha vocab-matrix`.
 #[derive(clap::Args, Debug)]
@@ -16,11 +16,14 @@ pub struct VocabMatrixArgs {
     #[arg(long)]
     pub checkpoint: PathBuf,
     /// A token file to aggregate over (default: the run's own training data).
-    #[arg(long, conflicts_with = "text")]
+    #[arg(long, conflicts_with_all = ["text", "data"])]
     pub tokens: Option<PathBuf>,
-    /// A text file to aggregate over.
-    #[arg(long)]
+    /// A text file to aggregate over (read and encoded piece by piece, any size).
+    #[arg(long, conflicts_with = "data")]
     pub text: Option<PathBuf>,
+    /// The training part of a data directory written by `mha prepare`.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
     /// The layer (0-based; default: the last).
     #[arg(long)]
     pub layer: Option<usize>,
@@ -46,18 +49,24 @@ pub fn run(args: &VocabMatrixArgs) -> Result<()> {
     let (device, notice) = select_device(&args.device)?;
     eprintln!("{notice}");
     let ckpt = super::checkpoint_dir::open(&args.checkpoint, DType::F32, &device)?;
-    let (name, dataset) = checkpoint_dataset(
+    let len = ckpt.model.config().max_len + 1;
+    let (name, corpus) = checkpoint_corpus(
         &args.checkpoint,
         args.tokens.as_deref(),
         args.text.as_deref(),
-        ckpt.codec.clone(),
-        ckpt.model.config().max_len + 1,
+        args.data.as_deref(),
+        &ckpt.codec,
+        len,
         RunSplit::Train,
     )?;
     let layer = args.layer.unwrap_or(ckpt.model.config().num_layers - 1);
-    let vm = corpus_vocab_matrix(
+    let sequences = std::cell::Cell::new(0usize);
+    let examples = corpus
+        .examples(len)?
+        .inspect(|_| sequences.set(sequences.get() + 1));
+    let vm = corpus_vocab_matrix_stream(
         &ckpt.model,
-        &dataset,
+        examples,
         layer,
         args.head,
         args.batch_size,
@@ -72,7 +81,7 @@ pub fn run(args: &VocabMatrixArgs) -> Result<()> {
         .unwrap_or_else(|| "mean over heads".into());
     println!(
         "vocabulary matrix: layer {layer}, {heads}, over {name} ({} sequences): {} query positions, total mass {:.1}",
-        dataset.len(),
+        sequences.get(),
         vm.num_queries(),
         vm.total_mass()
     );

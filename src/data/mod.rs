@@ -42,4 +42,4 @@ pub use text_chunks::{expand_sources, TextChunks, DEFAULT_CHUNK_BYTES};
 pub use text_windows::TextWindows;
 pub use token_file::{encode_sequences, read_token_file};
 pub use vocab::{Vocab, BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, UNK, UNK_ID};
-pub use windows::TokenWindows;
+pub use windows::{consecutive_windows, windows_dataset, TokenWindows};

@@ -54,16 +54,16 @@ impl TrainSource for Dataset {
 ///
 /// PyTorch equivalent: nanoGPT's `get_batch("train")`.
 #[derive(Debug)]
-pub struct WindowSource<'a> {
+pub struct WindowSource {
     /// The token stream.
-    pub data: &'a TokenData,
+    pub data: TokenData,
     /// The window length and the stream's split.
     pub windows: TokenWindows,
 }
 
-impl TrainSource for WindowSource<'_> {
+impl TrainSource for WindowSource {
     fn examples(&self, seed: u64, step: u64, count: usize) -> Result<Vec<Example>> {
-        self.windows.train_examples(self.data, seed, step, count)
+        self.windows.train_examples(&self.data, seed, step, count)
     }
 
     fn is_empty(&self) -> bool {
@@ -72,7 +72,7 @@ impl TrainSource for WindowSource<'_> {
 
     /// 64 training windows drawn as for a step numbered `u64::MAX`.
     fn fallback_eval(&self, seed: u64) -> Result<Cow<'_, Dataset>> {
-        let examples = self.windows.train_examples(self.data, seed, u64::MAX, 64)?;
+        let examples = self.windows.train_examples(&self.data, seed, u64::MAX, 64)?;
         Ok(Cow::Owned(Dataset { examples }))
     }
 }

@@ -25,6 +25,17 @@ const EOS_NAMES: [&str; 4] = [EOS, "</s>", "<|end_of_text|>", "<|endoftext|>"];
 /// The number of ids byte-level BPE needs before any merge: 4 specials and 256 bytes.
 const MIN_BPE_VOCAB: usize = 4 + 256;
 
+/// Errors unless `vocab_size` leaves room for the specials and the 256 bytes.
+fn check_bpe_vocab(vocab_size: usize) -> Result<()> {
+    if vocab_size < MIN_BPE_VOCAB {
+        candle::bail!(
+            "BPE vocab_size {vocab_size} is too small; expected at least {MIN_BPE_VOCAB} \
+             (4 special tokens + 256 bytes)"
+        )
+    }
+    Ok(())
+}
+
 /// A text tokenizer (a wrapped [`tokenizers::Tokenizer`]).
 ///
 /// PyTorch equivalent: `tokenizers.Tokenizer` / `transformers.PreTrainedTokenizerFast`.
@@ -94,12 +105,7 @@ impl TextTokenizer {
     /// PyTorch equivalent: `tokenizers.ByteLevelBPETokenizer().train([corpus], vocab_size,
     /// special_tokens=[...])`.
     pub fn train_bpe(corpus: &Path, vocab_size: usize) -> Result<Self> {
-        if vocab_size < MIN_BPE_VOCAB {
-            return Err(candle::Error::Msg(format!(
-                "BPE vocab_size {vocab_size} is too small; expected at least {MIN_BPE_VOCAB} \
-                 (4 special tokens + 256 bytes)"
-            )));
-        }
+        check_bpe_vocab(vocab_size)?;
         let text = read_text(corpus, "corpus")?;
         if text.is_empty() {
             return Err(candle::Error::Msg(format!(
@@ -107,6 +113,56 @@ impl TextTokenizer {
                 corpus.display()
             )));
         }
+        Self::train_bpe_on(std::iter::once(text), vocab_size)
+            .map_err(|e| candle::Error::Msg(format!("training a BPE on {}: {e}", corpus.display())))
+    }
+
+    /// Trains the byte-level BPE of [`TextTokenizer::train_bpe`] on a sample of the text
+    /// files `files`: about `sample_bytes` in all, each file contributing from its start in
+    /// proportion to its size (whole files when they fit), read in pieces. Errors name the
+    /// file (empty, unreadable, not UTF-8).
+    ///
+    /// PyTorch equivalent: `ByteLevelBPETokenizer().train_from_iterator(sample, vocab_size)`.
+    pub fn train_bpe_on_files(
+        files: &[std::path::PathBuf],
+        vocab_size: usize,
+        sample_bytes: u64,
+    ) -> Result<Self> {
+        check_bpe_vocab(vocab_size)?;
+        let mut sizes = Vec::with_capacity(files.len());
+        for f in files {
+            let len = std::fs::metadata(f)
+                .map_err(|e| candle::Error::Msg(format!("reading {}: {e}", f.display())))?
+                .len();
+            if len == 0 {
+                candle::bail!("{} is empty; expected some text", f.display())
+            }
+            sizes.push(len);
+        }
+        let total: u64 = sizes.iter().sum();
+        let mut sample = Vec::new();
+        for (f, &size) in files.iter().zip(&sizes) {
+            let share = if total <= sample_bytes {
+                size
+            } else {
+                ((size as f64 / total as f64) * sample_bytes as f64).ceil() as u64
+            };
+            let mut taken = 0u64;
+            for piece in super::TextChunks::open(f, super::DEFAULT_CHUNK_BYTES)? {
+                let piece = piece?;
+                taken += piece.len() as u64;
+                sample.push(piece);
+                if taken >= share {
+                    break;
+                }
+            }
+        }
+        Self::train_bpe_on(sample.into_iter(), vocab_size)
+    }
+
+    /// Trains the byte-level BPE of [`TextTokenizer::train_bpe`] on the given texts.
+    fn train_bpe_on(texts: impl Iterator<Item = String> + Send, vocab_size: usize) -> Result<Self> {
+        check_bpe_vocab(vocab_size)?;
         let model = BPE::builder()
             .unk_token(UNK.to_string())
             .build()
@@ -135,17 +191,9 @@ impl TextTokenizer {
             .special_tokens(specials)
             .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
             .build();
-        let file = corpus.to_str().ok_or_else(|| {
-            candle::Error::Msg(format!(
-                "corpus path {} is not valid UTF-8; expected a UTF-8 path",
-                corpus.display()
-            ))
-        })?;
         tokenizer
-            .train_from_files(&mut trainer, vec![file.to_string()])
-            .map_err(|e| {
-                candle::Error::Msg(format!("training a BPE on {}: {e}", corpus.display()))
-            })?;
+            .train(&mut trainer, texts)
+            .map_err(|e| candle::Error::Msg(format!("training a BPE: {e}")))?;
         let tok = TextTokenizer {
             inner: Tokenizer::from(tokenizer),
         };

@@ -12,6 +12,28 @@ use super::example::Example;
 use super::prepared::TokenData;
 use crate::rng::{derive_seed, rng_from_seed};
 
+/// Consecutive windows of at most `len` (≥ 2) tokens over `range`, each starting where the
+/// previous one's inputs end (so every token after the first is predicted once), the last
+/// one shorter when `range` does not divide evenly (at least 2 tokens); with more than
+/// `max_windows` of them, `max_windows` evenly spaced ones.
+///
+/// PyTorch equivalent: `[data[i:i+len] for i in range(start, end - 1, len - 1)]`.
+pub fn consecutive_windows(range: Range<u64>, len: u64, max_windows: usize) -> Vec<Range<u64>> {
+    let stride = len.max(2) - 1;
+    let mut all = Vec::new();
+    let mut start = range.start;
+    while start + 2 <= range.end {
+        all.push(start..(start + len.max(2)).min(range.end));
+        start += stride;
+    }
+    if all.len() <= max_windows {
+        return all;
+    }
+    (0..max_windows)
+        .map(|i| all[i * all.len() / max_windows].clone())
+        .collect()
+}
+
 /// Windows of `len` tokens (the model's context + 1: the inputs and, shifted by one, the
 /// targets) over a token stream whose training part is `train` and validation part `val`.
 ///
@@ -70,20 +92,7 @@ impl TokenWindows {
     /// evenly spaced ones are kept. Returns the token ranges (empty when the validation part
     /// has fewer than 2 tokens).
     pub fn val_ranges(&self, max_windows: usize) -> Vec<Range<u64>> {
-        let stride = self.len - 1;
-        let mut all = Vec::new();
-        let mut start = self.val.start;
-        while start + 2 <= self.val.end {
-            let end = (start + self.len).min(self.val.end);
-            all.push(start..end);
-            start += stride;
-        }
-        if all.len() <= max_windows {
-            return all;
-        }
-        (0..max_windows)
-            .map(|i| all[i * all.len() / max_windows].clone())
-            .collect()
+        consecutive_windows(self.val.clone(), self.len, max_windows)
     }
 
     /// The `count` training examples of step `step` from `data` (each an [`Example::full`] of
@@ -103,11 +112,15 @@ impl TokenWindows {
 
     /// The validation windows of [`TokenWindows::val_ranges`] as a [`Dataset`].
     pub fn val_dataset(&self, data: &TokenData, max_windows: usize) -> Result<Dataset> {
-        let examples = self
-            .val_ranges(max_windows)
-            .into_iter()
-            .map(|r| Ok(Example::full(data.tokens(r)?)))
-            .collect::<Result<_>>()?;
-        Ok(Dataset { examples })
+        windows_dataset(data, &self.val_ranges(max_windows))
     }
+}
+
+/// The token ranges `ranges` of `data` as a [`Dataset`] of [`Example::full`]s.
+pub fn windows_dataset(data: &TokenData, ranges: &[Range<u64>]) -> Result<Dataset> {
+    let examples = ranges
+        .iter()
+        .map(|r| Ok(Example::full(data.tokens(r.clone())?)))
+        .collect::<Result<_>>()?;
+    Ok(Dataset { examples })
 }

@@ -1,6 +1,7 @@
 //! Training: an AdamW with saveable state, gradient clipping, a learning-rate schedule,
 //! evaluation, and the trainer that runs, checkpoints and resumes.
 
+mod baseline;
 mod evaluate;
 mod metrics;
 mod optim;
@@ -8,6 +9,7 @@ mod optim_cpu;
 mod schedule;
 mod trainer;
 
+pub use baseline::{BaselineEvaluation, BigramBaseline};
 pub use evaluate::{evaluate, evaluate_examples, Evaluation};
 pub use metrics::{append_metrics, read_metrics, truncate_metrics, MetricsRecord, METRICS_FILE};
 pub use optim::{clip_grad_norm, AdamW, AdamWConfig};

@@ -624,8 +624,9 @@ impl Trainer {
             .unwrap_or(Device::Cpu)
     }
 
-    /// Writes `model.safetensors` (PyTorch names), `config.json`, `optimizer.safetensors` and
-    /// `trainer_state.json` into `dir`, each atomically; writes nothing and errors, naming the
+    /// Writes `model.safetensors` (PyTorch names), `config.json`, `optimizer.safetensors`,
+    /// `trainer_state.json` and the codec given to [`Trainer::with_codec`] into `dir`, each
+    /// atomically; writes nothing and errors, naming the
     /// parameter, when a parameter holds NaN or infinity.
     pub fn save(&self, dir: &Path) -> Result<()> {
         // A diverged run (a learning rate far too high) must not replace a good checkpoint.
@@ -654,6 +655,9 @@ impl Trainer {
                 dir.display()
             ))
         })?;
+        if let Some(codec) = &self.codec {
+            codec.save_dir(dir)?;
+        }
         let params: &dyn NamedParameters = &self.varmap;
         state_dict_of(&[("", params)]).save_safetensors(dir.join(MODEL_FILE))?;
         write_atomic(
