@@ -3,8 +3,8 @@
 //! ```text
 //! mha prepare --text PATH... --out DATA_DIR        encode a corpus once (streaming, parallel)
 //! mha train [--tokens F | --text F... | --data D]  train a next-token predictor (default: synthetic task)
-//! mha generate --checkpoint DIR --prompt "..."      continue a prompt (greedy or --top-k)
-//! mha eval --checkpoint DIR [--tokens F | --text F] loss, perplexity, accuracy
+//! mha generate --checkpoint DIR --prompt "..."      continue a prompt (greedy, or --top-k/--top-p/--temperature)
+//! mha eval --checkpoint DIR [--text F | --data D]   loss, perplexity, accuracy, bits/byte [--baseline bigram]
 //! mha inspect --checkpoint DIR --input "..."      attention tables, --png/--svg heatmaps, --dot/--graphml graphs
 //! mha vocab-matrix --checkpoint DIR [--tokens F]   vocabulary x vocabulary attention over a corpus
 //! mha info FILE [--prefix P]                        tensors, dtypes, shapes, attention modules

@@ -119,4 +119,77 @@ impl Codec {
             Self::Text(t) => t.decode(ids),
         }
     }
+
+    /// The text that `continuation` adds after `prompt` (ids as given to and returned by
+    /// [`generate`](crate::models::generate)), to append to the prompt as typed.
+    ///
+    /// Text: `prompt` and `continuation` are decoded together and the decoded prompt is cut
+    /// off the front, so a decoder that treats the first token specially (SentencePiece's
+    /// `▁`, a leading space it drops) or a character whose bytes straddle the two reads
+    /// right; when the decoded prompt is not a prefix of the whole, `continuation` is decoded
+    /// alone. Symbols: [`decode`](Self::decode) of `continuation` (symbols are joined by
+    /// spaces, the caller puts the separator).
+    ///
+    /// PyTorch equivalent: `tokenizer.decode(prompt + new, skip_special_tokens=True)
+    /// [len(tokenizer.decode(prompt, skip_special_tokens=True)):]`.
+    pub fn decode_continuation(&self, prompt: &[u32], continuation: &[u32]) -> Result<String> {
+        if let Self::Text(_) = self {
+            let whole: Vec<u32> = prompt.iter().chain(continuation).copied().collect();
+            let (whole, head) = (self.decode(&whole)?, self.decode(prompt)?);
+            if let Some(rest) = whole.strip_prefix(head.as_str()) {
+                return Ok(rest.to_string());
+            }
+        }
+        self.decode(continuation)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A word-level tokenizer with SentencePiece's `▁` pre-tokenizer and decoder: decoding
+    /// drops the `▁` (the space) of the first token.
+    fn metaspace_codec() -> Codec {
+        let json = r#"{
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+            "normalizer": null, "post_processor": null,
+            "pre_tokenizer": {"type": "Metaspace", "replacement": "▁",
+                              "prepend_scheme": "always", "split": true},
+            "decoder": {"type": "Metaspace", "replacement": "▁",
+                        "prepend_scheme": "always", "split": true},
+            "model": {"type": "WordLevel", "unk_token": "<unk>",
+                      "vocab": {"<unk>": 0, "▁The": 1, "▁license": 2, "▁is": 3,
+                                "▁granted": 4, "▁to": 5, "▁café": 6}}
+        }"#;
+        let tok: tokenizers::Tokenizer = json.parse().unwrap();
+        Codec::Text(Box::new(TextTokenizer::from_tokenizer(tok)))
+    }
+
+    #[test]
+    fn continuation_keeps_the_space_a_lone_decode_drops() -> Result<()> {
+        let codec = metaspace_codec();
+        let prompt = codec.encode_prompt("The license is")?;
+        assert_eq!(prompt, [1, 2, 3]);
+        // Alone, the continuation loses its leading space: appended to the prompt it would
+        // read "The license isgranted to".
+        assert_eq!(codec.decode(&[4, 5])?, "granted to");
+        assert_eq!(codec.decode_continuation(&prompt, &[4, 5])?, " granted to");
+        assert_eq!(codec.decode_continuation(&prompt, &[6])?, " café");
+        assert_eq!(codec.decode_continuation(&prompt, &[])?, "");
+        // An id the tokenizer does not know is an error naming it.
+        let e = codec.decode_continuation(&prompt, &[99]).unwrap_err();
+        assert!(e.to_string().contains("id 99"), "{e}");
+        Ok(())
+    }
+
+    #[test]
+    fn symbols_continuation_is_the_decoded_symbols() -> Result<()> {
+        let vocab = Vocab::from_symbols(&["a", "b", "c"]);
+        let codec = Codec::Symbols(vocab);
+        let prompt = codec.encode_prompt("a b")?;
+        let new = codec.encode_prompt("c a")?[1..].to_vec();
+        assert_eq!(codec.decode_continuation(&prompt, &new)?, "c a");
+        Ok(())
+    }
 }

@@ -1,6 +1,7 @@
-//! [`generate`]: greedy or top-k sampling from a [`NextTokenPredictor`].
+//! [`generate`]: greedy decoding or sampling (temperature, top-k, top-p) from a
+//! [`NextTokenPredictor`]; [`sample_next`]: the choice of one token from its logits.
 
-use candle::{DType, Result, Tensor, D};
+use candle::{DType, Result, Tensor};
 use rand::Rng;
 
 use super::NextTokenPredictor;
@@ -8,19 +9,47 @@ use crate::rng::rng_from_seed;
 
 /// How to continue a prompt.
 ///
-/// PyTorch equivalent: the arguments of a `generate()` loop (nanoGPT's `max_new_tokens`,
-/// `temperature`, `top_k`).
+/// PyTorch equivalent: the arguments of Hugging Face's `model.generate(max_new_tokens,
+/// do_sample, temperature, top_k, top_p, eos_token_id)` (or nanoGPT's `generate()` loop).
+///
+/// **Greedy or sampling.** The next token is the most likely one (greedy, argmax) unless
+/// [`do_sample`](Self::do_sample) is true or [`top_k`](Self::top_k) or [`top_p`](Self::top_p)
+/// is set; then it is drawn at random. Setting `top_k` or `top_p` alone turns sampling on (in
+/// Hugging Face they are ignored without `do_sample=True`).
+///
+/// **Order of operations when sampling** (that of Hugging Face's logits warpers,
+/// `TemperatureLogitsWarper`, `TopKLogitsWarper`, `TopPLogitsWarper`):
+/// 1. the logits are divided by `temperature`;
+/// 2. `top_k`: only the `k` largest are kept (ties broken by the lower id);
+/// 3. `top_p`: of the softmax of those, only the smallest set of most likely tokens whose
+///    probabilities sum to at least `p` is kept (always at least the most likely token);
+/// 4. one token is drawn from the softmax of what is left.
+///
+/// With neither `top_k` nor `top_p`, sampling draws from the whole distribution.
+///
+/// Build it with struct-update syntax:
+/// `GenerateConfig { top_p: Some(0.9), temperature: 0.8, ..Default::default() }`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GenerateConfig {
-    /// Tokens to add at most. Default 20.
+    /// Tokens to add at most. Default 20. HF: `max_new_tokens`.
     pub max_new_tokens: usize,
-    /// Sample among the `k` most likely tokens; `None` = greedy (argmax). Default `None`.
+    /// Sample even without `top_k` or `top_p` (from the whole distribution, after
+    /// temperature). Default `false`: greedy unless `top_k` or `top_p` is set. HF: `do_sample`.
+    pub do_sample: bool,
+    /// Sample among the `k` most likely tokens (at least 1; turns sampling on). Default `None`:
+    /// no top-k filtering. HF: `top_k` (HF's default is 50; here off).
     pub top_k: Option<usize>,
-    /// Softmax temperature for sampling. Default 1.0.
+    /// Nucleus sampling: sample among the smallest set of most likely tokens whose
+    /// probabilities (after temperature and top-k) sum to at least `p`; in (0, 1], 1 keeps all
+    /// (turns sampling on). Default `None`: no top-p filtering. HF: `top_p`.
+    pub top_p: Option<f64>,
+    /// Softmax temperature when sampling (positive, finite; below 1 sharper, above 1 flatter;
+    /// ignored when greedy). Default 1.0. HF: `temperature`.
     pub temperature: f64,
-    /// Seed of the sampler. Default 0.
+    /// Seed of the sampler: a seed gives the same tokens on every run and platform. Default 0.
+    /// PyTorch: `torch.manual_seed(seed)` before `generate` (the streams differ).
     pub seed: u64,
-    /// Stop after producing this id (end of sequence). Default `None`.
+    /// Stop after producing this id (end of sequence). Default `None`. HF: `eos_token_id`.
     pub eos_id: Option<u32>,
 }
 
@@ -28,7 +57,9 @@ impl Default for GenerateConfig {
     fn default() -> Self {
         Self {
             max_new_tokens: 20,
+            do_sample: false,
             top_k: None,
+            top_p: None,
             temperature: 1.0,
             seed: 0,
             eos_id: None,
@@ -36,11 +67,106 @@ impl Default for GenerateConfig {
     }
 }
 
-/// The ids that follow `prompt` (the prompt not included). The context is the last
-/// `max_len` ids.
+impl GenerateConfig {
+    /// Whether the next token is drawn at random (`do_sample`, `top_k` or `top_p` set) rather
+    /// than chosen greedily.
+    pub fn samples(&self) -> bool {
+        self.do_sample || self.top_k.is_some() || self.top_p.is_some()
+    }
+
+    /// Checks the settings; the error names the field and the value: `top_k` at least 1,
+    /// `top_p` in (0, 1], `temperature` positive and finite (checked even when greedy).
+    pub fn validate(&self) -> Result<()> {
+        if self.top_k == Some(0) {
+            candle::bail!("top_k must be at least 1 (None: greedy), got 0")
+        }
+        if let Some(p) = self.top_p {
+            if !(p > 0.0 && p <= 1.0) {
+                candle::bail!("top_p must be in (0, 1] (None: no nucleus filtering), got {p}")
+            }
+        }
+        if !(self.temperature > 0.0 && self.temperature.is_finite()) {
+            candle::bail!(
+                "temperature must be positive and finite, got {}",
+                self.temperature
+            )
+        }
+        Ok(())
+    }
+}
+
+/// The next token given the logits of the last position: the argmax (the lowest id among
+/// equals) when `cfg` is greedy, else a draw after temperature, top-k and top-p (see
+/// [`GenerateConfig`]), which takes one number from `rng`. Errors on empty logits or a `cfg`
+/// that [`GenerateConfig::validate`] rejects.
 ///
-/// PyTorch equivalent: `for _ in range(n): logits = model(idx[:, -max_len:])[:, -1];
-/// idx = cat(idx, argmax or multinomial(softmax(topk(logits / T))))`.
+/// PyTorch equivalent: `logits.argmax(-1)`, or `torch.multinomial(softmax(warpers(logits)),
+/// 1)` with Hugging Face's temperature, top-k and top-p warpers.
+pub fn sample_next<R: Rng + ?Sized>(
+    logits: &[f64],
+    cfg: &GenerateConfig,
+    rng: &mut R,
+) -> Result<u32> {
+    cfg.validate()?;
+    if logits.is_empty() {
+        candle::bail!("sample_next: the logits are empty; expected one per token id")
+    }
+    if !cfg.samples() {
+        let mut best = 0;
+        for (i, l) in logits.iter().enumerate() {
+            if l.total_cmp(&logits[best]).is_gt() {
+                best = i;
+            }
+        }
+        return Ok(best as u32);
+    }
+    // Most likely first; a stable sort, so equal logits keep the lower id first.
+    let mut scored: Vec<(usize, f64)> = logits.iter().copied().enumerate().collect();
+    scored.sort_by(|a, b| b.1.total_cmp(&a.1));
+    if let Some(k) = cfg.top_k {
+        scored.truncate(k);
+    }
+    // Unnormalized softmax of logits / temperature (the largest weighs 1).
+    let top = scored[0].1;
+    let mut weights: Vec<f64> = scored
+        .iter()
+        .map(|(_, l)| ((l - top) / cfg.temperature).exp())
+        .collect();
+    if let Some(p) = cfg.top_p.filter(|&p| p < 1.0) {
+        // Keep a token while the tokens more likely than it sum to less than p (Hugging
+        // Face's rule), so the kept ones are the smallest prefix reaching p, at least one.
+        let total: f64 = weights.iter().sum();
+        let mut before = 0.0;
+        let mut keep = 0;
+        for w in &weights {
+            if keep > 0 && before / total >= p {
+                break;
+            }
+            before += w;
+            keep += 1;
+        }
+        scored.truncate(keep);
+        weights.truncate(keep);
+    }
+    let mut r = rng.random::<f64>() * weights.iter().sum::<f64>();
+    let mut pick = scored[scored.len() - 1].0;
+    for ((id, _), w) in scored.iter().zip(&weights) {
+        if r < *w {
+            pick = *id;
+            break;
+        }
+        r -= w;
+    }
+    Ok(pick as u32)
+}
+
+/// The ids that follow `prompt` (the prompt not included). The context is the last
+/// `max_len` ids. Each new token comes from [`sample_next`] with one generator seeded by
+/// `cfg.seed`.
+///
+/// PyTorch equivalent: Hugging Face's `model.generate(prompt, max_new_tokens, do_sample,
+/// temperature, top_k, top_p, eos_token_id)[len(prompt):]`, or `for _ in range(n): logits =
+/// model(idx[:, -max_len:])[:, -1]; idx = cat(idx, argmax or multinomial(softmax(warp(logits))))`.
 pub fn generate(
     model: &NextTokenPredictor,
     prompt: &[u32],
@@ -49,15 +175,7 @@ pub fn generate(
     if prompt.is_empty() {
         candle::bail!("the prompt is empty: give at least one token")
     }
-    if cfg.top_k == Some(0) {
-        candle::bail!("top_k must be at least 1 (None: greedy), got 0")
-    }
-    if !(cfg.temperature > 0.0 && cfg.temperature.is_finite()) {
-        candle::bail!(
-            "temperature must be positive and finite, got {}",
-            cfg.temperature
-        )
-    }
+    cfg.validate()?;
     let device = model
         .blocks()
         .first()
@@ -74,31 +192,9 @@ pub fn generate(
             .forward(&input, None)?
             .get(0)?
             .get(ctx.len() - 1)?
-            .to_dtype(DType::F64)?;
-        let next = match cfg.top_k {
-            None => logits.argmax(D::Minus1)?.to_scalar::<u32>()?,
-            Some(k) => {
-                let mut scored: Vec<(usize, f64)> =
-                    logits.to_vec1::<f64>()?.into_iter().enumerate().collect();
-                scored.sort_by(|a, b| b.1.total_cmp(&a.1));
-                scored.truncate(k);
-                let top = scored[0].1;
-                let weights: Vec<f64> = scored
-                    .iter()
-                    .map(|(_, l)| ((l - top) / cfg.temperature).exp())
-                    .collect();
-                let mut r = rng.random::<f64>() * weights.iter().sum::<f64>();
-                let mut pick = scored[scored.len() - 1].0;
-                for ((id, _), w) in scored.iter().zip(&weights) {
-                    if r < *w {
-                        pick = *id;
-                        break;
-                    }
-                    r -= w;
-                }
-                pick as u32
-            }
-        };
+            .to_dtype(DType::F64)?
+            .to_vec1::<f64>()?;
+        let next = sample_next(&logits, cfg, &mut rng)?;
         ids.push(next);
         out.push(next);
         if Some(next) == cfg.eos_id {
@@ -154,6 +250,300 @@ mod tests {
             generate(&model, &[1, 2], &GenerateConfig::default())?.len(),
             20
         );
+        Ok(())
+    }
+
+    /// A small model with seeded random weights (vocabulary 11, context 8: the context window
+    /// slides during 12 new tokens).
+    fn small_model() -> Result<NextTokenPredictor> {
+        let varmap = candle_nn::VarMap::new();
+        let vb = crate::seeded_var_builder(&varmap, 7, DType::F32, &Device::Cpu);
+        let mut c = NextTokenPredictorConfig::new(11);
+        c.max_len = 8;
+        c.embed_dim = 16;
+        c.num_heads = 2;
+        c.num_layers = 1;
+        c.ff_dim = 32;
+        NextTokenPredictor::new(c, vb)
+    }
+
+    /// `n` draws of [`sample_next`] from one generator seeded with `seed`.
+    fn draws(logits: &[f64], cfg: &GenerateConfig, seed: u64, n: usize) -> Vec<u32> {
+        let mut rng = rng_from_seed(seed);
+        (0..n)
+            .map(|_| sample_next(logits, cfg, &mut rng).unwrap())
+            .collect()
+    }
+
+    /// How often each id appears among `n` draws.
+    fn frequencies(logits: &[f64], cfg: &GenerateConfig, seed: u64, n: usize) -> Vec<f64> {
+        let mut counts = vec![0usize; logits.len()];
+        for id in draws(logits, cfg, seed, n) {
+            counts[id as usize] += 1;
+        }
+        counts.iter().map(|&c| c as f64 / n as f64).collect()
+    }
+
+    fn sampling() -> GenerateConfig {
+        GenerateConfig {
+            do_sample: true,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn top_p_outside_zero_one_is_an_error_naming_it() -> Result<()> {
+        let model = small_model()?;
+        for (p, shown) in [(0.0, "0"), (1.5, "1.5"), (f64::NAN, "NaN"), (-0.1, "-0.1")] {
+            let cfg = GenerateConfig {
+                top_p: Some(p),
+                ..Default::default()
+            };
+            let want = format!("top_p must be in (0, 1] (None: no nucleus filtering), got {shown}");
+            let e = generate(&model, &[1, 2], &cfg).unwrap_err().to_string();
+            assert!(e.contains(&want), "{e}");
+            let e = sample_next(&[0.0, 1.0], &cfg, &mut rng_from_seed(0)).unwrap_err();
+            assert!(e.to_string().contains(&want), "{e}");
+        }
+        // The bounds: 1 is allowed, and so is a tiny positive p.
+        for p in [1.0, 1e-12] {
+            let cfg = GenerateConfig {
+                top_p: Some(p),
+                ..Default::default()
+            };
+            sample_next(&[0.0, 1.0], &cfg, &mut rng_from_seed(0))?;
+        }
+        let e = sample_next(&[], &sampling(), &mut rng_from_seed(0)).unwrap_err();
+        assert!(e.to_string().contains("the logits are empty"), "{e}");
+        Ok(())
+    }
+
+    #[test]
+    fn greedy_is_the_argmax_whatever_the_seed_and_temperature() -> Result<()> {
+        let cfg = GenerateConfig {
+            temperature: 5.0,
+            ..Default::default()
+        };
+        assert!(!cfg.samples());
+        // Equal maxima: the lower id, as torch.argmax.
+        for seed in 0..5 {
+            assert_eq!(draws(&[0.5, 3.0, -1.0, 3.0], &cfg, seed, 4), [1, 1, 1, 1]);
+        }
+        assert_eq!(
+            sample_next(&[-2.0, -1.5, -7.0], &cfg, &mut rng_from_seed(0))?,
+            1
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn a_small_top_p_keeps_only_the_most_likely_token() {
+        // Probabilities 0.37, 0.33, 0.30 (before the softmax: their logs).
+        let logits = [0.33f64.ln(), 0.37f64.ln(), 0.30f64.ln()];
+        for p in [1e-9, 0.1, 0.36] {
+            let cfg = GenerateConfig {
+                top_p: Some(p),
+                ..Default::default()
+            };
+            assert_eq!(draws(&logits, &cfg, 4, 200), vec![1; 200], "top_p {p}");
+        }
+        // A dominant token (probability near 1) is all that top_p 0.5 keeps, top_k or not.
+        let cfg = GenerateConfig {
+            top_p: Some(0.5),
+            top_k: Some(3),
+            ..Default::default()
+        };
+        assert_eq!(draws(&[10.0, 0.0, 0.0], &cfg, 1, 100), vec![0; 100]);
+    }
+
+    #[test]
+    fn top_p_keeps_the_smallest_set_reaching_p_and_renormalizes() {
+        // Probabilities 0.4, 0.35, 0.25. p = 0.7: 0.4 < 0.7, 0.4 + 0.35 >= 0.7, so ids 0 and 1
+        // are kept, drawn with 0.4/0.75 and 0.35/0.75; id 2 never.
+        let logits = [0.4f64.ln(), 0.35f64.ln(), 0.25f64.ln()];
+        let cfg = GenerateConfig {
+            top_p: Some(0.7),
+            ..Default::default()
+        };
+        let f = frequencies(&logits, &cfg, 3, 20_000);
+        assert_eq!(f[2], 0.0, "{f:?}");
+        assert!((f[0] - 0.4 / 0.75).abs() < 0.02, "{f:?}");
+        // p = 0.8 needs all three.
+        let cfg = GenerateConfig {
+            top_p: Some(0.8),
+            ..Default::default()
+        };
+        let f = frequencies(&logits, &cfg, 3, 20_000);
+        assert!((f[2] - 0.25).abs() < 0.02, "{f:?}");
+    }
+
+    #[test]
+    fn temperature_comes_before_top_k_before_top_p() {
+        // Probabilities 0.5, 0.3, 0.2; temperature 0.5 squares them: 0.25, 0.09, 0.04 over
+        // 0.38 = 0.658, 0.237, 0.105. top_p 0.6 then keeps id 0 alone (top_p before the
+        // temperature would keep ids 0 and 1: 0.5 < 0.6).
+        let logits = [0.5f64.ln(), 0.3f64.ln(), 0.2f64.ln()];
+        let cfg = GenerateConfig {
+            temperature: 0.5,
+            top_p: Some(0.6),
+            ..Default::default()
+        };
+        assert_eq!(draws(&logits, &cfg, 8, 500), vec![0; 500]);
+        // Probabilities 0.3, 0.25, 0.2, 0.15, 0.1. top_k 3 leaves 0.4, 0.333, 0.267 after
+        // renormalizing; top_p 0.6 then keeps ids 0 and 1 (0.4 < 0.6 <= 0.733). top_p on the
+        // whole distribution would keep id 2 too (0.3 + 0.25 = 0.55 < 0.6).
+        let logits: Vec<f64> = [0.3f64, 0.25, 0.2, 0.15, 0.1]
+            .iter()
+            .map(|p| p.ln())
+            .collect();
+        let cfg = GenerateConfig {
+            top_k: Some(3),
+            top_p: Some(0.6),
+            ..Default::default()
+        };
+        let f = frequencies(&logits, &cfg, 2, 20_000);
+        assert_eq!((f[2], f[3], f[4]), (0.0, 0.0, 0.0), "{f:?}");
+        assert!((f[0] - 0.3 / 0.55).abs() < 0.02, "{f:?}");
+        let cfg = GenerateConfig {
+            top_p: Some(0.6),
+            ..Default::default()
+        };
+        let f = frequencies(&logits, &cfg, 2, 20_000);
+        assert!((f[2] - 0.2 / 0.75).abs() < 0.02, "{f:?}");
+        assert_eq!((f[3], f[4]), (0.0, 0.0), "{f:?}");
+    }
+
+    #[test]
+    fn do_sample_alone_or_with_top_p_1_draws_from_the_whole_softmax() {
+        let logits: [f64; 5] = [1.0, 0.0, -1.0, 2.0, 0.5];
+        let temperature: f64 = 1.25;
+        // softmax(logits / T), by hand.
+        let e: Vec<f64> = logits.iter().map(|l| (l / temperature).exp()).collect();
+        let z: f64 = e.iter().sum();
+        let probs: Vec<f64> = e.iter().map(|x| x / z).collect();
+        for cfg in [
+            GenerateConfig {
+                do_sample: true,
+                temperature,
+                ..Default::default()
+            },
+            GenerateConfig {
+                top_p: Some(1.0),
+                temperature,
+                ..Default::default()
+            },
+            GenerateConfig {
+                do_sample: true,
+                top_p: Some(1.0),
+                top_k: Some(5),
+                temperature,
+                ..Default::default()
+            },
+        ] {
+            assert!(cfg.samples());
+            let n = 40_000;
+            let f = frequencies(&logits, &cfg, 17, n);
+            for (id, (f, p)) in f.iter().zip(&probs).enumerate() {
+                // 5 standard deviations of a frequency over n draws.
+                let tol = 5.0 * (p * (1.0 - p) / n as f64).sqrt();
+                assert!(
+                    *f > 0.0 && (f - p).abs() < tol,
+                    "{cfg:?}: id {id}: {f} vs {p}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_tiny_temperature_approaches_greedy() {
+        let logits = [0.0, 1.0, 0.99, -2.0, 0.98];
+        let cfg = GenerateConfig {
+            temperature: 1e-4,
+            ..sampling()
+        };
+        assert_eq!(draws(&logits, &cfg, 6, 1000), vec![1; 1000]);
+        // At temperature 1 the runners-up are drawn too.
+        assert!(draws(&logits, &sampling(), 6, 1000).iter().any(|&i| i != 1));
+    }
+
+    #[test]
+    fn a_seed_gives_the_same_draws_another_seed_others() -> Result<()> {
+        let flat = [0.0; 10];
+        let a = draws(&flat, &sampling(), 1, 50);
+        assert_eq!(a, draws(&flat, &sampling(), 1, 50));
+        assert_ne!(a, draws(&flat, &sampling(), 2, 50));
+        let model = small_model()?;
+        let cfg = |seed| GenerateConfig {
+            max_new_tokens: 12,
+            temperature: 3.0,
+            seed,
+            ..sampling()
+        };
+        let a = generate(&model, &[1, 4, 2], &cfg(1))?;
+        assert_eq!(a, generate(&model, &[1, 4, 2], &cfg(1))?);
+        assert_ne!(a, generate(&model, &[1, 4, 2], &cfg(2))?);
+        Ok(())
+    }
+
+    /// Top-k-only sampling and greedy decoding give the ids they gave before `top_p` and
+    /// `do_sample` existed. The expected ids were recorded by running these configurations
+    /// through the code before that change (top-k drew inline in `generate`), not computed by
+    /// the code under test.
+    #[test]
+    fn top_k_alone_and_greedy_give_the_ids_recorded_before_top_p() -> Result<()> {
+        // Ids 3 and 6 tie at 1.5: the lower id ranks first, so top-3 is ids 1, 5, 3.
+        let logits = [0.5, 2.0, -1.0, 1.5, 0.0, 1.9, 1.5];
+        for (k, temperature, seed, want) in [
+            (
+                3,
+                0.8,
+                11,
+                [
+                    1, 1, 1, 5, 1, 3, 1, 1, 3, 1, 1, 3, 1, 1, 3, 1, 1, 1, 1, 5, 1, 1, 3, 1,
+                ],
+            ),
+            (
+                7,
+                1.0,
+                0,
+                [
+                    3, 5, 3, 1, 6, 3, 6, 0, 6, 1, 6, 6, 5, 5, 6, 3, 1, 5, 3, 0, 6, 6, 5, 6,
+                ],
+            ),
+            (
+                4,
+                2.5,
+                5,
+                [
+                    1, 3, 6, 6, 5, 5, 6, 3, 3, 6, 6, 5, 1, 3, 6, 6, 6, 5, 1, 3, 1, 3, 5, 6,
+                ],
+            ),
+        ] {
+            let cfg = GenerateConfig {
+                top_k: Some(k),
+                temperature,
+                ..Default::default()
+            };
+            assert_eq!(draws(&logits, &cfg, seed, 24), want, "top_k {k}");
+        }
+        let model = small_model()?;
+        for (top_k, temperature, seed, want) in [
+            (None, 1.0, 0, [4, 8, 3, 4, 7, 3, 6, 9, 6, 9, 6, 9]),
+            (Some(3), 1.0, 0, [5, 1, 9, 7, 2, 9, 5, 4, 8, 9, 5, 4]),
+            (Some(3), 1.0, 1, [4, 8, 8, 4, 7, 6, 6, 9, 5, 3, 6, 6]),
+            (Some(5), 0.7, 42, [10, 4, 6, 1, 4, 6, 6, 7, 8, 9, 7, 5]),
+            (Some(11), 2.0, 9, [4, 1, 4, 7, 6, 4, 0, 9, 2, 8, 6, 6]),
+            (Some(1), 1.0, 3, [4, 8, 3, 4, 7, 3, 6, 9, 6, 9, 6, 9]),
+        ] {
+            let cfg = GenerateConfig {
+                max_new_tokens: 12,
+                top_k,
+                temperature,
+                seed,
+                ..Default::default()
+            };
+            assert_eq!(generate(&model, &[1, 4, 2], &cfg)?, want, "{cfg:?}");
+        }
         Ok(())
     }
 }

@@ -7,5 +7,5 @@ pub mod layers;
 mod next_token;
 
 pub use config::NextTokenPredictorConfig;
-pub use generate::{generate, GenerateConfig};
+pub use generate::{generate, sample_next, GenerateConfig};
 pub use next_token::{masked_cross_entropy, Block, NextTokenPredictor};
