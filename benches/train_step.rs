@@ -183,6 +183,7 @@ fn bench_ours(shape: &BenchShape) -> Result<Timing> {
         num_layers: shape.layers,
         ff_dim: shape.ff(),
         dropout: 0.0,
+        resid_dropout: 0.0,
     };
     let varmap = candle_nn::VarMap::new();
     let model = NextTokenPredictor::new(cfg, seeded_var_builder(&varmap, 0, DType::F32, &dev))?;

@@ -77,6 +77,7 @@ fn main() -> Result<()> {
         num_layers: 2,
         ff_dim: 64,
         dropout: 0.0,
+        resid_dropout: 0.0,
     };
     let varmap = VarMap::new();
     let model = NextTokenPredictor::new(

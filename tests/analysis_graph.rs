@@ -323,6 +323,7 @@ fn tiny_model(vocab: usize) -> Result<NextTokenPredictor> {
         num_layers: 2,
         ff_dim: 16,
         dropout: 0.0,
+        resid_dropout: 0.0,
     };
     let varmap = VarMap::new();
     Ok(NextTokenPredictor::new(

@@ -30,6 +30,7 @@ fn model(f: &Fixture) -> Result<(NextTokenPredictor, VarMap)> {
         num_layers: f.usize("num_layers")?,
         ff_dim: f.usize("ff_dim")?,
         dropout: 0.0,
+        resid_dropout: 0.0,
     };
     let varmap = VarMap::new();
     let m = NextTokenPredictor::new(

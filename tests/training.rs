@@ -73,6 +73,7 @@ fn resume_is_exact() -> Result<()> {
         num_layers: 1,
         ff_dim: 32,
         dropout: 0.1,
+        resid_dropout: 0.0,
     };
     let tc = TrainConfig {
         steps: 2000,
@@ -185,6 +186,7 @@ fn text_model_beats_unigram_entropy() -> Result<()> {
         num_layers: 1,
         ff_dim: 64,
         dropout: 0.0,
+        resid_dropout: 0.0,
     };
     let (model, varmap) = build(&cfg)?;
     let tc = TrainConfig {

@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use candle_mha::candle;
 use candle_mha::data::{
-    consecutive_windows, encode_sequences, read_token_file, text_dataset, AssociativeRecall, Codec, Dataset, Example,
-    TextTokenizer, TextWindows, TokenData, TokenWindows, TrainSource, Vocab, WindowSource,
+    consecutive_windows, encode_sequences, read_token_file, text_dataset, AssociativeRecall, Codec,
+    Dataset, Example, TextTokenizer, TextWindows, TokenData, TokenWindows, TrainSource, Vocab,
+    WindowSource,
 };
 use serde::{Deserialize, Serialize};
 
@@ -277,7 +278,10 @@ pub enum Corpus {
 impl Corpus {
     /// The examples, `len` tokens each at most (windows overlap by one token, so every token
     /// but the first is predicted once).
-    pub fn examples(&self, len: usize) -> Result<Box<dyn Iterator<Item = candle::Result<Example>> + '_>> {
+    pub fn examples(
+        &self,
+        len: usize,
+    ) -> Result<Box<dyn Iterator<Item = candle::Result<Example>> + '_>> {
         Ok(match self {
             Self::Sequences(d) => Box::new(d.examples.iter().cloned().map(Ok)),
             Self::Text { path, tok } => Box::new(TextWindows::open(path, tok, len)?),
@@ -308,7 +312,9 @@ pub fn checkpoint_corpus(
             val_fraction: 0.0,
             seed: 0,
         };
-        let TrainData::Sequences(d) = spec.load(Some(codec.clone()), None, 0, Some(max_tokens))?.train
+        let TrainData::Sequences(d) = spec
+            .load(Some(codec.clone()), None, 0, Some(max_tokens))?
+            .train
         else {
             unreachable!("token files load as sequences")
         };
@@ -335,10 +341,20 @@ pub fn checkpoint_corpus(
         let name = format!(
             "{} ({} part, {} tokens)",
             dir.display(),
-            if split == RunSplit::Train { "training" } else { "validation" },
+            if split == RunSplit::Train {
+                "training"
+            } else {
+                "validation"
+            },
             range.end - range.start
         );
-        return Ok((name, Corpus::Prepared { data: Box::new(d), range }));
+        return Ok((
+            name,
+            Corpus::Prepared {
+                data: Box::new(d),
+                range,
+            },
+        ));
     }
     let path = checkpoint.join(candle_mha::training::STATE_FILE);
     let state_text =
@@ -347,7 +363,13 @@ pub fn checkpoint_corpus(
     let spec: DataSpec = serde_json::from_value(state["data"].clone()).context(
         "the checkpoint does not say what it was trained on: pass --tokens, --text or --data",
     )?;
-    if let (DataSpec::Prepared { dir, train_tokens, .. }, RunSplit::Train) = (&spec, split) {
+    if let (
+        DataSpec::Prepared {
+            dir, train_tokens, ..
+        },
+        RunSplit::Train,
+    ) = (&spec, split)
+    {
         let (d, _) = open_prepared(dir, Some(codec), "the checkpoint's tokenizer")?;
         return Ok((
             "the run's training tokens".to_string(),

@@ -75,7 +75,12 @@ fn baseline_data(args: &EvalArgs) -> Result<(TokenData, u64)> {
 }
 
 /// Prints the unigram and bigram baselines on `val` beside the model's evaluation.
-fn print_baselines(args: &EvalArgs, codec: &Codec, val: &Dataset, model: &Evaluation) -> Result<()> {
+fn print_baselines(
+    args: &EvalArgs,
+    codec: &Codec,
+    val: &Dataset,
+    model: &Evaluation,
+) -> Result<()> {
     let (data, train_tokens) = baseline_data(args)?;
     let mut counts = BigramBaseline::new(codec.vocab_size());
     const PIECE: u64 = 1 << 20;
@@ -125,13 +130,15 @@ pub fn run(args: &EvalArgs) -> Result<()> {
     };
     let bytes = Cell::new(0u64);
     let sequences = Cell::new(0usize);
-    let examples = corpus.examples(len)?.inspect(|e: &candle_mha::candle::Result<Example>| {
-        if let (Ok(e), Codec::Text(tok)) = (e, &ckpt.codec) {
-            let b = tok.decode(&e.tokens[1..]).map_or(0, |s| s.len() as u64);
-            bytes.set(bytes.get() + b);
-        }
-        sequences.set(sequences.get() + 1);
-    });
+    let examples = corpus
+        .examples(len)?
+        .inspect(|e: &candle_mha::candle::Result<Example>| {
+            if let (Ok(e), Codec::Text(tok)) = (e, &ckpt.codec) {
+                let b = tok.decode(&e.tokens[1..]).map_or(0, |s| s.len() as u64);
+                bytes.set(bytes.get() + b);
+            }
+            sequences.set(sequences.get() + 1);
+        });
     let mut eval = evaluate_examples(&ckpt.model, examples, args.batch_size, &device, None)?;
     if bytes.get() > 0 {
         eval.bits_per_byte =

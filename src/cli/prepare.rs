@@ -6,8 +6,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use candle_mha::data::{
-    expand_sources, prepare_text, prepare_token_files, PrepareOptions, TextTokenizer,
-    TokenDataMeta,
+    expand_sources, prepare_text, prepare_token_files, PrepareOptions, TextTokenizer, TokenDataMeta,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 

@@ -18,8 +18,8 @@ use candle_mha::training::{
 use candle_nn::VarMap;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::prepare::PrepareJob;
 use super::data_source::{open_prepared, DataSpec, DEFAULT_EVAL_WINDOWS};
+use super::prepare::PrepareJob;
 
 /// Arguments of `mha train`. With no data option it trains on the built-in associative-recall
 /// task. Options left out take the defaults of the data's kind (see [`Defaults`]).
@@ -91,6 +91,9 @@ pub struct TrainArgs {
     /// Attention dropout.
     #[arg(long)]
     pub dropout: Option<f64>,
+    /// Dropout on the embeddings and on each block's outputs into the residual stream.
+    #[arg(long)]
+    pub resid_dropout: Option<f64>,
     /// Evaluate every N steps.
     #[arg(long)]
     pub eval_every: Option<u64>,
@@ -148,6 +151,7 @@ pub struct Defaults {
     pub num_layers: usize,
     pub max_len: Option<usize>,
     pub dropout: f64,
+    pub resid_dropout: f64,
     pub eval_every: u64,
     pub save_every: u64,
 }
@@ -164,6 +168,7 @@ pub const SEQUENCE_DEFAULTS: Defaults = Defaults {
     num_layers: 2,
     max_len: None,
     dropout: 0.0,
+    resid_dropout: 0.0,
     eval_every: 250,
     save_every: 500,
 };
@@ -180,6 +185,7 @@ pub const TEXT_DEFAULTS: Defaults = Defaults {
     num_layers: 3,
     max_len: Some(128),
     dropout: 0.1,
+    resid_dropout: 0.2,
     eval_every: 100,
     save_every: 500,
 };
@@ -318,7 +324,11 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         )
     }
     let text_kind = !args.text.is_empty() || args.data.is_some();
-    let d = if text_kind { TEXT_DEFAULTS } else { SEQUENCE_DEFAULTS };
+    let d = if text_kind {
+        TEXT_DEFAULTS
+    } else {
+        SEQUENCE_DEFAULTS
+    };
 
     let (spec, model_cfg, codec) = if resuming {
         let state: serde_json::Value =
@@ -342,7 +352,11 @@ pub fn run(args: &TrainArgs) -> Result<()> {
                 Some(dir) => dir.clone(),
                 None => prepare_run_text(args)?,
             };
-            let given = args.tokenizer.as_deref().map(TextTokenizer::load).transpose()?;
+            let given = args
+                .tokenizer
+                .as_deref()
+                .map(TextTokenizer::load)
+                .transpose()?;
             let given = given.map(|t| Codec::Text(Box::new(t)));
             let (data, _) = open_prepared(&dir, given.as_ref(), "--tokenizer")?;
             let n = data.len();
@@ -394,6 +408,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             num_layers: args.num_layers.unwrap_or(d.num_layers),
             ff_dim: args.ff_dim.unwrap_or(4 * embed_dim),
             dropout: args.dropout.unwrap_or(d.dropout),
+            resid_dropout: args.resid_dropout.unwrap_or(d.resid_dropout),
         },
     };
     let varmap = VarMap::new();
@@ -443,10 +458,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     let tc = &trainer.state().config;
     let accum = match tc.grad_accum {
         1 => String::new(),
-        k => format!(
-            " × {k} accumulated (effective batch {})",
-            k * tc.batch_size
-        ),
+        k => format!(" × {k} accumulated (effective batch {})", k * tc.batch_size),
     };
     println!(
         "model: {} blocks, embed_dim {}, {} heads, context {}, {params} parameters; {} steps of {} sequences{accum}",

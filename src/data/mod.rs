@@ -35,8 +35,8 @@ pub use prepared::{
     prepare_text, prepare_token_files, sha256_hex, split_point, PrepareOptions, PrepareProgress,
     SourceFile, TokenData, TokenDataMeta, TokenDtype, DATA_FORMAT, META_FILE, TOKENS_FILE,
 };
-pub use synthetic::AssociativeRecall;
 pub use source::{EvalSet, TrainSource, WindowSource};
+pub use synthetic::AssociativeRecall;
 pub use text::{text_dataset, TextTokenizer};
 pub use text_chunks::{expand_sources, TextChunks, DEFAULT_CHUNK_BYTES};
 pub use text_windows::TextWindows;

@@ -285,7 +285,10 @@ impl TokenData {
     /// `meta.json` recorded (the file was replaced).
     pub fn codec(&self) -> Result<Codec> {
         let codec = Codec::load_dir(&self.dir)?;
-        self.check_codec(&codec, &self.dir.join(&self.meta.codec_file).display().to_string())?;
+        self.check_codec(
+            &codec,
+            &self.dir.join(&self.meta.codec_file).display().to_string(),
+        )?;
         Ok(codec)
     }
 
@@ -616,10 +619,7 @@ pub fn prepare_token_files(
         let start = writer.count;
         for_each_line(f, |t| {
             let mut ids = vec![BOS_ID];
-            ids.extend(
-                t.split_whitespace()
-                    .map(|s| vocab.id(s).unwrap_or(UNK_ID)),
-            );
+            ids.extend(t.split_whitespace().map(|s| vocab.id(s).unwrap_or(UNK_ID)));
             ids.push(EOS_ID);
             writer.push(&ids)
         })?;

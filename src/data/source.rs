@@ -72,7 +72,9 @@ impl TrainSource for WindowSource {
 
     /// 64 training windows drawn as for a step numbered `u64::MAX`.
     fn fallback_eval(&self, seed: u64) -> Result<Cow<'_, Dataset>> {
-        let examples = self.windows.train_examples(&self.data, seed, u64::MAX, 64)?;
+        let examples = self
+            .windows
+            .train_examples(&self.data, seed, u64::MAX, 64)?;
         Ok(Cow::Owned(Dataset { examples }))
     }
 }

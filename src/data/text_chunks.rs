@@ -140,7 +140,7 @@ impl Iterator for TextChunks {
 
 /// The files named by `sources`, in order, each source expanded: a file as is, a directory to
 /// every file below it (sorted, hidden files and folders skipped), a pattern with `*`, `?` or
-/// `[` to the files it matches (sorted). Errors, naming the source, when one does not exist or
+/// `[` to the files it matches (sorted; as in a shell, wildcards do not match a leading dot). Errors, naming the source, when one does not exist or
 /// a pattern matches no file; a file named twice is kept once.
 ///
 /// PyTorch equivalent: none (`glob.glob(pattern, recursive=True)` in a data script).
@@ -149,7 +149,12 @@ pub fn expand_sources(sources: &[PathBuf]) -> Result<Vec<PathBuf>> {
     for src in sources {
         let text = src.to_string_lossy();
         let mut found = if text.contains(['*', '?', '[']) {
-            let paths = glob::glob(&text).map_err(|e| {
+            // As a shell does: `*` does not match a leading dot.
+            let options = glob::MatchOptions {
+                require_literal_leading_dot: true,
+                ..Default::default()
+            };
+            let paths = glob::glob_with(&text, options).map_err(|e| {
                 candle::Error::Msg(format!("{text}: not a valid glob pattern ({e})"))
             })?;
             let mut files = Vec::new();

@@ -25,6 +25,11 @@ pub struct NextTokenPredictorConfig {
     pub ff_dim: usize,
     /// Dropout on the attention weights (training only). Default 0.
     pub dropout: f64,
+    /// Dropout on the embeddings and on each block's attention and MLP outputs before they
+    /// are added to the residual stream (training only; nanoGPT's `dropout`). Default 0.
+    /// Older `config.json` files without it read as 0.
+    #[serde(default)]
+    pub resid_dropout: f64,
 }
 
 impl NextTokenPredictorConfig {
@@ -38,6 +43,7 @@ impl NextTokenPredictorConfig {
             num_layers: 2,
             ff_dim: 256,
             dropout: 0.0,
+            resid_dropout: 0.0,
         }
     }
 
@@ -60,6 +66,12 @@ impl NextTokenPredictorConfig {
                 "model config: embed_dim ({}) must be divisible by num_heads ({})",
                 self.embed_dim,
                 self.num_heads
+            )
+        }
+        if !(0.0..1.0).contains(&self.resid_dropout) {
+            candle::bail!(
+                "model config: resid_dropout must be in [0, 1), got {}",
+                self.resid_dropout
             )
         }
         if !(0.0..=1.0).contains(&self.dropout) {

@@ -5,6 +5,7 @@ use candle_nn::VarBuilder;
 
 use super::layers::{Embedding, LayerNorm, Linear};
 use super::NextTokenPredictorConfig;
+use crate::attention::dropout::seeded_dropout;
 use crate::attention::{AttentionOptions, MultiheadAttention, MultiheadAttentionConfig};
 use crate::rng::derive_seed;
 
@@ -41,13 +42,25 @@ impl Block {
         &self.attn
     }
 
-    fn forward(&self, x: &Tensor, opts: &AttentionOptions) -> Result<(Tensor, Option<Tensor>)> {
+    /// `resid`: residual dropout `(p, seed)` in training mode.
+    fn forward(
+        &self,
+        x: &Tensor,
+        opts: &AttentionOptions,
+        resid: Option<(f64, u64)>,
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        let drop = |t: Tensor, label: &str| -> Result<Tensor> {
+            match resid {
+                Some((p, seed)) if p > 0.0 => seeded_dropout(&t, p, derive_seed(seed, label)),
+                _ => Ok(t),
+            }
+        };
         let h = self.ln1.forward(x)?;
         let attn = self.attn.forward(&h, &h, &h, opts)?;
-        let x = (x + attn.output)?;
+        let x = (x + drop(attn.output, "attn")?)?;
         let fc1 = &self.fc1;
         let h = super::fused::linear_gelu(&self.ln2.forward(&x)?, fc1.weight(), fc1.bias())?;
-        let m = self.fc2.forward(&h)?;
+        let m = drop(self.fc2.forward(&h)?, "mlp")?;
         Ok(((x + m)?, attn.weights))
     }
 }
@@ -158,6 +171,10 @@ impl NextTokenPredictor {
         let positions = Tensor::arange(0u32, l as u32, dev)?;
         let x = self.token_embedding.forward(tokens)?;
         let mut x = x.broadcast_add(&self.position_embedding.forward(&positions)?)?;
+        let p = self.config.resid_dropout;
+        if let (Some(seed), true) = (dropout_seed, p > 0.0) {
+            x = seeded_dropout(&x, p, derive_seed(seed, "embedding"))?;
+        }
         let mut weights = Vec::new();
         for (i, block) in self.blocks.iter().enumerate() {
             // `is_causal` without a mask: the module builds the causal mask where it needs one
@@ -175,7 +192,8 @@ impl NextTokenPredictor {
                     .with_train(true)
                     .with_dropout_seed(derive_seed(seed, &i.to_string()));
             }
-            let (y, w) = block.forward(&x, &opts)?;
+            let resid = dropout_seed.map(|s| (p, derive_seed(s, &format!("resid/{i}"))));
+            let (y, w) = block.forward(&x, &opts, resid)?;
             x = y;
             weights.extend(w);
         }

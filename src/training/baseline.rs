@@ -85,7 +85,11 @@ impl BigramBaseline {
     /// Both models on the targets of `examples` (every token after each one's first, as the
     /// transformer predicts them), with bits per byte when `text_bytes` is given. Errors when
     /// there is no target or an id is outside the vocabulary.
-    pub fn evaluate(&self, examples: &[Example], text_bytes: Option<u64>) -> Result<BaselineEvaluation> {
+    pub fn evaluate(
+        &self,
+        examples: &[Example],
+        text_bytes: Option<u64>,
+    ) -> Result<BaselineEvaluation> {
         let mut pairs = Vec::new();
         for e in examples {
             for w in e.tokens.windows(2) {

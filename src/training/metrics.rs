@@ -137,11 +137,17 @@ mod tests {
         append_metrics(&path, &b)?;
         assert_eq!(read_metrics(&path)?, vec![a.clone(), b]);
         let text = std::fs::read_to_string(&path)?;
-        assert!(!text.contains("grad_norm"), "absent fields are not written: {text}");
+        assert!(
+            !text.contains("grad_norm"),
+            "absent fields are not written: {text}"
+        );
         truncate_metrics(&path, 1)?;
         assert_eq!(read_metrics(&path)?, vec![a.clone()]);
         // A line cut short at the end is ignored; one in the middle is an error naming it.
-        std::fs::write(&path, format!("{}\n{{\"step\":", serde_json::to_string(&a).unwrap()))?;
+        std::fs::write(
+            &path,
+            format!("{}\n{{\"step\":", serde_json::to_string(&a).unwrap()),
+        )?;
         assert_eq!(read_metrics(&path)?, vec![a]);
         std::fs::write(&path, "{\"step\":\n{\"step\":3}\n")?;
         let e = read_metrics(&path).unwrap_err().to_string();

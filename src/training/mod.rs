@@ -15,6 +15,6 @@ pub use metrics::{append_metrics, read_metrics, truncate_metrics, MetricsRecord,
 pub use optim::{clip_grad_norm, AdamW, AdamWConfig};
 pub use schedule::LrSchedule;
 pub use trainer::{
-    BEST_DIR, EvalRecord, StepStats, TrainConfig, TrainObserver, Trainer, TrainerState, CONFIG_FILE,
-    MODEL_FILE, OPTIMIZER_FILE, STATE_FILE,
+    EvalRecord, StepStats, TrainConfig, TrainObserver, Trainer, TrainerState, BEST_DIR,
+    CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE,
 };

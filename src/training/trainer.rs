@@ -506,7 +506,10 @@ impl Trainer {
                 ..Default::default()
             };
             let mut eval_loss = None;
-            if cfg.eval_every > 0 && step.is_multiple_of(cfg.eval_every) && step < cfg.steps && has_val
+            if cfg.eval_every > 0
+                && step.is_multiple_of(cfg.eval_every)
+                && step < cfg.steps
+                && has_val
             {
                 let eval = self.evaluate_set(val)?;
                 observer.on_eval(step, &eval);
@@ -560,7 +563,11 @@ impl Trainer {
     ) -> Result<()> {
         let step = self.state.step;
         let improved = eval.loss.is_finite()
-            && self.state.best.as_ref().is_none_or(|b| eval.loss < b.eval.loss);
+            && self
+                .state
+                .best
+                .as_ref()
+                .is_none_or(|b| eval.loss < b.eval.loss);
         if improved {
             self.state.best = Some(EvalRecord { step, eval: *eval });
             if let Some(dir) = dir {
