@@ -5,6 +5,7 @@
 //! mha train [--tokens F | --text F... | --data D]  train a next-token predictor (default: synthetic task)
 //! mha generate --checkpoint DIR --prompt "..."      continue a prompt (greedy, or --top-k/--top-p/--temperature)
 //! mha eval --checkpoint DIR [--text F | --data D]   loss, perplexity, accuracy, bits/byte [--baseline bigram]
+//! mha plot RUN_DIR [RUN_DIR...] --png F | --svg F   train/val loss curves from metrics.jsonl
 //! mha inspect --checkpoint DIR --input "..."      attention tables, --png/--svg heatmaps, --dot/--graphml graphs
 //! mha vocab-matrix --checkpoint DIR [--tokens F]   vocabulary x vocabulary attention over a corpus
 //! mha info FILE [--prefix P]                        tensors, dtypes, shapes, attention modules
@@ -33,6 +34,8 @@ enum Command {
     Generate(cli::generate::GenerateArgs),
     /// Evaluate a checkpoint: loss, perplexity, accuracy.
     Eval(cli::eval::EvalArgs),
+    /// Plot the train and validation loss of one or more runs (PNG and/or SVG).
+    Plot(cli::plot::PlotArgs),
     /// Show a trained model's attention on one input: tables, heatmaps, graphs.
     Inspect(Box<cli::inspect::InspectArgs>),
     /// Aggregate which token attends to which over a corpus.
@@ -52,6 +55,7 @@ fn main() -> std::process::ExitCode {
         Command::Train(args) => cli::train::run(&args),
         Command::Generate(args) => cli::generate::run(&args),
         Command::Eval(args) => cli::eval::run(&args),
+        Command::Plot(args) => cli::plot::run(&args),
         Command::Inspect(args) => cli::inspect::run(&args),
         Command::VocabMatrix(args) => cli::vocab_matrix::run(&args),
         Command::Info(args) => cli::info::run(&args),

@@ -63,7 +63,8 @@ use std::path::Path;
 
 use candle::{DType, Result, Tensor};
 
-use super::font::{self, ADVANCE, DESCENT, GLYPH_H};
+use super::canvas::{chars, fit, hex, Canvas};
+use super::font::{ADVANCE, DESCENT, GLYPH_H};
 use super::graph::xml_escape;
 
 /// Text scale for labels, titles and ticks: the 5×7 font at ×2.
@@ -87,7 +88,7 @@ const MAX_TITLE: usize = 100;
 /// Values are printed in matrices up to this many rows and columns.
 const MAX_VALUES_SIDE: usize = 16;
 /// Refuse images above 64 Mpx (192 MiB of RGB) rather than exhaust memory on a typo.
-const MAX_PIXELS: u64 = 1 << 26;
+pub(crate) const MAX_PIXELS: u64 = 1 << 26;
 const GREY: [u8; 3] = [128, 128, 128];
 const WHITE: [u8; 3] = [255, 255, 255];
 const INK: [u8; 3] = [20, 20, 20];
@@ -292,19 +293,6 @@ pub fn heatmap_grid_svg(
     Ok(plot.svg())
 }
 
-/// `s` cut to at most `max` characters: the first `max − 1` and a `~`.
-fn fit(s: &str, max: usize) -> String {
-    if s.chars().count() <= max {
-        s.to_string()
-    } else {
-        s.chars().take(max - 1).chain(['~']).collect()
-    }
-}
-
-fn chars(s: &str) -> u32 {
-    s.chars().count() as u32
-}
-
 /// The colour-bar tick text for `v` on a scale whose largest magnitude is `m` (module docs).
 fn tick(v: f64, m: f64) -> String {
     if m == 0.0 || (1e-3..1e5).contains(&m) {
@@ -357,10 +345,6 @@ fn text_on(bg: [u8; 3]) -> [u8; 3] {
     } else {
         BLACK
     }
-}
-
-fn hex(rgb: [u8; 3]) -> String {
-    format!("#{:02x}{:02x}{:02x}", rgb[0], rgb[1], rgb[2])
 }
 
 /// Everything needed to draw, validated once and shared by the PNG and SVG writers.
@@ -805,86 +789,6 @@ fn value_range(func: &str, panels: &[Vec<f64>], opts: &HeatmapOptions) -> Result
         )
     }
     Ok((vmin, vmax))
-}
-
-/// An RGB raster with clipped drawing: anything outside the image is silently dropped.
-struct Canvas {
-    w: u32,
-    h: u32,
-    px: Vec<u8>,
-}
-
-impl Canvas {
-    fn new(w: u32, h: u32) -> Self {
-        Self {
-            w,
-            h,
-            px: vec![255; w as usize * h as usize * 3],
-        }
-    }
-
-    fn set(&mut self, x: i64, y: i64, rgb: [u8; 3]) {
-        if x >= 0 && y >= 0 && x < self.w as i64 && y < self.h as i64 {
-            let i = (y as usize * self.w as usize + x as usize) * 3;
-            self.px[i..i + 3].copy_from_slice(&rgb);
-        }
-    }
-
-    fn fill(&mut self, x: i64, y: i64, w: i64, h: i64, rgb: [u8; 3]) {
-        for yy in y.max(0)..(y + h).min(self.h as i64) {
-            for xx in x.max(0)..(x + w).min(self.w as i64) {
-                self.set(xx, yy, rgb);
-            }
-        }
-    }
-
-    /// `s` with its top-left at (`x`, `y`), each font pixel a `scale`×`scale` square.
-    fn text(&mut self, x: i64, y: i64, s: &str, scale: u32, rgb: [u8; 3]) {
-        let sc = scale as i64;
-        for (k, ch) in s.chars().enumerate() {
-            let gx = x + k as i64 * (ADVANCE as i64) * sc;
-            for fy in 0..GLYPH_H + DESCENT {
-                for fx in 0..font::GLYPH_W {
-                    if font::ink(ch, fx, fy) {
-                        self.fill(gx + fx as i64 * sc, y + fy as i64 * sc, sc, sc, rgb);
-                    }
-                }
-            }
-        }
-    }
-
-    /// `s` rotated 90° anticlockwise (reading bottom to top): its first character's bottom-left
-    /// corner at (`x`, `y_bottom`), the line extending upwards and `GLYPH_H·scale` to the right.
-    fn text_up(&mut self, x: i64, y_bottom: i64, s: &str, scale: u32, rgb: [u8; 3]) {
-        let sc = scale as i64;
-        for (k, ch) in s.chars().enumerate() {
-            let along = k as i64 * ADVANCE as i64 * sc;
-            for fy in 0..GLYPH_H + DESCENT {
-                for fx in 0..font::GLYPH_W {
-                    if font::ink(ch, fx, fy) {
-                        // Unrotated (u, v) = (along + fx, fy) → (x + v, y_bottom − u).
-                        let u = along + fx as i64 * sc;
-                        let v = fy as i64 * sc;
-                        self.fill(x + v, y_bottom - u - (sc - 1), sc, sc, rgb);
-                    }
-                }
-            }
-        }
-    }
-
-    fn encode(&self) -> Result<Vec<u8>> {
-        let mut out = Vec::new();
-        let err = |e: png::EncodingError| candle::Error::Msg(format!("PNG encoding failed: {e}"));
-        {
-            let mut enc = png::Encoder::new(&mut out, self.w, self.h);
-            enc.set_color(png::ColorType::Rgb);
-            enc.set_depth(png::BitDepth::Eight);
-            let mut writer = enc.write_header().map_err(err)?;
-            writer.write_image_data(&self.px).map_err(err)?;
-            writer.finish().map_err(err)?;
-        }
-        Ok(out)
-    }
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! Reading attention: head views, labelled tables, heatmaps, a vocabulary × vocabulary matrix
-//! over a corpus, attention graphs (rollout, flow), source segments, word vectors.
+//! over a corpus, attention graphs (rollout, flow), source segments, word vectors; and line
+//! charts of training curves.
 //!
 //! # What attention weights do and do not explain
 //! Attention weights say how much each query position mixes each key position's *value* in one
@@ -27,12 +28,15 @@ pub mod vocab_matrix;
 pub use graph::{is_symmetric, max_asymmetry, AttentionGraph, GraphOptions};
 pub use rollout::{attention_flow, attention_rollout, RolloutFusion, ATTENTION_FLOW_MAX_LEN};
 pub use vocab_matrix::{corpus_vocab_matrix, corpus_vocab_matrix_stream, VocabMatrix};
+mod canvas;
 mod font;
 pub mod heatmap;
+pub mod line_plot;
 pub mod word_vectors;
 pub use heatmap::{
     colormap, heatmap_grid_png, heatmap_grid_svg, heatmap_png, heatmap_svg, HeatmapOptions,
 };
+pub use line_plot::{LinePlot, LineStyle, Series, PALETTE};
 pub use word_vectors::{
     cosine_attention, cosine_similarity_matrix, load_glove, read_glove, self_attention, WordVectors,
 };

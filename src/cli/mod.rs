@@ -7,6 +7,7 @@ pub mod eval;
 pub mod generate;
 pub mod info;
 pub mod inspect;
+pub mod plot;
 pub mod prepare;
 pub mod train;
 pub mod vocab_matrix;
