@@ -10,6 +10,7 @@ use candle_mha::analysis::{
 };
 use candle_mha::candle::{DType, Tensor};
 use candle_mha::checkpoint::write_atomic;
+use candle_mha::data::{Codec, TextWindows};
 use candle_mha::device::select_device;
 
 /// Arguments of `mha inspect`.
@@ -19,8 +20,16 @@ pub struct InspectArgs {
     #[arg(long)]
     pub checkpoint: PathBuf,
     /// The input: symbols separated by spaces (token models) or text (text models).
+    #[arg(
+        long,
+        required_unless_present = "input_file",
+        conflicts_with = "input_file"
+    )]
+    pub input: Option<String>,
+    /// Read the input from a text file instead: its first context-length tokens (read and
+    /// encoded piece by piece, so the file may be of any size). Text models only.
     #[arg(long)]
-    pub input: String,
+    pub input_file: Option<PathBuf>,
     /// The layer to show (0-based; default: the last).
     #[arg(long)]
     pub layer: Option<usize>,
@@ -80,8 +89,19 @@ pub fn run(args: &InspectArgs) -> Result<()> {
     eprintln!("{notice}");
     let ckpt = super::checkpoint_dir::open(&args.checkpoint, DType::F32, &device)?;
     let (fusion, rollout_fusion) = parse_fusion(&args.fusion)?;
-    let ids = ckpt.codec.encode_prompt(&args.input)?;
     let max_len = ckpt.model.config().max_len;
+    let ids = match (&args.input, &args.input_file, &ckpt.codec) {
+        (Some(input), _, codec) => codec.encode_prompt(input)?,
+        (None, Some(path), Codec::Text(tok)) => match TextWindows::open(path, tok, max_len)?.next()
+        {
+            Some(window) => window?.tokens,
+            None => bail!("--input-file {}: fewer than 2 tokens", path.display()),
+        },
+        (None, Some(_), Codec::Symbols(_)) => {
+            bail!("--input-file reads text; this checkpoint uses a symbol vocabulary: pass --input")
+        }
+        (None, None, _) => bail!("give --input or --input-file"),
+    };
     if ids.len() > max_len {
         bail!(
             "the input has {} tokens; the model's context is {max_len}",

@@ -140,15 +140,18 @@ impl Iterator for TextChunks {
 
 /// The files named by `sources`, in order, each source expanded: a file as is, a directory to
 /// every file below it (sorted, hidden files and folders skipped), a pattern with `*`, `?` or
-/// `[` to the files it matches (sorted; as in a shell, wildcards do not match a leading dot). Errors, naming the source, when one does not exist or
-/// a pattern matches no file; a file named twice is kept once.
+/// `[` to the files it matches (sorted; as in a shell, wildcards do not match a leading dot).
+/// Errors, naming the source, when one does not exist or a pattern matches no file. A file
+/// reached twice (named twice, or through a symbolic link to a file already listed) is kept
+/// once, where it first appears.
 ///
 /// PyTorch equivalent: none (`glob.glob(pattern, recursive=True)` in a data script).
 pub fn expand_sources(sources: &[PathBuf]) -> Result<Vec<PathBuf>> {
     let mut out: Vec<PathBuf> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     for src in sources {
         let text = src.to_string_lossy();
-        let mut found = if text.contains(['*', '?', '[']) {
+        let found = if text.contains(['*', '?', '[']) {
             // As a shell does: `*` does not match a leading dot.
             let options = glob::MatchOptions {
                 require_literal_leading_dot: true,
@@ -183,8 +186,13 @@ pub fn expand_sources(sources: &[PathBuf]) -> Result<Vec<PathBuf>> {
         } else {
             candle::bail!("{}: no such file or directory", src.display())
         };
-        found.retain(|p| !out.contains(p));
-        out.extend(found);
+        for p in found {
+            // A file reached twice (named twice, or through a symbolic link) is read once.
+            let key = std::fs::canonicalize(&p).unwrap_or_else(|_| p.clone());
+            if seen.insert(key) {
+                out.push(p);
+            }
+        }
     }
     Ok(out)
 }
