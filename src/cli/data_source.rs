@@ -56,7 +56,7 @@ pub enum TrainData {
     /// A finite set of sequences, shuffled per epoch.
     Sequences(Dataset),
     /// A token stream, random windows per step.
-    Stream(WindowSource),
+    Stream(Box<WindowSource>),
 }
 
 impl TrainData {
@@ -64,7 +64,7 @@ impl TrainData {
     pub fn source(&self) -> &dyn TrainSource {
         match self {
             Self::Sequences(d) => d,
-            Self::Stream(w) => w,
+            Self::Stream(w) => w.as_ref(),
         }
     }
 
@@ -72,11 +72,11 @@ impl TrainData {
     pub fn describe(&self) -> String {
         match self {
             Self::Sequences(d) => format!("{} training sequences", d.len()),
-            Self::Stream(WindowSource { windows, .. }) => format!(
+            Self::Stream(w) => format!(
                 "{} training tokens (random windows of {}: {} offsets)",
-                windows.train.end - windows.train.start,
-                windows.len,
-                windows.num_train_offsets()
+                w.windows.train.end - w.windows.train.start,
+                w.windows.len,
+                w.windows.num_train_offsets()
             ),
         }
     }
@@ -241,7 +241,7 @@ impl DataSpec {
                 let val = windows.val_dataset(&data, *eval_windows)?;
                 let val_bytes = target_bytes(&codec, &val.examples)?;
                 Ok(Data {
-                    train: TrainData::Stream(WindowSource { data, windows }),
+                    train: TrainData::Stream(Box::new(WindowSource { data, windows })),
                     val,
                     val_bytes,
                     codec,
@@ -267,7 +267,10 @@ pub enum Corpus {
     /// Sequences in memory (token files, the synthetic task, old text runs, validation windows).
     Sequences(Dataset),
     /// A text file, encoded piece by piece.
-    Text { path: PathBuf, tok: TextTokenizer },
+    Text {
+        path: PathBuf,
+        tok: Box<TextTokenizer>,
+    },
     /// A range of prepared tokens, as consecutive windows.
     Prepared {
         data: Box<TokenData>,
@@ -328,7 +331,7 @@ pub fn checkpoint_corpus(
             p.display().to_string(),
             Corpus::Text {
                 path: p.to_path_buf(),
-                tok: (**tok).clone(),
+                tok: tok.clone(),
             },
         ));
     }
