@@ -253,7 +253,7 @@ impl Trainer {
 
     /// Continues the run saved in `dir`: weights, optimizer moments, step and history.
     /// `model` and `varmap` must be built from the directory's `config.json`; `steps`
-    /// replaces the saved total when given (to train further).
+    /// replaces the saved total when given (to train further; this also lifts an early stop).
     pub fn resume(
         model: NextTokenPredictor,
         varmap: VarMap,
@@ -271,6 +271,8 @@ impl Trainer {
         })?;
         if let Some(steps) = steps {
             state.config.steps = steps;
+            // Asked to train further: an early stop of the saved run does not end this one.
+            state.stopped_early = false;
         }
         let weights = StateDict::load(dir.join(MODEL_FILE))?;
         let opts = crate::checkpoint::LoadOptions::new()
