@@ -175,7 +175,7 @@ pub const SEQUENCE_DEFAULTS: Defaults = Defaults {
 
 /// Defaults for text and prepared data.
 pub const TEXT_DEFAULTS: Defaults = Defaults {
-    steps: 2000,
+    steps: 1200,
     batch_size: 32,
     lr: 2e-3,
     warmup: 100,

@@ -23,7 +23,7 @@ use sha2::{Digest, Sha256};
 
 use super::codec::{Codec, TOKENIZER_FILE, VOCAB_FILE};
 use super::text::TextTokenizer;
-use super::text_chunks::{TextChunks, DEFAULT_CHUNK_BYTES};
+use super::text_chunks::{text_file_sizes, TextChunks, DEFAULT_CHUNK_BYTES};
 use super::vocab::{Vocab, BOS_ID, EOS_ID, UNK_ID};
 use crate::checkpoint::write_atomic;
 
@@ -443,13 +443,48 @@ fn claim_dir(out: &Path) -> Result<()> {
         .map_err(|e| candle::Error::Msg(format!("creating {}: {e}", out.display())))
 }
 
-/// Writes the codec and `meta.json` (after `tokens.bin`): the directory is complete only
-/// once `meta.json` exists.
-fn finish_dir(out: &Path, codec: &Codec, meta: &TokenDataMeta) -> Result<()> {
+/// The record of source `f`, which became `tokens` ids.
+fn source_record(f: &Path, tokens: u64) -> Result<SourceFile> {
+    let (bytes, sha256) = hash_file(f)?;
+    Ok(SourceFile {
+        path: f.display().to_string(),
+        bytes,
+        sha256,
+        tokens,
+    })
+}
+
+/// Moves `tokens.bin` into place, then writes the codec and `meta.json`: the directory is
+/// complete only once `meta.json` exists.
+fn finish_dir(
+    out: &Path,
+    writer: TokenWriter,
+    codec: &Codec,
+    opts: &PrepareOptions,
+    sources: Vec<SourceFile>,
+) -> Result<TokenDataMeta> {
+    let dtype = writer.dtype;
+    let num_tokens = writer.finish()?;
+    let text = matches!(codec, Codec::Text(_));
+    let meta = TokenDataMeta {
+        format: DATA_FORMAT.into(),
+        version: DATA_VERSION,
+        dtype,
+        num_tokens,
+        vocab_size: codec.vocab_size(),
+        train_tokens: split_point(num_tokens, opts.val_fraction)?,
+        val_fraction: opts.val_fraction,
+        source_bytes: sources.iter().map(|s| s.bytes).sum(),
+        text,
+        codec_file: if text { TOKENIZER_FILE } else { VOCAB_FILE }.into(),
+        codec_sha256: codec.fingerprint()?,
+        sources,
+    };
     codec.save_dir(out)?;
-    let json = serde_json::to_string_pretty(meta)
+    let json = serde_json::to_string_pretty(&meta)
         .map_err(|e| candle::Error::Msg(format!("serializing {META_FILE}: {e}")))?;
-    write_atomic(&out.join(META_FILE), json.as_bytes())
+    write_atomic(&out.join(META_FILE), json.as_bytes())?;
+    Ok(meta)
 }
 
 /// Encodes the text files `files` with `tok` into the data directory `out`: in pieces of
@@ -476,16 +511,7 @@ pub fn prepare_text(
     if files.is_empty() {
         candle::bail!("no source file to prepare")
     }
-    let mut sizes = Vec::with_capacity(files.len());
-    for f in files {
-        let len = std::fs::metadata(f)
-            .map_err(|e| candle::Error::Msg(format!("reading {}: {e}", f.display())))?
-            .len();
-        if len == 0 {
-            candle::bail!("{} is empty; expected some text", f.display())
-        }
-        sizes.push(len);
-    }
+    let sizes = text_file_sizes(files)?;
     claim_dir(out)?;
     let codec = Codec::Text(Box::new(tok.clone()));
     let vocab_size = tok.vocab_size();
@@ -520,32 +546,9 @@ pub fn prepare_text(
             progress(report);
         }
         writer.push(&Vec::from_iter(tok.eos_id()))?;
-        let (bytes, sha256) = hash_file(f)?;
-        sources.push(SourceFile {
-            path: f.display().to_string(),
-            bytes,
-            sha256,
-            tokens: writer.count - start,
-        });
+        sources.push(source_record(f, writer.count - start)?);
     }
-    let dtype = writer.dtype;
-    let num_tokens = writer.finish()?;
-    let meta = TokenDataMeta {
-        format: DATA_FORMAT.into(),
-        version: DATA_VERSION,
-        dtype,
-        num_tokens,
-        vocab_size,
-        train_tokens: split_point(num_tokens, opts.val_fraction)?,
-        val_fraction: opts.val_fraction,
-        source_bytes: report.total_bytes,
-        text: true,
-        codec_file: TOKENIZER_FILE.into(),
-        codec_sha256: codec.fingerprint()?,
-        sources,
-    };
-    finish_dir(out, &codec, &meta)?;
-    Ok(meta)
+    finish_dir(out, writer, &codec, opts, sources)
 }
 
 /// The symbols of every sequence line of a token file (blank and `#` lines skipped), read
@@ -623,31 +626,7 @@ pub fn prepare_token_files(
             ids.push(EOS_ID);
             writer.push(&ids)
         })?;
-        let (bytes, sha256) = hash_file(f)?;
-        sources.push(SourceFile {
-            path: f.display().to_string(),
-            bytes,
-            sha256,
-            tokens: writer.count - start,
-        });
+        sources.push(source_record(f, writer.count - start)?);
     }
-    let dtype = writer.dtype;
-    let num_tokens = writer.finish()?;
-    let codec = Codec::Symbols(vocab);
-    let meta = TokenDataMeta {
-        format: DATA_FORMAT.into(),
-        version: DATA_VERSION,
-        dtype,
-        num_tokens,
-        vocab_size: codec.vocab_size(),
-        train_tokens: split_point(num_tokens, opts.val_fraction)?,
-        val_fraction: opts.val_fraction,
-        source_bytes: sources.iter().map(|s| s.bytes).sum(),
-        text: false,
-        codec_file: VOCAB_FILE.into(),
-        codec_sha256: codec.fingerprint()?,
-        sources,
-    };
-    finish_dir(out, &codec, &meta)?;
-    Ok(meta)
+    finish_dir(out, writer, &Codec::Symbols(vocab), opts, sources)
 }

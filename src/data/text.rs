@@ -129,16 +129,7 @@ impl TextTokenizer {
         sample_bytes: u64,
     ) -> Result<Self> {
         check_bpe_vocab(vocab_size)?;
-        let mut sizes = Vec::with_capacity(files.len());
-        for f in files {
-            let len = std::fs::metadata(f)
-                .map_err(|e| candle::Error::Msg(format!("reading {}: {e}", f.display())))?
-                .len();
-            if len == 0 {
-                candle::bail!("{} is empty; expected some text", f.display())
-            }
-            sizes.push(len);
-        }
+        let sizes = super::text_chunks::text_file_sizes(files)?;
         let total: u64 = sizes.iter().sum();
         let mut sample = Vec::new();
         for (f, &size) in files.iter().zip(&sizes) {

@@ -138,6 +138,22 @@ impl Iterator for TextChunks {
     }
 }
 
+/// The sizes of the text files `files`; errors name a file that cannot be read or is empty.
+pub(crate) fn text_file_sizes(files: &[PathBuf]) -> Result<Vec<u64>> {
+    files
+        .iter()
+        .map(|f| {
+            let len = std::fs::metadata(f)
+                .map_err(|e| candle::Error::Msg(format!("reading {}: {e}", f.display())))?
+                .len();
+            if len == 0 {
+                candle::bail!("{} is empty; expected some text", f.display())
+            }
+            Ok(len)
+        })
+        .collect()
+}
+
 /// The files named by `sources`, in order, each source expanded: a file as is, a directory to
 /// every file below it (sorted, hidden files and folders skipped), a pattern with `*`, `?` or
 /// `[` to the files it matches (sorted; as in a shell, wildcards do not match a leading dot).
