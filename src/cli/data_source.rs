@@ -71,7 +71,7 @@ impl TrainData {
     /// A line for the log.
     pub fn describe(&self) -> String {
         match self {
-            Self::Sequences(d) => format!("{} training sequences", d.len()),
+            Self::Sequences(d) => format!("{} training", d.len()),
             Self::Stream(w) => format!(
                 "{} training tokens (random windows of {}: {} offsets)",
                 w.windows.train.end - w.windows.train.start,
