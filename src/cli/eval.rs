@@ -96,10 +96,11 @@ fn print_baselines(
         "bigram baseline (counts interpolated with the unigram, beta {} tuned on these tokens): {}",
         base.beta, base.bigram
     );
+    let diff = model.loss - base.bigram.loss;
     println!(
-        "model vs bigram: {:+.4} nats/token ({:.1}% lower loss)",
-        model.loss - base.bigram.loss,
-        100.0 * (base.bigram.loss - model.loss) / base.bigram.loss
+        "model vs bigram: {diff:+.4} nats/token ({:.1}% {} loss)",
+        100.0 * diff.abs() / base.bigram.loss,
+        if diff <= 0.0 { "lower" } else { "higher" }
     );
     Ok(())
 }
