@@ -4,7 +4,7 @@
 The Rust bench runs this script with the same shapes, repetitions and thread count and
 prints both in one table. By hand:
 
-    /tmp/torchvenv/bin/python scripts/bench_attention_reference.py \\
+    VENV/bin/python scripts/bench_attention_reference.py \\
         --shapes '[[32, 128, 256, 8]]' --reps 10 --warmup 3 --threads 2
 
 Each shape (N, L, E, H) is a batch_first self-attention, f32, dropout 0, bias on:

@@ -4,7 +4,7 @@
 The Rust side is `benches/train_step.rs` (`cargo bench --bench train_step`), which runs this
 script with the same shapes, steps and thread count and prints both in one table. By hand:
 
-    /tmp/torchvenv/bin/python scripts/bench_reference.py \\
+    VENV/bin/python scripts/bench_reference.py \\
         --shapes '[{"name": "small", "n": 64, "l": 11, "v": 37, "e": 64, "h": 4, "layers": 2}]' \\
         --steps 10 --warmup 3 --threads 2
 

@@ -15,8 +15,8 @@ described in tests/fixtures/checkpoints/README.md.
 
 Rerun (CPU only, a throwaway venv is enough):
 
-    python3 -m venv /tmp/torchvenv && /tmp/torchvenv/bin/pip install torch numpy safetensors
-    /tmp/torchvenv/bin/python scripts/make_checkpoint_fixtures.py [--out tests/fixtures/checkpoints]
+    python3 -m venv VENV && VENV/bin/pip install torch numpy safetensors
+    VENV/bin/python scripts/make_checkpoint_fixtures.py [--out tests/fixtures/checkpoints]
 
 Output is deterministic for a given torch version (except encoder_bf_legacy.pt, whose
 storage keys are object ids): every model reseeds with

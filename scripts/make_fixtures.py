@@ -11,8 +11,8 @@ files and compare. The file format is described in tests/fixtures/README.md.
 
 Rerun (CPU only, a throwaway venv is enough):
 
-    python3 -m venv /tmp/torchvenv && /tmp/torchvenv/bin/pip install torch numpy safetensors
-    /tmp/torchvenv/bin/python scripts/make_fixtures.py [--out tests/fixtures]
+    python3 -m venv VENV && VENV/bin/pip install torch numpy safetensors
+    VENV/bin/python scripts/make_fixtures.py [--out tests/fixtures]
 
 Output is deterministic for a given torch version: every case reseeds with
 torch.manual_seed(crc32(case name)).

@@ -19,10 +19,11 @@ What is kept:
      significant digits as it has for values from 0.1 up, and the file stays under 1 MB).
 
 Re-run (the wheels are fetched by pip; nothing else is downloaded):
-    python3 -m venv /tmp/glovevenv
-    /tmp/glovevenv/bin/pip install numpy safetensors wordfreq==3.1.1
-    /tmp/glovevenv/bin/pip download --no-deps -d /tmp/wordllama wordllama==0.4.0.post1
-    /tmp/glovevenv/bin/python scripts/make_glove_subset.py /tmp/wordllama/wordllama-*.whl
+    python3 -m venv VENV
+    VENV/bin/pip install numpy safetensors wordfreq==3.1.1
+    VENV/bin/pip download --no-deps -d WHEELS wordllama==0.4.0.post1
+    VENV/bin/python scripts/make_glove_subset.py WHEELS/wordllama-*.whl
+(VENV, WHEELS: any two directories outside the repository.)
 """
 
 import io

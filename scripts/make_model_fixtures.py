@@ -17,8 +17,8 @@ The files are described in tests/fixtures/model/README.md.
 
 Rerun (CPU only, a throwaway venv is enough):
 
-    python3 -m venv /tmp/torchvenv && /tmp/torchvenv/bin/pip install torch numpy safetensors
-    /tmp/torchvenv/bin/python scripts/make_model_fixtures.py [--out tests/fixtures/model]
+    python3 -m venv VENV && VENV/bin/pip install torch numpy safetensors
+    VENV/bin/python scripts/make_model_fixtures.py [--out tests/fixtures/model]
 
 Output is deterministic for a given torch version: every file reseeds with
 torch.manual_seed(crc32(file stem)), and safetensors metadata keys are sorted

@@ -17,16 +17,21 @@ The module tree and state_dict names here match the Rust model exactly:
 
 Each block is pre-LayerNorm: x + MHA(ln1(x)) with a causal bool mask (True = may not
 attend) and an optional bool key_padding_mask (True = padding), then x + MLP(ln2(x)) with
-an exact (erf) GELU. `masked_loss` is the mean cross-entropy over the positions where the
+an exact (erf) GELU. Residual dropout (`resid_dropout`, nanoGPT's `dropout`; the Rust
+config's field of that name) drops on the embedding sum and on each block's attention and
+MLP outputs before they are added to the residual stream: identity at 0 and in eval mode.
+`masked_loss` is the mean cross-entropy over the positions where the
 bool loss mask is True.
 
 Use as a module (`scripts/make_model_fixtures.py` imports it), or from the command line to
 check a checkpoint trained by `mha train` in PyTorch:
 
-    /tmp/torchvenv/bin/python scripts/reference_model.py CHECKPOINT_DIR
+    python3 scripts/reference_model.py CHECKPOINT_DIR
 
-CHECKPOINT_DIR must hold `config.json` (keys vocab_size, max_len, embed_dim, num_heads,
-num_layers, ff_dim, dropout) and `model.safetensors` (the state_dict above). The weights
+(`python3`: a Python with torch, numpy and safetensors; the benches take it from
+`MHA_BENCH_PYTHON`.) CHECKPOINT_DIR must hold `config.json` (keys vocab_size, max_len,
+embed_dim, num_heads, num_layers, ff_dim, dropout; optional resid_dropout, 0 when missing)
+and `model.safetensors` (the state_dict above). The weights
 are loaded with `load_state_dict(strict=True)`, so a missing, extra or misshapen tensor
 is an error. If `CHECKPOINT_DIR/logits_check.safetensors` exists (tensors `tokens` int64
 (N, L), optional `key_padding_mask` uint8 (N, L) with 1 = padding, and `logits` f32
@@ -35,9 +40,13 @@ nn.MultiheadAttention takes its slow path, as the fixtures do) and compared with
 stored ones: the max abs difference is printed, followed by PASS when it is at most
 1e-4 * max|stored logits| (exit code 0) or FAIL (exit code 1).
 
-A venv for it (CPU only is enough):
+`python3 scripts/reference_model.py train DATA_DIR ...` trains this model on a data
+directory written by `mha prepare` and times its steps: see `scripts/reference_train.py`
+(`./train` names a checkpoint directory called "train").
 
-    python3 -m venv /tmp/torchvenv && /tmp/torchvenv/bin/pip install torch numpy safetensors
+A virtual environment for it (CPU only is enough):
+
+    python3 -m venv VENV && VENV/bin/pip install torch numpy safetensors
 """
 
 import argparse
@@ -67,47 +76,54 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-LayerNorm transformer block."""
 
-    def __init__(self, embed_dim, num_heads, ff_dim, dropout=0.0):
+    def __init__(self, embed_dim, num_heads, ff_dim, dropout=0.0, resid_dropout=0.0):
         super().__init__()
         self.ln1 = nn.LayerNorm(embed_dim, eps=1e-5)
         self.attn = nn.MultiheadAttention(embed_dim, num_heads, dropout=dropout,
                                           batch_first=True)
         self.ln2 = nn.LayerNorm(embed_dim, eps=1e-5)
         self.mlp = MLP(embed_dim, ff_dim)
+        self.resid_drop = nn.Dropout(resid_dropout)  # no parameters: state_dict unchanged
 
-    def forward(self, x, attn_mask, key_padding_mask):
+    def forward(self, x, attn_mask, key_padding_mask, is_causal=False):
         h = self.ln1(x)
         a = self.attn(h, h, h, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
-                      need_weights=False)[0]
-        x = x + a
-        return x + self.mlp(self.ln2(x))
+                      need_weights=False, is_causal=is_causal)[0]
+        x = x + self.resid_drop(a)
+        return x + self.resid_drop(self.mlp(self.ln2(x)))
 
 
 class NextTokenPredictor(nn.Module):
     def __init__(self, vocab_size, max_len, embed_dim, num_heads, num_layers, ff_dim,
-                 dropout=0.0):
+                 dropout=0.0, resid_dropout=0.0):
         super().__init__()
         self.vocab_size = vocab_size
         self.max_len = max_len
         self.token_embedding = nn.Embedding(vocab_size, embed_dim)
         self.position_embedding = nn.Embedding(max_len, embed_dim)
+        self.embed_drop = nn.Dropout(resid_dropout)
         self.blocks = nn.ModuleList(
-            [Block(embed_dim, num_heads, ff_dim, dropout) for _ in range(num_layers)])
+            [Block(embed_dim, num_heads, ff_dim, dropout, resid_dropout)
+             for _ in range(num_layers)])
         self.ln_f = nn.LayerNorm(embed_dim)
         self.head = nn.Linear(embed_dim, vocab_size)
 
-    def forward(self, tokens, key_padding_mask=None):
+    def forward(self, tokens, key_padding_mask=None, is_causal=False):
         """tokens: (N, L) long, L <= max_len; key_padding_mask: (N, L) bool, True = padding.
+
+        is_causal: passed on to nn.MultiheadAttention with the causal mask, a hint that
+        lets it hand `is_causal=True` instead of the mask to scaled_dot_product_attention
+        when there is no key_padding_mask (the same result; what the Rust model does).
 
         Returns logits (N, L, vocab_size)."""
         L = tokens.shape[1]
         assert L <= self.max_len, (L, self.max_len)
         pos = torch.arange(L, device=tokens.device)
-        x = self.token_embedding(tokens) + self.position_embedding(pos)
+        x = self.embed_drop(self.token_embedding(tokens) + self.position_embedding(pos))
         # True = may not attend (causal)
         mask = torch.triu(torch.ones(L, L, dtype=torch.bool, device=tokens.device), 1)
         for b in self.blocks:
-            x = b(x, mask, key_padding_mask)
+            x = b(x, mask, key_padding_mask, is_causal=is_causal)
         return self.head(self.ln_f(x))
 
 
@@ -125,7 +141,8 @@ def from_config(cfg):
         vocab_size=int(cfg["vocab_size"]), max_len=int(cfg["max_len"]),
         embed_dim=int(cfg["embed_dim"]), num_heads=int(cfg["num_heads"]),
         num_layers=int(cfg["num_layers"]), ff_dim=int(cfg["ff_dim"]),
-        dropout=float(cfg["dropout"]))
+        dropout=float(cfg["dropout"]),
+        resid_dropout=float(cfg.get("resid_dropout", 0.0)))  # older configs lack it
 
 
 def config_from_json(path):
@@ -164,9 +181,17 @@ def check_logits(model, path):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["train"]:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import reference_train
+
+        return reference_train.main(argv[1:], prog="reference_model.py train")
     ap = argparse.ArgumentParser(
         description="Load an `mha train` checkpoint into the PyTorch reference model and "
-                    "check its logits.")
+                    "check its logits.",
+        epilog="`reference_model.py train DATA_DIR ...` trains and times the model on data "
+               "written by `mha prepare` (see reference_train.py).")
     ap.add_argument("checkpoint_dir")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)

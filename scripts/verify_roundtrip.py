@@ -24,10 +24,10 @@ A comparison passes when max|ours - stored| <= tol * max(1, max|stored|), where 
 PASS/FAIL report and exits 0 if everything passes, 1 otherwise (including unreadable or
 inconsistent files).
 
-    /tmp/torchvenv/bin/python scripts/verify_roundtrip.py DIR
+    VENV/bin/python scripts/verify_roundtrip.py DIR
 
-(The venv: python3 -m venv /tmp/torchvenv && /tmp/torchvenv/bin/pip install torch numpy
-safetensors.)
+(VENV: a virtual environment with torch, e.g. python3 -m venv VENV && VENV/bin/pip install
+torch numpy safetensors.)
 """
 
 import argparse

@@ -55,12 +55,12 @@ pub fn median(xs: &[f64]) -> f64 {
     }
 }
 
-/// A Python that imports torch, and torch's version: `MHA_BENCH_PYTHON` when set, else
-/// `python3`, then `/tmp/torchvenv/bin/python`.
+/// A Python that imports torch, and torch's version: `MHA_BENCH_PYTHON` when set (e.g. a
+/// virtual environment's `bin/python`), else `python3`, then `python` (from `PATH`).
 pub fn find_torch() -> Option<(String, String)> {
     let candidates: Vec<String> = match std::env::var("MHA_BENCH_PYTHON") {
         Ok(py) if !py.trim().is_empty() => vec![py],
-        _ => vec!["python3".into(), "/tmp/torchvenv/bin/python".into()],
+        _ => vec!["python3".into(), "python".into()],
     };
     candidates.into_iter().find_map(|py| {
         let out = Command::new(&py)
