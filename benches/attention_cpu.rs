@@ -4,7 +4,7 @@
 //!
 //! ```sh
 //! cargo bench --bench attention_cpu
-//! RAYON_NUM_THREADS=2 MHA_BENCH_PYTHON=/tmp/torchvenv/bin/python cargo bench --bench attention_cpu
+//! RAYON_NUM_THREADS=2 MHA_BENCH_PYTHON=.venv-torch/bin/python cargo bench --bench attention_cpu
 //! ```
 //!
 //! Shapes `(N, L, E, H)`: batch_first self-attention, f32, dropout 0, bias on.
@@ -29,7 +29,7 @@
 //!
 //! Environment: `MHA_BENCH_REPS` / `MHA_BENCH_WARMUP` / `MHA_BENCH_ROUNDS` (default 10 / 3 / 3),
 //! `MHA_BENCH_SHAPES` (`;`-separated `N,L,E,H`), `MHA_BENCH_MEMORY=0` to skip the memory part,
-//! `MHA_BENCH_PYTHON` (a Python with torch; unset: `python3`, then `/tmp/torchvenv/bin/python`),
+//! `MHA_BENCH_PYTHON` (a Python with torch; unset: `python3`, then `python`),
 //! `RAYON_NUM_THREADS` (candle's threads; torch gets the same).
 
 mod support;

@@ -3,7 +3,7 @@
 //!
 //! ```sh
 //! cargo bench --bench train_step
-//! MHA_BENCH_SHAPES=small,medium MHA_BENCH_STEPS=20 MHA_BENCH_PYTHON=/tmp/torchvenv/bin/python \
+//! MHA_BENCH_SHAPES=small,medium MHA_BENCH_STEPS=20 MHA_BENCH_PYTHON=.venv-torch/bin/python \
 //!     cargo bench --bench train_step
 //! ```
 //!
@@ -23,7 +23,7 @@
 //! - `MHA_BENCH_STEPS` / `MHA_BENCH_WARMUP`: timed / untimed steps for every shape (default:
 //!   10 + 3 for small and medium, 5 + 2 for large);
 //! - `MHA_BENCH_PYTHON`: the Python with torch (unset: `python3`, then
-//!   `/tmp/torchvenv/bin/python`); without torch the PyTorch columns are left out;
+//!   `python`); without torch the PyTorch columns are left out;
 //! - `RAYON_NUM_THREADS`: candle's CPU threads (default: the cores); torch gets the same;
 //! - `MHA_BENCH_ALLOCATOR=default`: glibc's allocator defaults on both sides. Otherwise both
 //!   keep freed memory (`alloc::retain_freed_memory` here, the equivalent `GLIBC_TUNABLES` in

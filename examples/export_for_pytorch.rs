@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --release --example export_for_pytorch -- DIR [self|cross]
-//! /tmp/torchvenv/bin/python scripts/verify_roundtrip.py DIR
+//! .venv-torch/bin/python scripts/verify_roundtrip.py DIR
 //! ```
 //! `self`: f32 self-attention, seq-first. `cross`: f64 cross-attention with kdim/vdim,
 //! bias_k/bias_v, a zero-attention column, batch_first and a key padding mask.

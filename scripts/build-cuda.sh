@@ -9,13 +9,13 @@
 #   tar xf gpu-pack.tar.xz && cd gpu-pack && ./run-on-gpu.sh tests      # every packed test
 #   ./run-on-gpu.sh mha train --device cuda                              # any packed binary
 #
-# Why: the toolkit comes from PyPI wheels via ../shared/cuda/prepare-toolkit.sh (nvcc 13.0 and
+# Why: the toolkit comes from PyPI wheels via scripts/prepare-cuda-toolkit.sh (nvcc 13.0 and
 # a link-time libcuda stub; CUDA_COMPUTE_CAP defaults to 90, the H100/H200). The build goes to
 # target/cuda so the CPU build in target/ is not invalidated. Binaries are stripped and the
 # archive is xz-compressed to stay under the 64 MB a device call can carry.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TOOLKIT_SCRIPT=${TOOLKIT_SCRIPT:-../shared/cuda/prepare-toolkit.sh}
+TOOLKIT_SCRIPT=${TOOLKIT_SCRIPT:-scripts/prepare-cuda-toolkit.sh}
 [ -f "$TOOLKIT_SCRIPT" ] || { echo "missing $TOOLKIT_SCRIPT (set TOOLKIT_SCRIPT)" >&2; exit 3; }
 cargo fetch --features cuda >/dev/null 2>&1 || cargo fetch >/dev/null  # cudarc source for the stub
 # Exit 3 (not 1) when the toolkit itself cannot be had (no PyPI access): CI tells the two apart.
