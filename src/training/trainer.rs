@@ -170,11 +170,6 @@ pub struct Trainer {
     codec: Option<Codec>,
 }
 
-/// Whether some sequence of `batch` is padded (a key padding mask is needed).
-fn padded(batch: &Batch) -> bool {
-    batch.padded
-}
-
 /// Copies the validation fields of `eval` into a metrics record.
 fn fill_eval(record: &mut MetricsRecord, eval: &Evaluation) {
     record.val_loss = Some(eval.loss);
@@ -357,7 +352,7 @@ impl Trainer {
             };
             let dropout_seed = derive_seed(self.state.config.seed, &label);
             // No mask when no sequence is padded: the attention skips the masking work.
-            let kpm = padded(batch).then_some(&batch.key_padding_mask);
+            let kpm = batch.padded.then_some(&batch.key_padding_mask);
             let logits = self.model.forward_train(&batch.input, kpm, dropout_seed)?;
             let mut loss = masked_cross_entropy(&logits, &batch.targets, &batch.loss_mask)?;
             if batches.len() > 1 {
@@ -377,7 +372,12 @@ impl Trainer {
                 Some(acc) => self.add_grads(acc, g)?,
             });
         }
-        let mut grads = grads.expect("a micro-batch with tokens was seen");
+        let Some(mut grads) = grads else {
+            candle::bail!(
+                "step {}: no micro-batch has a position to predict",
+                step + 1
+            )
+        };
         let grad_norm = match self.state.config.clip_norm {
             c if c > 0.0 => clip_grad_norm(&mut grads, &self.optimizer.vars(), c)?,
             _ => clip_grad_norm(&mut grads, &self.optimizer.vars(), f64::INFINITY)?,
