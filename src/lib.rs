@@ -29,6 +29,9 @@
 
 /// The candle-core crate this one is built on (re-exported so users match its version).
 pub use candle;
+/// The candle-nn crate this one is built on (`VarMap`, `VarBuilder`, `Optimizer`; re-exported
+/// so users match its version).
+pub use candle_nn;
 
 pub mod alloc;
 pub mod analysis;

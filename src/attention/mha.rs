@@ -684,3 +684,4 @@ impl Module for MultiheadAttention {
         MultiheadAttention::forward(self, xs, xs, xs, &opts).map(|out| out.output)
     }
 }
+
