@@ -684,4 +684,3 @@ impl Module for MultiheadAttention {
         MultiheadAttention::forward(self, xs, xs, xs, &opts).map(|out| out.output)
     }
 }
-
