@@ -93,17 +93,41 @@ pub struct Data {
     pub longest: usize,
 }
 
-/// The UTF-8 bytes of text that the targets of `examples` (every token but each one's
-/// first) stand for; `None` unless `codec` is a text tokenizer.
+/// The UTF-8 bytes of text that the targets of `example` (every token but its first) stand
+/// for; 0 unless `codec` is a text tokenizer.
+pub fn example_text_bytes(codec: &Codec, example: &Example) -> candle::Result<u64> {
+    match codec {
+        Codec::Text(tok) => Ok(tok.decode(&example.tokens[1..])?.len() as u64),
+        Codec::Symbols(_) => Ok(0),
+    }
+}
+
+/// The UTF-8 bytes of text that the targets of `examples` stand for; `None` unless `codec` is
+/// a text tokenizer.
 pub fn target_bytes(codec: &Codec, examples: &[Example]) -> Result<Option<u64>> {
-    let Codec::Text(tok) = codec else {
+    if !matches!(codec, Codec::Text(_)) {
         return Ok(None);
-    };
+    }
     let mut bytes = 0u64;
     for e in examples {
-        bytes += tok.decode(&e.tokens[1..])?.len() as u64;
+        bytes += example_text_bytes(codec, e)?;
     }
     Ok(Some(bytes))
+}
+
+/// The data description a run recorded in its `trainer_state.json`.
+pub fn run_data_spec(run: &Path) -> Result<DataSpec> {
+    let path = run.join(candle_mha::training::STATE_FILE);
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let state: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    serde_json::from_value(state["data"].clone()).with_context(|| {
+        format!(
+            "{} does not say what the run was trained on",
+            path.display()
+        )
+    })
 }
 
 /// Opens prepared data, checking `codec` (a checkpoint's or a given tokenizer's) against it.
@@ -359,13 +383,8 @@ pub fn checkpoint_corpus(
             },
         ));
     }
-    let path = checkpoint.join(candle_mha::training::STATE_FILE);
-    let state_text =
-        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let state: serde_json::Value = serde_json::from_str(&state_text)?;
-    let spec: DataSpec = serde_json::from_value(state["data"].clone()).context(
-        "the checkpoint does not say what it was trained on: pass --tokens, --text or --data",
-    )?;
+    let spec = run_data_spec(checkpoint)
+        .context("the checkpoint's own data cannot be rebuilt: pass --tokens, --text or --data")?;
     if let (
         DataSpec::Prepared {
             dir, train_tokens, ..

@@ -10,10 +10,11 @@ use candle_mha::candle::DType;
 use candle_mha::checkpoint::StateDict;
 use candle_mha::data::{consecutive_windows, windows_dataset, Codec, Dataset, Example, TokenData};
 use candle_mha::device::select_device;
-use candle_mha::training::{evaluate_examples, BigramBaseline, Evaluation, STATE_FILE};
+use candle_mha::training::{evaluate_examples, BigramBaseline, Evaluation};
 
 use super::data_source::{
-    checkpoint_corpus, target_bytes, Corpus, DataSpec, RunSplit, DEFAULT_EVAL_WINDOWS,
+    checkpoint_corpus, example_text_bytes, run_data_spec, target_bytes, Corpus, DataSpec, RunSplit,
+    DEFAULT_EVAL_WINDOWS,
 };
 
 /// Arguments of `mha eval`. Without a data option it evaluates on the run's own validation
@@ -62,12 +63,10 @@ fn baseline_data(args: &EvalArgs) -> Result<(TokenData, u64)> {
         let t = d.meta().train_tokens;
         return Ok((d, t));
     }
-    let path = args.checkpoint.join(STATE_FILE);
-    let state: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
-    match serde_json::from_value(state["data"].clone()) {
-        Ok(DataSpec::Prepared {
+    match run_data_spec(&args.checkpoint)? {
+        DataSpec::Prepared {
             dir, train_tokens, ..
-        }) => Ok((TokenData::open(&dir)?, train_tokens)),
+        } => Ok((TokenData::open(&dir)?, train_tokens)),
         _ => bail!(
             "--baseline needs prepared data: pass --data DIR, or evaluate a run trained on text or --data"
         ),
@@ -131,15 +130,12 @@ pub fn run(args: &EvalArgs) -> Result<()> {
     };
     let bytes = Cell::new(0u64);
     let sequences = Cell::new(0usize);
-    let examples = corpus
-        .examples(len)?
-        .inspect(|e: &candle_mha::candle::Result<Example>| {
-            if let (Ok(e), Codec::Text(tok)) = (e, &ckpt.codec) {
-                let b = tok.decode(&e.tokens[1..]).map_or(0, |s| s.len() as u64);
-                bytes.set(bytes.get() + b);
-            }
-            sequences.set(sequences.get() + 1);
-        });
+    let examples = corpus.examples(len)?.map(|e| {
+        let e = e?;
+        bytes.set(bytes.get() + example_text_bytes(&ckpt.codec, &e)?);
+        sequences.set(sequences.get() + 1);
+        Ok(e)
+    });
     let mut eval = evaluate_examples(&ckpt.model, examples, args.batch_size, &device, None)?;
     if bytes.get() > 0 {
         eval.bits_per_byte =

@@ -18,7 +18,7 @@ use candle_mha::training::{
 use candle_nn::VarMap;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::data_source::{open_prepared, DataSpec, DEFAULT_EVAL_WINDOWS};
+use super::data_source::{open_prepared, run_data_spec, DataSpec, DEFAULT_EVAL_WINDOWS};
 use super::prepare::PrepareJob;
 
 /// Arguments of `mha train`. With no data option it trains on the built-in associative-recall
@@ -331,10 +331,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     };
 
     let (spec, model_cfg, codec) = if resuming {
-        let state: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(args.out.join(STATE_FILE))?)?;
-        let spec: DataSpec = serde_json::from_value(state["data"].clone())
-            .context("the checkpoint's data description")?;
+        let spec = run_data_spec(&args.out)?;
         let cfg = NextTokenPredictorConfig::load(args.out.join(CONFIG_FILE))?;
         (spec, Some(cfg), Some(Codec::load_dir(&args.out)?))
     } else {

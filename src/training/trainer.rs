@@ -612,17 +612,10 @@ impl Trainer {
 
     /// Evaluates on `dataset` and records it in the history.
     pub fn evaluate(&mut self, dataset: &Dataset) -> Result<Evaluation> {
-        let eval = super::evaluate(
-            &self.model,
-            dataset,
-            self.state.config.batch_size,
-            &self.device(),
-        )?;
-        self.state.evals.push(EvalRecord {
-            step: self.state.step,
-            eval,
-        });
-        Ok(eval)
+        self.evaluate_set(&EvalSet {
+            data: dataset,
+            text_bytes: None,
+        })
     }
 
     fn device(&self) -> Device {
