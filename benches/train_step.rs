@@ -24,6 +24,8 @@
 //!   10 + 3 for small and medium, 5 + 2 for large);
 //! - `MHA_BENCH_PYTHON`: the Python with torch (unset: `python3`, then
 //!   `python`); without torch the PyTorch columns are left out;
+//! - `MHA_BENCH_KERNEL=reference`: our model's attention on the reference ops instead of the
+//!   fused kernel (`NextTokenPredictor::with_attention_kernel`);
 //! - `RAYON_NUM_THREADS`: candle's CPU threads (default: the cores); torch gets the same;
 //! - `MHA_BENCH_ALLOCATOR=default`: glibc's allocator defaults on both sides. Otherwise both
 //!   keep freed memory (`alloc::retain_freed_memory` here, the equivalent `GLIBC_TUNABLES` in
@@ -40,8 +42,8 @@ use support::{
 use candle::{DType, Device, Result, Tensor};
 use candle_mha::models::{masked_cross_entropy, NextTokenPredictor, NextTokenPredictorConfig};
 use candle_mha::rng::{derive_seed, rng_from_seed};
-use candle_mha::seeded_var_builder;
 use candle_mha::training::{clip_grad_norm, AdamW, AdamWConfig};
+use candle_mha::{seeded_var_builder, AttentionKernel};
 use rand::Rng;
 
 /// One benchmark shape: `N` batch, `L` sequence length, `V` vocab, `E`, `H`, layers; ff = 4E.
@@ -186,7 +188,12 @@ fn bench_ours(shape: &BenchShape) -> Result<Timing> {
         resid_dropout: 0.0,
     };
     let varmap = candle_nn::VarMap::new();
-    let model = NextTokenPredictor::new(cfg, seeded_var_builder(&varmap, 0, DType::F32, &dev))?;
+    let kernel = match std::env::var("MHA_BENCH_KERNEL").as_deref() {
+        Ok("reference") => AttentionKernel::Reference,
+        _ => AttentionKernel::Auto,
+    };
+    let model = NextTokenPredictor::new(cfg, seeded_var_builder(&varmap, 0, DType::F32, &dev))?
+        .with_attention_kernel(kernel);
     let mut opt = AdamW::from_varmap(&varmap, AdamWConfig::default())?;
     let vars = opt.vars();
     let kpm = Tensor::zeros((shape.n, shape.l), DType::U8, &dev)?; // no padding

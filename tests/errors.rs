@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use candle_mha::candle::{self, DType, Device, Module, Tensor};
+use candle_mha::candle::{self, DType, Device, ModuleT, Tensor};
 use candle_mha::{
     seeded_var_builder, AttentionOptions, MultiheadAttention, MultiheadAttentionConfig,
 };
@@ -224,8 +224,8 @@ fn cases() -> Vec<Case> {
             expect: &["received 0-D query tensor"],
         },
         Case {
-            name: "Module::forward with 4-D input",
-            run: || Module::forward(&default_module()?, &t(&[L, N, 1, E])?).map(|_| ()),
+            name: "ModuleT::forward_t with 4-D input",
+            run: || ModuleT::forward_t(&default_module()?, &t(&[L, N, 1, E])?, false).map(|_| ()),
             expect: &["received 4-D query tensor", "[3, 2, 1, 8]"],
         },
         Case {

@@ -1,7 +1,7 @@
 //! Golden facts measured on PyTorch 2.15 (spec §9 and issue #2), reproduced exactly.
 
 use anyhow::Result;
-use candle_mha::candle::{DType, Device, Module, Tensor};
+use candle_mha::candle::{DType, Device, ModuleT, Tensor};
 use candle_mha::{
     seeded_var_builder, AttentionOptions, MultiheadAttention, MultiheadAttentionConfig,
 };
@@ -352,7 +352,7 @@ fn weights_rows_sum_to_one_and_average_is_head_mean() -> Result<()> {
     Ok(())
 }
 
-/// `impl Module`: self-attention without weights.
+/// `impl ModuleT`: self-attention without weights; `train` applies the module's dropout.
 #[test]
 fn module_trait_is_self_attention() -> Result<()> {
     let mha = MultiheadAttention::new(
@@ -360,13 +360,31 @@ fn module_trait_is_self_attention() -> Result<()> {
         seeded_var_builder(&VarMap::new(), 4, DType::F32, &dev()),
     )?;
     let x = candle_mha::rng::normal(0., 1., (4, 2, 8), DType::F32, &dev(), 9)?;
-    let a = x.apply(&mha)?;
+    let a = x.apply_t(&mha, false)?;
     let b = mha.forward(&x, &x, &x, &AttentionOptions::new())?.output;
     assert_eq!(
         a.flatten_all()?.to_vec1::<f32>()?,
         b.flatten_all()?.to_vec1::<f32>()?
     );
-    assert_eq!(Module::forward(&mha, &x)?.dims(), &[4, 2, 8]);
+    assert_eq!(ModuleT::forward_t(&mha, &x, false)?.dims(), &[4, 2, 8]);
+
+    // With dropout, `train = true` is `forward` in training mode: the same mask sequence.
+    let cfg = MultiheadAttentionConfig::new(8, 2).with_dropout(0.5);
+    let build = || {
+        MultiheadAttention::new(
+            cfg.clone(),
+            seeded_var_builder(&VarMap::new(), 4, DType::F32, &dev()),
+        )
+    };
+    let (m1, m2) = (build()?, build()?);
+    let train = AttentionOptions::new()
+        .with_need_weights(false)
+        .with_train(true);
+    let t1 = x.apply_t(&m1, true)?.flatten_all()?.to_vec1::<f32>()?;
+    let t2 = m2.forward(&x, &x, &x, &train)?.output;
+    assert_eq!(t1, t2.flatten_all()?.to_vec1::<f32>()?);
+    let eval = x.apply_t(&m1, false)?.flatten_all()?.to_vec1::<f32>()?;
+    assert_ne!(t1, eval, "train = true must apply dropout");
     Ok(())
 }
 

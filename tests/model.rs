@@ -7,8 +7,8 @@ use anyhow::{Context, Result};
 use candle_mha::candle::{DType, Device, Tensor, Var};
 use candle_mha::checkpoint::{load_into_varmap, LoadOptions, StateDict};
 use candle_mha::models::{masked_cross_entropy, NextTokenPredictor, NextTokenPredictorConfig};
-use candle_mha::seeded_var_builder;
 use candle_mha::training::{clip_grad_norm, AdamW, AdamWConfig};
+use candle_mha::{seeded_var_builder, AttentionKernel};
 use candle_nn::VarMap;
 use common::{assert_close, Fixture};
 
@@ -135,6 +135,27 @@ fn logits_loss_gradients_and_one_clipped_adamw_step_match_pytorch() -> Result<()
 }
 
 /// Six AdamW steps on the fixture's parameters in `dtype` against PyTorch (f32).
+/// `with_attention_kernel`: the whole model on either attention kernel equals PyTorch.
+#[test]
+fn both_attention_kernels_match_pytorch_on_the_whole_model() -> Result<()> {
+    let f = fixture("next_token.safetensors")?;
+    let tokens = f.tensor("tokens")?.to_dtype(DType::U32)?;
+    let kpm = f.tensor("key_padding_mask")?;
+    for kernel in [AttentionKernel::Reference, AttentionKernel::Fused] {
+        let (m, _varmap) = model(&f)?;
+        let m = m.with_attention_kernel(kernel);
+        assert_eq!(m.attention_kernel(), kernel);
+        let logits = m.forward(&tokens, Some(kpm))?;
+        assert_close(
+            &format!("logits {kernel:?}"),
+            &logits,
+            f.tensor("logits")?,
+            2e-5,
+        )?;
+    }
+    Ok(())
+}
+
 fn adamw_six_steps(dtype: DType, tol_param: f64, tol_state: f64) -> Result<()> {
     let f = fixture("adamw.safetensors")?;
     let p0 = Var::from_tensor(&f.tensor("init.p0")?.to_dtype(dtype)?)?;

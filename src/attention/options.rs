@@ -53,9 +53,7 @@ pub struct AttentionOptions {
 /// math backend is the reference.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum AttentionKernel {
-    /// The fused kernel where it is implemented (CPU), the reference elsewhere (CUDA), or
-    /// the reference everywhere when the environment has `MHA_ATTENTION_KERNEL=reference`
-    /// (to compare whole models without code changes).
+    /// The fused kernel where it is implemented (CPU), the reference elsewhere (CUDA).
     #[default]
     Auto,
     /// The fused kernel (FlashAttention-2 scheme, forward and backward): no `L × S` buffer

@@ -6,7 +6,9 @@ use candle_nn::VarBuilder;
 use super::layers::{Embedding, LayerNorm, Linear};
 use super::NextTokenPredictorConfig;
 use crate::attention::dropout::seeded_dropout;
-use crate::attention::{AttentionOptions, MultiheadAttention, MultiheadAttentionConfig};
+use crate::attention::{
+    AttentionKernel, AttentionOptions, MultiheadAttention, MultiheadAttentionConfig,
+};
 use crate::rng::derive_seed;
 
 /// One pre-LayerNorm transformer block: `x + attn(ln1(x))`, then `x + mlp(ln2(x))`.
@@ -82,6 +84,8 @@ pub struct NextTokenPredictor {
     blocks: Vec<Block>,
     ln_f: LayerNorm,
     head: Linear,
+    /// The attention implementation of every block (a runtime choice, not saved).
+    attention_kernel: AttentionKernel,
 }
 
 impl NextTokenPredictor {
@@ -99,7 +103,21 @@ impl NextTokenPredictor {
             ln_f: LayerNorm::new(e, 1e-5, vb.pp("ln_f"))?,
             head: Linear::new(e, v, true, vb.pp("head"))?,
             config,
+            attention_kernel: AttentionKernel::Auto,
         })
+    }
+
+    /// The same model with every block's attention computed by `kernel` (default
+    /// [`AttentionKernel::Auto`]): to compare the fused kernel with the reference on a whole
+    /// model. Not in PyTorch (its `sdpa_kernel` context plays this role).
+    pub fn with_attention_kernel(mut self, kernel: AttentionKernel) -> Self {
+        self.attention_kernel = kernel;
+        self
+    }
+
+    /// The attention implementation the blocks use.
+    pub fn attention_kernel(&self) -> AttentionKernel {
+        self.attention_kernel
     }
 
     /// The configuration.
@@ -182,7 +200,8 @@ impl NextTokenPredictor {
             let mut opts = AttentionOptions::new()
                 .with_is_causal(true)
                 .with_need_weights(need_weights)
-                .with_average_attn_weights(false);
+                .with_average_attn_weights(false)
+                .with_kernel(self.attention_kernel);
             if let Some(m) = kpm {
                 opts = opts.with_key_padding_mask(m.clone());
             }

@@ -3,17 +3,18 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use candle::{DType, Module, Result, Tensor};
+use candle::{DType, ModuleT, Result, Tensor};
 use candle_nn::{Init, Linear, VarBuilder};
 
 use super::checks::{check_inputs, Dims};
-use super::dropout::{seeded_dropout, DropoutMask};
-use super::fused::{linear, projected_self_attention, FusedAttention, FusedWeights, Geom};
-use super::mask::{additive_mask, merged_mask};
-use super::softmax::{safe_softmax_last_dim, softmax_dtype};
+use super::fused::{linear, projected_self_attention};
 use super::{AttentionKernel, AttentionOptions, AttentionOutput, MultiheadAttentionConfig};
 use crate::init::{linear_weight, xavier_normal, xavier_uniform};
 use crate::rng::derive_seed;
+
+mod fused_path;
+mod projection;
+mod reference_path;
 
 /// The input projection weights: packed `[3E, E]` when `kdim == vdim == E`, else three.
 #[derive(Clone, Debug)]
@@ -52,7 +53,7 @@ enum InProjWeight {
 /// these same zeros when `need_weights=False` (its SDPA path).
 ///
 /// ```
-/// use candle::{DType, Device, Module, Tensor};
+/// use candle::{DType, Device, ModuleT, Tensor};
 /// use candle_mha::{seeded_var_builder, AttentionOptions, MultiheadAttention, MultiheadAttentionConfig};
 /// # fn main() -> candle::Result<()> {
 /// let varmap = candle_nn::VarMap::new();
@@ -63,7 +64,7 @@ enum InProjWeight {
 /// let opts = AttentionOptions::new().with_key_padding_mask(kpm).with_average_attn_weights(false);
 /// let out = mha.forward(&x, &x, &x, &opts)?;
 /// assert_eq!(out.weights.unwrap().dims(), &[3, 2, 4, 4]); // (N, H, L, S)
-/// assert_eq!(x.apply(&mha)?.dims(), &[3, 4, 8]); // `Module`: self-attention, no weights
+/// assert_eq!(x.apply_t(&mha, false)?.dims(), &[3, 4, 8]); // `ModuleT`: self-attention, no weights
 /// assert_eq!(mha.num_parameters(), 4 * 8 * 8 + 4 * 8);
 /// # Ok(())
 /// # }
@@ -315,39 +316,27 @@ impl MultiheadAttention {
         let self_attn = query.id() == key.id() && key.id() == value.id();
         let kv_same = key.id() == value.id();
         let dropout_seed = self.dropout_seed(opts);
-        let fused = match opts.kernel {
-            AttentionKernel::Auto => query.device().is_cpu() && !reference_requested(),
-            AttentionKernel::Fused => true,
-            AttentionKernel::Reference => false,
-        };
         let call = Call {
             dims: &dims,
             seq_first,
             opts,
             dropout_seed,
         };
-        // Packed self-attention without weights (a training step's usual call) projects inside
-        // the attention op: no autograd node, hence no gradient buffers, for the projection.
-        let one_op = fused
-            && self_attn
-            && !opts.need_weights
-            && !cfg.add_bias_kv
-            && !cfg.add_zero_attn
-            && query.device().is_cpu()
-            && matches!(dtype, DType::F32 | DType::F64);
+        let path = AttentionPath::choose(opts, query.device(), dtype, self_attn, cfg);
         // ctx: (A, B, E) in the caller's layout; weights: batch-major.
-        let (ctx, weights) = match (&self.in_proj_weight, one_op) {
-            (InProjWeight::Packed(w), true) => {
+        let (ctx, weights) = match (&self.in_proj_weight, path) {
+            (InProjWeight::Packed(w), AttentionPath::FusedWithProjection) => {
                 let op = self.fused_op(&call, 0, dtype)?;
                 let b = self.in_proj_bias.as_ref();
                 (projected_self_attention(&q_in, w, b, op)?, None)
             }
+            (_, AttentionPath::Reference) => {
+                let projected = self.in_projection(&q_in, &k_in, &v_in, self_attn, kv_same)?;
+                self.attend_reference(projected, &call)?
+            }
             _ => {
                 let projected = self.in_projection(&q_in, &k_in, &v_in, self_attn, kv_same)?;
-                match fused {
-                    true => self.attend_fused(projected, &call)?,
-                    false => self.attend_reference(projected, &call)?,
-                }
+                self.attend_fused(projected, &call)?
             }
         };
         let ctx = match &opts.head_mask {
@@ -398,49 +387,6 @@ impl MultiheadAttention {
         })
     }
 
-    /// Projects the 3-D inputs: `x @ W.T + b` for each of q, k, v, in the caller's layout.
-    fn in_projection(
-        &self,
-        query: &Tensor,
-        key: &Tensor,
-        value: &Tensor,
-        self_attn: bool,
-        kv_same: bool,
-    ) -> Result<Projected> {
-        let e = self.config.embed_dim;
-        let bias = |i: usize, parts: usize| -> Result<Option<Tensor>> {
-            self.in_proj_bias
-                .as_ref()
-                .map(|b| b.narrow(0, i * e, parts * e))
-                .transpose()
-        };
-        match &self.in_proj_weight {
-            InProjWeight::Packed(w) if self_attn => {
-                // One product for all three, as `_in_projection_packed` does.
-                Ok(Projected::Packed(linear(query, w, bias(0, 3)?.as_ref())?))
-            }
-            InProjWeight::Packed(w) if kv_same => {
-                let q = linear(query, &w.narrow(0, 0, e)?, bias(0, 1)?.as_ref())?;
-                let kv = linear(key, &w.narrow(0, e, 2 * e)?, bias(1, 2)?.as_ref())?;
-                Ok(Projected::Separate(
-                    q,
-                    kv.narrow(2, 0, e)?,
-                    kv.narrow(2, e, e)?,
-                ))
-            }
-            InProjWeight::Packed(w) => Ok(Projected::Separate(
-                linear(query, &w.narrow(0, 0, e)?, bias(0, 1)?.as_ref())?,
-                linear(key, &w.narrow(0, e, e)?, bias(1, 1)?.as_ref())?,
-                linear(value, &w.narrow(0, 2 * e, e)?, bias(2, 1)?.as_ref())?,
-            )),
-            InProjWeight::Separate { q, k, v } => Ok(Projected::Separate(
-                linear(query, q, bias(0, 1)?.as_ref())?,
-                linear(key, k, bias(1, 1)?.as_ref())?,
-                linear(value, v, bias(2, 1)?.as_ref())?,
-            )),
-        }
-    }
-
     /// The dropout seed of this call, or `None` when no dropout applies. A call without an
     /// explicit seed advances the module's counter (the same on both kernels).
     fn dropout_seed(&self, opts: &AttentionOptions) -> Option<u64> {
@@ -456,214 +402,6 @@ impl MultiheadAttention {
             }
         })
     }
-
-    /// q, k, v with the `bias_k` and zero-attention rows appended to k and v (projection
-    /// space, the caller's layout; the same values PyTorch appends after the head split), and
-    /// the number of rows appended. Both attention paths start from here.
-    fn append_extra_keys(&self, projected: Projected, call: &Call) -> Result<(Projected, usize)> {
-        let cfg = &self.config;
-        let extra = usize::from(cfg.add_bias_kv) + usize::from(cfg.add_zero_attn);
-        if extra == 0 {
-            return Ok((projected, 0));
-        }
-        let e = cfg.embed_dim;
-        let (q, mut k, mut v) = projected.split(e)?;
-        let n = call.dims.n;
-        let seq_dim = if call.seq_first { 0 } else { 1 };
-        if let (Some(bk), Some(bv)) = (&self.bias_k, &self.bias_v) {
-            let row = |b: &Tensor| match call.seq_first {
-                true => b.broadcast_as((1, n, e)),
-                false => b.broadcast_as((n, 1, e)),
-            };
-            k = Tensor::cat(&[&k, &row(bk)?], seq_dim)?;
-            v = Tensor::cat(&[&v, &row(bv)?], seq_dim)?;
-        }
-        if cfg.add_zero_attn {
-            // Appended after projection and bias: exactly zero in head space.
-            k = k.pad_with_zeros(seq_dim, 0, 1)?;
-            v = v.pad_with_zeros(seq_dim, 0, 1)?;
-        }
-        Ok((Projected::Separate(q, k, v), extra))
-    }
-
-    /// The fused kernel's op for one call: `extra` appended key rows, kernel dtype `kdt`.
-    fn fused_op(&self, call: &Call, extra: usize, kdt: DType) -> Result<FusedAttention> {
-        let cfg = &self.config;
-        let Dims { n, l, s, .. } = *call.dims;
-        let (h, hd) = (cfg.num_heads, cfg.head_dim());
-        let opts = call.opts;
-        let attn_mask = match &opts.attn_mask {
-            Some(m) if m.rank() == 2 => Some(additive_mask(m, kdt)?.contiguous()?),
-            Some(m) => Some(
-                additive_mask(m, kdt)?
-                    .reshape((n * h, l, s))?
-                    .contiguous()?,
-            ),
-            None => None,
-        };
-        let key_padding_mask = match &opts.key_padding_mask {
-            Some(m) => Some(additive_mask(m, kdt)?.reshape((n, s))?.contiguous()?),
-            None => None,
-        };
-        let dropout = match call.dropout_seed {
-            Some(seed) => Some(DropoutMask::new(cfg.dropout, seed)?),
-            None => None,
-        };
-        Ok(FusedAttention {
-            geom: Geom {
-                n,
-                h,
-                l,
-                s: s + extra,
-                d: hd,
-                s_masked: s,
-                causal: opts.is_causal && opts.attn_mask.is_none(),
-                scale: (1.0 / hd as f64).sqrt(),
-            },
-            seq_first: call.seq_first,
-            attn_mask,
-            key_padding_mask,
-            dropout,
-            lse: Default::default(),
-            with_weights: opts.need_weights.then_some(opts.average_attn_weights),
-            weights_slot: Default::default(),
-        })
-    }
-
-    /// The attention step by the fused kernel: context `(A, B, E)` and the weights.
-    fn attend_fused(&self, projected: Projected, call: &Call) -> Result<(Tensor, Option<Tensor>)> {
-        let dtype = self.dtype();
-        let (projected, extra) = self.append_extra_keys(projected, call)?;
-        // The half types run in f32 (the kernel accumulates in its dtype).
-        let kdt = softmax_dtype(dtype);
-        let projected = projected.into_dtype(kdt)?;
-        let opts = call.opts;
-        let op = self.fused_op(call, extra, kdt)?;
-        let ctx = match &projected {
-            Projected::Packed(qkv) => qkv.apply_op1(op.clone())?,
-            Projected::Separate(q, k, v) => q.apply_op3(k, v, op.clone())?,
-        };
-        let weights = match opts.need_weights {
-            false => None,
-            true => {
-                let wop = FusedWeights {
-                    attn: op,
-                    average: opts.average_attn_weights,
-                };
-                let w = match &projected {
-                    Projected::Packed(qkv) => qkv.apply_op1(wop)?,
-                    Projected::Separate(q, k, _) => q.apply_op2(k, wop)?,
-                };
-                Some(w.to_dtype(dtype)?)
-            }
-        };
-        Ok((ctx.to_dtype(dtype)?, weights))
-    }
-
-    /// The attention step op by op on materialised scores (the reference): context
-    /// `(A, B, E)` and the weights.
-    fn attend_reference(
-        &self,
-        projected: Projected,
-        call: &Call,
-    ) -> Result<(Tensor, Option<Tensor>)> {
-        let cfg = &self.config;
-        let dtype = self.dtype();
-        let Dims { n, l, .. } = *call.dims;
-        let (e, h, hd) = (cfg.embed_dim, cfg.num_heads, cfg.head_dim());
-        let seq_first = call.seq_first;
-        let opts = call.opts;
-        let (projected, extra) = self.append_extra_keys(projected, call)?;
-        let (q, k, v) = projected.split(e)?;
-        let to_heads = |t: &Tensor| -> Result<Tensor> {
-            let (a, b, _) = t.dims3()?;
-            let t = t.reshape((a, b, h, hd))?;
-            let t = if seq_first {
-                t.permute((1, 2, 0, 3))?
-            } else {
-                t.permute((0, 2, 1, 3))?
-            };
-            t.contiguous() // (N, H, len, hd)
-        };
-        // q is scaled before the product, by sqrt(1/hd) rounded to the dtype, as PyTorch does.
-        let q = (to_heads(&q)? * (1.0 / hd as f64).sqrt())?;
-        let (k, v) = (to_heads(&k)?, to_heads(&v)?);
-        // Scores and softmax in f32 for the half types.
-        let sm_dtype = softmax_dtype(dtype);
-        let scores = q.matmul(&k.t()?)?.to_dtype(sm_dtype)?; // (N, H, L, S')
-        let scores = match merged_mask(opts, call.dims, h, extra, sm_dtype, q.device())? {
-            Some(mask) => scores.broadcast_add(&mask)?,
-            None => scores,
-        };
-        let mut probs = safe_softmax_last_dim(&scores)?;
-        if let Some(seed) = call.dropout_seed {
-            probs = seeded_dropout(&probs, cfg.dropout, seed)?;
-        }
-        let ctx = match k.dim(2)? {
-            // No key at all: like a fully masked row, a zero context.
-            0 => q.zeros_like()?,
-            _ => probs.to_dtype(dtype)?.matmul(&v)?, // (N, H, L, hd)
-        };
-        // Merge heads (feature h*hd + j) back into the caller's layout.
-        let ctx = if seq_first {
-            ctx.permute((2, 0, 1, 3))?
-        } else {
-            ctx.permute((0, 2, 1, 3))?
-        };
-        let (a, b) = if seq_first { (l, n) } else { (n, l) };
-        let ctx = ctx.reshape((a, b, e))?;
-        let weights = match opts.need_weights {
-            false => None,
-            true => {
-                let w = match opts.average_attn_weights {
-                    true => probs.mean(1)?,
-                    false => probs,
-                };
-                Some(w.to_dtype(dtype)?)
-            }
-        };
-        Ok((ctx, weights))
-    }
-}
-
-/// `MHA_ATTENTION_KERNEL=reference` in the environment: [`AttentionKernel::Auto`] picks the
-/// reference path, so that whole models can be compared without code changes. Read once.
-fn reference_requested() -> bool {
-    static REFERENCE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *REFERENCE.get_or_init(|| {
-        std::env::var("MHA_ATTENTION_KERNEL").is_ok_and(|v| v.eq_ignore_ascii_case("reference"))
-    })
-}
-
-/// The input projections of one call, in the caller's 3-D layout.
-enum Projected {
-    /// Self-attention with the packed weight: `(A, B, 3E)`, q | k | v along the last dim.
-    Packed(Tensor),
-    /// q `(A, B, E)`, k and v `(A', B, E)`.
-    Separate(Tensor, Tensor, Tensor),
-}
-
-impl Projected {
-    /// q, k, v as three tensors (views of the packed one).
-    fn split(self, e: usize) -> Result<(Tensor, Tensor, Tensor)> {
-        match self {
-            Projected::Packed(qkv) => Ok((
-                qkv.narrow(2, 0, e)?,
-                qkv.narrow(2, e, e)?,
-                qkv.narrow(2, 2 * e, e)?,
-            )),
-            Projected::Separate(q, k, v) => Ok((q, k, v)),
-        }
-    }
-
-    fn into_dtype(self, dtype: DType) -> Result<Self> {
-        Ok(match self {
-            Projected::Packed(t) => Projected::Packed(t.to_dtype(dtype)?),
-            Projected::Separate(q, k, v) => {
-                Projected::Separate(q.to_dtype(dtype)?, k.to_dtype(dtype)?, v.to_dtype(dtype)?)
-            }
-        })
-    }
 }
 
 /// What the attention step of one call needs besides the projections.
@@ -675,12 +413,64 @@ struct Call<'a> {
     dropout_seed: Option<u64>,
 }
 
-/// Self-attention `x → output` (query = key = value = `x`), without weights.
+/// Which implementation computes one call's attention step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum AttentionPath {
+    /// The fused kernel with the packed input projection inside the op (no autograd node,
+    /// hence no gradient buffers, for the `(A, B, 3E)` projection): a training step's usual
+    /// call.
+    FusedWithProjection,
+    /// The fused kernel after the projections.
+    Fused,
+    /// The op-by-op reference.
+    Reference,
+}
+
+impl AttentionPath {
+    /// The path [`AttentionOptions::kernel`] asks for. `Auto` is the fused kernel on the CPU
+    /// and the reference elsewhere. The projection goes inside the fused op only where that
+    /// op covers the whole call: packed self-attention on the CPU in f32/f64, no weights
+    /// asked for, and no extra key rows (`add_bias_kv`, `add_zero_attn`).
+    fn choose(
+        opts: &AttentionOptions,
+        device: &candle::Device,
+        dtype: DType,
+        self_attn: bool,
+        cfg: &MultiheadAttentionConfig,
+    ) -> Self {
+        let fused = match opts.kernel {
+            AttentionKernel::Auto => device.is_cpu(),
+            AttentionKernel::Fused => true,
+            AttentionKernel::Reference => false,
+        };
+        if !fused {
+            return Self::Reference;
+        }
+        let whole_call = self_attn
+            && !opts.need_weights
+            && cfg.qkv_same_embed_dim()
+            && !cfg.add_bias_kv
+            && !cfg.add_zero_attn
+            && device.is_cpu()
+            && matches!(dtype, DType::F32 | DType::F64);
+        match whole_call {
+            true => Self::FusedWithProjection,
+            false => Self::Fused,
+        }
+    }
+}
+
+/// Self-attention `x → output` (query = key = value = `x`), without weights; `train` applies
+/// the module's dropout (a fresh mask per call, from the module's seeded generator).
 ///
-/// PyTorch equivalent: `module(x, x, x, need_weights=False)[0]`.
-impl Module for MultiheadAttention {
-    fn forward(&self, xs: &Tensor) -> Result<Tensor> {
-        let opts = AttentionOptions::new().with_need_weights(false);
+/// PyTorch equivalent: `module.train(train); module(x, x, x, need_weights=False)[0]`.
+/// (Through candle's blanket impl, `Module` is not implemented: a module with dropout is a
+/// `ModuleT` in candle, as `candle_nn::Dropout` is; call `x.apply_t(&mha, false)`.)
+impl ModuleT for MultiheadAttention {
+    fn forward_t(&self, xs: &Tensor, train: bool) -> Result<Tensor> {
+        let opts = AttentionOptions::new()
+            .with_need_weights(false)
+            .with_train(train);
         MultiheadAttention::forward(self, xs, xs, xs, &opts).map(|out| out.output)
     }
 }
