@@ -11,24 +11,27 @@
 
 use candle::{DType, Device, Result, Tensor, D};
 
-use crate::attention::{AttentionOptions, MultiheadAttention};
+use crate::attention::{is_float, AttentionOptions, MultiheadAttention};
 
-/// How [`fuse_heads`] combines the heads of each `(query, key)` cell.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// How the heads of each `(query, key)` cell are combined into one value: by [`fuse_heads`],
+/// and before [`attention_rollout`](super::attention_rollout) and
+/// [`attention_flow`](super::attention_flow) (which know it as
+/// [`RolloutFusion`](super::RolloutFusion), the same enum). The default is `Mean`.
+///
+/// PyTorch equivalent: `weights.mean(-3)`, `.amax(-3)`, `.amin(-3)`; the common ViT rollout
+/// implementation's `head_fusion="mean" | "max" | "min"`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum HeadFusion {
-    /// The average over heads: rows still sum to one.
+    /// The average over heads: rows still sum to one (the rollout paper's choice).
     ///
     /// PyTorch equivalent: `average_attn_weights=True` in `MultiheadAttention.forward`.
+    #[default]
     Mean,
     /// The largest weight any head gives the cell: shows every link some head makes (rows no
     /// longer sum to one).
     Max,
     /// The smallest weight any head gives the cell: shows the links every head agrees on.
     Min,
-}
-
-fn is_float(dtype: DType) -> bool {
-    matches!(dtype, DType::F16 | DType::BF16 | DType::F32 | DType::F64)
 }
 
 /// Checks that `weights` is a float tensor `(…, H, L, S)` with at least one head.
@@ -39,16 +42,23 @@ fn check_heads(weights: &Tensor, what: &str) -> Result<()> {
             weights.dims()
         )
     }
+    check_float(weights, what)?;
+    if weights.dim(D::Minus(3))? == 0 {
+        candle::bail!(
+            "{what}: weights has no head (H = 0 in shape {:?}); expected (…, H, L, S) with H >= 1",
+            weights.dims()
+        )
+    }
+    Ok(())
+}
+
+/// Checks that `weights` is f16, bf16, f32 or f64; the error names `what` and the dtype and
+/// shape received.
+pub(crate) fn check_float(weights: &Tensor, what: &str) -> Result<()> {
     if !is_float(weights.dtype()) {
         candle::bail!(
             "{what}: weights must be a float tensor (f16, bf16, f32 or f64), got dtype {:?} (shape {:?})",
             weights.dtype(),
-            weights.dims()
-        )
-    }
-    if weights.dim(D::Minus(3))? == 0 {
-        candle::bail!(
-            "{what}: weights has no head (H = 0 in shape {:?}); expected (…, H, L, S) with H >= 1",
             weights.dims()
         )
     }

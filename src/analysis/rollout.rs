@@ -15,20 +15,15 @@
 
 use candle::{DType, Device, Result, Tensor};
 
-/// How the heads of a layer are combined into one `(L, L)` matrix before rollout or flow.
+use super::heads::{fuse_heads, HeadFusion};
+
+/// How the heads of a layer are combined into one `(L, L)` matrix before rollout or flow:
+/// [`HeadFusion`], the same enum (and the same fusion, [`fuse_heads`]); this name is kept so
+/// existing code compiles.
 ///
 /// PyTorch equivalent: `attn.mean(0)`, `attn.max(0).values`, `attn.min(0).values` in the
 /// common ViT rollout implementation (`head_fusion="mean" | "max" | "min"`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum RolloutFusion {
-    /// The mean over heads (the paper's choice).
-    #[default]
-    Mean,
-    /// The elementwise maximum over heads.
-    Max,
-    /// The elementwise minimum over heads.
-    Min,
-}
+pub type RolloutFusion = HeadFusion;
 
 /// The longest sequence [`attention_flow`] accepts: it solves `L²` max-flow problems on a graph
 /// of `L · (layers + 1)` nodes and `layers · L²` edges, which stays within seconds up to here.
@@ -74,11 +69,8 @@ fn fused_layers(layers: &[Tensor], fusion: RolloutFusion) -> Result<(usize, Vec<
             ),
             _ => {}
         }
-        let v: Vec<f64> = t
-            .to_device(&Device::Cpu)?
-            .to_dtype(DType::F64)?
-            .flatten_all()?
-            .to_vec1()?;
+        let t = t.to_device(&Device::Cpu)?.to_dtype(DType::F64)?;
+        let v: Vec<f64> = t.flatten_all()?.to_vec1()?;
         if let Some(p) = v.iter().position(|x| !x.is_finite()) {
             candle::bail!(
                 "layers[{idx}] has the non-finite weight {} at flat position {p}; expected \
@@ -86,17 +78,9 @@ fn fused_layers(layers: &[Tensor], fusion: RolloutFusion) -> Result<(usize, Vec<
                 v[p]
             )
         }
-        let ll = l * l;
-        let fused: Vec<f64> = (0..ll)
-            .map(|e| {
-                let heads = (0..h).map(|k| v[k * ll + e]);
-                match fusion {
-                    RolloutFusion::Mean => heads.sum::<f64>() / h as f64,
-                    RolloutFusion::Max => heads.fold(f64::NEG_INFINITY, f64::max),
-                    RolloutFusion::Min => heads.fold(f64::INFINITY, f64::min),
-                }
-            })
-            .collect();
+        let fused: Vec<f64> = fuse_heads(&t.reshape((h, l, l))?, fusion)?
+            .flatten_all()?
+            .to_vec1()?;
         out.push(fused);
     }
     Ok((len.unwrap_or(0), out))

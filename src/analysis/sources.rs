@@ -10,6 +10,8 @@ use std::ops::Range;
 
 use candle::{DType, Result, Tensor, D};
 
+use super::heads::check_float;
+
 /// The label of the extra column for keys after the last segment (the `bias_k` and zero keys
 /// that `add_bias_kv` and `add_zero_attn` append).
 pub const OTHER_LABEL: &str = "(other)";
@@ -183,15 +185,6 @@ fn check_weights(weights: &Tensor, segments: &Segments, what: &str) -> Result<()
             weights.dims()
         )
     }
-    if !matches!(
-        weights.dtype(),
-        DType::F16 | DType::BF16 | DType::F32 | DType::F64
-    ) {
-        candle::bail!(
-            "{what}: weights must be a float tensor (f16, bf16, f32 or f64), got dtype {:?} (shape {:?})",
-            weights.dtype(),
-            weights.dims()
-        )
-    }
+    check_float(weights, what)?;
     segments.check_keys(weights.dim(D::Minus1)?, what)
 }

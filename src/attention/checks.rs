@@ -18,7 +18,9 @@ pub(crate) struct Dims {
     pub s: usize,
 }
 
-fn is_float(dtype: DType) -> bool {
+/// Whether `dtype` is one of the float dtypes the crate computes in (f16, bf16, f32, f64);
+/// candle's `DType::is_float` also counts the f8/f6/f4 storage types.
+pub(crate) fn is_float(dtype: DType) -> bool {
     matches!(dtype, DType::F16 | DType::BF16 | DType::F32 | DType::F64)
 }
 

@@ -11,6 +11,7 @@ mod mha;
 mod options;
 pub mod softmax;
 
+pub(crate) use checks::is_float;
 pub use config::MultiheadAttentionConfig;
 pub(crate) use fused::linear;
 pub use mha::{multihead_attention, MultiheadAttention};
