@@ -1,6 +1,8 @@
 //! Head views, tables and source masses (`candle_mha::analysis::{heads, table, sources}`), on
 //! hand-made tensors with hand-computed answers and on real forwards.
 
+mod common;
+
 use anyhow::Result;
 use candle_mha::analysis::{
     argmax_head, dominant_source, format_table, fuse_heads, head_ablation, head_stats, row_entropy,
@@ -11,21 +13,10 @@ use candle_mha::{
     seeded_var_builder, AttentionOptions, MultiheadAttention, MultiheadAttentionConfig,
 };
 use candle_nn::VarMap;
+use common::{labels, max_abs_diff};
 
 fn dev() -> Device {
     Device::Cpu
-}
-
-fn labels(v: &[&str]) -> Vec<String> {
-    v.iter().map(|s| s.to_string()).collect()
-}
-
-fn max_abs_diff(a: &Tensor, b: &Tensor) -> Result<f64> {
-    Ok((a.to_dtype(DType::F64)? - b.to_dtype(DType::F64)?)?
-        .abs()?
-        .flatten_all()?
-        .max(0)?
-        .to_scalar::<f64>()?)
 }
 
 /// Two heads over L = 2 queries and S = 3 keys: `(H, L, S) = (2, 2, 3)`.

@@ -5,6 +5,7 @@ mod common;
 use std::path::Path;
 
 use anyhow::Result;
+use common::image::Image;
 use common::mha;
 
 // matplotlib's tab10: run k's train curve gets entry 2k, its validation curve 2k + 1.
@@ -44,21 +45,6 @@ fn two_runs(root: &Path) -> Result<()> {
     )
 }
 
-/// Width, height and RGB pixels of a PNG file.
-fn decode(path: &Path) -> Result<(u32, u32, Vec<u8>)> {
-    let decoder = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(path)?));
-    let mut reader = decoder.read_info()?;
-    let mut px = vec![0; reader.output_buffer_size().unwrap()];
-    let info = reader.next_frame(&mut px)?;
-    assert_eq!(info.color_type, png::ColorType::Rgb);
-    px.truncate(info.buffer_size());
-    Ok((info.width, info.height, px))
-}
-
-fn count(px: &[u8], rgb: [u8; 3]) -> usize {
-    px.chunks(3).filter(|p| *p == rgb).count()
-}
-
 #[test]
 fn plots_two_runs_to_png_and_svg() -> Result<()> {
     let tmp = tempfile::tempdir()?;
@@ -94,14 +80,14 @@ fn plots_two_runs_to_png_and_svg() -> Result<()> {
         ),
         "{out}"
     );
-    let (w, h, px) = decode(&png_path)?;
-    assert_eq!((w, h), (640, 360));
+    let img = Image::open(&png_path)?;
+    assert_eq!(img.size(), (640, 360));
     for (k, rgb) in PALETTE.iter().enumerate() {
         // b's single evaluation is a 7×7 marker (plus its legend swatch).
         assert!(
-            count(&px, *rgb) >= 49,
+            img.count(*rgb) >= 49,
             "series {k} colour {rgb:?}: {}",
-            count(&px, *rgb)
+            img.count(*rgb)
         );
     }
     let svg = std::fs::read_to_string(&svg_path)?;
@@ -117,7 +103,7 @@ fn plots_two_runs_to_png_and_svg() -> Result<()> {
     // Default size and title.
     let (ok, _, err) = mha(&["plot", &a, "--png", &p(&png_path)])?;
     assert!(ok, "{err}");
-    assert_eq!(decode(&png_path)?.0, 800);
+    assert_eq!(Image::open(&png_path)?.w, 800);
     Ok(())
 }
 

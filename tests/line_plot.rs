@@ -1,8 +1,12 @@
 //! Line charts: the PNG decodes at the requested size, each series is drawn in its colour in
 //! the right direction, markers, clipping, log scale, text; the SVG's structure; errors.
 
+mod common;
+
 use anyhow::Result;
 use candle_mha::analysis::{LinePlot, Series};
+use common::image::Image;
+use common::xml;
 
 // matplotlib's tab10, the first four (the documented default palette).
 const BLUE: [u8; 3] = [0x1f, 0x77, 0xb4];
@@ -13,80 +17,22 @@ const INK: [u8; 3] = [20, 20, 20];
 const MARGIN: usize = 8;
 const CH: usize = 14;
 
-/// A decoded RGB image.
-struct Image {
-    w: usize,
-    h: usize,
-    px: Vec<u8>,
-}
-
-impl Image {
-    fn decode(bytes: &[u8]) -> Result<Self> {
-        let decoder = png::Decoder::new(std::io::Cursor::new(bytes));
-        let mut reader = decoder.read_info()?;
-        let mut px = vec![0; reader.output_buffer_size().unwrap()];
-        let info = reader.next_frame(&mut px)?;
-        assert_eq!(info.color_type, png::ColorType::Rgb);
-        assert_eq!(info.bit_depth, png::BitDepth::Eight);
-        px.truncate(info.buffer_size());
-        Ok(Self {
-            w: info.width as usize,
-            h: info.height as usize,
-            px,
-        })
-    }
-
-    fn at(&self, x: usize, y: usize) -> [u8; 3] {
-        let i = (y * self.w + x) * 3;
-        [self.px[i], self.px[i + 1], self.px[i + 2]]
-    }
-
-    /// Every pixel of colour `rgb` in rows `0..max_y`.
-    fn pixels(&self, rgb: [u8; 3], max_y: usize) -> Vec<(usize, usize)> {
-        let mut out = Vec::new();
-        for y in 0..max_y.min(self.h) {
-            for x in 0..self.w {
-                if self.at(x, y) == rgb {
-                    out.push((x, y));
-                }
+/// The row and first/last column of the frame's top edge: the first row holding an
+/// unbroken run of at least 100 ink pixels.
+fn frame_top(img: &Image) -> (usize, usize, usize) {
+    for y in 0..img.h {
+        let mut start = 0;
+        for x in 0..=img.w {
+            if x < img.w && img.at(x, y) == INK {
+                continue;
             }
-        }
-        out
-    }
-
-    /// Top-left corners of full `side × side` squares of `rgb` in rows `0..max_y`, grouped:
-    /// corners closer than `side` to a group's first corner belong to it.
-    fn squares(&self, rgb: [u8; 3], side: usize, max_y: usize) -> Vec<(usize, usize)> {
-        let mut groups: Vec<(usize, usize)> = Vec::new();
-        for (x, y) in self.pixels(rgb, max_y) {
-            let full = x + side <= self.w
-                && y + side <= max_y
-                && (0..side).all(|dy| (0..side).all(|dx| self.at(x + dx, y + dy) == rgb));
-            let near = |&(gx, gy): &(usize, usize)| x.abs_diff(gx) < side && y.abs_diff(gy) < side;
-            if full && !groups.iter().any(near) {
-                groups.push((x, y));
+            if x - start >= 100 {
+                return (y, start, x - 1);
             }
+            start = x + 1;
         }
-        groups
     }
-
-    /// The row and first/last column of the frame's top edge: the first row holding an
-    /// unbroken run of at least 100 ink pixels.
-    fn frame_top(&self) -> (usize, usize, usize) {
-        for y in 0..self.h {
-            let mut start = 0;
-            for x in 0..=self.w {
-                if x < self.w && self.at(x, y) == INK {
-                    continue;
-                }
-                if x - start >= 100 {
-                    return (y, start, x - 1);
-                }
-                start = x + 1;
-            }
-        }
-        panic!("no frame");
-    }
+    panic!("no frame");
 }
 
 fn mean(v: impl Iterator<Item = f64>) -> f64 {
@@ -202,8 +148,8 @@ fn png_has_the_size_colours_directions_markers_and_text() -> Result<()> {
     untitled.title = None;
     let img2 = Image::decode(&untitled.to_png()?)?;
     assert!(img2.pixels(INK, MARGIN).is_empty());
-    let frame = img2.frame_top();
-    let frame_with_title = img.frame_top();
+    let frame = frame_top(&img2);
+    let frame_with_title = frame_top(&img);
     assert_eq!(
         frame_with_title.0,
         frame.0 + CH + 6,
@@ -225,7 +171,7 @@ fn lines_are_clipped_to_the_plot_area() -> Result<()> {
     plot.y_max = Some(5.0);
     plot.y_min = Some(0.0);
     let img = Image::decode(&plot.to_png()?)?;
-    let (top, left, right) = img.frame_top();
+    let (top, left, right) = frame_top(&img);
     let blue = img.pixels(BLUE, above_legend(img.h));
     assert!(!blue.is_empty());
     assert!(
@@ -349,39 +295,6 @@ fn non_finite_points_are_skipped_and_degenerate_ranges_draw() -> Result<()> {
     Ok(())
 }
 
-/// Checks that every element opened in `svg` is closed in order (comments, the XML
-/// declaration and self-closing tags aside), and returns the element names in order.
-fn xml_elements(svg: &str) -> Vec<String> {
-    let (mut stack, mut names) = (Vec::<String>::new(), Vec::new());
-    let mut rest = svg;
-    while let Some(i) = rest.find('<') {
-        let end = rest[i..].find('>').expect("unclosed <") + i;
-        let tag = &rest[i + 1..end];
-        rest = &rest[end + 1..];
-        if tag.starts_with('?') || tag.starts_with('!') {
-            continue;
-        }
-        if let Some(name) = tag.strip_prefix('/') {
-            assert_eq!(
-                stack.pop().as_deref(),
-                Some(name.trim()),
-                "mismatched </{name}>"
-            );
-            continue;
-        }
-        let name: String = tag
-            .chars()
-            .take_while(|c| !c.is_whitespace() && *c != '/')
-            .collect();
-        names.push(name.clone());
-        if !tag.ends_with('/') {
-            stack.push(name);
-        }
-    }
-    assert!(stack.is_empty(), "unclosed elements: {stack:?}");
-    names
-}
-
 #[test]
 fn svg_has_the_size_a_polyline_per_series_and_the_legend() -> Result<()> {
     let mut plot = two_series(640, 400);
@@ -399,7 +312,7 @@ fn svg_has_the_size_a_polyline_per_series_and_the_legend() -> Result<()> {
         root.contains(r#"width="640""#) && root.contains(r#"height="400""#),
         "{root}"
     );
-    let names = xml_elements(&svg);
+    let names: Vec<String> = xml::elements(&svg).into_iter().map(|e| e.name).collect();
     assert_eq!(names[0], "svg");
     // One <g class="series"> per series, each with a polyline in its colour.
     let groups: Vec<&str> = svg

@@ -1,6 +1,8 @@
 //! Word vectors: the GloVe reader, cosine and dot-product attention, the identity-projection
 //! equivalence with `MultiheadAttention`, and the shipped embedding file.
 
+mod common;
+
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -12,6 +14,7 @@ use candle_mha::analysis::word_vectors::{
 use candle_mha::candle::{DType, Device, Tensor};
 use candle_mha::{AttentionOptions, MultiheadAttention, MultiheadAttentionConfig};
 use candle_nn::VarBuilder;
+use common::max_abs_diff;
 
 /// The shipped file and its documented size (weights/README.md).
 const SHIPPED: &str = "weights/wordllama_l2_1500w_64d.txt";
@@ -28,14 +31,6 @@ fn load_err(text: &str) -> Result<String> {
     let dir = tempfile::tempdir()?;
     let path = write_file(dir.path(), "v.txt", text)?;
     Ok(load_glove(&path).unwrap_err().to_string())
-}
-
-fn max_abs_diff(a: &Tensor, b: &Tensor) -> Result<f64> {
-    Ok((a.to_dtype(DType::F64)? - b.to_dtype(DType::F64)?)?
-        .abs()?
-        .flatten_all()?
-        .max(0)?
-        .to_scalar::<f64>()?)
 }
 
 #[test]

@@ -1,5 +1,11 @@
-//! Shared helpers for the integration tests: PyTorch fixtures and tolerant comparisons.
+//! Shared helpers for the integration tests: PyTorch fixtures, tolerant comparisons, label
+//! lists, and readers for what the crate writes (`csv`, `image`: PNG pixels, `xml`: SVG and
+//! GraphML).
 #![allow(dead_code)]
+
+pub mod csv;
+pub mod image;
+pub mod xml;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -114,6 +120,41 @@ pub fn rel_err(actual: &Tensor, expected: &Tensor) -> Result<f64> {
         worst = worst.max((x - y).abs());
     }
     Ok(worst / scale)
+}
+
+/// max|a - b| over every element, in f64 (`a` and `b` of the same shape).
+pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> Result<f64> {
+    Ok((a.to_dtype(DType::F64)? - b.to_dtype(DType::F64)?)?
+        .abs()?
+        .flatten_all()?
+        .max(0)?
+        .to_scalar::<f64>()?)
+}
+
+/// `|a - b| <= tol`.
+pub fn close(a: f64, b: f64, tol: f64) -> bool {
+    (a - b).abs() <= tol
+}
+
+/// Fails unless the 2-D tensor `t` has the rows of `expected`, each entry within `tol`.
+pub fn assert_matrix(t: &Tensor, expected: &[&[f64]], tol: f64) -> Result<()> {
+    let got = t.to_dtype(DType::F64)?.to_vec2::<f64>()?;
+    assert_eq!(got.len(), expected.len(), "rows of {got:?}");
+    for (i, (g, e)) in got.iter().zip(expected).enumerate() {
+        assert_eq!(g.len(), e.len(), "row {i} of {got:?}");
+        for (j, (x, y)) in g.iter().zip(e.iter()).enumerate() {
+            assert!(
+                close(*x, *y, tol),
+                "[{i}][{j}]: got {x}, expected {y}; {got:?}"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Owned labels (token, position or column names) from string literals.
+pub fn labels(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
 }
 
 /// Fails with the tensor's name and the error when `rel_err > tol`; returns the error.
