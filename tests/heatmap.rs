@@ -1,142 +1,140 @@
-//! Heatmaps: PNG size and pixels from the documented layout, SVG structure, grids, errors.
+//! Heatmaps as a user sees them: image sizes, a white margin on every side, each cell's colour
+//! where the SVG places it (over the cell's whole border in the PNG), the colour bar's ends,
+//! panel grids, text in the SVG and ink in the PNG, errors. No pixel layout constant of the
+//! implementation is copied here: cells and the colour bar are found through the SVG's
+//! `<rect class="cell">` and `<rect class="colorbar">` (the PNG's documented twin) or in the
+//! PNG itself, and sizes are pinned as the numbers a user gets.
+
+mod common;
 
 use anyhow::Result;
 use candle_mha::analysis::heatmap::{
     colormap, heatmap_grid_png, heatmap_grid_svg, heatmap_png, heatmap_svg, save, HeatmapOptions,
 };
 use candle_mha::candle::{Device, Tensor};
+use common::image::Image;
+use common::labels;
+use common::xml::{self, read_xml, Element, Xml};
 
-// The layout constants documented in src/analysis/heatmap.rs.
-const CW: u32 = 12;
-const CH: u32 = 14;
-const MARGIN: u32 = 8;
-const GAP: u32 = 6;
-const BAR_GAP: u32 = 12;
-const BAR_W: u32 = 16;
-const PANEL_GAP: u32 = 16;
-const MIN_BAR_H: u32 = 36;
+const WHITE: [u8; 3] = [255, 255, 255];
+const GREY: [u8; 3] = [128, 128, 128];
+/// The text colour: the `fill` of every SVG `<text>` label (checked below), the ink of the PNG.
+const INK: [u8; 3] = [20, 20, 20];
 
-fn labels(v: &[&str]) -> Vec<String> {
-    v.iter().map(|s| s.to_string()).collect()
+fn hex(rgb: [u8; 3]) -> String {
+    format!("#{:02x}{:02x}{:02x}", rgb[0], rgb[1], rgb[2])
 }
 
-fn chars(s: &str) -> u32 {
-    s.chars().count() as u32
+/// A whole-pixel attribute of an SVG element.
+fn px(e: &Element, name: &str) -> usize {
+    let v = e.attr(name).unwrap_or_else(|| panic!("no {name} on {e:?}"));
+    v.parse()
+        .unwrap_or_else(|_| panic!("{name}={v:?} on {e:?}"))
 }
 
-fn tick(v: f64, vmin: f64, vmax: f64) -> String {
-    let m = vmin.abs().max(vmax.abs());
-    if m == 0.0 || (1e-3..1e5).contains(&m) {
-        format!("{v:.3}").replace("-0.000", "0.000")
-    } else {
-        format!("{v:.2e}")
+/// One cell as the SVG places it: top-left corner, side, fill colour.
+#[derive(Clone, Debug)]
+struct Cell {
+    x: usize,
+    y: usize,
+    side: usize,
+    fill: String,
+}
+
+/// The cells of each `<g class="panel">`, in document order (row-major), from a document
+/// checked to be well-formed.
+fn svg_panels(svg: &str) -> Vec<Vec<Cell>> {
+    let mut panels: Vec<Vec<Cell>> = Vec::new();
+    for t in read_xml(svg) {
+        let Xml::Open(e) = t else { continue };
+        if e.name == "g" && e.attr("class") == Some("panel") {
+            panels.push(Vec::new());
+        } else if e.name == "rect" && e.attr("class") == Some("cell") {
+            let (w, h) = (px(&e, "width"), px(&e, "height"));
+            assert_eq!(w, h, "a square cell: {e:?}");
+            panels
+                .last_mut()
+                .expect("a cell outside a panel")
+                .push(Cell {
+                    x: px(&e, "x"),
+                    y: px(&e, "y"),
+                    side: w,
+                    fill: e.attr("fill").expect("fill").to_string(),
+                });
+        }
+    }
+    panels
+}
+
+/// The root `<svg>`'s `(width, height)`.
+fn svg_size(svg: &str) -> (usize, usize) {
+    let root = &xml::elements(svg)[0];
+    assert_eq!(root.name, "svg");
+    (px(root, "width"), px(root, "height"))
+}
+
+/// The colour bar's `(x, y, width, height)`; there is exactly one.
+fn svg_colorbar(svg: &str) -> (usize, usize, usize, usize) {
+    let all = xml::elements(svg);
+    let bars = xml::with_class(&all, "rect", "colorbar");
+    assert_eq!(bars.len(), 1, "one colour bar");
+    let b = bars[0];
+    (px(b, "x"), px(b, "y"), px(b, "width"), px(b, "height"))
+}
+
+/// `cells` are an `l × s` grid of `side`-pixel squares, row-major, edge to edge.
+fn assert_grid(cells: &[Cell], l: usize, s: usize, side: usize) {
+    assert_eq!(cells.len(), l * s, "{l} × {s} cells");
+    let (x0, y0) = (cells[0].x, cells[0].y);
+    for (k, c) in cells.iter().enumerate() {
+        let (i, j) = (k / s, k % s);
+        assert_eq!(c.side, side, "cell ({i},{j})");
+        assert_eq!((c.x, c.y), (x0 + j * side, y0 + i * side), "cell ({i},{j})");
     }
 }
 
-/// The module docs' layout, recomputed independently: (width, height, first cell of panel p).
-struct Layout {
-    width: u32,
-    height: u32,
-    ncols: u32,
-    panel_w: u32,
-    panel_h: u32,
-    cells_x: u32,
-    cells_y: u32,
-    title_h: u32,
-    block_w: u32,
-    bar_h: u32,
-}
-
-#[allow(clippy::too_many_arguments)]
-fn layout(
-    l: usize,
-    s: usize,
-    h: usize,
-    rows: &[String],
-    cols: &[String],
-    titles: &[String],
-    title: Option<&str>,
-    cell: u32,
-    vmin: f64,
-    vmax: f64,
-) -> Layout {
-    let longest = |v: &[String]| v.iter().map(|x| chars(x).min(16)).max().unwrap_or(0);
-    let (rl, cl) = (longest(rows), longest(cols));
-    let pt = titles.iter().map(|t| chars(t).min(24)).max().unwrap_or(0);
-    let col_label_h = if cl == 0 {
-        0
-    } else if cl * CW <= cell {
-        CH
-    } else {
-        cl * CW
-    };
-    let panel_title_h = if titles.is_empty() { 0 } else { CH + GAP };
-    let cells_x = rl * CW + GAP;
-    let cells_y = panel_title_h + col_label_h + GAP;
-    let panel_w = (cells_x + s as u32 * cell).max(pt * CW);
-    let panel_h = cells_y + l as u32 * cell;
-    let h = h as u32;
-    let ncols = (h as f64).sqrt().ceil() as u32;
-    let nrows = h.div_ceil(ncols);
-    let block_w = ncols * panel_w + (ncols - 1) * PANEL_GAP;
-    let block_h = nrows * panel_h + (nrows - 1) * PANEL_GAP;
-    let bar_h = (block_h - cells_y).max(MIN_BAR_H);
-    let tick_w = chars(&tick(vmin, vmin, vmax)).max(chars(&tick(vmax, vmin, vmax))) * CW;
-    let title_h = if title.is_some() { CH + GAP } else { 0 };
-    let tw = title.map_or(0, |t| chars(t).min(100)) * CW;
-    let width = (MARGIN + block_w + BAR_GAP + BAR_W + GAP + tick_w + MARGIN).max(2 * MARGIN + tw);
-    let height = MARGIN + title_h + block_h.max(cells_y + bar_h) + MARGIN;
-    Layout {
-        width,
-        height,
-        ncols,
-        panel_w,
-        panel_h,
-        cells_x,
-        cells_y,
-        title_h,
-        block_w,
-        bar_h,
+/// The PNG shows `rgb` over the whole 2-pixel inner border of `cell` (value text never covers
+/// it), and the SVG fills the cell with the same colour.
+fn assert_cell_colour(img: &Image, cell: &Cell, rgb: [u8; 3], what: &str) {
+    assert_eq!(cell.fill, hex(rgb), "{what}: SVG fill");
+    let n = cell.side;
+    for dy in 0..n {
+        for dx in 0..n {
+            let border = dx < 2 || dy < 2 || dx + 2 >= n || dy + 2 >= n;
+            if border {
+                let got = img.at(cell.x + dx, cell.y + dy);
+                assert_eq!(got, rgb, "{what}: PNG pixel +{dx},+{dy}");
+            }
+        }
     }
 }
 
-impl Layout {
-    /// Top-left pixel of cell (i, j) of panel p.
-    fn cell(&self, p: u32, i: u32, j: u32, cell: u32) -> (u32, u32) {
-        let (pc, pr) = (p % self.ncols, p / self.ncols);
-        let px = MARGIN + pc * (self.panel_w + PANEL_GAP);
-        let py = MARGIN + self.title_h + pr * (self.panel_h + PANEL_GAP);
-        (px + self.cells_x + j * cell, py + self.cells_y + i * cell)
-    }
+/// Everything drawn stays inside a white margin of 4 to 16 pixels on every side: nothing is
+/// cut off and no space is wasted.
+fn assert_margins(img: &Image, what: &str) {
+    let (x0, y0, x1, y1) = img.ink_box(WHITE).expect("something drawn");
+    let gaps = [x0, y0, img.w - 1 - x1, img.h - 1 - y1];
+    assert!(
+        gaps.iter().all(|g| (4..=16).contains(g)),
+        "{what}: white margins left, top, right, bottom = {gaps:?}"
+    );
 }
 
-/// Decoded RGB image.
-struct Image {
-    width: u32,
-    height: u32,
-    px: Vec<u8>,
-}
-
-impl Image {
-    fn at(&self, x: u32, y: u32) -> [u8; 3] {
-        let i = (y * self.width + x) as usize * 3;
-        [self.px[i], self.px[i + 1], self.px[i + 2]]
-    }
-}
-
-fn decode(bytes: &[u8]) -> Result<Image> {
-    let decoder = png::Decoder::new(std::io::Cursor::new(bytes));
-    let mut reader = decoder.read_info()?;
-    let mut px = vec![0; reader.output_buffer_size().expect("buffer size")];
-    let info = reader.next_frame(&mut px)?;
-    assert_eq!(info.color_type, png::ColorType::Rgb);
-    assert_eq!(info.bit_depth, png::BitDepth::Eight);
-    px.truncate(info.buffer_size());
-    Ok(Image {
-        width: info.width,
-        height: info.height,
-        px,
-    })
+/// The colour bar, found through the SVG: vmax at its top row, vmin at its bottom row, its top
+/// level with the first row of cells, right of every cell.
+fn assert_colorbar(img: &Image, svg: &str, cells: &[Cell]) {
+    let (bx, by, bw, bh) = svg_colorbar(svg);
+    assert_eq!(img.at(bx + bw / 2, by), colormap(1.0), "bar top");
+    assert_eq!(
+        img.at(bx + bw / 2, by + bh - 1),
+        colormap(0.0),
+        "bar bottom"
+    );
+    assert_eq!(by, cells[0].y, "the bar starts level with the cells");
+    assert!(
+        cells.iter().all(|c| c.x + c.side < bx),
+        "the bar is right of the cells"
+    );
 }
 
 fn matrix() -> Result<Tensor> {
@@ -150,51 +148,77 @@ fn matrix() -> Result<Tensor> {
     )?)
 }
 
+/// The colour of `v` on the scale `lo..hi` (module docs: `(v − vmin) / (vmax − vmin)`).
+fn scaled(v: f64, lo: f64, hi: f64) -> [u8; 3] {
+    colormap((v - lo) / (hi - lo))
+}
+
 #[test]
 fn png_size_and_cell_colours_follow_the_layout() -> Result<()> {
     let m = matrix()?;
     let rows = labels(&["the", "cat", "sat"]);
     let cols = labels(&["the", "cat", "sat"]);
-    for (cell, title) in [(28, None), (40, Some("weights")), (6, None)] {
+    let values = m.to_vec2::<f32>()?;
+    let (lo, hi) = (0.1045f64, 0.5307f64);
+    for (cell, title, size) in [
+        (28, None, (236, 142)),
+        (40, Some("weights"), (272, 176)),
+        (6, None, (170, 94)),
+    ] {
         let opts = HeatmapOptions {
             cell,
             title: title.map(String::from),
             ..Default::default()
         };
-        let img = decode(&heatmap_png(&m, &rows, &cols, &opts)?)?;
-        let lay = layout(3, 3, 1, &rows, &cols, &[], title, cell, 0.1045, 0.5307);
+        let img = Image::decode(&heatmap_png(&m, &rows, &cols, &opts)?)?;
+        let svg = heatmap_svg(&m, &rows, &cols, &opts)?;
+        assert_eq!(img.size(), size, "cell {cell}");
         assert_eq!(
-            (img.width, img.height),
-            (lay.width, lay.height),
-            "cell {cell}"
+            svg_size(&svg),
+            size,
+            "cell {cell}: the SVG has the PNG's size"
         );
-        let values = m.to_vec2::<f32>()?;
-        let (lo, hi) = (0.1045f64, 0.5307f64);
-        for i in 0..3 {
-            for j in 0..3 {
-                let (x, y) = lay.cell(0, i, j, cell);
-                let v = values[i as usize][j as usize] as f64;
-                let expected = colormap((v - lo) / (hi - lo));
-                // The 2-px border of every cell is never covered by value text.
-                for (dx, dy) in [(0, 0), (1, 1), (cell - 1, cell - 1), (cell - 2, 0)] {
-                    assert_eq!(
-                        img.at(x + dx, y + dy),
-                        expected,
-                        "cell ({i},{j}) at +{dx},{dy}"
-                    );
-                }
-            }
+        assert_margins(&img, &format!("cell {cell}"));
+        let panels = svg_panels(&svg);
+        assert_eq!(panels.len(), 1);
+        let cells = &panels[0];
+        assert_grid(cells, 3, 3, cell as usize);
+        for (k, c) in cells.iter().enumerate() {
+            let (i, j) = (k / 3, k % 3);
+            let expected = scaled(values[i][j] as f64, lo, hi);
+            assert_cell_colour(&img, c, expected, &format!("cell {cell}: ({i},{j})"));
         }
         // The min and max cells are the colormap's ends.
-        let (x, y) = lay.cell(0, 1, 0, cell);
-        assert_eq!(img.at(x, y), colormap(0.0));
-        let (x, y) = lay.cell(0, 1, 1, cell);
-        assert_eq!(img.at(x, y), colormap(1.0));
-        // The colour bar: vmax at its top row, vmin at its bottom row.
-        let bx = MARGIN + lay.block_w + BAR_GAP + BAR_W / 2;
-        let by = MARGIN + lay.title_h + lay.cells_y;
-        assert_eq!(img.at(bx, by), colormap(1.0));
-        assert_eq!(img.at(bx, by + lay.bar_h - 1), colormap(0.0));
+        assert_eq!(img.at(cells[3].x, cells[3].y), colormap(0.0));
+        assert_eq!(img.at(cells[4].x, cells[4].y), colormap(1.0));
+        if cell == 6 {
+            // No value text fits: the min and max cells are the only full squares of their
+            // colours in the whole image, found without the SVG.
+            for (c, t) in [(&cells[3], 0.0), (&cells[4], 1.0)] {
+                let found = img.squares(colormap(t), 6, img.h);
+                assert_eq!(found, [(c.x, c.y)], "colour at {t}");
+            }
+        }
+        assert_colorbar(&img, &svg, cells);
+        // Printed values (cells of 28 px hold them) and the ticks.
+        if cell == 28 {
+            assert!(
+                svg.contains(">.45</text>") && svg.contains(">.53</text>"),
+                "{svg}"
+            );
+        }
+        assert!(svg.contains(">0.531</text>") && svg.contains(">0.105</text>"));
+        if let Some(t) = title {
+            assert!(svg.contains(&format!(">{t}</text>")));
+            // The title is drawn: the PNG holds more ink than the same map without it.
+            let untitled = HeatmapOptions {
+                title: None,
+                ..opts.clone()
+            };
+            let plain = Image::decode(&heatmap_png(&m, &rows, &cols, &untitled)?)?;
+            assert!(img.count(INK) > plain.count(INK) + 50);
+            assert!(img.h > plain.h && img.w == plain.w);
+        }
     }
     Ok(())
 }
@@ -205,18 +229,19 @@ fn larger_values_map_to_later_colormap_entries() -> Result<()> {
     let rows = labels(&["a", "b", "c"]);
     let cols = labels(&["w", "x", "y", "z"]);
     let opts = HeatmapOptions::default();
-    let img = decode(&heatmap_png(&m, &rows, &cols, &opts)?)?;
-    let lay = layout(3, 4, 1, &rows, &cols, &[], None, 28, 0., 11.);
+    let img = Image::decode(&heatmap_png(&m, &rows, &cols, &opts)?)?;
+    assert_eq!(img.size(), (252, 120));
+    let cells = &svg_panels(&heatmap_svg(&m, &rows, &cols, &opts)?)[0];
+    assert_grid(cells, 3, 4, 28);
     let entry = |rgb: [u8; 3]| {
         (0..=255)
             .position(|k| colormap(k as f64 / 255.0) == rgb)
             .expect("a viridis colour")
     };
     let mut previous = None;
-    for k in 0..12u32 {
-        let (x, y) = lay.cell(0, k / 4, k % 4, 28);
-        let e = entry(img.at(x, y));
-        assert_eq!(img.at(x, y), colormap(k as f64 / 11.0));
+    for (k, c) in cells.iter().enumerate() {
+        let e = entry(img.at(c.x, c.y));
+        assert_cell_colour(&img, c, colormap(k as f64 / 11.0), &format!("value {k}"));
         if let Some(p) = previous {
             assert!(e > p, "value {k}: entry {e} after {p}");
         }
@@ -235,18 +260,24 @@ fn long_labels_rotate_and_truncate_vmin_vmax_and_nan() -> Result<()> {
         vmax: Some(4.0),
         ..Default::default()
     };
-    let img = decode(&heatmap_png(&m, &rows, &cols, &opts)?)?;
-    let lay = layout(2, 2, 1, &rows, &cols, &[], None, 28, 0.0, 4.0);
-    assert_eq!((img.width, img.height), (lay.width, lay.height));
-    let grey = [128, 128, 128];
-    let at = |i, j| {
-        let (x, y) = lay.cell(0, i, j, 28);
-        img.at(x, y)
-    };
-    assert_eq!(at(0, 0), grey);
-    assert_eq!(at(1, 1), grey);
-    assert_eq!(at(0, 1), colormap(0.5));
-    assert_eq!(at(1, 0), colormap(0.75));
+    let img = Image::decode(&heatmap_png(&m, &rows, &cols, &opts)?)?;
+    let svg = heatmap_svg(&m, &rows, &cols, &opts)?;
+    assert_eq!(img.size(), (364, 198));
+    assert_eq!(svg_size(&svg), (364, 198));
+    assert_margins(&img, "long labels");
+    let cells = &svg_panels(&svg)[0];
+    assert_grid(cells, 2, 2, 28);
+    assert_cell_colour(&img, &cells[0], GREY, "NaN");
+    assert_cell_colour(&img, &cells[3], GREY, "-inf");
+    assert_cell_colour(&img, &cells[1], colormap(0.5), "2 on 0..4");
+    assert_cell_colour(&img, &cells[2], colormap(0.75), "3 on 0..4");
+    // What the reader sees: the row label cut to 16 characters, column labels read upwards
+    // (wider than a cell), the full labels and values in the cells' titles, the given ticks.
+    assert!(svg.contains(">a-very-long-row~</text>"), "{svg}");
+    assert_eq!(svg.matches("rotate(-90)").count(), 2, "{svg}");
+    assert!(svg.contains("<title>a-very-long-row-label-indeed → column-one: NaN</title>"));
+    assert!(svg.contains("<title>b → c2: -inf</title>"));
+    assert!(svg.contains(">4.000</text>") && svg.contains(">0.000</text>"));
     Ok(())
 }
 
@@ -255,7 +286,15 @@ fn grid_has_one_panel_per_head_and_a_shared_scale() -> Result<()> {
     let dev = Device::Cpu;
     let rows = labels(&["q0", "q1"]);
     let cols = labels(&["k0", "k1", "k2"]);
-    for h in [1usize, 2, 3, 4, 5, 8] {
+    // (H, size with panel titles, size without).
+    for (h, titled, untitled) in [
+        (1usize, (224, 132), (224, 112)),
+        (2, (366, 132), (366, 112)),
+        (3, (366, 244), (366, 204)),
+        (4, (366, 244), (366, 204)),
+        (5, (496, 244), (496, 204)),
+        (8, (496, 356), (496, 296)),
+    ] {
         let w = Tensor::arange(0f32, (h * 6) as f32, &dev)?.reshape((h, 2, 3))?;
         let heads: Vec<Tensor> = (0..h).map(|i| w.get(i)).collect::<candle::Result<_>>()?;
         let titles: Vec<String> = (0..h).map(|i| format!("head {i}")).collect();
@@ -263,99 +302,55 @@ fn grid_has_one_panel_per_head_and_a_shared_scale() -> Result<()> {
             title: Some("layer 0".into()),
             ..Default::default()
         };
-        let img = decode(&heatmap_grid_png(&heads, &titles, &rows, &cols, &opts)?)?;
-        let max = (h * 6 - 1) as f64;
-        let lay = layout(
-            2,
-            3,
-            h,
-            &rows,
-            &cols,
-            &titles,
-            Some("layer 0"),
-            28,
-            0.0,
-            max,
-        );
-        assert_eq!((img.width, img.height), (lay.width, lay.height), "H = {h}");
-        for p in 0..h as u32 {
-            for (i, j) in [(0u32, 0u32), (1, 2)] {
-                let (x, y) = lay.cell(p, i, j, 28);
-                let v = (p * 6 + i * 3 + j) as f64;
-                let expected = if max > 0.0 { v / max } else { 0.5 };
-                assert_eq!(img.at(x + 1, y + 1), colormap(expected), "H {h} panel {p}");
+        let img = Image::decode(&heatmap_grid_png(&heads, &titles, &rows, &cols, &opts)?)?;
+        let svg = heatmap_grid_svg(&heads, &titles, &rows, &cols, &opts)?;
+        assert_eq!(img.size(), titled, "H = {h}");
+        assert_eq!(svg_size(&svg), titled, "H = {h}");
+        assert_margins(&img, &format!("H = {h}"));
+        let panels = svg_panels(&svg);
+        assert_eq!(panels.len(), h);
+        // ⌈√H⌉ panels across, filled row by row.
+        let ncols = (1..=h).find(|c| c * c >= h).unwrap();
+        let xs: Vec<usize> = panels.iter().map(|p| p[0].x).collect();
+        let ys: Vec<usize> = panels.iter().map(|p| p[0].y).collect();
+        for p in 0..h {
+            assert_eq!(xs[p], xs[p % ncols], "H {h} panel {p}: its column");
+            assert_eq!(ys[p], ys[p / ncols * ncols], "H {h} panel {p}: its row");
+            if p % ncols > 0 {
+                assert!(
+                    xs[p] > xs[p - 1],
+                    "H {h} panel {p}: right of the previous one"
+                );
+            }
+            if p >= ncols {
+                assert!(
+                    ys[p] > ys[p - ncols],
+                    "H {h} panel {p}: below the one above"
+                );
             }
         }
+        let max = (h * 6 - 1) as f64;
+        for (p, cells) in panels.iter().enumerate() {
+            assert_grid(cells, 2, 3, 28);
+            for (i, j) in [(0usize, 0usize), (1, 2)] {
+                let c = &cells[i * 3 + j];
+                let v = (p * 6 + i * 3 + j) as f64;
+                let expected = colormap(if max > 0.0 { v / max } else { 0.5 });
+                assert_eq!(img.at(c.x + 1, c.y + 1), expected, "H {h} panel {p}");
+                assert_cell_colour(&img, c, expected, &format!("H {h} panel {p} ({i},{j})"));
+            }
+            assert!(
+                svg.contains(&format!(">head {p}</text>")),
+                "H {h}: panel title {p}"
+            );
+        }
+        assert_colorbar(&img, &svg, &panels[0]);
         // Without panel titles the panels are shorter.
-        let untitled = decode(&heatmap_grid_png(&heads, &[], &rows, &cols, &opts)?)?;
-        let lay = layout(2, 3, h, &rows, &cols, &[], Some("layer 0"), 28, 0.0, max);
-        assert_eq!((untitled.width, untitled.height), (lay.width, lay.height));
+        let plain = Image::decode(&heatmap_grid_png(&heads, &[], &rows, &cols, &opts)?)?;
+        assert_eq!(plain.size(), untitled, "H = {h} untitled");
+        assert!(plain.h < img.h);
     }
     Ok(())
-}
-
-/// Hand-written well-formedness check: every tag closes in order, attributes are quoted,
-/// nothing is left open. Returns the start tags seen, with their raw attribute text.
-fn check_xml(doc: &str) -> Vec<(String, String)> {
-    let mut stack: Vec<String> = Vec::new();
-    let mut tags = Vec::new();
-    let mut rest = doc;
-    let mut root_seen = false;
-    while let Some(start) = rest.find('<') {
-        let text = &rest[..start];
-        assert!(!text.contains('>'), "stray '>' in text {text:?}");
-        if stack.is_empty() && root_seen {
-            assert!(text.trim().is_empty(), "content after the root: {text:?}");
-        }
-        let end = rest[start..].find('>').expect("unclosed tag") + start;
-        let tag = &rest[start + 1..end];
-        rest = &rest[end + 1..];
-        if let Some(pi) = tag.strip_prefix('?') {
-            assert!(pi.ends_with('?') && stack.is_empty() && !root_seen, "{tag}");
-            continue;
-        }
-        if let Some(name) = tag.strip_prefix('/') {
-            let open = stack
-                .pop()
-                .unwrap_or_else(|| panic!("</{name}> closes nothing"));
-            assert_eq!(open, name.trim(), "mismatched close");
-            continue;
-        }
-        let self_closing = tag.ends_with('/');
-        let body = tag.trim_end_matches('/');
-        let (name, attrs) = body.split_once(' ').unwrap_or((body, ""));
-        assert!(!name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric()));
-        assert_eq!(
-            attrs.matches('"').count() % 2,
-            0,
-            "unbalanced quotes in <{tag}>"
-        );
-        assert!(!attrs.contains('<') && !attrs.contains('&') || attrs.contains("&amp;"));
-        if stack.is_empty() {
-            assert!(!root_seen, "second root element <{name}>");
-            root_seen = true;
-        }
-        tags.push((name.to_string(), attrs.to_string()));
-        if !self_closing {
-            stack.push(name.to_string());
-        }
-    }
-    assert!(stack.is_empty(), "left open: {stack:?}");
-    assert!(root_seen);
-    tags
-}
-
-fn attr<'a>(attrs: &'a str, name: &str) -> Option<&'a str> {
-    let key = format!(" {name}=\"");
-    let padded = format!(" {attrs}");
-    let start = padded.find(&key)? + key.len();
-    let len = padded[start..].find('"')?;
-    // Same offsets in `attrs`, one shorter for the added space.
-    Some(&attrs[start - 1..start - 1 + len])
-}
-
-fn hex(rgb: [u8; 3]) -> String {
-    format!("#{:02x}{:02x}{:02x}", rgb[0], rgb[1], rgb[2])
 }
 
 #[test]
@@ -368,53 +363,38 @@ fn svg_is_well_formed_with_one_rect_per_cell() -> Result<()> {
         ..Default::default()
     };
     let svg = heatmap_svg(&m, &rows, &cols, &opts)?;
-    let tags = check_xml(&svg);
-    let (root, root_attrs) = &tags[0];
-    assert_eq!(root, "svg");
-    let lay = layout(
-        3,
-        3,
-        1,
-        &rows,
-        &cols,
-        &[],
-        Some("a < b"),
-        28,
-        0.1045,
-        0.5307,
-    );
-    assert_eq!(
-        attr(root_attrs, "width"),
-        Some(lay.width.to_string().as_str())
-    );
-    assert_eq!(
-        attr(root_attrs, "height"),
-        Some(lay.height.to_string().as_str())
-    );
-    // The PNG has the same size.
-    let img = decode(&heatmap_png(&m, &rows, &cols, &opts)?)?;
-    assert_eq!((img.width, img.height), (lay.width, lay.height));
+    // Well-formed (the shared reader panics otherwise), one root <svg>, the PNG's size.
+    let elements = xml::elements(&svg);
+    assert_eq!(elements[0].name, "svg");
+    assert_eq!(svg_size(&svg), (296, 186));
+    let img = Image::decode(&heatmap_png(&m, &rows, &cols, &opts)?)?;
+    assert_eq!(img.size(), (296, 186));
 
-    let cells: Vec<&String> = tags
-        .iter()
-        .filter(|(n, a)| n == "rect" && attr(a, "class") == Some("cell"))
-        .map(|(_, a)| a)
-        .collect();
+    let panels = svg_panels(&svg);
+    let cells = &panels[0];
     assert_eq!(cells.len(), 9);
+    assert_grid(cells, 3, 3, 28);
+    assert_eq!(xml::with_class(&elements, "rect", "cell").len(), 9);
     let values = m.to_vec2::<f32>()?;
-    for (k, a) in cells.iter().enumerate() {
+    for (k, c) in cells.iter().enumerate() {
         let (i, j) = (k / 3, k % 3);
-        let t = (values[i][j] as f64 - 0.1045) / (0.5307 - 0.1045);
-        assert_eq!(attr(a, "fill"), Some(hex(colormap(t)).as_str()), "cell {k}");
-        let (x, y) = lay.cell(0, i as u32, j as u32, 28);
-        assert_eq!(attr(a, "x"), Some(x.to_string().as_str()));
-        assert_eq!(attr(a, "y"), Some(y.to_string().as_str()));
+        let rgb = scaled(values[i][j] as f64, 0.1045, 0.5307);
+        // The SVG's fill, and the PNG's colour at the SVG's place.
+        assert_cell_colour(&img, c, rgb, &format!("cell {k}"));
+    }
+    // Every label in the text colour.
+    for e in elements.iter().filter(|e| e.name == "text") {
+        assert!(
+            matches!(e.attr("fill"), Some(f) if f == hex(INK) || f == "#ffffff" || f == "#000000"),
+            "{e:?}"
+        );
     }
     // One <title> per cell, with escaped labels and the value.
     assert_eq!(svg.matches("<title>").count(), 9);
     assert!(svg.contains("<title>&lt;the&gt; → the: 0.4519</title>"));
     assert!(svg.contains("cat &amp; co"));
     assert!(svg.contains("&quot;sat&quot;"));
+    assert!(svg.contains(">a &lt; b</text>"));
     assert!(svg.contains(">0.531</text>") && svg.contains(">0.105</text>")); // the ticks (f32 0.1045 is 0.10450000…)
     Ok(())
 }
@@ -427,21 +407,17 @@ fn grid_svg_has_every_panel() -> Result<()> {
     let rows = labels(&["a", "b", "c"]);
     let cols = labels(&["1", "2", "3", "4", "5"]);
     let svg = heatmap_grid_svg(&heads, &titles, &rows, &cols, &HeatmapOptions::default())?;
-    let tags = check_xml(&svg);
-    let cells = tags
-        .iter()
-        .filter(|(n, a)| n == "rect" && attr(a, "class") == Some("cell"))
-        .count();
-    assert_eq!(cells, 4 * 3 * 5);
-    assert_eq!(svg.matches(r#"<g class="panel""#).count(), 4);
-    let png = decode(&heatmap_grid_png(
+    let elements = xml::elements(&svg);
+    assert_eq!(xml::with_class(&elements, "rect", "cell").len(), 4 * 3 * 5);
+    assert_eq!(xml::with_class(&elements, "g", "panel").len(), 4);
+    let png = Image::decode(&heatmap_grid_png(
         &heads,
         &titles,
         &rows,
         &cols,
         &HeatmapOptions::default(),
     )?)?;
-    assert!(svg.contains(&format!(r#"width="{}" height="{}""#, png.width, png.height)));
+    assert_eq!(svg_size(&svg), png.size());
     Ok(())
 }
 
