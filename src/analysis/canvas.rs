@@ -8,6 +8,14 @@ use candle::Result;
 
 use super::font::{self, ADVANCE, DESCENT, GLYPH_H};
 
+/// Refuse images above 64 Mpx (192 MiB of RGB) rather than exhaust memory on a typo.
+pub(crate) const MAX_PIXELS: u64 = 1 << 26;
+
+/// The page colour of every chart: what [`Canvas::new`] starts from.
+pub(crate) const WHITE: [u8; 3] = [255, 255, 255];
+/// Text, frames and outlines, on heatmaps and line charts alike (`#141414`).
+pub(crate) const INK: [u8; 3] = [20, 20, 20];
+
 /// `s` cut to at most `max` characters: the first `max − 1` and a `~` (empty for `max = 0`).
 pub(crate) fn fit(s: &str, max: usize) -> String {
     if s.chars().count() <= max {
@@ -98,7 +106,7 @@ impl Canvas {
         Self {
             w,
             h,
-            px: vec![255; w as usize * h as usize * 3],
+            px: WHITE.repeat(w as usize * h as usize),
         }
     }
 

@@ -5,7 +5,8 @@ use candle::{DType, Result, Tensor};
 
 use super::text::{cell_text, plot_tick};
 use super::{colormap, HeatmapOptions};
-use crate::analysis::canvas::{chars, fit};
+use crate::analysis::canvas::{chars, fit, MAX_PIXELS};
+pub(super) use crate::analysis::canvas::{INK, WHITE};
 use crate::analysis::font::{ADVANCE, DESCENT, GLYPH_H};
 
 /// Text scale for labels, titles and ticks: the 5×7 font at ×2.
@@ -28,11 +29,7 @@ pub(super) const MAX_PANEL_TITLE: usize = 24;
 pub(super) const MAX_TITLE: usize = 100;
 /// Values are printed in matrices up to this many rows and columns.
 pub(super) const MAX_VALUES_SIDE: usize = 16;
-/// Refuse images above 64 Mpx (192 MiB of RGB) rather than exhaust memory on a typo.
-pub(crate) const MAX_PIXELS: u64 = 1 << 26;
 pub(super) const GREY: [u8; 3] = [128, 128, 128];
-pub(super) const WHITE: [u8; 3] = [255, 255, 255];
-pub(super) const INK: [u8; 3] = [20, 20, 20];
 pub(super) const BLACK: [u8; 3] = [0, 0, 0];
 
 /// Everything needed to draw, validated once and shared by the PNG and SVG writers.

@@ -74,7 +74,6 @@ use std::path::Path;
 use candle::{Result, Tensor};
 
 use layout::Plot;
-pub(crate) use layout::MAX_PIXELS;
 pub use viridis::colormap;
 
 /// How a heatmap is drawn.
@@ -191,16 +190,15 @@ pub fn heatmap_grid_png(
     col_labels: &[String],
     opts: &HeatmapOptions,
 ) -> Result<Vec<u8>> {
-    let refs: Vec<&Tensor> = matrices.iter().collect();
-    let plot = Plot::new(
+    grid_plot(
         "heatmap_grid_png",
-        &refs,
+        matrices,
         titles,
         row_labels,
         col_labels,
         opts,
-    )?;
-    plot.png()
+    )?
+    .png()
 }
 
 /// [`heatmap_grid_png`]'s layout as an SVG document (see [`heatmap_svg`]).
@@ -216,14 +214,26 @@ pub fn heatmap_grid_svg(
     col_labels: &[String],
     opts: &HeatmapOptions,
 ) -> Result<String> {
-    let refs: Vec<&Tensor> = matrices.iter().collect();
-    let plot = Plot::new(
+    Ok(grid_plot(
         "heatmap_grid_svg",
-        &refs,
+        matrices,
         titles,
         row_labels,
         col_labels,
         opts,
-    )?;
-    Ok(plot.svg())
+    )?
+    .svg())
+}
+
+/// The grid functions' [`Plot`]: `matrices` as the panels; `func` names the caller in errors.
+fn grid_plot(
+    func: &str,
+    matrices: &[Tensor],
+    titles: &[String],
+    row_labels: &[String],
+    col_labels: &[String],
+    opts: &HeatmapOptions,
+) -> Result<Plot> {
+    let refs: Vec<&Tensor> = matrices.iter().collect();
+    Plot::new(func, &refs, titles, row_labels, col_labels, opts)
 }

@@ -5,9 +5,9 @@ use candle::Result;
 
 use super::axis::Axis;
 use super::{LinePlot, LineStyle, Series};
-use crate::analysis::canvas::{chars, fit, Rect, Stroke};
+use crate::analysis::canvas::{chars, fit, Rect, Stroke, MAX_PIXELS};
+pub(super) use crate::analysis::canvas::{INK, WHITE};
 use crate::analysis::font::{ADVANCE, DESCENT, GLYPH_H};
-use crate::analysis::heatmap::MAX_PIXELS;
 
 /// Text scale: the 5×7 font at ×2.
 pub(super) const SCALE: u32 = 2;
@@ -40,8 +40,6 @@ const MAX_NAME: usize = 40;
 const Y_TICK_PX: i64 = 48;
 /// About one x tick per this many pixels, fewer when the labels would touch.
 const X_TICK_PX: i64 = 64;
-pub(super) const WHITE: [u8; 3] = [255, 255, 255];
-pub(super) const INK: [u8; 3] = [20, 20, 20];
 pub(super) const GRID: [u8; 3] = [230, 230, 230];
 
 /// Everything placed.
