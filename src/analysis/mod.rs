@@ -29,6 +29,7 @@ pub use graph::{is_symmetric, max_asymmetry, AttentionGraph, GraphOptions};
 pub use rollout::{attention_flow, attention_rollout, RolloutFusion, ATTENTION_FLOW_MAX_LEN};
 pub use vocab_matrix::{corpus_vocab_matrix, corpus_vocab_matrix_stream, VocabMatrix};
 mod canvas;
+mod escape;
 mod font;
 pub mod heatmap;
 pub mod line_plot;

@@ -10,6 +10,8 @@ use std::path::Path;
 
 use candle::{DType, Device, IndexOp, Result, Tensor};
 
+use super::escape::csv_field;
+
 use crate::checkpoint::StateDict;
 use crate::data::{Batch, Dataset, Example};
 use crate::models::NextTokenPredictor;
@@ -369,15 +371,6 @@ impl VocabMatrix {
             "vocabulary x vocabulary attention: row = query token, column = key token",
         )
         .save_safetensors(path)
-    }
-}
-
-/// `s` as one CSV field (RFC 4180 quoting when needed).
-fn csv_field(s: &str) -> String {
-    if s.contains([',', '"', '\n', '\r']) {
-        format!("\"{}\"", s.replace('"', "\"\""))
-    } else {
-        s.to_string()
     }
 }
 

@@ -6,7 +6,7 @@ use super::colormap;
 use super::layout::{Plot, BAR_W, CH, CW, GAP, INK, MARGIN};
 use super::text::{full_value, text_on};
 use crate::analysis::canvas::{chars, hex};
-use crate::analysis::graph::xml_escape;
+use crate::analysis::escape::xml_escape;
 
 impl Plot {
     pub(super) fn svg(&self) -> String {

@@ -8,7 +8,7 @@ use super::layout::{
 };
 use super::{LinePlot, LineStyle};
 use crate::analysis::canvas::{chars, clip_segment, hex};
-use crate::analysis::graph::xml_escape;
+use crate::analysis::escape::xml_escape;
 
 impl Layout {
     /// The SVG document of `p` drawn with this layout.
