@@ -19,6 +19,24 @@ fn dev() -> Device {
     Device::Cpu
 }
 
+/// A module of `cfg` with seeded parameters in `dtype`.
+fn seeded_mha(
+    cfg: MultiheadAttentionConfig,
+    seed: u64,
+    dtype: DType,
+) -> Result<MultiheadAttention> {
+    Ok(MultiheadAttention::new(
+        cfg,
+        seeded_var_builder(&VarMap::new(), seed, dtype, &dev()),
+    )?)
+}
+
+/// The per-head weights `(…, H, L, L)` of `mha`'s self-attention over `x`.
+fn per_head_self_weights(mha: &MultiheadAttention, x: &Tensor) -> Result<Tensor> {
+    let opts = AttentionOptions::new().with_average_attn_weights(false);
+    Ok(mha.forward(x, x, x, &opts)?.weights.expect("weights"))
+}
+
 /// Two heads over L = 2 queries and S = 3 keys: `(H, L, S) = (2, 2, 3)`.
 fn two_heads() -> Result<Tensor> {
     Ok(Tensor::new(
@@ -63,20 +81,9 @@ fn fuse_heads_mean_max_min() -> Result<()> {
 #[test]
 fn mean_fusion_is_average_attn_weights() -> Result<()> {
     let cfg = MultiheadAttentionConfig::new(8, 4).with_batch_first(true);
-    let mha = MultiheadAttention::new(
-        cfg,
-        seeded_var_builder(&VarMap::new(), 11, DType::F64, &dev()),
-    )?;
+    let mha = seeded_mha(cfg, 11, DType::F64)?;
     let x = candle_mha::rng::normal(0., 1., (2, 5, 8), DType::F64, &dev(), 12)?;
-    let per_head = mha
-        .forward(
-            &x,
-            &x,
-            &x,
-            &AttentionOptions::new().with_average_attn_weights(false),
-        )?
-        .weights
-        .unwrap();
+    let per_head = per_head_self_weights(&mha, &x)?;
     let averaged = mha
         .forward(&x, &x, &x, &AttentionOptions::new())?
         .weights
@@ -271,20 +278,9 @@ fn source_mass_hand_computed() -> Result<()> {
 #[test]
 fn source_mass_rows_sum_to_one_on_a_real_forward() -> Result<()> {
     let cfg = MultiheadAttentionConfig::new(8, 2).with_batch_first(true);
-    let mha = MultiheadAttention::new(
-        cfg,
-        seeded_var_builder(&VarMap::new(), 21, DType::F32, &dev()),
-    )?;
+    let mha = seeded_mha(cfg, 21, DType::F32)?;
     let x = candle_mha::rng::normal(0., 1., (3, 5, 8), DType::F32, &dev(), 22)?;
-    let w = mha
-        .forward(
-            &x,
-            &x,
-            &x,
-            &AttentionOptions::new().with_average_attn_weights(false),
-        )?
-        .weights
-        .unwrap(); // (N, H, L, S)
+    let w = per_head_self_weights(&mha, &x)?; // (N, H, L, S)
     let seg = Segments::new(&[("first", 2), ("rest", 3)])?;
     let m = source_mass(&w, &seg)?;
     assert_eq!(m.dims(), &[3, 2, 5, 2]);
@@ -300,10 +296,7 @@ fn source_mass_rows_sum_to_one_on_a_real_forward() -> Result<()> {
 #[test]
 fn source_mass_other_column_with_add_zero_attn() -> Result<()> {
     let cfg = MultiheadAttentionConfig::new(8, 2).with_add_zero_attn(true);
-    let mha = MultiheadAttention::new(
-        cfg,
-        seeded_var_builder(&VarMap::new(), 23, DType::F64, &dev()),
-    )?;
+    let mha = seeded_mha(cfg, 23, DType::F64)?;
     let q = candle_mha::rng::normal(0., 1., (2, 8), DType::F64, &dev(), 24)?;
     let kv = candle_mha::rng::normal(0., 1., (4, 8), DType::F64, &dev(), 25)?;
     let w = mha
@@ -374,10 +367,7 @@ fn head_ablation_on_identity_heads() -> Result<()> {
 #[test]
 fn head_ablation_needs_a_fixed_dropout_mask() -> Result<()> {
     let cfg = MultiheadAttentionConfig::new(8, 2).with_dropout(0.5);
-    let mha = MultiheadAttention::new(
-        cfg,
-        seeded_var_builder(&VarMap::new(), 31, DType::F32, &dev()),
-    )?;
+    let mha = seeded_mha(cfg, 31, DType::F32)?;
     let x = candle_mha::rng::normal(0., 1., (4, 8), DType::F32, &dev(), 32)?;
     let train = AttentionOptions::new().with_train(true);
     let err = head_ablation(&mha, &x, &x, &x, &train).unwrap_err();
