@@ -47,6 +47,24 @@ impl NextTokenPredictorConfig {
         }
     }
 
+    /// The model `mha train` builds for text by default: E = 128, 4 heads, 3 blocks,
+    /// context 128, attention dropout 0.1, residual dropout 0.2. With the training schedule
+    /// `training::TrainConfig::for_text` it ends well below a
+    /// bigram model's validation loss on a few hundred KB of English in a few minutes on 2
+    /// cores. [`NextTokenPredictorConfig::new`] is the default for token sequences.
+    pub fn for_text(vocab_size: usize) -> Self {
+        Self {
+            vocab_size,
+            max_len: 128,
+            embed_dim: 128,
+            num_heads: 4,
+            num_layers: 3,
+            ff_dim: 512,
+            dropout: 0.1,
+            resid_dropout: 0.2,
+        }
+    }
+
     /// Checks sizes; names the field and the value on error.
     pub fn validate(&self) -> Result<()> {
         for (name, v) in [

@@ -2,19 +2,24 @@
 //! evaluation, and the trainer that runs, checkpoints and resumes.
 
 mod baseline;
+mod config;
 mod evaluate;
 mod metrics;
 mod optim;
 mod optim_cpu;
+mod run;
 mod schedule;
+mod state;
 mod trainer;
 
 pub use baseline::{BaselineEvaluation, BigramBaseline};
+pub use config::TrainConfig;
 pub use evaluate::{evaluate, evaluate_examples, Evaluation};
 pub use metrics::{append_metrics, read_metrics, truncate_metrics, MetricsRecord, METRICS_FILE};
 pub use optim::{clip_grad_norm, AdamW, AdamWConfig};
 pub use schedule::LrSchedule;
-pub use trainer::{
-    EvalRecord, StepStats, TrainConfig, TrainObserver, Trainer, TrainerState, BEST_DIR,
-    CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE,
+pub use state::{
+    EvalRecord, StepStats, TrainObserver, TrainerState, BEST_DIR, CONFIG_FILE, MODEL_FILE,
+    OPTIMIZER_FILE, STATE_FILE,
 };
+pub use trainer::Trainer;

@@ -1,0 +1,90 @@
+//! [`TrainConfig`]: a run's hyper-parameters and their defaults, the one place the
+//! command line takes them from.
+
+use serde::{Deserialize, Serialize};
+
+/// Training hyper-parameters. The `Default`s are those of token sequences;
+/// [`TrainConfig::for_text`] gives those of text.
+///
+/// PyTorch equivalent: the arguments of a typical training script (nanoGPT-style):
+/// `AdamW(lr, betas, weight_decay)`, `clip_grad_norm_(max_norm)`, warmup + cosine.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TrainConfig {
+    /// Optimizer steps of the whole run. Default 1500 (text: 1200).
+    pub steps: u64,
+    /// Sequences per batch (per micro-batch with `grad_accum > 1`). Default 64 (text: 32).
+    pub batch_size: usize,
+    /// Micro-batches whose gradients are summed into one update (the same update as one
+    /// batch of `batch_size × grad_accum`, up to float rounding). Default 1.
+    #[serde(default = "one")]
+    pub grad_accum: usize,
+    /// Stop after this many evaluations in a row without a new best validation loss (0 =
+    /// never). Default 0.
+    #[serde(default)]
+    pub early_stop: u64,
+    /// Peak learning rate. Default 3e-3 (text: 2e-3).
+    pub lr: f64,
+    /// Final learning rate of the cosine decay. Default 3e-4 (text: 2e-4), a tenth of `lr`.
+    pub min_lr: f64,
+    /// Linear warmup steps. Default 100.
+    pub warmup_steps: u64,
+    /// AdamW decoupled weight decay. Default 0.01 (text: 0.1).
+    pub weight_decay: f64,
+    /// AdamW β1. Default 0.9.
+    pub beta1: f64,
+    /// AdamW β2. Default 0.98.
+    pub beta2: f64,
+    /// Global gradient-norm clip (0 = off). Default 1.0.
+    pub clip_norm: f64,
+    /// Evaluate every this many steps (0 = only at the end). Default 250 (text: 100).
+    pub eval_every: u64,
+    /// Write a checkpoint every this many steps (0 = only at the end). Default 500.
+    pub save_every: u64,
+    /// Seed of batch order and dropout. Default 0.
+    pub seed: u64,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            steps: 1500,
+            batch_size: 64,
+            grad_accum: 1,
+            early_stop: 0,
+            lr: 3e-3,
+            min_lr: 3e-4,
+            warmup_steps: 100,
+            weight_decay: 0.01,
+            beta1: 0.9,
+            beta2: 0.98,
+            clip_norm: 1.0,
+            eval_every: 250,
+            save_every: 500,
+            seed: 0,
+        }
+    }
+}
+
+impl TrainConfig {
+    /// The defaults of a run on text (and prepared data): a schedule that, with
+    /// [`NextTokenPredictorConfig::for_text`](crate::models::NextTokenPredictorConfig::for_text),
+    /// on a few hundred KB of English ends well below a bigram model's validation loss in a
+    /// few minutes on 2 cores. [`TrainConfig::default`] is for token sequences (the synthetic
+    /// task, token files): small and fast.
+    pub fn for_text() -> Self {
+        Self {
+            steps: 1200,
+            batch_size: 32,
+            lr: 2e-3,
+            min_lr: 2e-4,
+            weight_decay: 0.1,
+            eval_every: 100,
+            ..Self::default()
+        }
+    }
+}
+
+/// `grad_accum` of a `trainer_state.json` written before it existed.
+fn one() -> usize {
+    1
+}

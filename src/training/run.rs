@@ -1,0 +1,190 @@
+//! [`Trainer::run_source`]: the loop of a whole run: steps, periodic evaluation, the best
+//! checkpoint, early stop, periodic and final checkpoints, `metrics.jsonl`.
+
+use std::path::Path;
+use std::time::Instant;
+
+use candle::Result;
+
+use super::metrics::{append_metrics, truncate_metrics, MetricsRecord, METRICS_FILE};
+use super::state::{EvalRecord, TrainObserver, BEST_DIR};
+use super::{Evaluation, Trainer};
+use crate::data::{Dataset, EvalSet, TrainSource};
+
+/// Copies the validation fields of `eval` into a metrics record.
+fn fill_eval(record: &mut MetricsRecord, eval: &Evaluation) {
+    record.val_loss = Some(eval.loss);
+    record.val_perplexity = Some(eval.perplexity);
+    record.val_accuracy = Some(eval.accuracy);
+    record.val_bits_per_byte = eval.bits_per_byte;
+}
+
+/// An error when an evaluation just before a save gave a non-finite loss: the weights have
+/// diverged (finite but huge, or NaN) and must not replace the checkpoint in `dir`.
+fn diverged(step: u64, eval_loss: Option<f64>, dir: &Path) -> Result<()> {
+    match eval_loss {
+        Some(loss) if !loss.is_finite() => candle::bail!(
+            "step {step}: evaluation loss is {loss}, the weights have diverged (learning rate too high?): not saved, {} keeps its previous checkpoint",
+            dir.display()
+        ),
+        _ => Ok(()),
+    }
+}
+
+impl Trainer {
+    /// Trains until `config.steps`, evaluating on `val` and checkpointing to `dir` (when
+    /// given) as configured, and at the end. Returns the final evaluation. Stops with an error,
+    /// leaving the last checkpoint, at a non-finite training loss or when a save follows an
+    /// evaluation with a non-finite loss (diverged weights).
+    ///
+    /// As [`Trainer::run_source`] with a dataset for each side and no bits per byte.
+    pub fn run(
+        &mut self,
+        train: &Dataset,
+        val: &Dataset,
+        dir: Option<&Path>,
+        observer: &mut dyn TrainObserver,
+    ) -> Result<Evaluation> {
+        let val = EvalSet {
+            data: val,
+            text_bytes: None,
+        };
+        self.run_source(train, &val, dir, observer)
+    }
+
+    /// Trains on the batches of `train` until `config.steps` or an early stop.
+    ///
+    /// Every `eval_every` steps it evaluates on `val`; an evaluation with a new lowest loss
+    /// is saved into `dir/best/` (a complete checkpoint). With `early_stop = N > 0`, N
+    /// evaluations in a row without a new best end the run. Every `save_every` steps and at
+    /// the end it saves into `dir`, and every step it appends to `dir/metrics.jsonl`. Returns
+    /// the final evaluation (on `val`, or on the training set when `val` is empty, as
+    /// [`Trainer::run`] always did). Stops with an error, leaving the last checkpoint, at a
+    /// non-finite training loss or when a save follows an evaluation with a non-finite loss.
+    pub fn run_source(
+        &mut self,
+        train: &dyn TrainSource,
+        val: &EvalSet,
+        dir: Option<&Path>,
+        observer: &mut dyn TrainObserver,
+    ) -> Result<Evaluation> {
+        if train.is_empty() {
+            candle::bail!("the training set is empty")
+        }
+        let device = self.device();
+        let cfg = self.state.config.clone();
+        let metrics = dir.map(|d| d.join(METRICS_FILE));
+        if let (Some(d), Some(m)) = (dir, &metrics) {
+            std::fs::create_dir_all(d).map_err(|e| {
+                candle::Error::Msg(format!("cannot create run directory {}: {e}", d.display()))
+            })?;
+            // A resumed run continues the file from its checkpoint's step.
+            truncate_metrics(m, self.state.step)?;
+        }
+        let has_val = !val.data.is_empty();
+        while self.state.step < cfg.steps && !self.state.stopped_early {
+            if observer.should_stop() {
+                break;
+            }
+            let batches = self.batches_for_step(train, self.state.step, &device)?;
+            let started = Instant::now();
+            let stats = self.train_step_accumulated(&batches)?;
+            let seconds = started.elapsed().as_secs_f64();
+            let step = self.state.step;
+            observer.on_step(step, &stats);
+            let mut record = MetricsRecord {
+                step,
+                train_loss: Some(f64::from(stats.loss)),
+                lr: Some(stats.lr),
+                grad_norm: Some(stats.grad_norm),
+                tokens_per_s: Some(stats.input_tokens as f64 / seconds.max(1e-9)),
+                tokens: Some(stats.input_tokens),
+                ..Default::default()
+            };
+            let mut eval_loss = None;
+            if cfg.eval_every > 0
+                && step.is_multiple_of(cfg.eval_every)
+                && step < cfg.steps
+                && has_val
+            {
+                let eval = self.evaluate_set(val)?;
+                observer.on_eval(step, &eval);
+                eval_loss = Some(eval.loss);
+                fill_eval(&mut record, &eval);
+                self.track_best(&eval, dir, observer)?;
+            }
+            if let Some(m) = &metrics {
+                append_metrics(m, &record)?;
+            }
+            if let Some(dir) = dir {
+                if cfg.save_every > 0 && step.is_multiple_of(cfg.save_every) && step < cfg.steps {
+                    diverged(step, eval_loss, dir)?;
+                    self.save(dir)?;
+                    observer.on_save(step, dir);
+                }
+            }
+        }
+        let eval = if has_val {
+            self.evaluate_set(val)?
+        } else {
+            self.evaluate(&*train.fallback_eval(cfg.seed)?)?
+        };
+        observer.on_eval(self.state.step, &eval);
+        if has_val {
+            self.track_best(&eval, dir, observer)?;
+        }
+        if let Some(m) = &metrics {
+            let mut record = MetricsRecord {
+                step: self.state.step,
+                ..Default::default()
+            };
+            fill_eval(&mut record, &eval);
+            append_metrics(m, &record)?;
+        }
+        if let Some(dir) = dir {
+            diverged(self.state.step, Some(eval.loss), dir)?;
+            self.save(dir)?;
+            observer.on_save(self.state.step, dir);
+        }
+        Ok(eval)
+    }
+
+    /// Records `eval` as the best when its loss is the lowest so far (saving `dir/best/`),
+    /// and sets `stopped_early` after `early_stop` evaluations without one.
+    fn track_best(
+        &mut self,
+        eval: &Evaluation,
+        dir: Option<&Path>,
+        observer: &mut dyn TrainObserver,
+    ) -> Result<()> {
+        let step = self.state.step;
+        let improved = eval.loss.is_finite()
+            && self
+                .state
+                .best
+                .as_ref()
+                .is_none_or(|b| eval.loss < b.eval.loss);
+        if improved {
+            self.state.best = Some(EvalRecord { step, eval: *eval });
+            if let Some(dir) = dir {
+                let best = dir.join(BEST_DIR);
+                self.save(&best)?;
+                observer.on_best(step, eval, &best);
+            }
+        } else if self.state.config.early_stop > 0 {
+            let best_step = self.state.best.as_ref().map_or(0, |b| b.step);
+            // Validation evaluations after the best one (the history holds only those when
+            // there is a validation set).
+            let since = self
+                .state
+                .evals
+                .iter()
+                .filter(|e| e.step > best_step)
+                .count() as u64;
+            if since >= self.state.config.early_stop {
+                self.state.stopped_early = true;
+            }
+        }
+        Ok(())
+    }
+}
