@@ -234,3 +234,85 @@ fn non_finite_weights_are_not_saved() -> Result<()> {
     assert_eq!(std::fs::read(dir.path().join("model.safetensors"))?, saved);
     Ok(())
 }
+
+/// `AdamW` is a `candle_nn::Optimizer`: a generic candle-nn loop driving it through
+/// `backward_step`, with the learning rate set through the trait, gives exactly the weights
+/// (bit for bit) and the state of its own API.
+#[test]
+fn adamw_drives_a_candle_nn_training_loop() -> Result<()> {
+    use candle_mha::candle::{Tensor, Var};
+    use candle_mha::training::{AdamW, AdamWConfig};
+    use candle_nn::Optimizer;
+
+    let dev = Device::Cpu;
+    let x = Tensor::new(&[[1f32, 2.0], [3.0, -1.0], [0.5, 0.25]], &dev)?;
+    let y = Tensor::new(&[[1f32], [-2.0], [0.5]], &dev)?;
+    let init = || -> Result<(Var, Var)> {
+        Ok((
+            Var::from_tensor(&Tensor::new(&[[0.1f32], [-0.2]], &dev)?)?,
+            Var::from_tensor(&Tensor::new(&[0.05f32], &dev)?)?,
+        ))
+    };
+    let loss = |w: &Var, b: &Var| -> candle_mha::candle::Result<Tensor> {
+        x.matmul(w.as_tensor())?
+            .broadcast_add(b.as_tensor())?
+            .sub(&y)?
+            .sqr()?
+            .mean_all()
+    };
+    let config = AdamWConfig {
+        lr: 0.1,
+        weight_decay: 0.05,
+        ..AdamWConfig::default()
+    };
+    let lrs = [0.1, 0.05, 0.02, 0.01];
+
+    // Any candle-nn optimizer: the loop of a candle-nn user.
+    fn candle_nn_loop<O: Optimizer>(
+        opt: &mut O,
+        lrs: &[f64],
+        loss: impl Fn() -> candle_mha::candle::Result<Tensor>,
+    ) -> candle_mha::candle::Result<()> {
+        for &lr in lrs {
+            opt.set_learning_rate(lr);
+            assert_eq!(opt.learning_rate(), lr);
+            opt.backward_step(&loss()?)?;
+        }
+        Ok(())
+    }
+    let (w1, b1) = init()?;
+    let mut via_trait = <AdamW as Optimizer>::new(vec![w1.clone(), b1.clone()], config.clone())?;
+    candle_nn_loop(&mut via_trait, &lrs, || loss(&w1, &b1))?;
+
+    let (w2, b2) = init()?;
+    let mut own = AdamW::new(
+        vec![("0".to_string(), w2.clone()), ("1".to_string(), b2.clone())],
+        config,
+    )?;
+    for &lr in &lrs {
+        own.set_lr(lr);
+        own.step(&loss(&w2, &b2)?.backward()?)?;
+    }
+
+    assert_eq!(w1.to_vec2::<f32>()?, w2.to_vec2::<f32>()?);
+    assert_eq!(b1.to_vec1::<f32>()?, b2.to_vec1::<f32>()?);
+    assert_ne!(
+        w1.to_vec2::<f32>()?,
+        vec![vec![0.1f32], vec![-0.2]],
+        "no update"
+    );
+    let (s1, s2) = (via_trait.state_dict()?, own.state_dict()?);
+    assert_eq!(s1.len(), s2.len());
+    for (name, t) in s1.tensors() {
+        let other = s2.get(name).expect("same names");
+        assert_eq!(
+            t.flatten_all()?.to_dtype(DType::F64)?.to_vec1::<f64>()?,
+            other
+                .flatten_all()?
+                .to_dtype(DType::F64)?
+                .to_vec1::<f64>()?,
+            "{name}"
+        );
+    }
+    Ok(())
+}

@@ -256,6 +256,37 @@ impl AdamW {
     }
 }
 
+/// The candle-nn optimizer interface, so that AdamW drops into a candle-nn training loop
+/// (`opt.backward_step(&loss)`) in place of `candle_nn::AdamW`, with PyTorch's update and a
+/// saveable state. Variables given without names are named by their index (`"0"`, `"1"`,
+/// ...), as PyTorch's `optimizer.state_dict()` keys them.
+///
+/// PyTorch equivalent: `torch.optim.AdamW(params, ...)`, `loss.backward(); opt.step()`.
+impl candle_nn::Optimizer for AdamW {
+    type Config = AdamWConfig;
+
+    fn new(vars: Vec<Var>, config: AdamWConfig) -> Result<Self> {
+        let params = vars
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| (i.to_string(), v))
+            .collect();
+        AdamW::new(params, config)
+    }
+
+    fn step(&mut self, grads: &GradStore) -> Result<()> {
+        AdamW::step(self, grads)
+    }
+
+    fn learning_rate(&self) -> f64 {
+        self.lr()
+    }
+
+    fn set_learning_rate(&mut self, lr: f64) {
+        self.set_lr(lr)
+    }
+}
+
 /// Scales the gradients of `vars` so that their global L2 norm is at most `max_norm`, and
 /// returns the norm before clipping.
 ///
