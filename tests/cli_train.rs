@@ -55,14 +55,15 @@ fn train_generate_eval_resume_on_a_token_file() -> Result<()> {
     args.extend(common);
     let (ok, stdout, stderr) = mha(&args)?;
     assert!(ok, "{stdout}{stderr}");
-    assert!(stdout.contains("device: cpu"), "{stdout}");
+    // Notices and progress on stderr; the run's result on stdout.
+    assert!(stderr.contains("device: cpu"), "{stderr}");
     assert!(
-        stdout.contains("data: 180 training and 20 validation sequences, 9 ids, longest 8 tokens"),
-        "{stdout}"
+        stderr.contains("data: 180 training and 20 validation sequences, 9 ids, longest 8 tokens"),
+        "{stderr}"
     );
     assert!(
-        stdout.contains("step 50: eval loss") && stdout.contains("step 100: checkpoint saved"),
-        "{stdout}"
+        stderr.contains("step 50: eval loss") && stderr.contains("step 100: checkpoint saved"),
+        "{stderr}"
     );
     assert!(stdout.contains("final eval (step 150): loss"), "{stdout}");
     for f in [
@@ -118,7 +119,7 @@ fn train_generate_eval_resume_on_a_token_file() -> Result<()> {
     let (ok, stdout, stderr) =
         mha(&["train", "--out", o, "--resume", "--steps", "160", "--quiet"])?;
     assert!(
-        ok && stdout.contains("resuming at step 150 of 160")
+        ok && stderr.contains("resuming at step 150 of 160")
             && stdout.contains("final eval (step 160)"),
         "{stdout}{stderr}"
     );

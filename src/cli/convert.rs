@@ -13,8 +13,8 @@ pub struct ConvertArgs {
     pub input: PathBuf,
     /// The safetensors file to write (atomically).
     pub output: PathBuf,
-    /// Cast every floating tensor to this dtype (f32, f64, f16, bf16); default: keep.
-    #[arg(long, value_parser = super::parse_dtype)]
+    /// Cast every floating tensor to this dtype (default: keep).
+    #[arg(long, value_parser = super::choices::DtypeParser)]
     pub dtype: Option<DType>,
     /// Keep only the tensors under this prefix, with the prefix removed (e.g. to extract
     /// `layers.0.self_attn` as a bare nn.MultiheadAttention state_dict).

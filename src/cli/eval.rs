@@ -12,6 +12,7 @@ use candle_mha::data::{consecutive_windows, windows_dataset, Codec, Dataset, Exa
 use candle_mha::device::select_device;
 use candle_mha::training::{evaluate_examples, BigramBaseline, Evaluation};
 
+use super::choices::Baseline;
 use super::data_source::{
     checkpoint_corpus, example_text_bytes, run_data_spec, target_bytes, Corpus, DataSpec, RunSplit,
     DEFAULT_EVAL_WINDOWS,
@@ -35,20 +36,20 @@ pub struct EvalArgs {
     #[arg(long)]
     pub data: Option<PathBuf>,
     /// Also evaluate count models fit on the data's training part (unigram and bigram), on
-    /// the same tokens: `bigram`. Needs prepared data (--data, or a run trained on it).
-    #[arg(long, value_parser = ["bigram"])]
-    pub baseline: Option<String>,
+    /// the same tokens. Needs prepared data (--data, or a run trained on it).
+    #[arg(long, value_enum)]
+    pub baseline: Option<Baseline>,
     /// Windows of prepared data evaluated at most (evenly spread over its validation part).
     #[arg(long, default_value_t = DEFAULT_EVAL_WINDOWS)]
     pub max_windows: usize,
     /// Sequences per batch.
     #[arg(long, default_value_t = 64)]
     pub batch_size: usize,
-    /// auto, cpu, cuda or cuda:N.
-    #[arg(long, default_value = "auto")]
+    /// Where to run.
+    #[arg(long, default_value = "auto", value_parser = super::choices::DeviceParser)]
     pub device: String,
-    /// Compute dtype: f32, f64, f16 or bf16.
-    #[arg(long, default_value = "f32", value_parser = super::parse_dtype)]
+    /// Compute dtype.
+    #[arg(long, default_value = "f32", value_parser = super::choices::DtypeParser)]
     pub dtype: DType,
     /// Also write `logits_check.safetensors` (the first batch's tokens, padding mask and
     /// logits) into the checkpoint, for `scripts/reference_model.py DIR` to compare in PyTorch.
@@ -169,7 +170,7 @@ pub fn run(args: &EvalArgs) -> Result<()> {
             ("logits".to_string(), logits.to_dtype(DType::F32)?),
         ])
         .save_safetensors(&path)?;
-        println!(
+        eprintln!(
             "wrote {}: check it with scripts/reference_model.py {}",
             path.display(),
             args.checkpoint.display()

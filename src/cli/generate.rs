@@ -37,11 +37,11 @@ pub struct GenerateArgs {
     /// Sampling seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// auto, cpu, cuda or cuda:N.
-    #[arg(long, default_value = "auto")]
+    /// Where to run.
+    #[arg(long, default_value = "auto", value_parser = super::choices::DeviceParser)]
     pub device: String,
-    /// Compute dtype: f32, f64, f16 or bf16.
-    #[arg(long, default_value = "f32", value_parser = super::parse_dtype)]
+    /// Compute dtype.
+    #[arg(long, default_value = "f32", value_parser = super::choices::DtypeParser)]
     pub dtype: DType,
 }
 

@@ -6,12 +6,14 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use candle_mha::analysis::{
     attention_rollout, format_table, fuse_heads, head_stats, heatmap, AttentionGraph, GraphOptions,
-    HeadFusion, HeatmapOptions, RolloutFusion, TableOptions,
+    HeatmapOptions, TableOptions,
 };
 use candle_mha::candle::{DType, Tensor};
 use candle_mha::checkpoint::write_atomic;
 use candle_mha::data::{Codec, TextWindows};
 use candle_mha::device::select_device;
+
+use super::choices::Fusion;
 
 /// Arguments of `mha inspect`.
 #[derive(clap::Args, Debug)]
@@ -36,9 +38,9 @@ pub struct InspectArgs {
     /// One head (0-based) instead of all heads fused.
     #[arg(long)]
     pub head: Option<usize>,
-    /// How heads are fused when --head is not given: mean (PyTorch's average), max or min.
-    #[arg(long, default_value = "mean")]
-    pub fusion: String,
+    /// How heads are fused when --head is not given.
+    #[arg(long, value_enum, default_value_t = Fusion::Mean)]
+    pub fusion: Fusion,
     /// Also print every head's table.
     #[arg(long)]
     pub all_heads: bool,
@@ -69,18 +71,9 @@ pub struct InspectArgs {
     /// Colour the tables (ANSI).
     #[arg(long)]
     pub color: bool,
-    /// auto, cpu, cuda or cuda:N.
-    #[arg(long, default_value = "auto")]
+    /// Where to run.
+    #[arg(long, default_value = "auto", value_parser = super::choices::DeviceParser)]
     pub device: String,
-}
-
-fn parse_fusion(s: &str) -> Result<(HeadFusion, RolloutFusion)> {
-    Ok(match s {
-        "mean" => (HeadFusion::Mean, RolloutFusion::Mean),
-        "max" => (HeadFusion::Max, RolloutFusion::Max),
-        "min" => (HeadFusion::Min, RolloutFusion::Min),
-        other => bail!("--fusion {other}: expected mean, max or min"),
-    })
 }
 
 /// Runs `mha inspect`.
@@ -88,7 +81,7 @@ pub fn run(args: &InspectArgs) -> Result<()> {
     let (device, notice) = select_device(&args.device)?;
     eprintln!("{notice}");
     let ckpt = super::checkpoint_dir::open(&args.checkpoint, DType::F32, &device)?;
-    let (fusion, rollout_fusion) = parse_fusion(&args.fusion)?;
+    let (fusion, rollout_fusion) = args.fusion.head_and_rollout();
     let max_len = ckpt.model.config().max_len;
     let ids = match (&args.input, &args.input_file, &ckpt.codec) {
         (Some(input), _, codec) => codec.encode_prompt(input)?,
@@ -199,7 +192,7 @@ pub fn run(args: &InspectArgs) -> Result<()> {
             false => heatmap::heatmap_png(&matrix, &labels, &labels, &hopts)?,
         };
         write_atomic(p, &bytes)?;
-        println!("wrote {}", p.display());
+        eprintln!("wrote {}", p.display());
     }
     if let Some(p) = &args.svg {
         let svg = match args.all_heads {
@@ -207,7 +200,7 @@ pub fn run(args: &InspectArgs) -> Result<()> {
             false => heatmap::heatmap_svg(&matrix, &labels, &labels, &hopts)?,
         };
         write_atomic(p, svg.as_bytes())?;
-        println!("wrote {}", p.display());
+        eprintln!("wrote {}", p.display());
     }
     if args.dot.is_some() || args.graphml.is_some() {
         // Positions make node names unique when a token repeats.
@@ -224,11 +217,11 @@ pub fn run(args: &InspectArgs) -> Result<()> {
         let graph = AttentionGraph::from_matrix(&matrix, &nodes, &nodes, &gopts)?;
         if let Some(p) = &args.dot {
             write_atomic(p, graph.to_dot().as_bytes())?;
-            println!("wrote {} ({} edges)", p.display(), graph.edges.len());
+            eprintln!("wrote {} ({} edges)", p.display(), graph.edges.len());
         }
         if let Some(p) = &args.graphml {
             write_atomic(p, graph.to_graphml().as_bytes())?;
-            println!("wrote {} ({} edges)", p.display(), graph.edges.len());
+            eprintln!("wrote {} ({} edges)", p.display(), graph.edges.len());
         }
     }
     Ok(())

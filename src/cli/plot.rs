@@ -105,13 +105,13 @@ pub fn run(args: &PlotArgs) -> Result<()> {
     if let Some(path) = &args.png {
         let png = plot.to_png()?;
         save(path, &png).with_context(|| format!("writing the PNG {}", path.display()))?;
-        println!("wrote {}", path.display());
+        eprintln!("wrote {}", path.display());
     }
     if let Some(path) = &args.svg {
         let svg = plot.to_svg()?;
         save(path, svg.as_bytes())
             .with_context(|| format!("writing the SVG {}", path.display()))?;
-        println!("wrote {}", path.display());
+        eprintln!("wrote {}", path.display());
     }
     Ok(())
 }

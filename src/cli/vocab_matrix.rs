@@ -39,8 +39,8 @@ pub struct VocabMatrixArgs {
     /// Sequences per batch.
     #[arg(long, default_value_t = 64)]
     pub batch_size: usize,
-    /// auto, cpu, cuda or cuda:N.
-    #[arg(long, default_value = "auto")]
+    /// Where to run.
+    #[arg(long, default_value = "auto", value_parser = super::choices::DeviceParser)]
     pub device: String,
 }
 
@@ -106,7 +106,7 @@ pub fn run(args: &VocabMatrixArgs) -> Result<()> {
         vm.to_csv(&labels).as_bytes(),
     )?;
     vm.save_safetensors(out.join("vocab_matrix.safetensors"))?;
-    println!(
+    eprintln!(
         "wrote {}/vocab_matrix.csv and vocab_matrix.safetensors",
         out.display()
     );

@@ -1,0 +1,243 @@
+//! The arguments of `mha train`, and the run and model configurations they make. Options
+//! left out take their defaults from the configurations of the data's kind:
+//! [`TrainConfig::default`] and [`NextTokenPredictorConfig::new`] for token sequences (the
+//! synthetic task, token files), [`TrainConfig::for_text`] and
+//! [`NextTokenPredictorConfig::for_text`] for text and prepared data; `--help` shows them.
+
+use std::fmt::Display;
+use std::path::PathBuf;
+
+use candle_mha::candle::DType;
+use candle_mha::models::NextTokenPredictorConfig;
+use candle_mha::training::TrainConfig;
+
+use crate::cli::data_source::DEFAULT_EVAL_WINDOWS;
+
+/// Help text of a run option: `what`, then its default from the configurations (one value,
+/// or one per kind of data where they differ).
+fn run_default<T: Display + PartialEq>(what: &str, field: impl Fn(&TrainConfig) -> T) -> String {
+    by_kind(
+        what,
+        field(&TrainConfig::default()),
+        field(&TrainConfig::for_text()),
+    )
+}
+
+/// Help text of a model option, as [`run_default`].
+fn model_default<T: Display + PartialEq>(
+    what: &str,
+    field: impl Fn(&NextTokenPredictorConfig) -> T,
+) -> String {
+    by_kind(
+        what,
+        field(&NextTokenPredictorConfig::new(0)),
+        field(&NextTokenPredictorConfig::for_text(0)),
+    )
+}
+
+fn by_kind<T: Display + PartialEq>(what: &str, sequences: T, text: T) -> String {
+    if sequences == text {
+        format!("{what} [default: {sequences}]")
+    } else {
+        format!("{what} [default: {sequences} for token sequences, {text} for text and --data]")
+    }
+}
+
+/// Arguments of `mha train`. With no data option it trains on the built-in associative-recall
+/// task. Options left out take the defaults of the data's kind (see the module's comment).
+#[derive(clap::Args, Debug)]
+pub struct TrainArgs {
+    /// Train on a token file: one sequence per line, whitespace-separated symbols or ids.
+    #[arg(long, conflicts_with_all = ["text", "data"])]
+    pub tokens: Option<PathBuf>,
+    /// Train on text (files, directories, globs): prepared into OUT/data first, as
+    /// `mha prepare` would, then trained on as --data.
+    #[arg(long, num_args = 1.., conflicts_with = "data")]
+    pub text: Vec<PathBuf>,
+    /// Train on a data directory written by `mha prepare` (memory-mapped).
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// A tokenizers `tokenizer.json` for --text (default: train a byte-level BPE); with
+    /// --data it must be the data's own.
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// Vocabulary size of the BPE trained for --text (at least 260).
+    #[arg(long, visible_alias = "vocab-size", default_value_t = 512)]
+    pub bpe_vocab: usize,
+    /// Megabytes of text the BPE for --text is trained on.
+    #[arg(long, default_value_t = 8.0)]
+    pub bpe_sample_mb: f64,
+    /// Checkpoint directory (model.safetensors, config.json, vocabulary, optimizer, state,
+    /// metrics.jsonl, best/).
+    #[arg(long, default_value = "runs/mha")]
+    pub out: PathBuf,
+    /// Continue the run in --out exactly where it stopped.
+    #[arg(long)]
+    pub resume: bool,
+    /// Optimizer steps (with --resume: the new total).
+    #[arg(long, help = run_default("Optimizer steps (with --resume: the new total)", |c| c.steps))]
+    pub steps: Option<u64>,
+    /// Sequences per micro-batch.
+    #[arg(long, help = run_default("Sequences per micro-batch", |c| c.batch_size))]
+    pub batch_size: Option<usize>,
+    /// Micro-batches accumulated into one update (effective batch = batch size × this).
+    #[arg(long, help = run_default(
+        "Micro-batches accumulated into one update (effective batch = batch size × this)",
+        |c| c.grad_accum,
+    ))]
+    pub grad_accum: Option<usize>,
+    /// Peak learning rate (warmup, then cosine to lr/10).
+    #[arg(long, help = run_default("Peak learning rate (warmup, then cosine to lr/10)", |c| c.lr))]
+    pub lr: Option<f64>,
+    /// Warmup steps.
+    #[arg(long, help = run_default("Warmup steps", |c| c.warmup_steps))]
+    pub warmup: Option<u64>,
+    /// AdamW weight decay.
+    #[arg(long, help = run_default("AdamW weight decay", |c| c.weight_decay))]
+    pub weight_decay: Option<f64>,
+    /// Gradient-norm clip (0 = off).
+    #[arg(long, help = run_default("Gradient-norm clip (0 = off)", |c| c.clip_norm))]
+    pub clip: Option<f64>,
+    /// Model width.
+    #[arg(long, help = model_default("Model width", |c| c.embed_dim))]
+    pub embed_dim: Option<usize>,
+    /// Attention heads per block.
+    #[arg(long, help = model_default("Attention heads per block", |c| c.num_heads))]
+    pub num_heads: Option<usize>,
+    /// Transformer blocks.
+    #[arg(long, help = model_default("Transformer blocks", |c| c.num_layers))]
+    pub num_layers: Option<usize>,
+    /// MLP width (default 4 × embed_dim).
+    #[arg(long)]
+    pub ff_dim: Option<usize>,
+    /// Context length (default: the longest sequence of token data; 128 for text).
+    #[arg(long, help = format!(
+        "Context length [default: the longest sequence of token data, {} for text and --data]",
+        NextTokenPredictorConfig::for_text(0).max_len
+    ))]
+    pub max_len: Option<usize>,
+    /// Attention dropout.
+    #[arg(long, help = model_default("Attention dropout", |c| c.dropout))]
+    pub dropout: Option<f64>,
+    /// Dropout on the embeddings and on each block's outputs into the residual stream.
+    #[arg(long, help = model_default(
+        "Dropout on the embeddings and on each block's outputs into the residual stream",
+        |c| c.resid_dropout,
+    ))]
+    pub resid_dropout: Option<f64>,
+    /// Evaluate every N steps.
+    #[arg(long, help = run_default("Evaluate every N steps", |c| c.eval_every))]
+    pub eval_every: Option<u64>,
+    /// Checkpoint every N steps.
+    #[arg(long, help = run_default("Checkpoint every N steps", |c| c.save_every))]
+    pub save_every: Option<u64>,
+    /// Stop after N evaluations without a new best validation loss (0 = never).
+    #[arg(long, help = run_default(
+        "Stop after N evaluations without a new best validation loss (0 = never)",
+        |c| c.early_stop,
+    ))]
+    pub early_stop: Option<u64>,
+    /// Validation windows evaluated at most (text and --data; evenly spread over the tail).
+    #[arg(long, default_value_t = DEFAULT_EVAL_WINDOWS)]
+    pub eval_windows: usize,
+    /// Fraction held out for validation: random sequences of a token file, the tail of text
+    /// (default 0.1; with --data, the data's own split).
+    #[arg(long)]
+    pub val_fraction: Option<f64>,
+    /// Seed of initialisation, data split, batch order and dropout.
+    #[arg(long, help = run_default(
+        "Seed of initialisation, data split, batch order and dropout",
+        |c| c.seed,
+    ))]
+    pub seed: Option<u64>,
+    /// Where to run.
+    #[arg(long, default_value = "auto", value_parser = crate::cli::choices::DeviceParser)]
+    pub device: String,
+    /// Parameter dtype (training runs in f32 or f64).
+    #[arg(long, default_value = "f32", value_parser = crate::cli::choices::DtypeParser)]
+    pub dtype: DType,
+    /// Synthetic task: number of keys.
+    #[arg(long, default_value_t = 16)]
+    pub keys: usize,
+    /// Synthetic task: number of values.
+    #[arg(long, default_value_t = 16)]
+    pub values: usize,
+    /// Synthetic task: key–value pairs shown per example.
+    #[arg(long, default_value_t = 4)]
+    pub pairs: usize,
+    /// Synthetic task: training examples.
+    #[arg(long, default_value_t = 20_000)]
+    pub train_examples: usize,
+    /// No progress bar (log lines instead).
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+impl TrainArgs {
+    /// Whether the run trains on text or prepared data (rather than token sequences).
+    pub fn is_text(&self) -> bool {
+        !self.text.is_empty() || self.data.is_some()
+    }
+
+    /// The run's configuration: the preset of the data's kind with the options given.
+    pub fn train_config(&self) -> TrainConfig {
+        let base = if self.is_text() {
+            TrainConfig::for_text()
+        } else {
+            TrainConfig::default()
+        };
+        let lr = self.lr.unwrap_or(base.lr);
+        TrainConfig {
+            steps: self.steps.unwrap_or(base.steps),
+            batch_size: self.batch_size.unwrap_or(base.batch_size),
+            grad_accum: self.grad_accum.unwrap_or(base.grad_accum),
+            early_stop: self.early_stop.unwrap_or(base.early_stop),
+            lr,
+            // The presets decay to a tenth of the peak; so does a peak given here.
+            min_lr: lr / 10.0,
+            warmup_steps: self.warmup.unwrap_or(base.warmup_steps),
+            weight_decay: self.weight_decay.unwrap_or(base.weight_decay),
+            clip_norm: self.clip.unwrap_or(base.clip_norm),
+            eval_every: self.eval_every.unwrap_or(base.eval_every),
+            save_every: self.save_every.unwrap_or(base.save_every),
+            seed: self.seed(),
+            ..base
+        }
+    }
+
+    /// The seed of initialisation, data split, batch order and dropout.
+    pub fn seed(&self) -> u64 {
+        self.seed.unwrap_or(TrainConfig::default().seed)
+    }
+
+    /// The context length asked for, or the text preset's (token data: none, the longest
+    /// sequence decides).
+    pub fn max_len(&self) -> Option<usize> {
+        self.max_len.or_else(|| {
+            self.is_text()
+                .then(|| NextTokenPredictorConfig::for_text(0).max_len)
+        })
+    }
+
+    /// The model of a new run on `vocab_size` ids whose longest sequence has `longest`
+    /// tokens: the preset of the data's kind with the options given.
+    pub fn model_config(&self, vocab_size: usize, longest: usize) -> NextTokenPredictorConfig {
+        let base = if self.is_text() {
+            NextTokenPredictorConfig::for_text(vocab_size)
+        } else {
+            NextTokenPredictorConfig::new(vocab_size)
+        };
+        let embed_dim = self.embed_dim.unwrap_or(base.embed_dim);
+        NextTokenPredictorConfig {
+            vocab_size,
+            max_len: self.max_len().unwrap_or(longest.saturating_sub(1).max(1)),
+            embed_dim,
+            num_heads: self.num_heads.unwrap_or(base.num_heads),
+            num_layers: self.num_layers.unwrap_or(base.num_layers),
+            // The presets' MLPs are 4 × their width; a width given here keeps the ratio.
+            ff_dim: self.ff_dim.unwrap_or(4 * embed_dim),
+            dropout: self.dropout.unwrap_or(base.dropout),
+            resid_dropout: self.resid_dropout.unwrap_or(base.resid_dropout),
+        }
+    }
+}
