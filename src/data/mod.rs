@@ -17,6 +17,7 @@ mod batch;
 mod codec;
 mod dataset;
 mod example;
+mod prepare;
 mod prepared;
 mod source;
 mod synthetic;
@@ -31,9 +32,10 @@ pub use batch::Batch;
 pub use codec::{Codec, TOKENIZER_FILE, VOCAB_FILE};
 pub use dataset::Dataset;
 pub use example::Example;
+pub use prepare::{prepare_text, prepare_token_files, PrepareOptions, PrepareProgress};
 pub use prepared::{
-    prepare_text, prepare_token_files, sha256_hex, split_point, PrepareOptions, PrepareProgress,
-    SourceFile, TokenData, TokenDataMeta, TokenDtype, DATA_FORMAT, META_FILE, TOKENS_FILE,
+    sha256_hex, split_point, SourceFile, TokenData, TokenDataMeta, TokenDtype, DATA_FORMAT,
+    META_FILE, TOKENS_FILE,
 };
 pub use source::{EvalSet, TrainSource, WindowSource};
 pub use synthetic::AssociativeRecall;
