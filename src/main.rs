@@ -17,6 +17,9 @@ mod cli;
 use clap::{Parser, Subcommand};
 
 /// PyTorch's nn.MultiheadAttention on candle: checkpoints, training, analysis.
+///
+/// Each command writes its product (tables, generated text, evaluations, the run's result) on
+/// stdout, and its notices (device, progress, files written, warnings) on stderr.
 #[derive(Parser, Debug)]
 #[command(name = "mha", version, about)]
 struct Cli {

@@ -93,6 +93,21 @@ pub struct Data {
     pub longest: usize,
 }
 
+impl Data {
+    /// Sequences split by `(val_fraction, seed)` into training and validation sets.
+    fn split(data: Dataset, val_fraction: f64, seed: u64, codec: Codec) -> Self {
+        let longest = data.max_len();
+        let (train, val) = data.split(val_fraction, seed);
+        Self {
+            train: TrainData::Sequences(train),
+            val,
+            val_bytes: None,
+            codec,
+            longest,
+        }
+    }
+}
+
 /// The UTF-8 bytes of text that the targets of `example` (every token but its first) stand
 /// for; 0 unless `codec` is a text tokenizer.
 pub fn example_text_bytes(codec: &Codec, example: &Example) -> candle::Result<u64> {
@@ -203,15 +218,7 @@ impl DataSpec {
                     )
                 }
                 let data = encode_sequences(&seqs, vocab);
-                let longest = data.max_len();
-                let (train, val) = data.split(*val_fraction, *seed);
-                Ok(Data {
-                    train: TrainData::Sequences(train),
-                    val,
-                    val_bytes: None,
-                    codec,
-                    longest,
-                })
+                Ok(Data::split(data, *val_fraction, *seed, codec))
             }
             Self::Text {
                 path,
@@ -232,15 +239,12 @@ impl DataSpec {
                 };
                 let window = max_tokens.unwrap_or(65);
                 let data = text_dataset(path, &tok, window)?;
-                let longest = data.max_len();
-                let (train, val) = data.split(*val_fraction, *seed);
-                Ok(Data {
-                    train: TrainData::Sequences(train),
-                    val,
-                    val_bytes: None,
-                    codec: Codec::Text(Box::new(tok)),
-                    longest,
-                })
+                Ok(Data::split(
+                    data,
+                    *val_fraction,
+                    *seed,
+                    Codec::Text(Box::new(tok)),
+                ))
             }
             Self::Prepared {
                 dir,

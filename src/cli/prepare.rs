@@ -6,9 +6,16 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use candle_mha::data::{
-    expand_sources, prepare_text, prepare_token_files, PrepareOptions, TextTokenizer, TokenDataMeta,
+    expand_sources, prepare_text, prepare_token_files, PrepareOptions, TextTokenizer,
+    TokenDataMeta, DEFAULT_CHUNK_BYTES,
 };
 use indicatif::{ProgressBar, ProgressStyle};
+
+/// Vocabulary size of the BPE trained when no tokenizer is given (`mha prepare`,
+/// `mha train --text`).
+pub const DEFAULT_BPE_VOCAB: usize = 512;
+/// Megabytes of text that BPE is trained on.
+pub const DEFAULT_BPE_SAMPLE_MB: f64 = 8.0;
 
 /// Arguments of `mha prepare`.
 #[derive(clap::Args, Debug)]
@@ -26,16 +33,16 @@ pub struct PrepareArgs {
     #[arg(long, conflicts_with = "tokens")]
     pub tokenizer: Option<PathBuf>,
     /// Vocabulary size of the trained BPE (at least 260).
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = DEFAULT_BPE_VOCAB)]
     pub vocab_size: usize,
     /// Megabytes of text the BPE is trained on (a sample spread over the files).
-    #[arg(long, default_value_t = 8.0)]
+    #[arg(long, default_value_t = DEFAULT_BPE_SAMPLE_MB)]
     pub bpe_sample_mb: f64,
     /// Fraction of the token stream held out for validation (its tail), in [0, 1).
-    #[arg(long, default_value_t = 0.1)]
+    #[arg(long, default_value_t = PrepareOptions::default().val_fraction)]
     pub val_fraction: f64,
     /// Kilobytes of text encoded at a time per thread.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = DEFAULT_CHUNK_BYTES / 1024)]
     pub chunk_kb: usize,
     /// No progress bar.
     #[arg(long)]

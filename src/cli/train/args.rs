@@ -8,10 +8,12 @@ use std::fmt::Display;
 use std::path::PathBuf;
 
 use candle_mha::candle::DType;
+use candle_mha::data::PrepareOptions;
 use candle_mha::models::NextTokenPredictorConfig;
 use candle_mha::training::TrainConfig;
 
 use crate::cli::data_source::DEFAULT_EVAL_WINDOWS;
+use crate::cli::prepare::{DEFAULT_BPE_SAMPLE_MB, DEFAULT_BPE_VOCAB};
 
 /// Help text of a run option: `what`, then its default from the configurations (one value,
 /// or one per kind of data where they differ).
@@ -62,10 +64,10 @@ pub struct TrainArgs {
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
     /// Vocabulary size of the BPE trained for --text (at least 260).
-    #[arg(long, visible_alias = "vocab-size", default_value_t = 512)]
+    #[arg(long, visible_alias = "vocab-size", default_value_t = DEFAULT_BPE_VOCAB)]
     pub bpe_vocab: usize,
     /// Megabytes of text the BPE for --text is trained on.
-    #[arg(long, default_value_t = 8.0)]
+    #[arg(long, default_value_t = DEFAULT_BPE_SAMPLE_MB)]
     pub bpe_sample_mb: f64,
     /// Checkpoint directory (model.safetensors, config.json, vocabulary, optimizer, state,
     /// metrics.jsonl, best/).
@@ -141,8 +143,12 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = DEFAULT_EVAL_WINDOWS)]
     pub eval_windows: usize,
     /// Fraction held out for validation: random sequences of a token file, the tail of text
-    /// (default 0.1; with --data, the data's own split).
-    #[arg(long)]
+    /// (with --data: the data's own split unless given).
+    #[arg(long, help = format!(
+        "Fraction held out for validation: random sequences of a token file, the tail of text \
+         [default: {}; with --data, the data's own split]",
+        PrepareOptions::default().val_fraction
+    ))]
     pub val_fraction: Option<f64>,
     /// Seed of initialisation, data split, batch order and dropout.
     #[arg(long, help = run_default(
@@ -203,6 +209,12 @@ impl TrainArgs {
             seed: self.seed(),
             ..base
         }
+    }
+
+    /// The fraction held out for validation (token files, text).
+    pub fn val_fraction(&self) -> f64 {
+        self.val_fraction
+            .unwrap_or(PrepareOptions::default().val_fraction)
     }
 
     /// The seed of initialisation, data split, batch order and dropout.

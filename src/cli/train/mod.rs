@@ -10,7 +10,9 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use candle_mha::candle::DType;
-use candle_mha::data::{split_point, Codec, EvalSet, TextTokenizer, TokenData, META_FILE};
+use candle_mha::data::{
+    split_point, Codec, EvalSet, TextTokenizer, TokenData, DEFAULT_CHUNK_BYTES, META_FILE,
+};
 use candle_mha::device::select_device;
 use candle_mha::models::{NextTokenPredictor, NextTokenPredictorConfig};
 use candle_mha::seeded_var_builder;
@@ -37,8 +39,8 @@ fn prepare_run_text(args: &TrainArgs) -> Result<std::path::PathBuf> {
         tokenizer: args.tokenizer.as_deref(),
         vocab_size: args.bpe_vocab,
         bpe_sample_mb: args.bpe_sample_mb,
-        val_fraction: args.val_fraction.unwrap_or(0.1),
-        chunk_kb: 1024,
+        val_fraction: args.val_fraction(),
+        chunk_kb: DEFAULT_CHUNK_BYTES / 1024,
         quiet: args.quiet,
     };
     if dir.join(META_FILE).exists() {
@@ -110,7 +112,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         let spec = if let Some(p) = &args.tokens {
             DataSpec::Tokens {
                 path: p.clone(),
-                val_fraction: args.val_fraction.unwrap_or(0.1),
+                val_fraction: args.val_fraction(),
                 seed: args.seed(),
             }
         } else if text_kind {
