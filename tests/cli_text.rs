@@ -274,3 +274,52 @@ fn bad_data_and_settings_are_errors_and_leave_the_run_alone() -> Result<()> {
     assert!(!ok && err.contains("already holds prepared data"), "{err}");
     Ok(())
 }
+
+/// Options left out take the library's text presets: prepared data trains with
+/// `TrainConfig::for_text()` and the model of `NextTokenPredictorConfig::for_text`.
+#[test]
+fn options_left_out_take_the_text_presets() -> Result<()> {
+    use candle_mha::models::NextTokenPredictorConfig;
+    use candle_mha::training::{TrainConfig, TrainerState};
+
+    let dir = tempfile::tempdir()?;
+    let data = dir.path().join("data");
+    let (ok, _, err) = mha(&[
+        "prepare",
+        "--text",
+        s(&english()),
+        "--out",
+        s(&data),
+        "--vocab-size",
+        "300",
+        "--quiet",
+    ])?;
+    assert!(ok, "{err}");
+    let run = dir.path().join("run");
+    let (ok, _, err) = mha(&[
+        "train",
+        "--data",
+        s(&data),
+        "--out",
+        s(&run),
+        "--steps",
+        "1",
+        "--quiet",
+    ])?;
+    assert!(ok, "{err}");
+    let state: TrainerState =
+        serde_json::from_str(&std::fs::read_to_string(run.join("trainer_state.json"))?)?;
+    assert_eq!(
+        state.config,
+        TrainConfig {
+            steps: 1,
+            // The command line decays to a tenth of the peak, as its --help says.
+            min_lr: TrainConfig::for_text().lr / 10.0,
+            ..TrainConfig::for_text()
+        }
+    );
+    let model = NextTokenPredictorConfig::load(run.join("config.json"))?;
+    assert_eq!(model, NextTokenPredictorConfig::for_text(model.vocab_size));
+    assert!((256..=300).contains(&model.vocab_size), "{model:?}");
+    Ok(())
+}

@@ -253,3 +253,48 @@ fn bad_data_and_checkpoints_are_clear_errors() -> Result<()> {
     );
     Ok(())
 }
+
+/// Options left out take the library's presets: a token file trains with
+/// `TrainConfig::default()` and the model of `NextTokenPredictorConfig::new`, its context the
+/// data's longest sequence.
+#[test]
+fn options_left_out_take_the_sequence_presets() -> Result<()> {
+    use candle_mha::models::NextTokenPredictorConfig;
+    use candle_mha::training::{TrainConfig, TrainerState};
+
+    let dir = tempfile::tempdir()?;
+    let data = dir.path().join("events.txt");
+    write_events(&data, 20)?;
+    let out = dir.path().join("run");
+    let (ok, _, stderr) = mha(&[
+        "train",
+        "--tokens",
+        data.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--steps",
+        "1",
+        "--quiet",
+    ])?;
+    assert!(ok, "{stderr}");
+    let state: TrainerState =
+        serde_json::from_str(&std::fs::read_to_string(out.join("trainer_state.json"))?)?;
+    assert_eq!(
+        state.config,
+        TrainConfig {
+            steps: 1,
+            // The command line decays to a tenth of the peak, as its --help says.
+            min_lr: TrainConfig::default().lr / 10.0,
+            ..TrainConfig::default()
+        }
+    );
+    // 9 ids (4 specials, T1..T5); the longest sequence has 8 tokens (BOS, 6 symbols, EOS).
+    assert_eq!(
+        NextTokenPredictorConfig::load(out.join("config.json"))?,
+        NextTokenPredictorConfig {
+            max_len: 7,
+            ..NextTokenPredictorConfig::new(9)
+        }
+    );
+    Ok(())
+}
