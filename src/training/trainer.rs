@@ -53,8 +53,9 @@ impl Trainer {
                 lr: config.lr,
                 beta1: config.beta1,
                 beta2: config.beta2,
-                eps: 1e-8,
                 weight_decay: config.weight_decay,
+                // PyTorch's eps (1e-8).
+                ..AdamWConfig::default()
             },
         )?;
         // After the optimizer, which checks lr (min_lr derives from it in the CLI).
