@@ -132,6 +132,19 @@ fn a_small_model_trained_on_english_beats_the_unigram_entropy() -> Result<()> {
     Ok(())
 }
 
+/// `mha prepare` of the English fixture into `out` with a BPE of `vocab_size` ids.
+fn prepare_english(out: &Path, vocab_size: &str) -> Result<(bool, String, String)> {
+    mha(&[
+        "prepare",
+        "--text",
+        s(&english()),
+        "--out",
+        s(out),
+        "--vocab-size",
+        vocab_size,
+    ])
+}
+
 fn refs(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }
@@ -140,15 +153,7 @@ fn refs(v: &[String]) -> Vec<&str> {
 fn bad_data_and_settings_are_errors_and_leave_the_run_alone() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let data = dir.path().join("data");
-    let (ok, out, err) = mha(&[
-        "prepare",
-        "--text",
-        s(&english()),
-        "--out",
-        s(&data),
-        "--vocab-size",
-        "300",
-    ])?;
+    let (ok, out, err) = prepare_english(&data, "300")?;
     assert!(ok, "{out}\n{err}");
     assert!(out.contains("tokens (U16, 300 ids)"), "{out}");
     let run = dir.path().join("run");
@@ -219,15 +224,7 @@ fn bad_data_and_settings_are_errors_and_leave_the_run_alone() -> Result<()> {
     )?;
     // A tokenizer that is not the data's.
     let other = dir.path().join("other");
-    let (ok, _, err) = mha(&[
-        "prepare",
-        "--text",
-        s(&english()),
-        "--out",
-        s(&other),
-        "--vocab-size",
-        "280",
-    ])?;
+    let (ok, _, err) = prepare_english(&other, "280")?;
     assert!(ok, "{err}");
     let tok = other.join("tokenizer.json");
     let r3 = dir.path().join("r3");
@@ -284,16 +281,7 @@ fn options_left_out_take_the_text_presets() -> Result<()> {
 
     let dir = tempfile::tempdir()?;
     let data = dir.path().join("data");
-    let (ok, _, err) = mha(&[
-        "prepare",
-        "--text",
-        s(&english()),
-        "--out",
-        s(&data),
-        "--vocab-size",
-        "300",
-        "--quiet",
-    ])?;
+    let (ok, _, err) = prepare_english(&data, "300")?;
     assert!(ok, "{err}");
     let run = dir.path().join("run");
     let (ok, _, err) = mha(&[
