@@ -156,7 +156,8 @@ impl std::fmt::Debug for TokenData {
 }
 
 impl TokenData {
-    /// Opens a data directory written by [`prepare_text`] or [`prepare_token_files`].
+    /// Opens a data directory written by [`prepare_text`](super::prepare_text) or
+    /// [`prepare_token_files`](super::prepare_token_files).
     ///
     /// Errors, naming the path: a missing directory or file, a `meta.json` that is not this
     /// format, a `tokens.bin` whose size does not match `num_tokens` × the dtype's width, a

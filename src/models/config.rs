@@ -33,7 +33,8 @@ pub struct NextTokenPredictorConfig {
 }
 
 impl NextTokenPredictorConfig {
-    /// A small model for `vocab_size` tokens: E = 64, 4 heads, 2 blocks, context 64.
+    /// A small model for `vocab_size` tokens: E = 64, 4 heads, 2 blocks, context 64; the
+    /// default of `mha train` on token sequences (with the data's longest sequence as context).
     pub fn new(vocab_size: usize) -> Self {
         Self {
             vocab_size,
@@ -49,9 +50,13 @@ impl NextTokenPredictorConfig {
 
     /// The model `mha train` builds for text by default: E = 128, 4 heads, 3 blocks,
     /// context 128, attention dropout 0.1, residual dropout 0.2. With the training schedule
-    /// `training::TrainConfig::for_text` it ends well below a
-    /// bigram model's validation loss on a few hundred KB of English in a few minutes on 2
-    /// cores. [`NextTokenPredictorConfig::new`] is the default for token sequences.
+    /// `training::TrainConfig::for_text` it ends well below a bigram model's validation loss
+    /// on a few hundred KB of English in a few minutes on 2 cores.
+    /// [`NextTokenPredictorConfig::new`] is the default for token sequences.
+    ///
+    /// PyTorch equivalent: `NextTokenPredictor(vocab_size, max_len=128, embed_dim=128,
+    /// num_heads=4, num_layers=3, ff_dim=512, dropout=0.1, resid_dropout=0.2)` in
+    /// `scripts/reference_model.py`.
     pub fn for_text(vocab_size: usize) -> Self {
         Self {
             vocab_size,

@@ -71,6 +71,9 @@ impl TrainConfig {
     /// on a few hundred KB of English ends well below a bigram model's validation loss in a
     /// few minutes on 2 cores. [`TrainConfig::default`] is for token sequences (the synthetic
     /// task, token files): small and fast.
+    ///
+    /// PyTorch equivalent: the settings of a nanoGPT config file such as
+    /// `config/train_shakespeare_char.py` (`learning_rate`, `min_lr = learning_rate / 10`, ...).
     pub fn for_text() -> Self {
         Self {
             steps: 1200,

@@ -1,5 +1,14 @@
 //! Training: an AdamW with saveable state, gradient clipping, a learning-rate schedule,
 //! evaluation, and the trainer that runs, checkpoints and resumes.
+//!
+//! - `config.rs`: [`TrainConfig`], the run's hyper-parameters and their defaults (token
+//!   sequences: `Default`; text: [`TrainConfig::for_text`]), which `mha train` reads.
+//! - `trainer.rs`: [`Trainer`], one step, evaluation, checkpoints, resume; `run.rs`: the loop
+//!   of a whole run; `state.rs`: what a run records ([`TrainerState`]) and reports
+//!   ([`StepStats`], [`TrainObserver`]).
+//! - `optim.rs` ([`AdamW`], also a `candle_nn::Optimizer`; its CPU kernel in `optim_cpu.rs`),
+//!   `schedule.rs` ([`LrSchedule`]), `evaluate.rs`, `metrics.rs` (`metrics.jsonl`),
+//!   `baseline.rs` (count models).
 
 mod baseline;
 mod config;
