@@ -38,6 +38,7 @@ pub mod analysis;
 pub mod attention;
 pub mod autograd;
 pub mod checkpoint;
+mod cpu;
 pub mod data;
 pub mod device;
 pub mod init;

@@ -13,6 +13,5 @@ pub mod softmax;
 
 pub(crate) use checks::is_float;
 pub use config::MultiheadAttentionConfig;
-pub(crate) use fused::linear;
 pub use mha::{multihead_attention, MultiheadAttention};
 pub use options::{AttentionKernel, AttentionOptions, AttentionOutput};

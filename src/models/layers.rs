@@ -53,7 +53,7 @@ impl Linear {
 
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        crate::attention::linear(x, &self.weight, self.bias.as_ref())
+        crate::cpu::linear(x, &self.weight, self.bias.as_ref())
     }
 }
 

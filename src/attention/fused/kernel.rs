@@ -8,8 +8,8 @@
 
 use rayon::prelude::*;
 
-use super::elem::Elem;
 use crate::attention::dropout::DropoutMask;
+use crate::cpu::{gemm, Elem, Threads};
 
 /// Query rows per forward tile.
 const BR: usize = 64;
@@ -158,57 +158,6 @@ fn drop_of<T: Elem>(mask: Option<&DropoutMask>) -> Option<Drop<T>> {
     })
 }
 
-/// `dst[m×n] (+)= alpha · lhs[m×k] · rhs[k×n]`, every matrix given by pointer, row stride and
-/// column stride, single-threaded.
-///
-/// # Safety
-/// Every addressed element must be in bounds; `dst` must not overlap the operands.
-#[allow(clippy::too_many_arguments)]
-#[inline]
-unsafe fn mm<T: Elem>(
-    (m, n, k): (usize, usize, usize),
-    dst: (*mut T, usize, usize),
-    accumulate: bool,
-    lhs: (*const T, usize, usize),
-    rhs: (*const T, usize, usize),
-    alpha: T,
-) {
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        if !accumulate {
-            for r in 0..m {
-                for c in 0..n {
-                    *dst.0.add(r * dst.1 + c * dst.2) = T::ZERO;
-                }
-            }
-        }
-        return;
-    }
-    gemm::gemm(
-        m,
-        n,
-        k,
-        dst.0,
-        dst.2 as isize,
-        dst.1 as isize,
-        accumulate,
-        lhs.0,
-        lhs.2 as isize,
-        lhs.1 as isize,
-        rhs.0,
-        rhs.2 as isize,
-        rhs.1 as isize,
-        T::ONE,
-        alpha,
-        false,
-        false,
-        false,
-        gemm::Parallelism::None,
-    )
-}
-
 /// The key tiles a query tile `[i0, i1)` needs: `(j0, cols, check_causal)`. Causal: keys
 /// after the tile's last query are skipped, and only tiles crossing the diagonal are checked
 /// element by element.
@@ -248,13 +197,14 @@ fn scores_tile<T: Elem>(
     unsafe {
         let qp = q.data.as_ptr().add(q.map.at(b, h, i0));
         let kp = k.data.as_ptr().add(k.map.at(b, h, j0));
-        mm(
+        gemm(
             (rows, cols, g.d),
             (s.as_mut_ptr(), ld, 1),
             false,
             (qp, q.map.si, 1),
             (kp, 1, k.map.si),
             T::from_f64(g.scale),
+            Threads::One,
         );
     }
     // Columns of this tile that masks apply to.
@@ -453,13 +403,14 @@ fn attend_tile<T: Elem>(
         // SAFETY: acc is rows × d, s rows × BC (cols used), v rows j0..j0+cols exist.
         unsafe {
             let vp = v.data.as_ptr().add(v.map.at(b, h, j0));
-            mm(
+            gemm(
                 (rows, d, cols),
                 (acc.as_mut_ptr(), d, 1),
                 true,
                 (s.as_ptr(), BC, 1),
                 (vp, v.map.si, 1),
                 T::ONE,
+                Threads::One,
             );
         }
     }
@@ -625,7 +576,7 @@ pub(crate) fn backward<T: Elem>(
                     probs_tile(s, BK, rows, cols, &lse[i0..i0 + rows]);
                     // SAFETY: d_out rows i0.. and v rows j0.. exist; dp is BK × BK.
                     unsafe {
-                        mm(
+                        gemm(
                             (rows, cols, d),
                             (dp.as_mut_ptr(), BK, 1),
                             false,
@@ -636,6 +587,7 @@ pub(crate) fn backward<T: Elem>(
                             ),
                             (v.data.as_ptr().add(v.map.at(b, h, j0)), 1, v.map.si),
                             T::ONE,
+                            Threads::One,
                         );
                     }
                     // s: P → P̃ (what multiplied v); dp: dP̃ → dS = P∘(dP − D).
@@ -669,7 +621,7 @@ pub(crate) fn backward<T: Elem>(
                         debug_assert!(dk.map.at(b, h, j0 + cols - 1) + d <= dk.len);
                         debug_assert!(dq.map.at(b, h, i0 + rows - 1) + d <= dq.len);
                         // dV_j += P̃ᵀ·dO_i
-                        mm(
+                        gemm(
                             (cols, d, rows),
                             (dvp, dv.map.si, 1),
                             true,
@@ -680,24 +632,27 @@ pub(crate) fn backward<T: Elem>(
                                 1,
                             ),
                             T::ONE,
+                            Threads::One,
                         );
                         // dQ_i += scale·dS·K_j
-                        mm(
+                        gemm(
                             (rows, d, cols),
                             (dqp, dq.map.si, 1),
                             true,
                             (dp.as_ptr(), BK, 1),
                             (k.data.as_ptr().add(k.map.at(b, h, j0)), k.map.si, 1),
                             scale,
+                            Threads::One,
                         );
                         // dK_j += scale·dSᵀ·Q_i
-                        mm(
+                        gemm(
                             (cols, d, rows),
                             (dkp, dk.map.si, 1),
                             true,
                             (dp.as_ptr(), 1, BK),
                             (q.data.as_ptr().add(q.map.at(b, h, i0)), q.map.si, 1),
                             scale,
+                            Threads::One,
                         );
                     }
                 }

@@ -13,13 +13,13 @@
 //! `F.scaled_dot_product_attention`'s CPU flash kernel computes), with the module's
 //! fully-masked-row rule (zeros, finite gradients) and its `bias_k` / zero-attention columns.
 
-pub(crate) mod elem;
 mod kernel;
-pub(crate) mod linear;
 mod op;
 mod projected;
 
+/// The fused linear is the CPU layer's (`crate::cpu::linear`); kept here for the module's
+/// imports.
+pub(crate) use crate::cpu::linear;
 pub(crate) use kernel::Geom;
-pub(crate) use linear::linear;
 pub(crate) use op::{FusedAttention, FusedWeights};
 pub(crate) use projected::projected_self_attention;

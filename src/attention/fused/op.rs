@@ -10,16 +10,17 @@
 //! A CUDA kernel slots in behind the same ops by implementing `cuda_fwd` (and the backward
 //! and weights passes on CUDA storage); the module only asks for the ops.
 
-use std::sync::{Arc, Mutex};
-
+use candle::backend::BackendStorage;
 use candle::{
-    CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Device, Layout, Result, Shape, Storage,
-    StorageRef, Tensor,
+    CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Device, Layout, Result, Shape, Tensor,
 };
 
-use super::elem::Elem;
 use super::kernel::{self, Geom, Masks, RowMap, Rows, RowsMut};
 use crate::attention::dropout::DropoutMask;
+use crate::cpu::{contiguous, slice, unsupported_dtype, Elem, Stash};
+
+/// The ops' name in errors.
+pub(super) const OP: &str = "fused attention";
 
 /// Everything one fused attention call needs besides q, k and v.
 #[derive(Clone, Debug)]
@@ -32,13 +33,14 @@ pub(crate) struct FusedAttention {
     /// Additive `(N, s_masked)` key padding mask (contiguous, kernel dtype, CPU).
     pub key_padding_mask: Option<Tensor>,
     pub dropout: Option<DropoutMask>,
-    /// The row log-sum-exp `(N, H, L)` of the forward pass, kept for backward and weights.
-    pub lse: Arc<Mutex<Option<Tensor>>>,
+    /// The row log-sum-exp `(N, H, L)` of the forward pass, kept for backward and weights
+    /// (shared by the clones of one call: the weights op is one).
+    pub lse: Stash<Tensor>,
     /// `Some(average)`: the call returns the weights, so the forward pass computes them too
     /// (one pass, [`kernel::forward_with_weights`]) and leaves them in `weights_slot` for the
     /// [`FusedWeights`] op, which then only hands them over.
     pub with_weights: Option<bool>,
-    pub weights_slot: Arc<Mutex<Option<(CpuStorage, Shape)>>>,
+    pub weights_slot: Stash<(CpuStorage, Shape)>,
 }
 
 /// Which columns of which argument q, k and v are.
@@ -60,24 +62,13 @@ impl Parts {
     }
 }
 
-fn slice_of<T: Elem>(storage: &CpuStorage) -> Result<&[T]> {
-    T::cpu_storage_as_slice(storage)
-}
-
-fn guard_slice<'a, T: Elem>(guard: &'a StorageRef<'_>) -> Result<&'a [T]> {
-    match &**guard {
-        Storage::Cpu(c) => slice_of::<T>(c),
-        _ => candle::bail!("fused attention: tensor is not on the CPU"),
-    }
-}
-
 impl FusedAttention {
     fn e(&self) -> usize {
         self.geom.h * self.geom.d
     }
 
     /// Row map of a `(A, B, C)` layout (A, B in the caller's order), the head split of
-    /// columns `[col0, col0 + E)`.
+    /// columns `[col0, col0 + E)`, relative to the layout's [`slice`].
     fn map_of(&self, layout: &Layout, col0: usize) -> Result<RowMap> {
         let (dims, st) = (layout.dims(), layout.stride());
         if dims.len() != 3 || st[2] != 1 {
@@ -91,7 +82,7 @@ impl FusedAttention {
             (st[0], st[1])
         };
         Ok(RowMap {
-            off: layout.start_offset() + col0,
+            off: col0,
             sb,
             sh: self.geom.d,
             si,
@@ -129,14 +120,11 @@ impl FusedAttention {
             .as_ref()
             .map(|m| m.storage_and_layout());
         let attn_slice = match &attn {
-            Some((g, l)) => Some((
-                &guard_slice::<T>(g)?[l.start_offset()..],
-                l.dims().len() == 3,
-            )),
+            Some((g, l)) => Some((contiguous::<T, _>(OP, &**g, l)?, l.dims().len() == 3)),
             None => None,
         };
         let kpm_slice = match &kpm {
-            Some((g, l)) => Some(&guard_slice::<T>(g)?[l.start_offset()..]),
+            Some((g, l)) => Some(contiguous::<T, _>(OP, &**g, l)?),
             None => None,
         };
         f(Masks {
@@ -148,15 +136,8 @@ impl FusedAttention {
     fn store_lse<T: Elem>(&self, lse: Vec<T>) -> Result<()> {
         let g = &self.geom;
         let t = Tensor::from_vec(lse, (g.n, g.h, g.l), &Device::Cpu)?;
-        *self.lse.lock().expect("lse lock") = Some(t);
+        self.lse.put(t);
         Ok(())
-    }
-
-    fn lse(&self) -> Result<Tensor> {
-        match &*self.lse.lock().expect("lse lock") {
-            Some(t) => Ok(t.clone()),
-            None => candle::bail!("fused attention: the forward pass has not run"),
-        }
     }
 
     /// Part `i` (0: q, 1: k, 2: v) of a forward argument as rows.
@@ -167,7 +148,7 @@ impl FusedAttention {
         i: usize,
     ) -> Result<Rows<'a, T>> {
         Ok(Rows {
-            data: slice_of::<T>(s)?,
+            data: slice(OP, s, l)?,
             map: self.map_of(l, parts.col0(i, self.e()))?,
         })
     }
@@ -200,8 +181,8 @@ impl FusedAttention {
                 );
                 Ok(())
             })?;
-            *self.weights_slot.lock().expect("weights lock") =
-                Some((T::to_cpu_storage_owned(weights), shape));
+            self.weights_slot
+                .put((T::to_cpu_storage_owned(weights), shape));
             self.store_lse(lse)?;
             return Ok((T::to_cpu_storage_owned(out), self.out_shape(g.l, e)));
         }
@@ -217,7 +198,7 @@ impl FusedAttention {
         match args[0].0 {
             CpuStorage::F32(_) => self.fwd_t::<f32>(parts, args),
             CpuStorage::F64(_) => self.fwd_t::<f64>(parts, args),
-            _ => candle::bail!("fused attention runs in f32 or f64"),
+            other => Err(unsupported_dtype(OP, other.dtype())),
         }
     }
 
@@ -246,7 +227,7 @@ impl FusedAttention {
         let e = self.e();
         let grad = grad.contiguous()?;
         let res = res.contiguous()?;
-        let lse_t = self.lse()?;
+        let lse_t = self.lse.get(OP)?;
         let guards: Vec<_> = args.iter().map(|t| t.storage_and_layout()).collect();
         let (og, gg, lg) = (
             res.storage_and_layout(),
@@ -259,21 +240,21 @@ impl FusedAttention {
                 Parts::Separate => &guards[i],
             };
             Ok(Rows {
-                data: guard_slice::<T>(guard)?,
+                data: slice(OP, &**guard, layout)?,
                 map: self.map_of(layout, parts.col0(i, e))?,
             })
         };
         let (q, k, v) = (input(0)?, input(1)?, input(2)?);
         let out_map = self.contiguous_map(g.l, e, 0);
         let o = Rows {
-            data: &guard_slice::<T>(&og.0)?[og.1.start_offset()..],
+            data: contiguous(OP, &*og.0, og.1)?,
             map: out_map,
         };
         let d_out = Rows {
-            data: &guard_slice::<T>(&gg.0)?[gg.1.start_offset()..],
+            data: contiguous(OP, &*gg.0, gg.1)?,
             map: out_map,
         };
-        let lse = &guard_slice::<T>(&lg.0)?[lg.1.start_offset()..];
+        let lse = contiguous(OP, &*lg.0, lg.1)?;
         let run = |grads| {
             self.with_masks(|masks| {
                 let drop = self.dropout.as_ref();
@@ -331,7 +312,7 @@ impl FusedAttention {
         match args[0].dtype() {
             DType::F32 => self.bwd_t::<f32>(parts, args, res, grad),
             DType::F64 => self.bwd_t::<f64>(parts, args, res, grad),
-            dt => candle::bail!("fused attention runs in f32 or f64, got {dt:?}"),
+            dt => Err(unsupported_dtype(OP, dt)),
         }
     }
 
@@ -354,9 +335,9 @@ impl FusedAttention {
         let g = &self.geom;
         let rows = |i: usize| self.arg_rows::<T>(parts, args[i], i);
         let (q, k) = (rows(0)?, rows(1)?);
-        let lse_t = self.lse()?;
+        let lse_t = self.lse.get(OP)?;
         let lg = lse_t.storage_and_layout();
-        let lse = &guard_slice::<T>(&lg.0)?[lg.1.start_offset()..];
+        let lse = contiguous(OP, &*lg.0, lg.1)?;
         let shape = self.weights_shape(average);
         let mut out = vec![T::ZERO; shape.elem_count()];
         self.with_masks(|masks| {
@@ -381,13 +362,13 @@ impl FusedAttention {
         args: [(&CpuStorage, &Layout); 2],
         average: bool,
     ) -> Result<(CpuStorage, Shape)> {
-        if let Some(ready) = self.weights_slot.lock().expect("weights lock").take() {
+        if let Some(ready) = self.weights_slot.take() {
             return Ok(ready);
         }
         match args[0].0 {
             CpuStorage::F32(_) => self.weights_t::<f32>(parts, args, average),
             CpuStorage::F64(_) => self.weights_t::<f64>(parts, args, average),
-            _ => candle::bail!("fused attention runs in f32 or f64"),
+            other => Err(unsupported_dtype(OP, other.dtype())),
         }
     }
 }

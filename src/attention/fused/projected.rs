@@ -8,13 +8,11 @@
 //! PyTorch equivalent: `_in_projection_packed` followed by the attention of
 //! `F.multi_head_attention_forward`, for `query is key is value`.
 
-use std::sync::{Arc, Mutex};
+use candle::backend::BackendStorage;
+use candle::{CpuStorage, CustomOp2, CustomOp3, Device, Layout, Result, Shape, Tensor};
 
-use candle::{CpuStorage, CustomOp2, CustomOp3, Device, Layout, Result, Shape, Storage, Tensor};
-
-use super::elem::Elem;
-use super::linear;
-use super::op::FusedAttention;
+use super::op::{FusedAttention, OP};
+use crate::cpu::{linear_backward, linear_forward, unsupported_dtype, AsCpu, Elem, Stash};
 
 /// The op on `x (A, B, E)`, the packed `in_proj_weight (3E, E)` and optional
 /// `in_proj_bias (3E)`, giving the attention context `(A, B, E)` (heads merged).
@@ -22,7 +20,7 @@ use super::op::FusedAttention;
 pub(crate) struct ProjectedSelfAttention {
     attn: FusedAttention,
     /// The projection of the forward pass, for the backward pass.
-    qkv: Arc<Mutex<Option<Tensor>>>,
+    qkv: Stash<Tensor>,
 }
 
 impl ProjectedSelfAttention {
@@ -46,22 +44,19 @@ impl ProjectedSelfAttention {
             w: (&CpuStorage, &Layout),
             b: Option<(&CpuStorage, &Layout)>,
         ) -> Result<Tensor> {
-            let (qkv, shape) = linear::forward_vec::<T>(x, w, b)?;
+            let (qkv, shape) = linear_forward::<T>(x, w, b)?;
             Tensor::from_vec(qkv, shape, &Device::Cpu)
         }
         let qkv = match x.0 {
             CpuStorage::F32(_) => project::<f32>(x, w, b)?,
             CpuStorage::F64(_) => project::<f64>(x, w, b)?,
-            _ => candle::bail!("fused attention runs in f32 or f64"),
+            other => return Err(unsupported_dtype(OP, other.dtype())),
         };
         let out = {
             let (storage, layout) = qkv.storage_and_layout();
-            match &*storage {
-                Storage::Cpu(s) => self.attn.fwd_packed(s, layout)?,
-                _ => candle::bail!("fused attention: projection is not on the CPU"),
-            }
+            self.attn.fwd_packed(storage.as_cpu(OP)?, layout)?
         };
-        *self.qkv.lock().expect("qkv lock") = Some(qkv);
+        self.qkv.put(qkv);
         Ok(out)
     }
 
@@ -74,12 +69,9 @@ impl ProjectedSelfAttention {
         grad: &Tensor,
         bias: bool,
     ) -> Result<Vec<Tensor>> {
-        let qkv = match &*self.qkv.lock().expect("qkv lock") {
-            Some(t) => t.clone(),
-            None => candle::bail!("fused attention: the forward pass has not run"),
-        };
+        let qkv = self.qkv.get(OP)?;
         let dqkv = self.attn.bwd_packed(&qkv, res, grad)?;
-        linear::backward(x, w, &dqkv, bias)
+        linear_backward(x, w, &dqkv, bias)
     }
 }
 

@@ -3,14 +3,13 @@
 //! target's one-hot), where candle's `log_softmax` + `gather` + mask take about fifteen passes
 //! over the logits and their gradients.
 
+use candle::backend::BackendStorage;
 use candle::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
-use super::rows::{cpu, fused, slice};
-use crate::attention::fused::elem::Elem;
+use crate::cpu::{contiguous, fused, unsupported_dtype, Elem, ROWS_PER_TASK as ROWS};
 
-/// Rows per rayon task.
-const ROWS: usize = 32;
+const OP: &str = "fused cross-entropy";
 
 /// The op over `logits (R, V)`: the targets and which rows count are data of the op (they
 /// have no gradient).
@@ -83,12 +82,12 @@ impl CustomOp1 for CrossEntropy {
         let (_, v) = l.shape().dims2()?;
         let loss = match s {
             CpuStorage::F32(_) => CpuStorage::F32(vec![
-                (self.forward(slice::<f32>("cross-entropy", s, l)?, v) / self.count) as f32,
+                (self.forward(contiguous::<f32, _>(OP, s, l)?, v) / self.count) as f32,
             ]),
             CpuStorage::F64(_) => CpuStorage::F64(vec![
-                self.forward(slice::<f64>("cross-entropy", s, l)?, v) / self.count,
+                self.forward(contiguous::<f64, _>(OP, s, l)?, v) / self.count,
             ]),
-            _ => candle::bail!("fused cross-entropy runs in f32 or f64"),
+            other => return Err(unsupported_dtype(OP, other.dtype())),
         };
         Ok((loss, Shape::from(())))
     }
@@ -97,17 +96,16 @@ impl CustomOp1 for CrossEntropy {
         let g = grad.to_dtype(DType::F64)?.to_scalar::<f64>()?;
         let (_, v) = x.dims2()?;
         let (xs, xl) = x.storage_and_layout();
-        let xs = cpu(&xs)?;
-        let dx = match xs {
-            CpuStorage::F32(_) => {
-                let dx = self.backward(slice::<f32>("cross-entropy", xs, xl)?, v, g);
+        let dx = match x.dtype() {
+            DType::F32 => {
+                let dx = self.backward(contiguous::<f32, _>(OP, &*xs, xl)?, v, g);
                 Tensor::from_vec(dx, x.shape(), x.device())?
             }
-            CpuStorage::F64(_) => {
-                let dx = self.backward(slice::<f64>("cross-entropy", xs, xl)?, v, g);
+            DType::F64 => {
+                let dx = self.backward(contiguous::<f64, _>(OP, &*xs, xl)?, v, g);
                 Tensor::from_vec(dx, x.shape(), x.device())?
             }
-            _ => candle::bail!("fused cross-entropy runs in f32 or f64"),
+            dt => return Err(unsupported_dtype(OP, dt)),
         };
         Ok(Some(dx))
     }

@@ -7,7 +7,7 @@ use candle::backend::BackendStorage;
 use candle::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, WithDType};
 use rayon::prelude::*;
 
-use super::rows::{cpu, fused, slice, ROWS_PER_TASK};
+use crate::cpu::{contiguous, fused, unsupported_dtype, ROWS_PER_TASK};
 
 /// Mean and `1/√(var + eps)` of a row (biased variance, as PyTorch).
 fn stats<T: WithDType>(row: &[T], eps: f64) -> (f64, f64) {
@@ -97,7 +97,7 @@ struct LayerNormOp {
     eps: f64,
 }
 
-const OP: &str = "layer norm";
+const OP: &str = "fused layer norm";
 
 impl LayerNormOp {
     fn fwd_typed<T: WithDType>(
@@ -107,9 +107,9 @@ impl LayerNormOp {
         b: (&CpuStorage, &Layout),
     ) -> Result<Vec<T>> {
         Ok(forward::<T>(
-            slice(OP, x.0, x.1)?,
-            slice(OP, w.0, w.1)?,
-            slice(OP, b.0, b.1)?,
+            contiguous(OP, x.0, x.1)?,
+            contiguous(OP, w.0, w.1)?,
+            contiguous(OP, b.0, b.1)?,
             self.eps,
         ))
     }
@@ -125,9 +125,9 @@ impl LayerNormOp {
         let (ws, wl) = w.storage_and_layout();
         let (gs, gl) = grad.storage_and_layout();
         let (dx, dw, db) = backward::<T>(
-            slice(OP, cpu(&xs)?, xl)?,
-            slice(OP, cpu(&ws)?, wl)?,
-            slice(OP, cpu(&gs)?, gl)?,
+            contiguous(OP, &*xs, xl)?,
+            contiguous(OP, &*ws, wl)?,
+            contiguous(OP, &*gs, gl)?,
             self.eps,
         );
         let dev = x.device();
@@ -157,7 +157,7 @@ impl CustomOp3 for LayerNormOp {
         let y = match xs {
             CpuStorage::F32(_) => CpuStorage::F32(self.fwd_typed(x, w, b)?),
             CpuStorage::F64(_) => CpuStorage::F64(self.fwd_typed(x, w, b)?),
-            _ => candle::bail!("fused layer norm runs in f32 or f64, got {:?}", xs.dtype()),
+            _ => return Err(unsupported_dtype(OP, xs.dtype())),
         };
         Ok((y, xl.shape().clone()))
     }
@@ -174,7 +174,7 @@ impl CustomOp3 for LayerNormOp {
         let (dx, dw, db) = match x.dtype() {
             DType::F32 => self.bwd_typed::<f32>(x, w, &grad)?,
             DType::F64 => self.bwd_typed::<f64>(x, w, &grad)?,
-            dt => candle::bail!("fused layer norm runs in f32 or f64, got {dt:?}"),
+            dt => return Err(unsupported_dtype(OP, dt)),
         };
         Ok((Some(dx), Some(dw), Some(db)))
     }

@@ -7,45 +7,42 @@
 //! GELU op kept its input) and the backward pass goes straight from the output gradient to
 //! the pre-activation gradient to the linear's three gradients.
 
-use std::sync::Mutex;
+use candle::backend::BackendStorage;
+use candle::{CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Tensor};
 
-use candle::{CpuStorage, CustomOp3, Device, Layout, Result, Shape, Tensor};
+use crate::cpu::{
+    contiguous, fused, gelu, gelu_grad, linear, linear_backward, linear_forward, unsupported_dtype,
+    Elem, Stash,
+};
 
-use super::gelu::{self, Gelu};
-use super::rows::{cpu, fused, slice};
-use crate::attention::fused::elem::Elem;
-use crate::attention::fused::linear;
+const OP: &str = "fused linear_gelu";
 
 /// The op; `pre` holds `x Wᵀ + b` from the forward pass for the backward pass.
 #[derive(Default)]
 struct LinearGelu {
-    pre: Mutex<Option<Tensor>>,
+    pre: Stash<Tensor>,
 }
 
 impl LinearGelu {
-    fn forward<T: Elem + Gelu>(
+    fn forward<T: Elem>(
         &self,
         x: (&CpuStorage, &Layout),
         w: (&CpuStorage, &Layout),
         b: (&CpuStorage, &Layout),
     ) -> Result<(Vec<T>, Shape)> {
-        let (pre, shape) = linear::forward_vec::<T>(x, w, Some(b))?;
-        let y = gelu::forward(&pre);
+        let (pre, shape) = linear_forward::<T>(x, w, Some(b))?;
+        let y = gelu(&pre);
         let pre = Tensor::from_vec(pre, shape.clone(), &Device::Cpu)?;
-        *self.pre.lock().expect("the op's lock is never poisoned") = Some(pre);
+        self.pre.put(pre);
         Ok((y, shape))
     }
 }
 
 /// `dL/d pre = g · gelu'(pre)`.
-fn pre_grad<T: Elem + Gelu>(pre: &Tensor, grad: &Tensor) -> Result<Tensor> {
+fn pre_grad<T: Elem>(pre: &Tensor, grad: &Tensor) -> Result<Tensor> {
     let (ps, pl) = pre.storage_and_layout();
     let (gs, gl) = grad.storage_and_layout();
-    let (ps, gs) = (cpu(&ps)?, cpu(&gs)?);
-    let d = gelu::backward(
-        slice::<T>("linear_gelu", ps, pl)?,
-        slice("linear_gelu", gs, gl)?,
-    );
+    let d = gelu_grad::<T>(contiguous(OP, &*ps, pl)?, contiguous(OP, &*gs, gl)?);
     Tensor::from_vec(d, pre.shape(), &Device::Cpu)
 }
 
@@ -73,7 +70,7 @@ impl CustomOp3 for LinearGelu {
                 let (y, shape) = self.forward::<f64>(x, w, b)?;
                 Ok((CpuStorage::F64(y), shape))
             }
-            _ => candle::bail!("fused linear_gelu runs in f32 or f64"),
+            other => Err(unsupported_dtype(OP, other.dtype())),
         }
     }
 
@@ -85,20 +82,14 @@ impl CustomOp3 for LinearGelu {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let pre = self
-            .pre
-            .lock()
-            .expect("the op's lock is never poisoned")
-            .clone();
-        let Some(pre) = pre else {
-            candle::bail!("fused linear_gelu: backward without a forward pass")
-        };
+        let pre = self.pre.get(OP)?;
         let grad = grad.contiguous()?;
         let dpre = match pre.dtype() {
-            candle::DType::F32 => pre_grad::<f32>(&pre, &grad)?,
-            _ => pre_grad::<f64>(&pre, &grad)?,
+            DType::F32 => pre_grad::<f32>(&pre, &grad)?,
+            DType::F64 => pre_grad::<f64>(&pre, &grad)?,
+            dt => return Err(unsupported_dtype(OP, dt)),
         };
-        let mut g = linear::backward(x, w, &dpre, true)?.into_iter();
+        let mut g = linear_backward(x, w, &dpre, true)?.into_iter();
         Ok((g.next(), g.next(), g.next()))
     }
 }
@@ -116,6 +107,6 @@ pub(crate) fn linear_gelu(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<
             };
             x.apply_op3(w, b, LinearGelu::default())
         }
-        _ => super::gelu_erf(&crate::attention::linear(x, w, b)?),
+        _ => super::gelu_erf(&linear(x, w, b)?),
     }
 }

@@ -11,7 +11,6 @@ mod cross_entropy;
 mod gelu;
 mod layer_norm;
 mod linear_gelu;
-mod rows;
 
 pub(crate) use cross_entropy::cross_entropy_rows;
 pub(crate) use gelu::gelu_erf;

@@ -3,9 +3,12 @@
 //!
 //! PyTorch equivalent: `F.linear(x, w, b)` (`addmm`).
 
-use candle::{CpuStorage, CustomOp2, CustomOp3, Device, Layout, Result, Shape, Tensor};
+use candle::backend::BackendStorage;
+use candle::{CpuStorage, CustomOp2, CustomOp3, Device, Layout, Result, Shape, Storage, Tensor};
 
-use super::elem::Elem;
+use super::{contiguous, fused, gemm, slice, unsupported_dtype, Elem, Threads};
+
+const OP: &str = "fused linear";
 
 /// The fused linear op on `x (…, K)` (2-D with any row stride, or contiguous), `w (Nout, K)`
 /// and optional `b (Nout)`, giving `(…, Nout)`: no reshapes around it, so no extra autograd
@@ -29,52 +32,10 @@ fn mat<'a, T: Elem>(s: &'a CpuStorage, l: &Layout) -> Result<Mat<'a, T>> {
         )
     }
     Ok(Mat {
-        data: &T::cpu_storage_as_slice(s)?[l.start_offset()..],
+        data: slice(OP, s, l)?,
         rs: st[0],
         cs: st[1],
     })
-}
-
-/// `dst (m×n, row-major) = [dst +] lhs·rhs`, multi-threaded.
-///
-/// # Safety
-/// The operands must hold the addressed elements.
-unsafe fn gemm_par<T: Elem>(
-    (m, n, k): (usize, usize, usize),
-    dst: &mut [T],
-    accumulate: bool,
-    lhs: (&[T], usize, usize),
-    rhs: (&[T], usize, usize),
-) {
-    if m == 0 || n == 0 || k == 0 {
-        return;
-    }
-    let threads = candle::utils::get_num_threads();
-    gemm::gemm(
-        m,
-        n,
-        k,
-        dst.as_mut_ptr(),
-        1,
-        n as isize,
-        accumulate,
-        lhs.0.as_ptr(),
-        lhs.2 as isize,
-        lhs.1 as isize,
-        rhs.0.as_ptr(),
-        rhs.2 as isize,
-        rhs.1 as isize,
-        T::ONE,
-        T::ONE,
-        false,
-        false,
-        false,
-        if threads > 1 {
-            gemm::Parallelism::Rayon(threads)
-        } else {
-            gemm::Parallelism::None
-        },
-    )
 }
 
 fn forward<T: Elem>(
@@ -98,12 +59,14 @@ fn forward<T: Elem>(
     };
     // SAFETY: x is m×k, w is n×k (read transposed), out is m×n.
     unsafe {
-        gemm_par(
+        gemm(
             (m, n, k),
-            &mut out,
+            (out.as_mut_ptr(), n, 1),
             b.is_some(),
-            (x.data, x.rs, x.cs),
-            (w.data, w.cs, w.rs),
+            (x.data.as_ptr(), x.rs, x.cs),
+            (w.data.as_ptr(), w.cs, w.rs),
+            T::ONE,
+            Threads::All,
         );
     }
     out
@@ -132,14 +95,15 @@ fn rows_of<'a, T: Elem>(s: &'a CpuStorage, l: &Layout) -> Result<Mat<'a, T>> {
         )
     }
     Ok(Mat {
-        data: &T::cpu_storage_as_slice(s)?[l.start_offset()..],
+        data: slice(OP, s, l)?,
         rs: *l.dims().last().unwrap_or(&1),
         cs: 1,
     })
 }
 
-/// `x·wᵀ + b` as a `Vec` and its shape `(…, Nout)`.
-pub(crate) fn forward_vec<T: Elem>(
+/// `x (…, K) · w (Nout, K)ᵀ + b` as a `Vec` and its shape `(…, Nout)`: the kernel, for ops
+/// that go on from the product (the projected self-attention, linear+GELU).
+pub(crate) fn linear_forward<T: Elem>(
     x: (&CpuStorage, &Layout),
     w: (&CpuStorage, &Layout),
     b: Option<(&CpuStorage, &Layout)>,
@@ -159,14 +123,14 @@ fn fwd(
 ) -> Result<(CpuStorage, Shape)> {
     match x.0 {
         CpuStorage::F32(_) => {
-            let (v, shape) = forward_vec::<f32>(x, w, b)?;
+            let (v, shape) = linear_forward::<f32>(x, w, b)?;
             Ok((CpuStorage::F32(v), shape))
         }
         CpuStorage::F64(_) => {
-            let (v, shape) = forward_vec::<f64>(x, w, b)?;
+            let (v, shape) = linear_forward::<f64>(x, w, b)?;
             Ok((CpuStorage::F64(v), shape))
         }
-        _ => candle::bail!("fused linear runs in f32 or f64"),
+        other => Err(unsupported_dtype(OP, other.dtype())),
     }
 }
 
@@ -176,15 +140,20 @@ fn mat1<'a, T: Elem>(s: &'a CpuStorage, l: &Layout) -> Result<Mat<'a, T>> {
         candle::bail!("fused linear: expected a 1-D bias, got dims {:?}", l.dims())
     }
     Ok(Mat {
-        data: &T::cpu_storage_as_slice(s)?[l.start_offset()..],
+        data: slice(OP, s, l)?,
         rs: 0,
         cs: l.stride()[0],
     })
 }
 
-/// Gradients of x, w and b from the output gradient, with candle ops that run as one GEMM
-/// each (`matmul` takes the strided operands as they are).
-pub(crate) fn backward(x: &Tensor, w: &Tensor, grad: &Tensor, bias: bool) -> Result<Vec<Tensor>> {
+/// Gradients `[dx, dw]` (and `db` with `bias`) of `x·wᵀ + b` from the output gradient, with
+/// candle ops that run as one GEMM each (`matmul` takes the strided operands as they are).
+pub(crate) fn linear_backward(
+    x: &Tensor,
+    w: &Tensor,
+    grad: &Tensor,
+    bias: bool,
+) -> Result<Vec<Tensor>> {
     let (k, n) = (w.dim(1)?, w.dim(0)?);
     let m = x.elem_count() / k.max(1);
     let grad = grad.contiguous()?.reshape((m, n))?;
@@ -210,13 +179,14 @@ fn column_sums(g: &Tensor) -> Result<Tensor> {
         acc
     }
     let (storage, layout) = g.storage_and_layout();
-    let off = layout.start_offset();
     match &*storage {
-        candle::Storage::Cpu(CpuStorage::F32(v)) => {
-            Tensor::from_vec(sums(&v[off..], rows, cols), cols, &Device::Cpu)
+        Storage::Cpu(CpuStorage::F32(_)) => {
+            let data = contiguous::<f32, _>(OP, &*storage, layout)?;
+            Tensor::from_vec(sums(data, rows, cols), cols, &Device::Cpu)
         }
-        candle::Storage::Cpu(CpuStorage::F64(v)) => {
-            Tensor::from_vec(sums(&v[off..], rows, cols), cols, &Device::Cpu)
+        Storage::Cpu(CpuStorage::F64(_)) => {
+            let data = contiguous::<f64, _>(OP, &*storage, layout)?;
+            Tensor::from_vec(sums(data, rows, cols), cols, &Device::Cpu)
         }
         _ => g.sum(0),
     }
@@ -244,7 +214,7 @@ impl CustomOp2 for FusedLinear {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let mut g = backward(x, w, grad, false)?.into_iter();
+        let mut g = linear_backward(x, w, grad, false)?.into_iter();
         Ok((g.next(), g.next()))
     }
 }
@@ -274,7 +244,7 @@ impl CustomOp3 for FusedLinear {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let mut g = backward(x, w, grad, true)?.into_iter();
+        let mut g = linear_backward(x, w, grad, true)?.into_iter();
         Ok((g.next(), g.next(), g.next()))
     }
 }
@@ -284,10 +254,7 @@ impl CustomOp3 for FusedLinear {
 ///
 /// PyTorch equivalent: `F.linear(x, w, b)`.
 pub(crate) fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
-    let fused = matches!(x.device(), Device::Cpu)
-        && matches!(x.dtype(), candle::DType::F32 | candle::DType::F64)
-        && x.rank() >= 2;
-    if !fused {
+    if !(fused(x) && x.rank() >= 2) {
         let (k, n) = (w.dim(1)?, w.dim(0)?);
         let mut shape = x.dims().to_vec();
         let m = x.elem_count() / k.max(1);

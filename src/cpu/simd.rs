@@ -1,111 +1,46 @@
-//! The element types the fused kernel runs in (f32, f64) and their row primitives.
+//! The f32 row primitives of the CPU kernels: row maximum, `exp(x - shift)` with its sum, dot
+//! product, and the polynomial `exp` they share with the GELU.
 //!
-//! The f32 rows use a polynomial `exp` written so that LLVM vectorises it, compiled a second
-//! time with AVX2+FMA and chosen at run time (the crate is built for baseline x86-64). f64
-//! rows use the standard library's `exp`: that path is for precision, not speed.
-
-use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Sub};
-
-use candle::WithDType;
-
-/// An element type of the fused kernel.
-pub(crate) trait Elem:
-    WithDType
-    + Copy
-    + Send
-    + Sync
-    + PartialOrd
-    + Add<Output = Self>
-    + Sub<Output = Self>
-    + Mul<Output = Self>
-    + Div<Output = Self>
-    + AddAssign
-    + MulAssign
-{
-    const ZERO: Self;
-    const ONE: Self;
-    const NEG_INF: Self;
-    const INF: Self;
-    fn exp(self) -> Self;
-    fn ln(self) -> Self;
-    /// The largest element (`-inf` for an empty or fully `-inf` row).
-    fn row_max(row: &[Self]) -> Self;
-    /// `row[j] = exp(row[j] - shift)` (0 where `row[j] = -inf`), returning the sum.
-    fn exp_shift_sum(row: &mut [Self], shift: Self) -> Self;
-    /// `Σ a[j]·b[j]`.
-    fn dot(a: &[Self], b: &[Self]) -> Self;
-}
-
-impl Elem for f64 {
-    const ZERO: Self = 0.0;
-    const ONE: Self = 1.0;
-    const NEG_INF: Self = f64::NEG_INFINITY;
-    const INF: Self = f64::INFINITY;
-    fn exp(self) -> Self {
-        f64::exp(self)
-    }
-    fn ln(self) -> Self {
-        f64::ln(self)
-    }
-    fn row_max(row: &[Self]) -> Self {
-        row.iter()
-            .fold(f64::NEG_INFINITY, |m, &x| if x > m { x } else { m })
-    }
-    fn exp_shift_sum(row: &mut [Self], shift: Self) -> Self {
-        let mut sum = 0.0;
-        for x in row.iter_mut() {
-            *x = (*x - shift).exp();
-            sum += *x;
-        }
-        sum
-    }
-    fn dot(a: &[Self], b: &[Self]) -> Self {
-        a.iter().zip(b).map(|(x, y)| x * y).sum()
-    }
-}
-
-impl Elem for f32 {
-    const ZERO: Self = 0.0;
-    const ONE: Self = 1.0;
-    const NEG_INF: Self = f32::NEG_INFINITY;
-    const INF: Self = f32::INFINITY;
-    fn exp(self) -> Self {
-        f32::exp(self)
-    }
-    fn ln(self) -> Self {
-        f32::ln(self)
-    }
-    fn row_max(row: &[Self]) -> Self {
-        #[cfg(target_arch = "x86_64")]
-        if avx2() {
-            // SAFETY: the CPU has AVX2 and FMA (checked at run time).
-            return unsafe { row_max_avx2(row) };
-        }
-        row_max_f32(row)
-    }
-    fn exp_shift_sum(row: &mut [Self], shift: Self) -> Self {
-        #[cfg(target_arch = "x86_64")]
-        if avx2() {
-            // SAFETY: as above.
-            return unsafe { exp_shift_sum_avx2(row, shift) };
-        }
-        exp_shift_sum_f32(row, shift)
-    }
-    fn dot(a: &[Self], b: &[Self]) -> Self {
-        #[cfg(target_arch = "x86_64")]
-        if avx2() {
-            // SAFETY: as above.
-            return unsafe { dot_avx2(a, b) };
-        }
-        dot_f32(a, b)
-    }
-}
+//! The rows are written so that LLVM vectorises them, compiled a second time with AVX2+FMA and
+//! chosen at run time (the crate is built for baseline x86-64); where LLVM does not vectorise
+//! (the `exp` polynomial's saturating casts), AVX2 intrinsics. f64 rows use the standard
+//! library (see [`Elem`](super::Elem)): that path is for precision, not speed.
 
 /// Whether the CPU has AVX2 and FMA (the `*_avx2` paths).
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn avx2() -> bool {
     // Cached by std after the first call: one atomic load.
     is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+}
+
+/// The largest element of an f32 row (`-inf` for an empty or fully `-inf` row).
+pub(crate) fn row_max(row: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if avx2() {
+        // SAFETY: the CPU has AVX2 and FMA (checked at run time).
+        return unsafe { row_max_avx2(row) };
+    }
+    row_max_f32(row)
+}
+
+/// `row[j] = exp(row[j] - shift)` (0 where `row[j] = -inf`) on an f32 row, returning the sum.
+pub(crate) fn exp_shift_sum(row: &mut [f32], shift: f32) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if avx2() {
+        // SAFETY: as above.
+        return unsafe { exp_shift_sum_avx2(row, shift) };
+    }
+    exp_shift_sum_f32(row, shift)
+}
+
+/// `Σ a[j]·b[j]` over f32 rows (the shorter length).
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if avx2() {
+        // SAFETY: as above.
+        return unsafe { dot_avx2(a, b) };
+    }
+    dot_f32(a, b)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -290,7 +225,7 @@ mod tests {
         // The row version (AVX2 where available) against std, tails included.
         let xs: Vec<f32> = (0..1003).map(|i| -80.0 + i as f32 * 0.161).collect();
         let mut ys = xs.clone();
-        let sum = f32::exp_shift_sum(&mut ys, 1.5);
+        let sum = exp_shift_sum(&mut ys, 1.5);
         for (x, y) in xs.iter().zip(&ys) {
             let want = (x - 1.5).exp();
             assert!(
@@ -301,7 +236,7 @@ mod tests {
         let want: f64 = xs.iter().map(|x| (f64::from(*x) - 1.5).exp()).sum();
         assert!((f64::from(sum) - want).abs() < 1e-5 * want);
         let mut masked = vec![f32::NEG_INFINITY; 11];
-        assert_eq!(f32::exp_shift_sum(&mut masked, 0.0), 0.0);
+        assert_eq!(exp_shift_sum(&mut masked, 0.0), 0.0);
         assert!(masked.iter().all(|x| *x == 0.0));
         assert_eq!(exp_f32(0.0), 1.0);
         assert_eq!(exp_f32(f32::NEG_INFINITY), 0.0);
@@ -313,17 +248,14 @@ mod tests {
         let row: Vec<f32> = (0..37)
             .map(|i| ((i * 7919) % 101) as f32 / 13.0 - 3.0)
             .collect();
-        assert_eq!(
-            f32::row_max(&row),
-            row.iter().cloned().fold(f32::MIN, f32::max)
-        );
+        assert_eq!(row_max(&row), row.iter().cloned().fold(f32::MIN, f32::max));
         let mut e = row.clone();
-        let sum = f32::exp_shift_sum(&mut e, 2.0);
+        let sum = exp_shift_sum(&mut e, 2.0);
         let want: f32 = row.iter().map(|x| (x - 2.0).exp()).sum();
         assert!((sum - want).abs() < 1e-5 * want);
-        let d = f32::dot(&row, &e);
+        let d = dot(&row, &e);
         let dw: f32 = row.iter().zip(&e).map(|(a, b)| a * b).sum();
         assert!((d - dw).abs() < 1e-4 * dw.abs().max(1.0));
-        assert_eq!(f32::row_max(&[f32::NEG_INFINITY; 9]), f32::NEG_INFINITY);
+        assert_eq!(row_max(&[f32::NEG_INFINITY; 9]), f32::NEG_INFINITY);
     }
 }

@@ -1,0 +1,103 @@
+//! The one element trait of the CPU kernels: f32 (speed: SIMD rows) and f64 (precision: the
+//! standard library's math).
+
+use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Sub};
+
+use candle::WithDType;
+
+use super::{gelu, simd};
+
+/// An element type the CPU kernels run in (f32, f64): arithmetic, the scalar functions they
+/// need and the row primitives the attention, GELU, cross-entropy and optimizer loops share.
+pub(crate) trait Elem:
+    WithDType
+    + Copy
+    + Send
+    + Sync
+    + PartialOrd
+    + Add<Output = Self>
+    + Sub<Output = Self>
+    + Mul<Output = Self>
+    + Div<Output = Self>
+    + AddAssign
+    + MulAssign
+{
+    const ZERO: Self;
+    const ONE: Self;
+    const NEG_INF: Self;
+    const INF: Self;
+    fn exp(self) -> Self;
+    fn ln(self) -> Self;
+    /// The largest element (`-inf` for an empty or fully `-inf` row).
+    fn row_max(row: &[Self]) -> Self;
+    /// `row[j] = exp(row[j] - shift)` (0 where `row[j] = -inf`), returning the sum.
+    fn exp_shift_sum(row: &mut [Self], shift: Self) -> Self;
+    /// `Σ a[j]·b[j]`.
+    fn dot(a: &[Self], b: &[Self]) -> Self;
+    /// `y = x·Φ(x)` (the exact GELU).
+    fn gelu_row(x: &[Self], y: &mut [Self]);
+    /// `dx = g·(Φ(x) + x·φ(x))` (the exact GELU's input gradient).
+    fn gelu_grad_row(x: &[Self], g: &[Self], dx: &mut [Self]);
+}
+
+impl Elem for f64 {
+    const ZERO: Self = 0.0;
+    const ONE: Self = 1.0;
+    const NEG_INF: Self = f64::NEG_INFINITY;
+    const INF: Self = f64::INFINITY;
+    fn exp(self) -> Self {
+        f64::exp(self)
+    }
+    fn ln(self) -> Self {
+        f64::ln(self)
+    }
+    fn row_max(row: &[Self]) -> Self {
+        row.iter()
+            .fold(f64::NEG_INFINITY, |m, &x| if x > m { x } else { m })
+    }
+    fn exp_shift_sum(row: &mut [Self], shift: Self) -> Self {
+        let mut sum = 0.0;
+        for x in row.iter_mut() {
+            *x = (*x - shift).exp();
+            sum += *x;
+        }
+        sum
+    }
+    fn dot(a: &[Self], b: &[Self]) -> Self {
+        a.iter().zip(b).map(|(x, y)| x * y).sum()
+    }
+    fn gelu_row(x: &[Self], y: &mut [Self]) {
+        gelu::forward_row_f64(x, y)
+    }
+    fn gelu_grad_row(x: &[Self], g: &[Self], dx: &mut [Self]) {
+        gelu::backward_row_f64(x, g, dx)
+    }
+}
+
+impl Elem for f32 {
+    const ZERO: Self = 0.0;
+    const ONE: Self = 1.0;
+    const NEG_INF: Self = f32::NEG_INFINITY;
+    const INF: Self = f32::INFINITY;
+    fn exp(self) -> Self {
+        f32::exp(self)
+    }
+    fn ln(self) -> Self {
+        f32::ln(self)
+    }
+    fn row_max(row: &[Self]) -> Self {
+        simd::row_max(row)
+    }
+    fn exp_shift_sum(row: &mut [Self], shift: Self) -> Self {
+        simd::exp_shift_sum(row, shift)
+    }
+    fn dot(a: &[Self], b: &[Self]) -> Self {
+        simd::dot(a, b)
+    }
+    fn gelu_row(x: &[Self], y: &mut [Self]) {
+        gelu::forward_row_f32(x, y)
+    }
+    fn gelu_grad_row(x: &[Self], g: &[Self], dx: &mut [Self]) {
+        gelu::backward_row_f32(x, g, dx)
+    }
+}

@@ -1,0 +1,76 @@
+//! The one matrix product of the CPU kernels, over the `gemm` crate (run-time dispatched SIMD
+//! micro-kernels).
+
+use super::Elem;
+
+/// A matrix operand: pointer to its first element, row stride, column stride (in elements).
+pub(crate) type Operand<T> = (*const T, usize, usize);
+
+/// How many threads one product may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Threads {
+    /// The calling thread only: the caller is already one of many rayon tasks (the attention
+    /// tiles).
+    One,
+    /// candle's thread count (one large product: the linear layers).
+    All,
+}
+
+/// `dst[m×n] = [dst +] alpha · lhs[m×k] · rhs[k×n]`, every matrix given by pointer, row stride
+/// and column stride. With `k = 0` the product is zero: `dst` is zeroed unless `accumulate`.
+///
+/// # Safety
+/// Every addressed element must be in bounds; `dst` must not overlap the operands.
+#[inline]
+pub(crate) unsafe fn gemm<T: Elem>(
+    (m, n, k): (usize, usize, usize),
+    dst: (*mut T, usize, usize),
+    accumulate: bool,
+    lhs: Operand<T>,
+    rhs: Operand<T>,
+    alpha: T,
+    threads: Threads,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            for r in 0..m {
+                for c in 0..n {
+                    *dst.0.add(r * dst.1 + c * dst.2) = T::ZERO;
+                }
+            }
+        }
+        return;
+    }
+    let parallelism = match threads {
+        Threads::All => match candle::utils::get_num_threads() {
+            t if t > 1 => gemm::Parallelism::Rayon(t),
+            _ => gemm::Parallelism::None,
+        },
+        Threads::One => gemm::Parallelism::None,
+    };
+    // gemm's arguments: column stride before row stride; `dst = 1·dst + alpha·lhs·rhs`.
+    gemm::gemm(
+        m,
+        n,
+        k,
+        dst.0,
+        dst.2 as isize,
+        dst.1 as isize,
+        accumulate,
+        lhs.0,
+        lhs.2 as isize,
+        lhs.1 as isize,
+        rhs.0,
+        rhs.2 as isize,
+        rhs.1 as isize,
+        T::ONE,
+        alpha,
+        false,
+        false,
+        false,
+        parallelism,
+    )
+}

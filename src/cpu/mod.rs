@@ -1,0 +1,28 @@
+//! The CPU kernel layer every fused op shares: the one element trait ([`Elem`]: f32 and
+//! f64), the one way of reading a storage ([`slice`], [`contiguous`]), the one matrix product
+//! ([`gemm`]), the SIMD math (`exp`, row reductions, the exact GELU), the fused linear op,
+//! the dtype rule ([`fused`], [`unsupported_dtype`]) and the one side channel ([`Stash`]).
+//!
+//! The lowest layer besides `rng` and `init`: it imports nothing else of the crate, and the
+//! attention core, the `nn` layers and the training loops build on it.
+
+mod dtype;
+mod elem;
+mod gelu;
+mod gemm;
+mod linear;
+pub(crate) mod simd;
+mod slice;
+mod stash;
+
+pub(crate) use dtype::{fused, unsupported_dtype};
+pub(crate) use elem::Elem;
+pub(crate) use gelu::{gelu, gelu_grad};
+pub(crate) use gemm::{gemm, Threads};
+pub(crate) use linear::{linear, linear_backward, linear_forward};
+pub(crate) use slice::{contiguous, slice, AsCpu};
+pub(crate) use stash::Stash;
+
+/// Rows per rayon task of the row ops. Fixed, not derived from the thread count, so that sums
+/// over tasks come out the same with any number of threads.
+pub(crate) const ROWS_PER_TASK: usize = 32;

@@ -1,0 +1,77 @@
+//! The one way the CPU kernels take the elements out of a candle storage.
+
+use candle::{CpuStorage, Layout, Result, Storage, WithDType};
+
+/// A storage the kernels can read: a [`CpuStorage`] (what custom ops' `cpu_fwd` gets) or a
+/// tensor's [`Storage`] (what the backward passes get), which must then be on the CPU.
+pub(crate) trait AsCpu {
+    /// The CPU storage, or an error naming `op`.
+    fn as_cpu(&self, op: &str) -> Result<&CpuStorage>;
+}
+
+impl AsCpu for CpuStorage {
+    fn as_cpu(&self, _op: &str) -> Result<&CpuStorage> {
+        Ok(self)
+    }
+}
+
+impl AsCpu for Storage {
+    fn as_cpu(&self, op: &str) -> Result<&CpuStorage> {
+        match self {
+            Storage::Cpu(s) => Ok(s),
+            other => candle::bail!(
+                "{op}: the fused CPU kernels take CPU tensors, got one on {:?}",
+                other.device().location()
+            ),
+        }
+    }
+}
+
+/// The elements `layout` addresses, from its start offset to its last element: strided
+/// operands are addressed by the caller with the layout's strides (relative to this slice).
+/// Errors name `op` when the storage is not on the CPU, holds another dtype than `T`, or is
+/// shorter than the layout.
+pub(crate) fn slice<'a, T: WithDType, S: AsCpu + ?Sized>(
+    op: &str,
+    storage: &'a S,
+    layout: &Layout,
+) -> Result<&'a [T]> {
+    let data = T::cpu_storage_as_slice(storage.as_cpu(op)?)?;
+    let start = layout.start_offset();
+    let end = match layout.shape().elem_count() {
+        0 => start,
+        _ => {
+            let span: usize = layout
+                .dims()
+                .iter()
+                .zip(layout.stride())
+                .map(|(&d, &s)| (d - 1) * s)
+                .sum();
+            start + span + 1
+        }
+    };
+    match data.get(start..end) {
+        Some(s) => Ok(s),
+        None => candle::bail!(
+            "{op}: layout {:?} (strides {:?}, offset {start}) addresses past the {} elements of its storage",
+            layout.dims(),
+            layout.stride(),
+            data.len()
+        ),
+    }
+}
+
+/// [`slice`] of an operand that must be contiguous (the elementwise and row ops).
+pub(crate) fn contiguous<'a, T: WithDType, S: AsCpu + ?Sized>(
+    op: &str,
+    storage: &'a S,
+    layout: &Layout,
+) -> Result<&'a [T]> {
+    if !layout.is_contiguous() {
+        candle::bail!(
+            "{op}: expected a contiguous operand, got strides {:?}",
+            layout.stride()
+        )
+    }
+    slice(op, storage, layout)
+}
