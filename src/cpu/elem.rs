@@ -28,6 +28,7 @@ pub(crate) trait Elem:
     const INF: Self;
     fn exp(self) -> Self;
     fn ln(self) -> Self;
+    fn sqrt(self) -> Self;
     /// The largest element (`-inf` for an empty or fully `-inf` row).
     fn row_max(row: &[Self]) -> Self;
     /// `row[j] = exp(row[j] - shift)` (0 where `row[j] = -inf`), returning the sum.
@@ -50,6 +51,9 @@ impl Elem for f64 {
     }
     fn ln(self) -> Self {
         f64::ln(self)
+    }
+    fn sqrt(self) -> Self {
+        f64::sqrt(self)
     }
     fn row_max(row: &[Self]) -> Self {
         row.iter()
@@ -84,6 +88,9 @@ impl Elem for f32 {
     }
     fn ln(self) -> Self {
         f32::ln(self)
+    }
+    fn sqrt(self) -> Self {
+        f32::sqrt(self)
     }
     fn row_max(row: &[Self]) -> Self {
         simd::row_max(row)

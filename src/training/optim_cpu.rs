@@ -5,31 +5,14 @@
 use candle::{CpuStorage, Device, Layout, Result, Storage, Tensor, WithDType};
 use rayon::prelude::*;
 
+use crate::cpu::{contiguous, Elem};
+
 /// Elements per rayon task.
 const CHUNK: usize = 1 << 14;
 
-/// An element type of the loops (f32, f64).
-trait Real: WithDType {
-    fn sqrt(self) -> Self;
-}
-
-impl Real for f32 {
-    fn sqrt(self) -> Self {
-        f32::sqrt(self)
-    }
-}
-
-impl Real for f64 {
-    fn sqrt(self) -> Self {
-        f64::sqrt(self)
-    }
-}
-
-/// The contiguous elements behind a CPU storage, or `None`.
+/// The contiguous elements behind a CPU storage, or `None` (the caller's tensor path runs).
 fn elems<'a, T: WithDType>(s: &'a Storage, l: &Layout) -> Option<&'a [T]> {
-    let Storage::Cpu(s) = s else { return None };
-    let (a, b) = l.contiguous_offsets()?;
-    T::cpu_storage_as_slice(s).ok().map(|v| &v[a..b])
+    contiguous("AdamW", s, l).ok()
 }
 
 /// AdamW's scalars for one step of one parameter.
@@ -45,7 +28,7 @@ pub(super) struct Update {
     pub eps: f64,
 }
 
-fn update<T: Real>(u: &Update, p: &[T], g: &[T], m: &[T], v: &[T]) -> (Vec<T>, Vec<T>, Vec<T>) {
+fn update<T: Elem>(u: &Update, p: &[T], g: &[T], m: &[T], v: &[T]) -> (Vec<T>, Vec<T>, Vec<T>) {
     let c = |x: f64| T::from_f64(x);
     let (decay, b1, b2) = (c(u.decay), c(1.0 - u.beta1), c(u.beta2));
     let (nb2, step_size, bias2_sqrt, eps) =
