@@ -1,0 +1,192 @@
+//! The backward pass: per (batch, head), key tiles against the query tiles that see them, the
+//! probabilities recomputed from the forward's row log-sum-exp.
+
+use rayon::prelude::*;
+
+use super::tiles::{
+    drop_of, pack_head_into, packed_map, packed_rows, probs_tile, scores_tile, weight_index,
+};
+use super::{Geom, Masks, Rows, RowsMut};
+use crate::attention::dropout::DropoutMask;
+use crate::cpu::{gemm, Elem, Threads};
+
+/// Query rows per backward tile.
+const BQ: usize = 128;
+/// Key columns per backward tile.
+const BK: usize = 128;
+
+/// Fused backward: writes `dq`, `dk`, `dv` (any contents on entry; they may share one buffer,
+/// as they do for the packed projection) from the output gradient `d_out`, the output `o` and
+/// the forward's `lse`. Parallel over batch × heads: each task owns its heads' rows of the
+/// three gradients.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn backward<T: Elem>(
+    g: &Geom,
+    (q, k, v): (Rows<T>, Rows<T>, Rows<T>),
+    o: Rows<T>,
+    d_out: Rows<T>,
+    lse: &[T],
+    masks: Masks<T>,
+    dropout: Option<&DropoutMask>,
+    (dq, dk, dv): (RowsMut<T>, RowsMut<T>, RowsMut<T>),
+) {
+    let drop = drop_of::<T>(dropout);
+    let d = g.d;
+    let scale = T::from_f64(g.scale);
+    // Scratch of one rayon job, reused by the heads it runs: packed q, k, v, dO, the packed
+    // gradients, and two tiles.
+    let init = || {
+        (
+            [(); 7].map(|_| Vec::<T>::new()),
+            vec![T::ZERO; BQ * BK],
+            vec![T::ZERO; BQ * BK],
+        )
+    };
+    (0..g.n * g.h)
+        .into_par_iter()
+        .for_each_init(init, |(bufs, s, dp), bh| {
+            let (b, h) = (bh / g.h, bh % g.h);
+            let lse = &lse[bh * g.l..(bh + 1) * g.l];
+            // This head's rows of q, k, v and dO packed contiguously (the projections' rows are
+            // 3E apart), and its gradients accumulated likewise, then written out once.
+            let [qb, kb, vb, gb, dqb, dkb, dvb] = bufs;
+            pack_head_into(&q, (b, h), g.l, d, qb);
+            pack_head_into(&k, (b, h), g.s, d, kb);
+            pack_head_into(&v, (b, h), g.s, d, vb);
+            pack_head_into(&d_out, (b, h), g.l, d, gb);
+            let packed = packed_map(d);
+            let (q, k, v, d_out) = (
+                packed_rows(qb, d),
+                packed_rows(kb, d),
+                packed_rows(vb, d),
+                packed_rows(gb, d),
+            );
+            for (buf, len) in [(&mut *dqb, g.l), (&mut *dkb, g.s), (&mut *dvb, g.s)] {
+                buf.clear();
+                buf.resize(len * d, T::ZERO);
+            }
+            let (dq_all, dk_all, dv_all) = (&dq, &dk, &dv);
+            let dq = RowsMut::new(dqb, packed);
+            let dk = RowsMut::new(dkb, packed);
+            let dv = RowsMut::new(dvb, packed);
+            // D_i = Σ_t dO_it·O_it = Σ_j P̃_ij·dP̃_ij (P̃: the dropped probabilities).
+            let dsum: Vec<T> = (0..g.l)
+                .map(|i| {
+                    let (oi, gi) = (o.map.at(b, h, i), i * d);
+                    T::dot(&o.data[oi..oi + d], &d_out.data[gi..gi + d])
+                })
+                .collect();
+            // Key tiles, each with the query tiles that see it.
+            let mut key_tiles: Vec<(usize, usize, usize)> = Vec::new();
+            for j0 in (0..g.s_masked).step_by(BK) {
+                let first_q = if g.causal { j0 / BQ * BQ } else { 0 };
+                key_tiles.push((j0, BK.min(g.s_masked - j0), first_q));
+            }
+            for j0 in (g.s_masked..g.s).step_by(BK) {
+                key_tiles.push((j0, BK.min(g.s - j0), 0));
+            }
+            for (j0, cols, first_q) in key_tiles {
+                let masked_tile = j0 < g.s_masked;
+                for i0 in (first_q..g.l).step_by(BQ) {
+                    let rows = BQ.min(g.l - i0);
+                    let check = masked_tile && g.causal && j0 + cols - 1 > i0;
+                    let tile = (j0, cols, check);
+                    scores_tile(g, (b, h), (i0, rows), tile, &q, &k, &masks, s, BK);
+                    probs_tile(s, BK, rows, cols, &lse[i0..i0 + rows]);
+                    // SAFETY: d_out rows i0.. and v rows j0.. exist; dp is BK × BK.
+                    unsafe {
+                        gemm(
+                            (rows, cols, d),
+                            (dp.as_mut_ptr(), BK, 1),
+                            false,
+                            (
+                                d_out.data.as_ptr().add(d_out.map.at(b, h, i0)),
+                                d_out.map.si,
+                                1,
+                            ),
+                            (v.data.as_ptr().add(v.map.at(b, h, j0)), 1, v.map.si),
+                            T::ONE,
+                            Threads::One,
+                        );
+                    }
+                    // s: P → P̃ (what multiplied v); dp: dP̃ → dS = P∘(dP − D).
+                    for r in 0..rows {
+                        let i = i0 + r;
+                        let (sr, dr) = (
+                            &mut s[r * BK..r * BK + cols],
+                            &mut dp[r * BK..r * BK + cols],
+                        );
+                        match &drop {
+                            None => sr
+                                .iter()
+                                .zip(dr.iter_mut())
+                                .for_each(|(p, x)| *x = *p * (*x - dsum[i])),
+                            Some(dm) => {
+                                for c in 0..cols {
+                                    let keep = dm.mask.keep(weight_index(g, b, h, i, j0 + c));
+                                    let z = if keep { dm.scale } else { T::ZERO };
+                                    dr[c] = sr[c] * (dr[c] * z - dsum[i]);
+                                    sr[c] *= z;
+                                }
+                            }
+                        }
+                    }
+                    // SAFETY: the tiles are within this head's L and S' rows of the local buffers.
+                    unsafe {
+                        let dvp = dv.at(b, h, j0, 0);
+                        let dkp = dk.at(b, h, j0, 0);
+                        let dqp = dq.at(b, h, i0, 0);
+                        debug_assert!(dv.map.at(b, h, j0 + cols - 1) + d <= dv.len);
+                        debug_assert!(dk.map.at(b, h, j0 + cols - 1) + d <= dk.len);
+                        debug_assert!(dq.map.at(b, h, i0 + rows - 1) + d <= dq.len);
+                        // dV_j += P̃ᵀ·dO_i
+                        gemm(
+                            (cols, d, rows),
+                            (dvp, dv.map.si, 1),
+                            true,
+                            (s.as_ptr(), 1, BK),
+                            (
+                                d_out.data.as_ptr().add(d_out.map.at(b, h, i0)),
+                                d_out.map.si,
+                                1,
+                            ),
+                            T::ONE,
+                            Threads::One,
+                        );
+                        // dQ_i += scale·dS·K_j
+                        gemm(
+                            (rows, d, cols),
+                            (dqp, dq.map.si, 1),
+                            true,
+                            (dp.as_ptr(), BK, 1),
+                            (k.data.as_ptr().add(k.map.at(b, h, j0)), k.map.si, 1),
+                            scale,
+                            Threads::One,
+                        );
+                        // dK_j += scale·dSᵀ·Q_i
+                        gemm(
+                            (cols, d, rows),
+                            (dkp, dk.map.si, 1),
+                            true,
+                            (dp.as_ptr(), 1, BK),
+                            (q.data.as_ptr().add(q.map.at(b, h, i0)), q.map.si, 1),
+                            scale,
+                            Threads::One,
+                        );
+                    }
+                }
+            }
+            for (all, local, len) in [
+                (dq_all, &dqb, g.l),
+                (dk_all, &dkb, g.s),
+                (dv_all, &dvb, g.s),
+            ] {
+                for i in 0..len {
+                    // SAFETY: this task is the only writer of the (b, h) rows of the gradients
+                    // (they may share one buffer: the rows of other heads are other columns).
+                    let dst = unsafe { std::slice::from_raw_parts_mut(all.at(b, h, i, 0), d) };
+                    dst.copy_from_slice(&local[i * d..(i + 1) * d]);
+                }
+            }
+        });
+}

@@ -1,0 +1,226 @@
+//! The forward pass: online softmax over key tiles per query tile, output rows and the row
+//! log-sum-exp written (FlashAttention-2's order).
+
+use rayon::prelude::*;
+
+use super::tiles::{
+    drop_of, key_tiles, pack_head_into, packed_rows, scores_tile, weight_index, Drop, BC, BR,
+};
+use super::{Geom, Masks, RowMap, Rows, RowsMut};
+use crate::attention::dropout::DropoutMask;
+use crate::cpu::{gemm, Elem, Threads};
+
+/// Scratch buffers of the forward tasks, made once per rayon job and reused by every task
+/// (query tile, head) it runs.
+pub(super) struct TileBuffers<T> {
+    /// One tile of scores / probabilities, `BR × BC`.
+    s: Vec<T>,
+    /// The unnormalised context, `BR × d`.
+    acc: Vec<T>,
+    /// Running row max and sum.
+    m: Vec<T>,
+    l: Vec<T>,
+}
+
+impl<T: Elem> TileBuffers<T> {
+    pub(super) fn new(d: usize) -> Self {
+        Self {
+            s: vec![T::ZERO; BR * BC],
+            acc: vec![T::ZERO; BR * d],
+            m: vec![T::NEG_INF; BR],
+            l: vec![T::ZERO; BR],
+        }
+    }
+}
+
+/// One head's keys and values packed (the tile products run faster on contiguous rows),
+/// kept across the query tiles of that head that a worker runs one after another: packing
+/// per query tile would copy the whole head `L / BR` times.
+struct HeadCache<T> {
+    head: Option<(usize, usize)>,
+    kb: Vec<T>,
+    vb: Vec<T>,
+}
+
+impl<T: Elem> HeadCache<T> {
+    fn new() -> Self {
+        Self {
+            head: None,
+            kb: Vec::new(),
+            vb: Vec::new(),
+        }
+    }
+
+    /// Head `(b, h)` of k and v, packed (repacked only when the head changes).
+    fn get(
+        &mut self,
+        g: &Geom,
+        (b, h): (usize, usize),
+        k: &Rows<T>,
+        v: &Rows<T>,
+    ) -> (Rows<'_, T>, Rows<'_, T>) {
+        if self.head != Some((b, h)) {
+            pack_head_into(k, (b, h), g.s, g.d, &mut self.kb);
+            pack_head_into(v, (b, h), g.s, g.d, &mut self.vb);
+            self.head = Some((b, h));
+        }
+        (packed_rows(&self.kb, g.d), packed_rows(&self.vb, g.d))
+    }
+}
+
+/// Where [`attend_tile`] leaves what the weights need: the exponentials `exp(s - m_t)` of
+/// every key tile `t` (before dropout; rows `ld` apart) and the shift `m_t` of each row and
+/// tile (`-inf` where the row had no unmasked key yet). The weights are then
+/// `exp(s - m_t) · exp(m_t - lse)`: one exponential per row and tile instead of per element.
+pub(super) struct Kept<'a, T> {
+    pub p: &'a mut [T],
+    pub ld: usize,
+    pub m: &'a mut [T],
+    pub tiles: usize,
+}
+
+/// One query tile of one head: online softmax over the key tiles, output rows and lse
+/// written; with `keep`, the tile's exponentials for the weights too. [`forward`] and
+/// [`forward_with_weights`](super::forward_with_weights) both go through here, so the output does not depend on whether
+/// the weights are asked for, to the bit.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn attend_tile<T: Elem>(
+    g: &Geom,
+    (b, h): (usize, usize),
+    (i0, rows): (usize, usize),
+    (q, k, v): (&Rows<T>, &Rows<T>, &Rows<T>),
+    masks: &Masks<T>,
+    drop: Option<&Drop<T>>,
+    buf: &mut TileBuffers<T>,
+    mut keep: Option<Kept<'_, T>>,
+    (out, lse_out): (&RowsMut<T>, &RowsMut<T>),
+) {
+    let d = g.d;
+    let TileBuffers { s, acc, m, l } = buf;
+    let (acc, m, l) = (&mut acc[..rows * d], &mut m[..rows], &mut l[..rows]);
+    acc.iter_mut().for_each(|x| *x = T::ZERO);
+    m.iter_mut().for_each(|x| *x = T::NEG_INF);
+    l.iter_mut().for_each(|x| *x = T::ZERO);
+    for (t, tile) in key_tiles(g, i0, i0 + rows, BC).into_iter().enumerate() {
+        let (j0, cols, _) = tile;
+        scores_tile(g, (b, h), (i0, rows), tile, q, k, masks, s, BC);
+        for r in 0..rows {
+            let row = &mut s[r * BC..r * BC + cols];
+            let m_new = T::row_max(row);
+            let m_new = if m[r] > m_new { m[r] } else { m_new };
+            if m_new == T::NEG_INF {
+                // Every key so far masked: nothing to add.
+                row.iter_mut().for_each(|x| *x = T::ZERO);
+                if let Some(kp) = keep.as_mut() {
+                    kp.p[r * kp.ld + j0..][..cols].copy_from_slice(row);
+                    kp.m[r * kp.tiles + t] = T::NEG_INF;
+                }
+                continue;
+            }
+            let sum = T::exp_shift_sum(row, m_new);
+            if let Some(kp) = keep.as_mut() {
+                kp.p[r * kp.ld + j0..][..cols].copy_from_slice(row);
+                kp.m[r * kp.tiles + t] = m_new;
+            }
+            if m[r] != m_new {
+                let alpha = (m[r] - m_new).exp();
+                l[r] *= alpha;
+                acc[r * d..(r + 1) * d].iter_mut().for_each(|x| *x *= alpha);
+                m[r] = m_new;
+            }
+            l[r] += sum;
+            if let Some(dr) = drop {
+                let i = i0 + r;
+                for (c, x) in row.iter_mut().enumerate() {
+                    let keep = dr.mask.keep(weight_index(g, b, h, i, j0 + c));
+                    *x = if keep { *x * dr.scale } else { T::ZERO };
+                }
+            }
+        }
+        // SAFETY: acc is rows × d, s rows × BC (cols used), v rows j0..j0+cols exist.
+        unsafe {
+            let vp = v.data.as_ptr().add(v.map.at(b, h, j0));
+            gemm(
+                (rows, d, cols),
+                (acc.as_mut_ptr(), d, 1),
+                true,
+                (s.as_ptr(), BC, 1),
+                (vp, v.map.si, 1),
+                T::ONE,
+                Threads::One,
+            );
+        }
+    }
+    for r in 0..rows {
+        // SAFETY: the caller's task is the only writer of output row (b, h, i0 + r) and of
+        // lse (b, h, i0 + r); both are within their buffers.
+        unsafe {
+            let o = std::slice::from_raw_parts_mut(out.at(b, h, i0 + r, 0), d);
+            let lse_i = lse_out.at(b, h, i0 + r, 0);
+            if l[r] == T::ZERO {
+                o.iter_mut().for_each(|x| *x = T::ZERO);
+                *lse_i = T::INF;
+            } else {
+                let inv = T::ONE / l[r];
+                o.iter_mut()
+                    .zip(&acc[r * d..(r + 1) * d])
+                    .for_each(|(x, a)| *x = *a * inv);
+                *lse_i = m[r] + l[r].ln();
+            }
+        }
+    }
+}
+
+/// The lse buffer `(N, H, L)` as rows of one element.
+pub(super) fn lse_rows<T>(g: &Geom, lse: &mut [T]) -> RowsMut<T> {
+    RowsMut::new(
+        lse,
+        RowMap {
+            off: 0,
+            sb: g.h * g.l,
+            sh: g.l,
+            si: 1,
+        },
+    )
+}
+
+/// Fused forward: `out` rows get softmax(scale·q·kᵀ + masks)·v (dropped and rescaled as
+/// [`DropoutMask`] says), `lse[(b·H + h)·L + i]` the row log-sum-exp; a row with every key
+/// masked gets a zero output and `lse = +inf` (so that recomputed probabilities are 0).
+/// Parallel over batch × heads × query tiles.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn forward<T: Elem>(
+    g: &Geom,
+    q: Rows<T>,
+    k: Rows<T>,
+    v: Rows<T>,
+    masks: Masks<T>,
+    dropout: Option<&DropoutMask>,
+    out: RowsMut<T>,
+    lse: &mut [T],
+) {
+    let drop = drop_of::<T>(dropout);
+    let q_tiles = g.l.div_ceil(BR);
+    let lse_out = lse_rows(g, lse);
+    let init = || (TileBuffers::new(g.d), HeadCache::new());
+    (0..g.n * g.h * q_tiles)
+        .into_par_iter()
+        .for_each_init(init, |(buf, cache), task| {
+            let (bh, qt) = (task / q_tiles, task % q_tiles);
+            let (b, h) = (bh / g.h, bh % g.h);
+            let i0 = qt * BR;
+            let rows = BR.min(g.l - i0);
+            let (kh, vh) = cache.get(g, (b, h), &k, &v);
+            attend_tile(
+                g,
+                (b, h),
+                (i0, rows),
+                (&q, &kh, &vh),
+                &masks,
+                drop.as_ref(),
+                buf,
+                None,
+                (&out, &lse_out),
+            );
+        });
+}

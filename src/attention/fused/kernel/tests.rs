@@ -1,0 +1,170 @@
+//! The kernels against textbook attention gradients.
+
+use super::tiles::weight_index;
+use super::*;
+use crate::attention::dropout::DropoutMask;
+
+/// Deterministic values in [-1, 1).
+fn values(len: usize, seed: u64) -> Vec<f64> {
+    (0..len as u64)
+        .map(|i| {
+            let x = (i + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ seed.wrapping_mul(0xBF58_476D);
+            ((x >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// Attention gradients the textbook way (whole `L × S` matrices per head), row-major
+/// `(N, H, len, d)` inputs: `[dq, dk, dv]`.
+#[allow(clippy::too_many_arguments)]
+fn naive_grads(
+    g: &Geom,
+    (q, k, v): (&[f64], &[f64], &[f64]),
+    d_out: &[f64],
+    mask: Option<&DropoutMask>,
+) -> [Vec<f64>; 3] {
+    let (l, s, d) = (g.l, g.s, g.d);
+    let mut out = [vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]];
+    for bh in 0..g.n * g.h {
+        let (b, h) = (bh / g.h, bh % g.h);
+        let (qo, ko) = (bh * l * d, bh * s * d);
+        let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
+        for i in 0..l {
+            let qi = &q[qo + i * d..][..d];
+            let seen: Vec<bool> = (0..s).map(|j| !(g.causal && j > i)).collect();
+            let sc: Vec<f64> = (0..s)
+                .map(|j| g.scale * dot(qi, &k[ko + j * d..][..d]))
+                .collect();
+            let m = (0..s)
+                .filter(|&j| seen[j])
+                .map(|j| sc[j])
+                .fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = (0..s)
+                .map(|j| if seen[j] { (sc[j] - m).exp() } else { 0.0 })
+                .collect();
+            let z: f64 = e.iter().sum();
+            let gi = &d_out[qo + i * d..][..d];
+            let keep = |j: usize| match mask {
+                Some(mk) if !mk.keep(weight_index(g, b, h, i, j)) => 0.0,
+                Some(mk) => mk.scale,
+                None => 1.0,
+            };
+            // p, dP (through the dropout), D = Σ p·dP.
+            let p: Vec<f64> = e
+                .iter()
+                .map(|x| if z > 0.0 { x / z } else { 0.0 })
+                .collect();
+            let dp: Vec<f64> = (0..s)
+                .map(|j| keep(j) * dot(gi, &v[ko + j * d..][..d]))
+                .collect();
+            let dsum: f64 = (0..s).map(|j| p[j] * dp[j]).sum();
+            for j in 0..s {
+                let ds = p[j] * (dp[j] - dsum) * g.scale;
+                for c in 0..d {
+                    out[0][qo + i * d + c] += ds * k[ko + j * d + c];
+                    out[1][ko + j * d + c] += ds * qi[c];
+                    out[2][ko + j * d + c] += p[j] * keep(j) * gi[c];
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The backward pass gives the textbook gradients and writes every gradient row whatever
+/// the buffers held (NaN on entry gives the same gradients as zeros), across several
+/// tiles and where a row block gets no tile product at all (causal keys after the last
+/// query, no keys).
+#[test]
+fn backward_overwrites_every_gradient_row() {
+    let contiguous = |len: usize, h: usize, d: usize| RowMap {
+        off: 0,
+        sb: h * len * d,
+        sh: len * d,
+        si: d,
+    };
+    // (l, s, causal, dropout); BQ = BK = 128, so 130 and 300 span several tiles.
+    for (l, s, causal, p) in [
+        (130, 300, true, None),
+        (130, 300, false, Some(0.5)),
+        (300, 130, true, None),
+        (5, 0, false, None),
+    ] {
+        let (n, h, d) = (2, 2, 3);
+        let g = Geom {
+            n,
+            h,
+            l,
+            s,
+            d,
+            s_masked: s,
+            causal,
+            scale: 0.5,
+        };
+        let (q, k, v) = (
+            values(n * h * l * d, 1),
+            values(n * h * s * d, 2),
+            values(n * h * s * d, 3),
+        );
+        let (qm, km) = (contiguous(l, h, d), contiguous(s, h, d));
+        let rows = |data, map| Rows { data, map };
+        let mut out = vec![0.0; n * h * l * d];
+        let mut lse = vec![0.0; n * h * l];
+        let mask = p.map(|p| DropoutMask::new(p, 7).unwrap());
+        forward(
+            &g,
+            rows(&q, qm),
+            rows(&k, km),
+            rows(&v, km),
+            Masks::default(),
+            mask.as_ref(),
+            RowsMut::new(&mut out, qm),
+            &mut lse,
+        );
+        let d_out = values(out.len(), 4);
+        let grads = |fill: f64| {
+            let mut dq = vec![fill; q.len()];
+            let mut dk = vec![fill; k.len()];
+            let mut dv = vec![fill; v.len()];
+            backward(
+                &g,
+                (rows(&q, qm), rows(&k, km), rows(&v, km)),
+                rows(&out, qm),
+                rows(&d_out, qm),
+                &lse,
+                Masks::default(),
+                mask.as_ref(),
+                (
+                    RowsMut::new(&mut dq, qm),
+                    RowsMut::new(&mut dk, km),
+                    RowsMut::new(&mut dv, km),
+                ),
+            );
+            [dq, dk, dv]
+        };
+        let (zeroed, garbage) = (grads(0.0), grads(f64::NAN));
+        let want = naive_grads(&g, (&q, &k, &v), &d_out, mask.as_ref());
+        for (name, (got, want)) in ["dq", "dk", "dv"].iter().zip(zeroed.iter().zip(&want)) {
+            let err = got
+                .iter()
+                .zip(want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f64::max);
+            assert!(
+                err < 1e-12,
+                "(l, s, causal) = ({l}, {s}, {causal}): {name} off by {err:e}"
+            );
+        }
+        for (name, (a, b)) in ["dq", "dk", "dv"].iter().zip(zeroed.iter().zip(&garbage)) {
+            assert!(
+                a.iter().zip(b).all(|(a, b)| a == b),
+                "(l, s, causal) = ({l}, {s}, {causal}): {name} depends on the buffer's contents"
+            );
+        }
+        // The causal keys no query sees get zero gradients, not left-overs.
+        if causal && s > l {
+            let j = contiguous(s, h, d).at(1, 1, s - 1);
+            assert_eq!(&garbage[1][j..j + d], &[0.0; 3][..]);
+        }
+    }
+}

@@ -1,0 +1,203 @@
+//! The attention weights: from the forward's row log-sum-exp in a pass of their own
+//! ([`weights`]), or together with the forward pass ([`forward_with_weights`]).
+
+use rayon::prelude::*;
+
+use super::forward::{attend_tile, lse_rows, Kept, TileBuffers};
+use super::tiles::{
+    all_heads_rows, drop_of, key_tiles, pack_all_heads, probs_tile, scores_tile, weight_index,
+    Drop, BC, BR,
+};
+use super::{Geom, Masks, RowMap, Rows, RowsMut};
+use crate::attention::dropout::DropoutMask;
+use crate::cpu::Elem;
+
+/// The weights buffer `(N, H, L, S')`, or `(N, L, S')` for the head mean (h ignored), as rows.
+fn weight_rows<T>(g: &Geom, out: &mut [T], average: bool) -> RowsMut<T> {
+    let (l, sk) = (g.l, g.s);
+    RowsMut::new(
+        out,
+        RowMap {
+            off: 0,
+            sb: if average { l * sk } else { g.h * l * sk },
+            sh: if average { 0 } else { l * sk },
+            si: sk,
+        },
+    )
+}
+
+/// Stores the probabilities `p` of keys `j0..` of row `(b, h, i)` into the weights: dropped
+/// and rescaled as the forward pass dropped them, then written, or added for the head mean.
+///
+/// # Safety
+/// The caller's task must be the only writer of weight row `(b, ·, i)`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn store_weights<T: Elem>(
+    g: &Geom,
+    (b, h, i): (usize, usize, usize),
+    j0: usize,
+    p: &[T],
+    out: &RowsMut<T>,
+    drop: Option<&Drop<T>>,
+    average: bool,
+) {
+    let dst = std::slice::from_raw_parts_mut(out.at(b, h, i, j0), p.len());
+    for (c, (x, p)) in dst.iter_mut().zip(p).enumerate() {
+        let p = match drop {
+            Some(dm) if !dm.mask.keep(weight_index(g, b, h, i, j0 + c)) => T::ZERO,
+            Some(dm) => *p * dm.scale,
+            None => *p,
+        };
+        if average {
+            *x += p;
+        } else {
+            *x = p;
+        }
+    }
+}
+
+/// Divides the head sums of weight rows `(b, i0..i0 + rows)` by `H`.
+///
+/// # Safety
+/// As [`store_weights`], for these rows.
+unsafe fn finish_head_mean<T: Elem>(
+    g: &Geom,
+    out: &RowsMut<T>,
+    b: usize,
+    (i0, rows): (usize, usize),
+) {
+    let inv_h = T::from_f64(1.0 / g.h as f64);
+    for r in 0..rows {
+        let dst = std::slice::from_raw_parts_mut(out.at(b, 0, i0 + r, 0), g.s);
+        dst.iter_mut().for_each(|x| *x *= inv_h);
+    }
+}
+
+/// The attention weights from the forward's `lse`, written once: `(N, H, L, S')`, or the mean
+/// over heads `(N, L, S')` when `average`, after dropout when `dropout` is given (as PyTorch
+/// returns them). `out` must be zeroed. Parallel over batch × query tiles, heads inside, so
+/// the head mean is accumulated in place.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn weights<T: Elem>(
+    g: &Geom,
+    q: Rows<T>,
+    k: Rows<T>,
+    lse: &[T],
+    masks: Masks<T>,
+    dropout: Option<&DropoutMask>,
+    average: bool,
+    out: &mut [T],
+) {
+    let drop = drop_of::<T>(dropout);
+    let q_tiles = g.l.div_ceil(BR);
+    let l = g.l;
+    let out = weight_rows(g, out, average);
+    (0..g.n * q_tiles).into_par_iter().for_each(|task| {
+        let (b, qt) = (task / q_tiles, task % q_tiles);
+        let i0 = qt * BR;
+        let rows = BR.min(l - i0);
+        let mut s = vec![T::ZERO; BR * BC];
+        for h in 0..g.h {
+            let lse = &lse[(b * g.h + h) * l + i0..][..rows];
+            for tile in key_tiles(g, i0, i0 + rows, BC) {
+                let (j0, cols, _) = tile;
+                scores_tile(g, (b, h), (i0, rows), tile, &q, &k, &masks, &mut s, BC);
+                probs_tile(&mut s, BC, rows, cols, lse);
+                for r in 0..rows {
+                    let p = &s[r * BC..r * BC + cols];
+                    // SAFETY: this task is the only writer of rows (b, ·, i0..i0+rows).
+                    unsafe {
+                        store_weights(g, (b, h, i0 + r), j0, p, &out, drop.as_ref(), average)
+                    };
+                }
+            }
+        }
+        if average {
+            // SAFETY: as above.
+            unsafe { finish_head_mean(g, &out, b, (i0, rows)) };
+        }
+    });
+}
+
+/// Forward and weights together, for calls that return the weights: [`attend_tile`] keeps
+/// the raw scores of its query tile (`BR × S'`, never `L × S'`), from which the weights are
+/// written once with the tile's lse. Compared with [`forward`](super::forward) + [`weights`] it computes
+/// `q·kᵀ` once. Outputs as in both; `weights_out` must be zeroed. Parallel over batch × query
+/// tiles, heads inside (the head mean is accumulated in place).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn forward_with_weights<T: Elem>(
+    g: &Geom,
+    (q, k, v): (Rows<T>, Rows<T>, Rows<T>),
+    masks: Masks<T>,
+    dropout: Option<&DropoutMask>,
+    out: RowsMut<T>,
+    lse: &mut [T],
+    weights_out: &mut [T],
+    average: bool,
+) {
+    let drop = drop_of::<T>(dropout);
+    let q_tiles = g.l.div_ceil(BR);
+    let (l, sk) = (g.l, g.s);
+    let lse_out = lse_rows(g, lse);
+    let w_out = weight_rows(g, weights_out, average);
+    let ld = sk.max(1);
+    // Heads run inside a task here (for the in-place head mean): pack every head once.
+    let (kp, vp) = (pack_all_heads(g, &k, sk), pack_all_heads(g, &v, sk));
+    let (k, v) = (all_heads_rows(g, &kp, sk), all_heads_rows(g, &vp, sk));
+    // At most one tile per BC masked keys, plus the bias_k / zero-attention tile.
+    let n_tiles = g.s_masked.div_ceil(BC) + (g.s - g.s_masked).div_ceil(BC);
+    let init = || {
+        (
+            TileBuffers::new(g.d),
+            vec![T::ZERO; BR * ld],
+            vec![T::ZERO; BR * n_tiles.max(1)],
+        )
+    };
+    (0..g.n * q_tiles)
+        .into_par_iter()
+        .for_each_init(init, |(buf, kept, kept_m), task| {
+            let (b, qt) = (task / q_tiles, task % q_tiles);
+            let i0 = qt * BR;
+            let rows = BR.min(l - i0);
+            let tiles = key_tiles(g, i0, i0 + rows, BC);
+            for h in 0..g.h {
+                let keep = Kept {
+                    p: &mut kept[..],
+                    ld,
+                    m: &mut kept_m[..],
+                    tiles: n_tiles,
+                };
+                attend_tile(
+                    g,
+                    (b, h),
+                    (i0, rows),
+                    (&q, &k, &v),
+                    &masks,
+                    drop.as_ref(),
+                    buf,
+                    Some(keep),
+                    (&out, &lse_out),
+                );
+                for r in 0..rows {
+                    let i = i0 + r;
+                    // SAFETY: lse (b, h, i) was written above by this task.
+                    let lse_i = unsafe { *lse_out.at(b, h, i, 0) };
+                    let row = &mut kept[r * ld..(r + 1) * ld];
+                    for (t, &(j0, c, _)) in tiles.iter().enumerate() {
+                        let p = &mut row[j0..j0 + c];
+                        // exp(s - m_t) · exp(m_t - lse): 0 for a fully masked row (lse = +inf).
+                        let f = (kept_m[r * n_tiles + t] - lse_i).exp();
+                        p.iter_mut().for_each(|x| *x *= f);
+                        // SAFETY: this task is the only writer of weight rows (b, ·, i).
+                        unsafe {
+                            store_weights(g, (b, h, i), j0, p, &w_out, drop.as_ref(), average)
+                        };
+                    }
+                }
+            }
+            if average {
+                // SAFETY: as above.
+                unsafe { finish_head_mean(g, &w_out, b, (i0, rows)) };
+            }
+        });
+}
