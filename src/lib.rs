@@ -43,6 +43,7 @@ pub mod data;
 pub mod device;
 pub mod init;
 pub mod models;
+pub mod nn;
 pub mod rng;
 pub mod training;
 

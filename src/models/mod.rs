@@ -1,7 +1,7 @@
-//! Models built on the attention core: layers with PyTorch's names and a next-token predictor.
+//! Models built on the attention core and the [`nn`](crate::nn) layers: a next-token predictor
+//! and its generation. (`layers` re-exports the layers that moved to `nn`.)
 
 mod config;
-mod fused;
 mod generate;
 pub mod layers;
 mod next_token;

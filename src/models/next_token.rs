@@ -3,12 +3,12 @@
 use candle::{DType, Module, Result, Tensor};
 use candle_nn::VarBuilder;
 
-use super::layers::{Embedding, LayerNorm, Linear};
 use super::NextTokenPredictorConfig;
 use crate::attention::dropout::seeded_dropout;
 use crate::attention::{
     AttentionKernel, AttentionOptions, MultiheadAttention, MultiheadAttentionConfig,
 };
+use crate::nn::{Embedding, LayerNorm, Linear};
 use crate::rng::derive_seed;
 
 /// One pre-LayerNorm transformer block: `x + attn(ln1(x))`, then `x + mlp(ln2(x))`.
@@ -61,7 +61,7 @@ impl Block {
         let attn = self.attn.forward(&h, &h, &h, opts)?;
         let x = (x + drop(attn.output, "attn")?)?;
         let fc1 = &self.fc1;
-        let h = super::fused::linear_gelu(&self.ln2.forward(&x)?, fc1.weight(), fc1.bias())?;
+        let h = crate::nn::linear_gelu(&self.ln2.forward(&x)?, fc1.weight(), fc1.bias())?;
         let m = drop(self.fc2.forward(&h)?, "mlp")?;
         Ok(((x + m)?, attn.weights))
     }
@@ -264,7 +264,7 @@ pub fn masked_cross_entropy(logits: &Tensor, targets: &Tensor, mask: &Tensor) ->
             [n, l]
         )
     }
-    super::fused::cross_entropy_rows(
+    crate::nn::cross_entropy_rows(
         &logits.reshape((n * l, v))?,
         &targets.reshape(n * l)?,
         &mask.reshape(n * l)?,

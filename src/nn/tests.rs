@@ -3,7 +3,8 @@
 
 use candle::{DType, Device, Result, Tensor, Var, D};
 
-use super::{cross_entropy_rows, gelu_erf, layer_norm, linear_gelu};
+use super::layer_norm::layer_norm;
+use super::{cross_entropy_rows, gelu_erf, linear_gelu};
 use crate::rng::normal;
 
 fn rel_err(a: &Tensor, b: &Tensor) -> Result<f64> {

@@ -3,9 +3,10 @@
 //! As two ops (fused linear, then GELU) the backward pass writes the GELU's input gradient
 //! into a new tensor and candle adds it into a fresh zero tensor before the linear's backward
 //! reads it: two extra passes over the widest activation of a block (`ff_dim` per token) and
-//! one node less in the graph. Here the pre-activation is kept by the op (as the separate
-//! GELU op kept its input) and the backward pass goes straight from the output gradient to
-//! the pre-activation gradient to the linear's three gradients.
+//! one node less in the graph. Here the pre-activation is kept by the op (in a
+//! `crate::cpu::Stash`, as the separate GELU op kept its input) and the backward pass goes
+//! straight from the output gradient to the pre-activation gradient to the linear's three
+//! gradients.
 
 use candle::backend::BackendStorage;
 use candle::{CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Tensor};

@@ -1,10 +1,13 @@
-//! Layer normalisation over the last dimension as one op with its backward.
+//! Layer normalisation over the last dimension: the [`LayerNorm`] layer and its op, one op
+//! forward and backward on the CPU in f32/f64 (candle-nn's `LayerNorm` takes a fused path
+//! without backward).
 //!
 //! Row statistics are accumulated in f64; the backward pass recomputes them from `x` (one pass
 //! over a row) instead of keeping them.
 
 use candle::backend::BackendStorage;
-use candle::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, WithDType};
+use candle::{CpuStorage, CustomOp3, DType, Layout, Module, Result, Shape, Tensor, WithDType};
+use candle_nn::{Init, VarBuilder};
 use rayon::prelude::*;
 
 use crate::cpu::{contiguous, fused, unsupported_dtype, ROWS_PER_TASK};
@@ -206,4 +209,33 @@ pub(crate) fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -
         &bias.contiguous()?,
         LayerNormOp { eps },
     )
+}
+
+/// Layer normalisation over the last dimension, with a backward: one op on the CPU in
+/// f32/f64 (row statistics in f64), candle's generic ops elsewhere.
+///
+/// PyTorch equivalent: `nn.LayerNorm(dim, eps=1e-5)`: `weight` ones, `bias` zeros; biased
+/// variance. candle-nn's `LayerNorm` takes a fused path without backward.
+#[derive(Clone, Debug)]
+pub struct LayerNorm {
+    weight: Tensor,
+    bias: Tensor,
+    eps: f64,
+}
+
+impl LayerNorm {
+    /// Takes (or creates) `weight` and `bias` under `vb`.
+    pub fn new(dim: usize, eps: f64, vb: VarBuilder) -> Result<Self> {
+        Ok(Self {
+            weight: vb.get_with_hints(dim, "weight", Init::Const(1.0))?,
+            bias: vb.get_with_hints(dim, "bias", Init::Const(0.0))?,
+            eps,
+        })
+    }
+}
+
+impl Module for LayerNorm {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        layer_norm(x, &self.weight, &self.bias, self.eps)
+    }
 }

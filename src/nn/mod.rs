@@ -1,0 +1,30 @@
+//! Layers with PyTorch's names, initialisation and a full backward, and the fused CPU ops the
+//! models are built from: [`Linear`], [`Embedding`], [`LayerNorm`]; the exact GELU (alone and
+//! after a linear layer) and the masked cross-entropy.
+//!
+//! Built from candle's generic ops the layer norm, GELU and cross-entropy cost many passes over
+//! the activations (layer norm: ~10 forward and ~25 backward, each gradient added into a fresh
+//! zero tensor; GELU's backward 8 single-threaded passes with `erf` recomputed), which made them
+//! most of a training step. So on the CPU in f32/f64 each is one op forward and one backward,
+//! over the kernels of the CPU layer (`crate::cpu`); other devices and dtypes keep the generic
+//! ops.
+//!
+//! Layering: above the CPU layer and `init`, below `models`; nothing here imports the
+//! attention core.
+
+mod cross_entropy;
+mod embedding;
+mod gelu;
+mod layer_norm;
+mod linear;
+mod linear_gelu;
+
+pub(crate) use cross_entropy::cross_entropy_rows;
+pub use embedding::Embedding;
+pub(crate) use gelu::gelu_erf;
+pub use layer_norm::LayerNorm;
+pub use linear::Linear;
+pub(crate) use linear_gelu::linear_gelu;
+
+#[cfg(test)]
+mod tests;
