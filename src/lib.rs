@@ -42,6 +42,7 @@ mod cpu;
 pub mod data;
 pub mod device;
 pub mod init;
+pub mod io;
 pub mod models;
 pub mod nn;
 pub mod rng;

@@ -10,7 +10,6 @@
 //!   [`load_attention`] builds one, inferring its configuration; [`save_modules`] writes
 //!   modules at their prefixes.
 
-mod atomic;
 mod attention_io;
 mod cast;
 mod discover;
@@ -19,7 +18,8 @@ mod pickle;
 mod report;
 mod state_dict;
 
-pub use atomic::write_atomic;
+/// Moved to [`crate::io::write_atomic`]; kept here so existing code compiles.
+pub use crate::io::write_atomic;
 pub use attention_io::{
     load_attention, load_attention_file, save_modules, state_dict_of, AttentionLoadOptions,
     LoadedAttention, NamedParameters,

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use candle::{DType, Device, Result, Tensor};
 
-use super::atomic::write_atomic;
+use crate::io::write_atomic;
 
 /// An ordered map of parameter names to tensors, with the file's metadata.
 ///

@@ -1,5 +1,8 @@
-//! Atomic file writes: a temporary file beside the target, flushed, then renamed over it, so a
-//! crash or Ctrl-C never leaves a half-written checkpoint.
+//! Small file helpers shared by every layer that writes files (checkpoints, prepared data and
+//! vocabularies, training records, pictures): below all of them, importing nothing of the crate.
+//!
+//! [`write_atomic`]: a temporary file beside the target, flushed, then renamed over it, so a
+//! crash or Ctrl-C never leaves a half-written file.
 
 use std::io::Write;
 use std::path::Path;
