@@ -16,7 +16,7 @@ use candle_mha::analysis::{
     GraphOptions, RolloutFusion, TableOptions,
 };
 use candle_mha::candle::{DType, Device, IndexOp, Tensor};
-use candle_mha::checkpoint::write_atomic;
+use candle_mha::io::write_atomic;
 use candle_mha::rng::normal;
 use candle_mha::{
     seeded_var_builder, AttentionOptions, MultiheadAttention, MultiheadAttentionConfig,

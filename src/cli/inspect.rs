@@ -9,9 +9,9 @@ use candle_mha::analysis::{
     HeatmapOptions, TableOptions,
 };
 use candle_mha::candle::{DType, Tensor};
-use candle_mha::checkpoint::write_atomic;
 use candle_mha::data::{Codec, TextWindows};
 use candle_mha::device::select_device;
+use candle_mha::io::write_atomic;
 
 use super::choices::Fusion;
 

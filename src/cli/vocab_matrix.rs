@@ -101,10 +101,7 @@ pub fn run(args: &VocabMatrixArgs) -> Result<()> {
         .clone()
         .unwrap_or_else(|| args.checkpoint.join("vocab_matrix"));
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-    candle_mha::checkpoint::write_atomic(
-        &out.join("vocab_matrix.csv"),
-        vm.to_csv(&labels).as_bytes(),
-    )?;
+    candle_mha::io::write_atomic(&out.join("vocab_matrix.csv"), vm.to_csv(&labels).as_bytes())?;
     vm.save_safetensors(out.join("vocab_matrix.safetensors"))?;
     eprintln!(
         "wrote {}/vocab_matrix.csv and vocab_matrix.safetensors",

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use candle::Result;
 
-use crate::checkpoint::write_atomic;
+use crate::io::write_atomic;
 
 /// The padding symbol (id [`PAD_ID`]).
 pub const PAD: &str = "<pad>";

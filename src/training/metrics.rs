@@ -108,7 +108,7 @@ pub fn truncate_metrics(path: &Path, step: u64) -> Result<()> {
         text.push_str(&line);
         text.push('\n');
     }
-    crate::checkpoint::write_atomic(path, text.as_bytes())
+    crate::io::write_atomic(path, text.as_bytes())
 }
 
 #[cfg(test)]
