@@ -16,10 +16,12 @@
 mod kernel;
 mod op;
 mod projected;
+mod weights_op;
 
 /// The fused linear is the CPU layer's (`crate::cpu::linear`); kept here for the module's
 /// imports.
 pub(crate) use crate::cpu::linear;
 pub(crate) use kernel::Geom;
-pub(crate) use op::{FusedAttention, FusedWeights};
+pub(crate) use op::FusedAttention;
 pub(crate) use projected::projected_self_attention;
+pub(crate) use weights_op::FusedWeights;
