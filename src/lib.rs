@@ -19,8 +19,22 @@
 //! # }
 //! ```
 //!
-//! Layering (lower layers never import higher ones): [`rng`] and [`init`] (seeded randomness),
-//! [`autograd`] (backward from a given gradient) → [`attention`] (the module itself) → [`checkpoint`] (PyTorch state_dicts in and out).
+//! Layering (lower layers never import higher ones; the folder names say which is which):
+//!
+//! 1. Foundations, importing nothing of the crate but each other: [`rng`] (seeded, portable
+//!    randomness), [`init`] (PyTorch's initialisers, drawn from `rng`), [`autograd`] (backward
+//!    from a given gradient), [`device`] (a device from a string), [`io`] (atomic file writes),
+//!    [`alloc`] (keeping freed memory between steps), and `cpu`, the crate-private CPU kernel
+//!    layer every fused op shares (one element trait, the SIMD math, one storage-slice helper,
+//!    one gemm wrapper, the fused linear, one dtype error, one side channel).
+//! 2. [`attention`]: the module itself, with its fused CPU kernels (`attention/fused/`).
+//! 3. [`checkpoint`]: PyTorch state_dicts in and out.
+//! 4. [`nn`]: layers with PyTorch's names and the models' fused CPU ops; [`models`]: the
+//!    next-token predictor and generation, on `attention` and `nn`.
+//! 5. [`data`] (vocabularies, token files, batching), [`training`] (AdamW, the trainer),
+//!    [`analysis`] (reading attention, pictures).
+//! 6. The `mha` binary (`src/main.rs`, `src/cli/`; the default `cli` feature), on the public
+//!    API only.
 //!
 //! [`torch.nn.MultiheadAttention`]: https://pytorch.org/docs/stable/generated/torch.nn.MultiheadAttention.html
 //! [candle]: https://github.com/huggingface/candle
