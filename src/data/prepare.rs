@@ -16,7 +16,7 @@ use super::prepared::{
 use super::text::TextTokenizer;
 use super::text_chunks::{text_file_sizes, TextChunks, DEFAULT_CHUNK_BYTES};
 use super::vocab::{Vocab, BOS_ID, EOS_ID, UNK_ID};
-use crate::checkpoint::write_atomic;
+use crate::io::write_atomic;
 
 /// Settings of [`prepare_text`] and [`prepare_token_files`].
 ///

@@ -14,8 +14,9 @@ use super::state::{
 use super::{
     clip_grad_norm, evaluate_examples, AdamW, AdamWConfig, Evaluation, LrSchedule, TrainConfig,
 };
-use crate::checkpoint::{state_dict_of, write_atomic, NamedParameters, StateDict};
+use crate::checkpoint::{state_dict_of, NamedParameters, StateDict};
 use crate::data::{Batch, Codec, Dataset, EvalSet, Example, TrainSource};
+use crate::io::write_atomic;
 use crate::models::{masked_cross_entropy, NextTokenPredictor};
 use crate::rng::derive_seed;
 

@@ -55,7 +55,7 @@
 //! of the default `vmin`/`vmax`, and printed as `NaN`, `inf`, `-inf` (e.g. masked scores).
 //!
 //! # Writing files
-//! [`save`] writes the bytes atomically (`crate::checkpoint::write_atomic`); for SVG pass
+//! [`save`] writes the bytes atomically (`crate::io::write_atomic`); for SVG pass
 //! `svg.as_bytes()`.
 //!
 //! # Files
@@ -114,7 +114,7 @@ impl Default for HeatmapOptions {
 /// # Errors
 /// The file cannot be written; the message names the path.
 pub fn save(path: &Path, bytes: &[u8]) -> Result<()> {
-    crate::checkpoint::write_atomic(path, bytes)
+    crate::io::write_atomic(path, bytes)
 }
 
 /// One `(L, S)` matrix as an RGB PNG: row labels on the left, column labels on top (rotated
