@@ -6,6 +6,7 @@ mod checks;
 mod config;
 pub mod dropout;
 pub(crate) mod fused;
+mod kv_cache;
 pub mod mask;
 mod mha;
 mod options;
@@ -13,5 +14,6 @@ pub mod softmax;
 
 pub(crate) use checks::is_float;
 pub use config::MultiheadAttentionConfig;
+pub use kv_cache::{IncrementalOptions, KvCache, MemoryCache};
 pub use mha::{multihead_attention, MultiheadAttention};
 pub use options::{AttentionKernel, AttentionOptions, AttentionOutput};
