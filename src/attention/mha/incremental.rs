@@ -130,8 +130,9 @@ impl MultiheadAttention {
                 geometry.extra,
                 geometry.head_dim,
             );
-            keys = Tensor::cat(&[&keys, &ek.broadcast_as(shape)?], 2)?;
-            values = Tensor::cat(&[&values, &ev.broadcast_as(shape)?], 2)?;
+            // cat of a broadcast view may come back strided: the products need rows.
+            keys = Tensor::cat(&[&keys, &ek.broadcast_as(shape)?], 2)?.contiguous()?;
+            values = Tensor::cat(&[&values, &ev.broadcast_as(shape)?], 2)?.contiguous()?;
         }
         Ok(MemoryCache {
             keys,
