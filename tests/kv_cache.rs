@@ -40,10 +40,10 @@ struct Case {
     /// 0: none, 1: u8 (random, with a leading padded block on some rows), 2: float.
     key_padding: u8,
     average: bool,
-    /// 0: blocks of 1, 1: blocks of 2, 2: random blocks of 1..=7 tokens.
+    /// 0: blocks of 1, 1: blocks of 2, 2: random blocks of 1..=7 tokens, 3: a prompt of
+    /// most of the sequence at once, then one token at a time.
     blocks: u8,
     capacity: usize,
-    kernel: AttentionKernel,
 }
 
 fn random_case(seed: u64) -> Case {
@@ -61,16 +61,8 @@ fn random_case(seed: u64) -> Case {
         add_zero_attn: rng.random_bool(0.3),
         key_padding: pick(&mut rng, &[0, 1, 1, 2]),
         average: rng.random_bool(0.5),
-        blocks: pick(&mut rng, &[0, 1, 2]),
+        blocks: pick(&mut rng, &[0, 1, 2, 3]),
         capacity: pick(&mut rng, &[0, 0, 1, 4, 100]),
-        kernel: pick(
-            &mut rng,
-            &[
-                AttentionKernel::Auto,
-                AttentionKernel::Fused,
-                AttentionKernel::Reference,
-            ],
-        ),
     }
 }
 
@@ -132,9 +124,14 @@ fn key_padding(case: &Case, rng: &mut ChaCha8Rng, dtype: DType) -> Result<Option
 fn block_sizes(case: &Case, rng: &mut ChaCha8Rng) -> Vec<usize> {
     let mut sizes = Vec::new();
     let mut left = case.l;
+    if case.blocks == 3 {
+        let prompt = case.l - case.l / 4;
+        sizes.push(prompt);
+        left -= prompt;
+    }
     while left > 0 {
         let b = match case.blocks {
-            0 => 1,
+            0 | 3 => 1,
             1 => 2,
             _ => rng.random_range(1..=7),
         }
@@ -145,9 +142,22 @@ fn block_sizes(case: &Case, rng: &mut ChaCha8Rng) -> Vec<usize> {
     sizes
 }
 
+/// [`check_case_on`] on every kernel.
+fn check_case(case: &Case, dtype: DType, tol: f64) -> Result<f64> {
+    let mut worst = 0f64;
+    for kernel in [
+        AttentionKernel::Fused,
+        AttentionKernel::Reference,
+        AttentionKernel::Auto,
+    ] {
+        worst = worst.max(check_case_on(case, kernel, dtype, tol)?);
+    }
+    Ok(worst)
+}
+
 /// Feeds the case's sequence through the cache in blocks and compares every block with the
 /// full causal forward; returns the worst relative error.
-fn check_case(case: &Case, dtype: DType, tol: f64) -> Result<f64> {
+fn check_case_on(case: &Case, kernel: AttentionKernel, dtype: DType, tol: f64) -> Result<f64> {
     let mha = module(case, dtype)?;
     let mut rng = rng_from_seed(case.seed + 1);
     let (n, l, e) = (case.n, case.l, case.h * case.d);
@@ -192,13 +202,16 @@ fn check_case(case: &Case, dtype: DType, tol: f64) -> Result<f64> {
             let mut opts = IncrementalOptions::new()
                 .with_need_weights(need_weights)
                 .with_average_attn_weights(case.average)
-                .with_kernel(case.kernel);
+                .with_kernel(kernel);
             if let Some(m) = &kpm {
                 let m = m.narrow(1, start, t)?;
                 opts = opts.with_key_padding_mask(if case.unbatched { m.squeeze(0)? } else { m });
             }
             let out = mha.forward_incremental(&q, &mut cache, &opts)?;
-            let what = format!("{case:?} {dtype:?} positions {start}..{}", start + t);
+            let what = format!(
+                "{case:?} {kernel:?} {dtype:?} positions {start}..{}",
+                start + t
+            );
             let want = full.output.narrow(seq_dim, start, t)?;
             worst = worst.max(assert_close(&what, &out.output, &want, tol)?);
             let len = start + t;
