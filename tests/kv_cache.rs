@@ -528,3 +528,28 @@ fn bad_arguments_are_errors_naming_them() -> Result<()> {
     )?;
     Ok(())
 }
+
+#[test]
+fn a_cloned_cache_is_independent() -> Result<()> {
+    let mha = small_module(8, 2, DType::F64)?;
+    let x = normal(0., 1., (1, 12, 8), DType::F64, &Device::Cpu, 5)?;
+    let y = normal(0., 1., (1, 4, 8), DType::F64, &Device::Cpu, 6)?;
+    let opts = IncrementalOptions::new();
+    let mut a = KvCache::with_capacity(&mha, 1, 64)?;
+    mha.forward_incremental(&x.narrow(1, 0, 8)?, &mut a, &opts)?;
+    let mut b = a.clone();
+    // Two continuations from the same prefix (as beam search makes): each must equal the
+    // full forward over its own sequence, whatever the other wrote.
+    // Interleaved, so that shared buffers would show: b overwrites positions 8..12.
+    mha.forward_incremental(&x.narrow(1, 8, 2)?, &mut a, &opts)?;
+    let out_b = mha.forward_incremental(&y, &mut b, &opts)?;
+    let out_a = mha.forward_incremental(&x.narrow(1, 10, 2)?, &mut a, &opts)?;
+    assert_eq!((a.len(), b.len()), (12, 12));
+    let causal = AttentionOptions::new().with_is_causal(true);
+    let full_a = mha.forward(&x, &x, &x, &causal)?.output;
+    let xy = Tensor::cat(&[&x.narrow(1, 0, 8)?, &y], 1)?;
+    let full_b = mha.forward(&xy, &xy, &xy, &causal)?.output;
+    assert_close("a", &out_a.output, &full_a.narrow(1, 10, 2)?, 1e-12)?;
+    assert_close("b", &out_b.output, &full_b.narrow(1, 8, 4)?, 1e-12)?;
+    Ok(())
+}

@@ -49,7 +49,7 @@ const BLOCK: usize = 64;
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct KvCache {
     /// `(N, H, capacity + extra, hd)`, or `None` before the first allocation. The `extra`
     /// rows after the last position hold the `bias_k`/`bias_v` and zero-attention rows so that
@@ -63,6 +63,8 @@ pub struct KvCache {
     capacity: usize,
     batch_size: usize,
     geometry: CacheGeometry,
+    /// Why this cache is unusable: a [`Clone`] whose copy failed.
+    failed_clone: Option<String>,
 }
 
 /// What a cache must agree on with the module that uses it.
@@ -137,6 +139,28 @@ impl CacheGeometry {
     }
 }
 
+/// A deep copy ([`KvCache::try_clone`]): the buffers are written in place, so a clone
+/// sharing them would clobber the original's later positions (beam search clones caches).
+/// Should the copy fail (device memory), the clone is unusable: every call with it returns
+/// that error.
+impl Clone for KvCache {
+    fn clone(&self) -> Self {
+        match self.try_clone() {
+            Ok(c) => c,
+            Err(e) => Self {
+                k: None,
+                v: None,
+                key_padding: None,
+                len: self.len,
+                capacity: 0,
+                batch_size: self.batch_size,
+                geometry: self.geometry.clone(),
+                failed_clone: Some(e.to_string()),
+            },
+        }
+    }
+}
+
 impl KvCache {
     /// An empty cache for `batch_size` rows of `mha` (its heads, dtype and device); the
     /// buffers are allocated on the first call.
@@ -160,6 +184,7 @@ impl KvCache {
             capacity: 0,
             batch_size,
             geometry: CacheGeometry::of(mha),
+            failed_clone: None,
         };
         if capacity > 0 {
             cache.grow_to(capacity)?;
@@ -187,14 +212,42 @@ impl KvCache {
         self.capacity
     }
 
-    /// Forgets every position (length 0) and keeps the buffers for the next sequence.
+    /// Forgets every position (length 0) and keeps the buffers for the next sequence (a
+    /// failed clone becomes an empty, usable cache).
     pub fn reset(&mut self) {
         self.len = 0;
         self.key_padding = None;
+        self.failed_clone = None;
     }
 
-    pub(crate) fn geometry(&self) -> &CacheGeometry {
-        &self.geometry
+    /// A deep copy of the cache (its own buffers), or the copy's error.
+    pub fn try_clone(&self) -> Result<Self> {
+        self.usable()?;
+        let copy = |t: &Option<Tensor>| t.as_ref().map(Tensor::copy).transpose();
+        Ok(Self {
+            k: copy(&self.k)?,
+            v: copy(&self.v)?,
+            key_padding: copy(&self.key_padding)?,
+            len: self.len,
+            capacity: self.capacity,
+            batch_size: self.batch_size,
+            geometry: self.geometry.clone(),
+            failed_clone: None,
+        })
+    }
+
+    /// An error when this cache is a failed clone.
+    fn usable(&self) -> Result<()> {
+        match &self.failed_clone {
+            Some(e) => candle::bail!("cache: this KvCache is a clone whose copy failed ({e})"),
+            None => Ok(()),
+        }
+    }
+
+    /// The check of every call: the cache is usable and was made for this module.
+    pub(crate) fn check_module(&self, module: &CacheGeometry) -> Result<()> {
+        self.usable()?;
+        self.geometry.check(module, "cache")
     }
 
     /// Reallocates the buffers for at least `needed` positions, keeping the cached ones.

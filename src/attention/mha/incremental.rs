@@ -50,7 +50,7 @@ impl MultiheadAttention {
     ) -> Result<AttentionOutput> {
         let cfg = &self.config;
         let geometry = CacheGeometry::of(self);
-        cache.geometry().check(&geometry, "cache")?;
+        cache.check_module(&geometry)?;
         if !cfg.qkv_same_embed_dim() {
             candle::bail!(
                 "forward_incremental is self-attention: it needs kdim = vdim = embed_dim = {}, but this module has kdim {} and vdim {}",
