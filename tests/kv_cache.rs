@@ -4,7 +4,8 @@
 //! oracle; `forward` itself is checked against PyTorch in `pytorch_parity.rs`), with key
 //! padding (left padding included), `bias_k`/`bias_v`, zero attention, both layouts and
 //! unbatched input, on both kernels. `forward_with_memory` must equal `forward(query, key,
-//! value)`. Bad arguments give errors naming them.
+//! value)`. Bad arguments give errors naming them. One file for the cache's whole contract
+//! (one test binary to link), hence its length.
 
 mod common;
 
@@ -551,5 +552,47 @@ fn a_cloned_cache_is_independent() -> Result<()> {
     let full_b = mha.forward(&xy, &xy, &xy, &causal)?.output;
     assert_close("a", &out_a.output, &full_a.narrow(1, 10, 2)?, 1e-12)?;
     assert_close("b", &out_b.output, &full_b.narrow(1, 8, 4)?, 1e-12)?;
+    Ok(())
+}
+
+/// Batched generation's pattern: left-padded prompts with their mask, then new tokens with no
+/// mask at all; the cache must remember the prompt's padding and pad nothing new.
+#[test]
+fn prompt_padding_is_remembered_when_later_calls_have_no_mask() -> Result<()> {
+    for kernel in [AttentionKernel::Fused, AttentionKernel::Reference] {
+        let mha = small_module(8, 2, DType::F64)?;
+        let (prompt, l) = (6, 10);
+        let x = normal(0., 1., (3, l, 8), DType::F64, &Device::Cpu, 9)?;
+        // Row 0 unpadded, row 1 left-padded by 2, row 2 by 5.
+        let mut pad = vec![0u8; 3 * l];
+        pad[l..l + 2].fill(1);
+        pad[2 * l..2 * l + 5].fill(1);
+        let kpm = Tensor::from_vec(pad, (3, l), &Device::Cpu)?;
+        let full = mha.forward(
+            &x,
+            &x,
+            &x,
+            &AttentionOptions::new()
+                .with_is_causal(true)
+                .with_key_padding_mask(kpm.clone()),
+        )?;
+        let mut cache = KvCache::new(&mha, 3)?;
+        let opts = IncrementalOptions::new()
+            .with_kernel(kernel)
+            .with_need_weights(true);
+        let first = opts
+            .clone()
+            .with_key_padding_mask(kpm.narrow(1, 0, prompt)?);
+        let out = mha.forward_incremental(&x.narrow(1, 0, prompt)?, &mut cache, &first)?;
+        let mut outs = vec![out.output];
+        for p in prompt..l {
+            outs.push(
+                mha.forward_incremental(&x.narrow(1, p, 1)?, &mut cache, &opts)?
+                    .output,
+            );
+        }
+        let what = format!("{kernel:?}");
+        assert_close(&what, &Tensor::cat(&outs, 1)?, &full.output, 1e-12)?;
+    }
     Ok(())
 }
