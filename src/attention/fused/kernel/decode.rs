@@ -111,29 +111,42 @@ fn block<T: Elem>(
     sb: &mut [T],
     out: &mut [T],
 ) {
-    let (s, d) = (g.s, g.d);
-    // SAFETY: q rows r0..r0+rows and k rows 0..s of head (b, h) exist with d contiguous
-    // elements each (checked by the caller's layouts); sb is rows × s.
-    unsafe {
-        gemm(
-            (rows, s, d),
-            (sb.as_mut_ptr(), s, 1),
-            false,
-            (q.data.as_ptr().add(q.map.at(b, h, r0)), q.map.si, 1),
-            (k.data.as_ptr().add(k.map.at(b, h, 0)), 1, k.map.si),
-            T::from_f64(g.scale),
-            Threads::One,
-        );
+    let (s, d, sm) = (g.s, g.d, g.s_masked);
+    // Positions no query of the block sees (a prompt block's causal upper triangle beyond
+    // its last row) are neither multiplied nor added: a prompt costs half the products.
+    let vis = match g.causal_offset {
+        Some(off) => (off + r0 + rows).min(sm),
+        None => sm,
+    };
+    // Scores of the visible positions, then of the extra rows (after every position).
+    for (j0, cols) in [(0, vis), (sm, s - sm)] {
+        if cols == 0 {
+            continue; // (and no pointer past the head's rows)
+        }
+        // SAFETY: q rows r0..r0+rows and k rows j0..j0+cols of head (b, h) exist with d
+        // contiguous elements each (checked by the caller's layouts); sb is rows × s.
+        unsafe {
+            gemm(
+                (rows, cols, d),
+                (sb.as_mut_ptr().add(j0), s, 1),
+                false,
+                (q.data.as_ptr().add(q.map.at(b, h, r0)), q.map.si, 1),
+                (k.data.as_ptr().add(k.map.at(b, h, j0)), 1, k.map.si),
+                T::from_f64(g.scale),
+                Threads::One,
+            );
+        }
     }
     for r in 0..rows {
         let row = &mut sb[r * s..(r + 1) * s];
-        let masked = &mut row[..g.s_masked];
+        let masked = &mut row[..sm];
         if let Some((m, stride)) = kpm {
-            let m = &m[b * stride..][..g.s_masked];
-            masked.iter_mut().zip(m).for_each(|(x, m)| *x += *m);
+            let m = &m[b * stride..][..vis];
+            masked[..vis].iter_mut().zip(m).for_each(|(x, m)| *x += *m);
         }
         if let Some(off) = g.causal_offset {
-            let first_hidden = (off + r0 + r + 1).min(g.s_masked);
+            // Up to `vis` the row's own causal limit; after it, never computed.
+            let first_hidden = (off + r0 + r + 1).min(sm);
             masked[first_hidden..]
                 .iter_mut()
                 .for_each(|x| *x = T::NEG_INF);
@@ -147,17 +160,24 @@ fn block<T: Elem>(
         let inv = T::ONE / T::exp_shift_sum(row, max);
         row.iter_mut().for_each(|x| *x *= inv);
     }
-    // SAFETY: v rows 0..s of head (b, h) exist with d contiguous elements; sb is rows × s,
-    // out rows × d.
-    unsafe {
-        gemm(
-            (rows, d, s),
-            (out.as_mut_ptr(), d, 1),
-            false,
-            (sb.as_ptr(), s, 1),
-            (v.data.as_ptr().add(v.map.at(b, h, 0)), v.map.si, 1),
-            T::ONE,
-            Threads::One,
-        );
+    // The context: the visible positions, then the extra rows (the hidden ones are 0). The
+    // caller's `out` starts zeroed, so a part without keys may be skipped.
+    for (j0, cols, acc) in [(0, vis, false), (sm, s - sm, vis > 0)] {
+        if cols == 0 {
+            continue;
+        }
+        // SAFETY: v rows j0..j0+cols of head (b, h) exist with d contiguous elements; sb is
+        // rows × s, out rows × d.
+        unsafe {
+            gemm(
+                (rows, d, cols),
+                (out.as_mut_ptr(), d, 1),
+                acc,
+                (sb.as_ptr().add(j0), s, 1),
+                (v.data.as_ptr().add(v.map.at(b, h, j0)), v.map.si, 1),
+                T::ONE,
+                Threads::One,
+            );
+        }
     }
 }
