@@ -106,7 +106,11 @@ impl KvCache {
         Self::with_capacity(mha, batch_size, 0)
     }
 
-    /// An empty cache with room for `capacity` positions before it grows.
+    /// An empty cache with room for at least `capacity` positions before it grows (one
+    /// allocation for a known generation length).
+    ///
+    /// PyTorch equivalent: preallocating like Hugging Face's `StaticCache(max_cache_len=…)`,
+    /// though this one still grows past it.
     pub fn with_capacity(
         mha: &MultiheadAttention,
         batch_size: usize,
@@ -157,6 +161,8 @@ impl KvCache {
     }
 
     /// A deep copy of the cache (its own buffers), or the copy's error.
+    ///
+    /// PyTorch equivalent: `copy.deepcopy(past_key_values)`.
     pub fn try_clone(&self) -> Result<Self> {
         self.usable()?;
         let copy = |t: &Option<Tensor>| t.as_ref().map(Tensor::copy).transpose();
