@@ -63,8 +63,8 @@ pub mod rng;
 pub mod training;
 
 pub use attention::{
-    multihead_attention, AttentionKernel, AttentionOptions, AttentionOutput, MultiheadAttention,
-    MultiheadAttentionConfig,
+    multihead_attention, AttentionKernel, AttentionOptions, AttentionOutput, IncrementalOptions,
+    KvCache, MemoryCache, MultiheadAttention, MultiheadAttentionConfig,
 };
 pub use init::seeded_var_builder;
 

@@ -1,4 +1,5 @@
-//! The attention core: [`MultiheadAttention`] and its configuration, options and output.
+//! The attention core: [`MultiheadAttention`] and its configuration, options and output, and
+//! the key/value caches of incremental decoding ([`KvCache`], [`MemoryCache`]).
 //!
 //! PyTorch equivalent: `torch.nn.MultiheadAttention` and `F.multi_head_attention_forward`.
 
@@ -6,6 +7,7 @@ mod checks;
 mod config;
 pub mod dropout;
 pub(crate) mod fused;
+mod kv_cache;
 pub mod mask;
 mod mha;
 mod options;
@@ -13,5 +15,6 @@ pub mod softmax;
 
 pub(crate) use checks::is_float;
 pub use config::MultiheadAttentionConfig;
+pub use kv_cache::{IncrementalOptions, KvCache, MemoryCache};
 pub use mha::{multihead_attention, MultiheadAttention};
 pub use options::{AttentionKernel, AttentionOptions, AttentionOutput};

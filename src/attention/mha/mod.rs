@@ -13,6 +13,7 @@ use crate::init::{linear_weight, xavier_normal, xavier_uniform};
 use crate::rng::derive_seed;
 
 mod fused_path;
+mod incremental;
 mod projection;
 mod reference_path;
 
