@@ -78,6 +78,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         temperature: args.temperature.unwrap_or(1.0),
         seed: args.seed,
         eos_id: ckpt.codec.eos_id(),
+        kv_cache: true,
     };
     let new = generate(&ckpt.model, &prompt, &cfg)?;
     let continuation = ckpt.codec.decode_continuation(&prompt, &new)?;
