@@ -40,10 +40,10 @@ struct Case {
     /// 0: none, 1: u8 (random, with a leading padded block on some rows), 2: float.
     key_padding: u8,
     average: bool,
-    /// 0: blocks of 1, 1: blocks of 2, 2: random blocks of 1..=7 tokens.
+    /// 0: blocks of 1, 1: blocks of 2, 2: random blocks of 1..=7 tokens, 3: a prompt of
+    /// most of the sequence at once, then one token at a time.
     blocks: u8,
     capacity: usize,
-    kernel: AttentionKernel,
 }
 
 fn random_case(seed: u64) -> Case {
@@ -61,16 +61,8 @@ fn random_case(seed: u64) -> Case {
         add_zero_attn: rng.random_bool(0.3),
         key_padding: pick(&mut rng, &[0, 1, 1, 2]),
         average: rng.random_bool(0.5),
-        blocks: pick(&mut rng, &[0, 1, 2]),
+        blocks: pick(&mut rng, &[0, 1, 2, 3]),
         capacity: pick(&mut rng, &[0, 0, 1, 4, 100]),
-        kernel: pick(
-            &mut rng,
-            &[
-                AttentionKernel::Auto,
-                AttentionKernel::Fused,
-                AttentionKernel::Reference,
-            ],
-        ),
     }
 }
 
@@ -132,9 +124,14 @@ fn key_padding(case: &Case, rng: &mut ChaCha8Rng, dtype: DType) -> Result<Option
 fn block_sizes(case: &Case, rng: &mut ChaCha8Rng) -> Vec<usize> {
     let mut sizes = Vec::new();
     let mut left = case.l;
+    if case.blocks == 3 {
+        let prompt = case.l - case.l / 4;
+        sizes.push(prompt);
+        left -= prompt;
+    }
     while left > 0 {
         let b = match case.blocks {
-            0 => 1,
+            0 | 3 => 1,
             1 => 2,
             _ => rng.random_range(1..=7),
         }
@@ -145,9 +142,22 @@ fn block_sizes(case: &Case, rng: &mut ChaCha8Rng) -> Vec<usize> {
     sizes
 }
 
+/// [`check_case_on`] on every kernel.
+fn check_case(case: &Case, dtype: DType, tol: f64) -> Result<f64> {
+    let mut worst = 0f64;
+    for kernel in [
+        AttentionKernel::Fused,
+        AttentionKernel::Reference,
+        AttentionKernel::Auto,
+    ] {
+        worst = worst.max(check_case_on(case, kernel, dtype, tol)?);
+    }
+    Ok(worst)
+}
+
 /// Feeds the case's sequence through the cache in blocks and compares every block with the
 /// full causal forward; returns the worst relative error.
-fn check_case(case: &Case, dtype: DType, tol: f64) -> Result<f64> {
+fn check_case_on(case: &Case, kernel: AttentionKernel, dtype: DType, tol: f64) -> Result<f64> {
     let mha = module(case, dtype)?;
     let mut rng = rng_from_seed(case.seed + 1);
     let (n, l, e) = (case.n, case.l, case.h * case.d);
@@ -192,13 +202,16 @@ fn check_case(case: &Case, dtype: DType, tol: f64) -> Result<f64> {
             let mut opts = IncrementalOptions::new()
                 .with_need_weights(need_weights)
                 .with_average_attn_weights(case.average)
-                .with_kernel(case.kernel);
+                .with_kernel(kernel);
             if let Some(m) = &kpm {
                 let m = m.narrow(1, start, t)?;
                 opts = opts.with_key_padding_mask(if case.unbatched { m.squeeze(0)? } else { m });
             }
             let out = mha.forward_incremental(&q, &mut cache, &opts)?;
-            let what = format!("{case:?} {dtype:?} positions {start}..{}", start + t);
+            let what = format!(
+                "{case:?} {kernel:?} {dtype:?} positions {start}..{}",
+                start + t
+            );
             let want = full.output.narrow(seq_dim, start, t)?;
             worst = worst.max(assert_close(&what, &out.output, &want, tol)?);
             let len = start + t;
@@ -250,5 +263,268 @@ fn incremental_equals_full_causal_forward_half() -> Result<()> {
         check_case(&case, DType::F16, 1e-2)?;
         check_case(&case, DType::BF16, 5e-2)?;
     }
+    Ok(())
+}
+
+#[test]
+fn forward_with_memory_equals_cross_attention_forward() -> Result<()> {
+    for seed in 200..240 {
+        let mut rng = rng_from_seed(seed);
+        let (h, d) = (pick(&mut rng, &[1, 2, 4]), pick(&mut rng, &[2, 5]));
+        let e = h * d;
+        let (kdim, vdim) = match rng.random_bool(0.6) {
+            true => (e + 3, e + 1),
+            false => (e, e),
+        };
+        let (batch_first, unbatched) = (rng.random_bool(0.5), rng.random_bool(0.2));
+        let n = if unbatched {
+            1
+        } else {
+            pick(&mut rng, &[1, 3])
+        };
+        let (l, s) = (pick(&mut rng, &[1, 4, 9]), pick(&mut rng, &[1, 6, 70]));
+        let cfg = MultiheadAttentionConfig::new(e, h)
+            .with_kdim(kdim)
+            .with_vdim(vdim)
+            .with_batch_first(batch_first)
+            .with_bias(rng.random_bool(0.8))
+            .with_add_bias_kv(rng.random_bool(0.3))
+            .with_add_zero_attn(rng.random_bool(0.3));
+        let varmap = VarMap::new();
+        let dtype = pick(&mut rng, &[DType::F32, DType::F64]);
+        let tol = if dtype == DType::F32 { 1e-5 } else { 1e-12 };
+        let mha =
+            MultiheadAttention::new(cfg, seeded_var_builder(&varmap, seed, dtype, &Device::Cpu))?;
+        let shape = |len: usize, f: usize| -> Vec<usize> {
+            match (unbatched, batch_first) {
+                (true, _) => vec![len, f],
+                (false, true) => vec![n, len, f],
+                (false, false) => vec![len, n, f],
+            }
+        };
+        let q = normal(0., 1., shape(l, e), dtype, &Device::Cpu, seed + 1)?;
+        let k = normal(0., 1., shape(s, kdim), dtype, &Device::Cpu, seed + 2)?;
+        let v = normal(0., 1., shape(s, vdim), dtype, &Device::Cpu, seed + 3)?;
+        let pad: Vec<u8> = (0..n * s).map(|_| u8::from(rng.random_bool(0.3))).collect();
+        let kpm = Tensor::from_vec(pad, (n, s), &Device::Cpu)?;
+        let kpm = if unbatched { kpm.squeeze(0)? } else { kpm };
+        let average = rng.random_bool(0.5);
+        let full = mha.forward(
+            &q,
+            &k,
+            &v,
+            &AttentionOptions::new()
+                .with_key_padding_mask(kpm.clone())
+                .with_average_attn_weights(average)
+                .with_kernel(AttentionKernel::Reference),
+        )?;
+        let memory = mha.project_memory(&k, &v, Some(&kpm))?;
+        assert_eq!((memory.batch_size(), memory.len()), (n, s));
+        let seq_dim = if batch_first && !unbatched { 1 } else { 0 };
+        let kernel = pick(
+            &mut rng,
+            &[AttentionKernel::Fused, AttentionKernel::Reference],
+        );
+        let opts = IncrementalOptions::new()
+            .with_need_weights(true)
+            .with_average_attn_weights(average)
+            .with_kernel(kernel);
+        // The query in two blocks: cross-attention has no causal mask, so blocks are free.
+        let first = l / 2;
+        let mut outs = Vec::new();
+        let mut weights = Vec::new();
+        for (start, len) in [(0, first), (first, l - first)] {
+            let out = mha.forward_with_memory(&q.narrow(seq_dim, start, len)?, &memory, &opts)?;
+            outs.push(out.output);
+            weights.push(out.weights.expect("weights asked for"));
+        }
+        let what = format!("seed {seed}");
+        assert_close(&what, &Tensor::cat(&outs, seq_dim)?, &full.output, tol)?;
+        let w = Tensor::cat(&weights, weights[0].rank() - 2)?;
+        assert_close(&what, &w, full.weights.as_ref().unwrap(), tol)?;
+    }
+    Ok(())
+}
+
+fn small_module(e: usize, h: usize, dtype: DType) -> Result<MultiheadAttention> {
+    let varmap = VarMap::new();
+    let cfg = MultiheadAttentionConfig::new(e, h).with_batch_first(true);
+    Ok(MultiheadAttention::new(
+        cfg,
+        seeded_var_builder(&varmap, 7, dtype, &Device::Cpu),
+    )?)
+}
+
+#[test]
+fn cache_grows_past_its_capacity_and_reset_reuses_it() -> Result<()> {
+    let mha = small_module(8, 2, DType::F64)?;
+    let x = normal(0., 1., (2, 150, 8), DType::F64, &Device::Cpu, 1)?;
+    let full = mha.forward(&x, &x, &x, &AttentionOptions::new().with_is_causal(true))?;
+    let mut cache = KvCache::with_capacity(&mha, 2, 3)?;
+    assert!(cache.is_empty() && cache.capacity() >= 3 && cache.batch_size() == 2);
+    let initial = cache.capacity();
+    for round in 0..2 {
+        let mut outs = Vec::new();
+        for p in 0..150 {
+            let q = x.narrow(1, p, 1)?;
+            outs.push(
+                mha.forward_incremental(&q, &mut cache, &IncrementalOptions::new())?
+                    .output,
+            );
+        }
+        assert_eq!(cache.len(), 150);
+        assert!(cache.capacity() >= 150 && cache.capacity() > initial);
+        let what = format!("round {round}");
+        assert_close(&what, &Tensor::cat(&outs, 1)?, &full.output, 1e-12)?;
+        let cap = cache.capacity();
+        cache.reset();
+        assert!(cache.is_empty());
+        assert_eq!(cache.capacity(), cap, "reset keeps the buffers");
+    }
+    Ok(())
+}
+
+/// Fails unless `result` is an error whose message contains every one of `words`.
+fn expect_err<T>(result: candle_mha::candle::Result<T>, words: &[&str]) -> Result<()> {
+    match result {
+        Ok(_) => bail!("expected an error mentioning {words:?}, got Ok"),
+        Err(e) => {
+            let msg = e.to_string();
+            for w in words {
+                if !msg.contains(w) {
+                    bail!("error {msg:?} does not mention {w:?}")
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+#[test]
+fn bad_arguments_are_errors_naming_them() -> Result<()> {
+    let dev = Device::Cpu;
+    let mha = small_module(8, 2, DType::F32)?;
+    let opts = IncrementalOptions::new();
+    let x = Tensor::zeros((2, 3, 8), DType::F32, &dev)?;
+    // A cache made for another module: heads, embed size, dtype, extra rows.
+    let other_heads = small_module(8, 4, DType::F32)?;
+    let mut c = KvCache::new(&other_heads, 2)?;
+    expect_err(
+        mha.forward_incremental(&x, &mut c, &opts),
+        &["cache", "num_heads", "4", "2"],
+    )?;
+    let other_e = small_module(12, 2, DType::F32)?;
+    let mut c = KvCache::new(&other_e, 2)?;
+    expect_err(
+        mha.forward_incremental(&x, &mut c, &opts),
+        &["cache", "embed_dim", "12", "8"],
+    )?;
+    let other_dtype = small_module(8, 2, DType::F64)?;
+    let mut c = KvCache::new(&other_dtype, 2)?;
+    expect_err(
+        mha.forward_incremental(&x, &mut c, &opts),
+        &["cache", "dtype", "F64", "F32"],
+    )?;
+    let varmap = VarMap::new();
+    let with_bias_kv = MultiheadAttention::new(
+        MultiheadAttentionConfig::new(8, 2)
+            .with_batch_first(true)
+            .with_add_bias_kv(true),
+        seeded_var_builder(&varmap, 1, DType::F32, &dev),
+    )?;
+    let mut c = KvCache::new(&with_bias_kv, 2)?;
+    expect_err(
+        mha.forward_incremental(&x, &mut c, &opts),
+        &["cache", "extra"],
+    )?;
+    // A batch size that differs from the cache's, also mid-way.
+    let mut c = KvCache::new(&mha, 2)?;
+    mha.forward_incremental(&x, &mut c, &opts)?;
+    let x3 = Tensor::zeros((3, 1, 8), DType::F32, &dev)?;
+    expect_err(
+        mha.forward_incremental(&x3, &mut c, &opts),
+        &["batch size 3", "batch size 2"],
+    )?;
+    assert_eq!(c.len(), 3, "a failed call appends nothing");
+    // A query of the wrong rank, embed size or dtype.
+    let x4 = Tensor::zeros((2, 1, 1, 8), DType::F32, &dev)?;
+    expect_err(
+        mha.forward_incremental(&x4, &mut c, &opts),
+        &["query", "4-D", "[2, 1, 1, 8]"],
+    )?;
+    let x_e = Tensor::zeros((2, 1, 6), DType::F32, &dev)?;
+    expect_err(
+        mha.forward_incremental(&x_e, &mut c, &opts),
+        &["query", "8", "6"],
+    )?;
+    let x_d = Tensor::zeros((2, 1, 8), DType::F64, &dev)?;
+    expect_err(
+        mha.forward_incremental(&x_d, &mut c, &opts),
+        &["query", "F64", "F32"],
+    )?;
+    // An unbatched query needs a cache of batch 1.
+    let x_u = Tensor::zeros((1, 8), DType::F32, &dev)?;
+    expect_err(
+        mha.forward_incremental(&x_u, &mut c, &opts),
+        &["batch size 1", "batch size 2"],
+    )?;
+    // A key padding mask of the wrong shape or dtype.
+    let q = Tensor::zeros((2, 1, 8), DType::F32, &dev)?;
+    let bad = opts
+        .clone()
+        .with_key_padding_mask(Tensor::zeros((2, 4), DType::U8, &dev)?);
+    expect_err(
+        mha.forward_incremental(&q, &mut c, &bad),
+        &["key_padding_mask", "(2, 1)", "[2, 4]"],
+    )?;
+    let bad = opts
+        .clone()
+        .with_key_padding_mask(Tensor::zeros((2, 1), DType::I64, &dev)?);
+    expect_err(
+        mha.forward_incremental(&q, &mut c, &bad),
+        &["key_padding_mask", "I64"],
+    )?;
+    assert_eq!(c.len(), 3, "failed calls append nothing");
+    // Cross-attention: a memory of another batch, a mask in the options, bad memory inputs.
+    let k = Tensor::zeros((2, 5, 8), DType::F32, &dev)?;
+    let memory = mha.project_memory(&k, &k, None)?;
+    let q3 = Tensor::zeros((3, 1, 8), DType::F32, &dev)?;
+    expect_err(
+        mha.forward_with_memory(&q3, &memory, &opts),
+        &["memory", "batch size 3", "batch size 2"],
+    )?;
+    let with_mask = opts
+        .clone()
+        .with_key_padding_mask(Tensor::zeros((2, 5), DType::U8, &dev)?);
+    expect_err(
+        mha.forward_with_memory(&q, &memory, &with_mask),
+        &["key_padding_mask", "project_memory"],
+    )?;
+    let kpm = Tensor::zeros((2, 4), DType::U8, &dev)?;
+    expect_err(
+        mha.project_memory(&k, &k, Some(&kpm)),
+        &["key_padding_mask", "(2, 5)", "[2, 4]"],
+    )?;
+    let v_bad = Tensor::zeros((2, 5, 7), DType::F32, &dev)?;
+    expect_err(
+        mha.project_memory(&k, &v_bad, None),
+        &["value", "vdim=8", "7"],
+    )?;
+    let memory_other = other_heads.project_memory(&k, &k, None)?;
+    expect_err(
+        mha.forward_with_memory(&q, &memory_other, &opts),
+        &["memory", "num_heads"],
+    )?;
+    // Self-attention needs kdim = vdim = E.
+    let cross = MultiheadAttention::new(
+        MultiheadAttentionConfig::new(8, 2).with_kdim(5),
+        seeded_var_builder(&varmap, 2, DType::F32, &dev),
+    )?;
+    let mut c = KvCache::new(&cross, 1)?;
+    let xs = Tensor::zeros((1, 1, 8), DType::F32, &dev)?;
+    expect_err(
+        cross.forward_incremental(&xs, &mut c, &opts),
+        &["kdim", "5"],
+    )?;
     Ok(())
 }

@@ -13,6 +13,7 @@
 //! `F.scaled_dot_product_attention`'s CPU flash kernel computes), with the module's
 //! fully-masked-row rule (zeros, finite gradients) and its `bias_k` / zero-attention columns.
 
+mod decode;
 mod kernel;
 mod op;
 mod projected;
@@ -21,6 +22,7 @@ mod weights_op;
 /// The fused linear is the CPU layer's (`crate::cpu::linear`); kept here for the module's
 /// imports.
 pub(crate) use crate::cpu::linear;
+pub(crate) use decode::decode_attention;
 pub(crate) use kernel::Geom;
 pub(crate) use op::FusedAttention;
 pub(crate) use projected::projected_self_attention;

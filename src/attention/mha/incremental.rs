@@ -2,14 +2,16 @@
 //! cross-attention over a [`MemoryCache`] projected once. Both project only what is new and
 //! then attend in head space over the cached keys, with `forward`'s masking rules.
 
-use candle::{Result, Tensor};
+use candle::{DType, Result, Tensor};
 
 use super::{InProjWeight, MultiheadAttention};
-use crate::attention::fused::linear;
+use crate::attention::fused::{decode_attention, linear};
 use crate::attention::kv_cache::{CacheGeometry, CachedKeys};
 use crate::attention::mask::additive_mask;
 use crate::attention::softmax::{safe_softmax_last_dim, softmax_dtype};
-use crate::attention::{AttentionOutput, IncrementalOptions, KvCache, MemoryCache};
+use crate::attention::{
+    AttentionKernel, AttentionOutput, IncrementalOptions, KvCache, MemoryCache,
+};
 
 mod checks;
 
@@ -130,8 +132,9 @@ impl MultiheadAttention {
                 geometry.extra,
                 geometry.head_dim,
             );
-            keys = Tensor::cat(&[&keys, &ek.broadcast_as(shape)?], 2)?;
-            values = Tensor::cat(&[&values, &ev.broadcast_as(shape)?], 2)?;
+            // cat of a broadcast view may come back strided: the products need rows.
+            keys = Tensor::cat(&[&keys, &ek.broadcast_as(shape)?], 2)?.contiguous()?;
+            values = Tensor::cat(&[&values, &ev.broadcast_as(shape)?], 2)?.contiguous()?;
         }
         Ok(MemoryCache {
             keys,
@@ -248,8 +251,19 @@ impl MultiheadAttention {
         dims: &QueryDims,
         opts: &IncrementalOptions,
     ) -> Result<AttentionOutput> {
-        let (ctx, weights) = self.attend_cached_reference(q, keys, causal_offset, dims, opts)?;
         let cfg = &self.config;
+        let dtype = self.dtype();
+        let fused = match opts.kernel {
+            AttentionKernel::Auto => {
+                q.device().is_cpu() && matches!(dtype, DType::F32 | DType::F64)
+            }
+            AttentionKernel::Fused => true,
+            AttentionKernel::Reference => false,
+        };
+        let (ctx, weights) = match fused {
+            true => self.attend_cached_fused(q, keys, causal_offset, opts)?,
+            false => self.attend_cached_reference(q, keys, causal_offset, dims, opts)?,
+        };
         // Merge heads (feature h*hd + j) back into the caller's layout.
         let ctx = match dims.seq_first {
             true => ctx.permute((2, 0, 1, 3))?,
@@ -271,6 +285,34 @@ impl MultiheadAttention {
             w => w,
         };
         Ok(AttentionOutput { output, weights })
+    }
+
+    /// The attention step over cached keys by the fused CPU decoding kernel (the half types
+    /// in f32, as `forward`'s fused path): context `(N, H, T, hd)` and the weights.
+    fn attend_cached_fused(
+        &self,
+        q: &Tensor,
+        keys: &CachedKeys,
+        causal_offset: Option<usize>,
+        opts: &IncrementalOptions,
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        let dtype = self.dtype();
+        let kdt = softmax_dtype(dtype);
+        let (ctx, probs) = decode_attention(
+            &q.to_dtype(kdt)?,
+            &keys.k.to_dtype(kdt)?,
+            &keys.v.to_dtype(kdt)?,
+            keys.key_padding.as_ref(),
+            keys.s_masked,
+            causal_offset,
+            opts.need_weights,
+        )?;
+        let weights = match probs {
+            Some(p) if opts.average_attn_weights => Some(p.mean(1)?.to_dtype(dtype)?),
+            Some(p) => Some(p.to_dtype(dtype)?),
+            None => None,
+        };
+        Ok((ctx.to_dtype(dtype)?, weights))
     }
 
     /// The reference attention step over cached keys, op by op as `attend_reference`:

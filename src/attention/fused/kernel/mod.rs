@@ -8,11 +8,13 @@
 //! asked for.
 
 mod backward;
+mod decode;
 mod forward;
 mod tiles;
 mod weights;
 
 pub(crate) use backward::backward;
+pub(crate) use decode::{decode, DecodeGeom};
 pub(crate) use forward::forward;
 pub(crate) use weights::{forward_with_weights, weights};
 
