@@ -4,7 +4,8 @@
 //! oracle; `forward` itself is checked against PyTorch in `pytorch_parity.rs`), with key
 //! padding (left padding included), `bias_k`/`bias_v`, zero attention, both layouts and
 //! unbatched input, on both kernels. `forward_with_memory` must equal `forward(query, key,
-//! value)`. Bad arguments give errors naming them.
+//! value)`. Bad arguments give errors naming them. One file for the cache's whole contract
+//! (one test binary to link), hence its length.
 
 mod common;
 
@@ -526,5 +527,72 @@ fn bad_arguments_are_errors_naming_them() -> Result<()> {
         cross.forward_incremental(&xs, &mut c, &opts),
         &["kdim", "5"],
     )?;
+    Ok(())
+}
+
+#[test]
+fn a_cloned_cache_is_independent() -> Result<()> {
+    let mha = small_module(8, 2, DType::F64)?;
+    let x = normal(0., 1., (1, 12, 8), DType::F64, &Device::Cpu, 5)?;
+    let y = normal(0., 1., (1, 4, 8), DType::F64, &Device::Cpu, 6)?;
+    let opts = IncrementalOptions::new();
+    let mut a = KvCache::with_capacity(&mha, 1, 64)?;
+    mha.forward_incremental(&x.narrow(1, 0, 8)?, &mut a, &opts)?;
+    let mut b = a.clone();
+    // Two continuations from the same prefix (as beam search makes): each must equal the
+    // full forward over its own sequence, whatever the other wrote.
+    // Interleaved, so that shared buffers would show: b overwrites positions 8..12.
+    mha.forward_incremental(&x.narrow(1, 8, 2)?, &mut a, &opts)?;
+    let out_b = mha.forward_incremental(&y, &mut b, &opts)?;
+    let out_a = mha.forward_incremental(&x.narrow(1, 10, 2)?, &mut a, &opts)?;
+    assert_eq!((a.len(), b.len()), (12, 12));
+    let causal = AttentionOptions::new().with_is_causal(true);
+    let full_a = mha.forward(&x, &x, &x, &causal)?.output;
+    let xy = Tensor::cat(&[&x.narrow(1, 0, 8)?, &y], 1)?;
+    let full_b = mha.forward(&xy, &xy, &xy, &causal)?.output;
+    assert_close("a", &out_a.output, &full_a.narrow(1, 10, 2)?, 1e-12)?;
+    assert_close("b", &out_b.output, &full_b.narrow(1, 8, 4)?, 1e-12)?;
+    Ok(())
+}
+
+/// Batched generation's pattern: left-padded prompts with their mask, then new tokens with no
+/// mask at all; the cache must remember the prompt's padding and pad nothing new.
+#[test]
+fn prompt_padding_is_remembered_when_later_calls_have_no_mask() -> Result<()> {
+    for kernel in [AttentionKernel::Fused, AttentionKernel::Reference] {
+        let mha = small_module(8, 2, DType::F64)?;
+        let (prompt, l) = (6, 10);
+        let x = normal(0., 1., (3, l, 8), DType::F64, &Device::Cpu, 9)?;
+        // Row 0 unpadded, row 1 left-padded by 2, row 2 by 5.
+        let mut pad = vec![0u8; 3 * l];
+        pad[l..l + 2].fill(1);
+        pad[2 * l..2 * l + 5].fill(1);
+        let kpm = Tensor::from_vec(pad, (3, l), &Device::Cpu)?;
+        let full = mha.forward(
+            &x,
+            &x,
+            &x,
+            &AttentionOptions::new()
+                .with_is_causal(true)
+                .with_key_padding_mask(kpm.clone()),
+        )?;
+        let mut cache = KvCache::new(&mha, 3)?;
+        let opts = IncrementalOptions::new()
+            .with_kernel(kernel)
+            .with_need_weights(true);
+        let first = opts
+            .clone()
+            .with_key_padding_mask(kpm.narrow(1, 0, prompt)?);
+        let out = mha.forward_incremental(&x.narrow(1, 0, prompt)?, &mut cache, &first)?;
+        let mut outs = vec![out.output];
+        for p in prompt..l {
+            outs.push(
+                mha.forward_incremental(&x.narrow(1, p, 1)?, &mut cache, &opts)?
+                    .output,
+            );
+        }
+        let what = format!("{kernel:?}");
+        assert_close(&what, &Tensor::cat(&outs, 1)?, &full.output, 1e-12)?;
+    }
     Ok(())
 }

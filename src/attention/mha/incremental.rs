@@ -25,7 +25,9 @@ impl MultiheadAttention {
     /// with `is_causal` (query = key = value), at the new positions: the query at absolute
     /// position `p` attends to the positions `≤ p`, except padded ones (the padding of earlier
     /// calls is remembered by the cache), and to the `bias_k` / zero-attention columns, which
-    /// come after every position and are never masked. Decoding is inference: no dropout.
+    /// come after every position and are never masked. Decoding is inference: no dropout,
+    /// and no gradient through the cache (its buffers are written in place; the fused CPU
+    /// kernel has no backward at all): train with `forward`.
     ///
     /// PyTorch equivalent: `module.eval(); module(x, x, x, is_causal=True,
     /// attn_mask=causal)[:, -T:]` on the whole sequence `x`, computed incrementally as
@@ -50,7 +52,7 @@ impl MultiheadAttention {
     ) -> Result<AttentionOutput> {
         let cfg = &self.config;
         let geometry = CacheGeometry::of(self);
-        cache.geometry().check(&geometry, "cache")?;
+        cache.check_module(&geometry)?;
         if !cfg.qkv_same_embed_dim() {
             candle::bail!(
                 "forward_incremental is self-attention: it needs kdim = vdim = embed_dim = {}, but this module has kdim {} and vdim {}",

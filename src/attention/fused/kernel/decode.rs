@@ -13,6 +13,10 @@ use crate::cpu::{gemm, Elem, Threads};
 /// Queries per block: the scores scratch is `ROWS × S'`.
 const ROWS: usize = 32;
 
+/// Below this many multiply-adds (`N·H·T·S'·d`) the heads run one after another on the
+/// calling thread: waking the pool costs more than a decoding step of a small model.
+const SERIAL_BELOW: usize = 1 << 18;
+
 /// Sizes of one decoding call.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct DecodeGeom {
@@ -70,18 +74,29 @@ pub(crate) fn decode<T: Elem>(
             );
         }
     };
-    match probs {
-        Some(p) => out
+    let serial = g.n * g.h * t * s * d < SERIAL_BELOW;
+    let scratch = || vec![T::ZERO; ROWS.min(t) * s];
+    match (probs, serial) {
+        (Some(p), true) => out
+            .chunks_mut(t * d)
+            .zip(p.chunks_mut(t * s.max(1)))
+            .enumerate()
+            .for_each(|(bh, (o, p))| head(bh, o, p, true)),
+        (Some(p), false) => out
             .par_chunks_mut(t * d)
             .zip(p.par_chunks_mut(t * s.max(1)))
             .enumerate()
             .for_each(|(bh, (o, p))| head(bh, o, p, true)),
-        None => {
-            let scratch = || vec![T::ZERO; ROWS.min(t) * s];
-            out.par_chunks_mut(t * d)
+        (None, true) => {
+            let mut buf = scratch();
+            out.chunks_mut(t * d)
                 .enumerate()
-                .for_each_init(scratch, |buf, (bh, o)| head(bh, o, buf, false))
+                .for_each(|(bh, o)| head(bh, o, &mut buf, false))
         }
+        (None, false) => out
+            .par_chunks_mut(t * d)
+            .enumerate()
+            .for_each_init(scratch, |buf, (bh, o)| head(bh, o, buf, false)),
     }
 }
 
@@ -97,8 +112,8 @@ fn block<T: Elem>(
     out: &mut [T],
 ) {
     let (s, d) = (g.s, g.d);
-    // SAFETY: q rows r0..r0+rows and k, v rows 0..s of head (b, h) exist with d contiguous
-    // elements each (checked by the caller's layouts); sb is rows × s, out rows × d.
+    // SAFETY: q rows r0..r0+rows and k rows 0..s of head (b, h) exist with d contiguous
+    // elements each (checked by the caller's layouts); sb is rows × s.
     unsafe {
         gemm(
             (rows, s, d),
@@ -132,7 +147,8 @@ fn block<T: Elem>(
         let inv = T::ONE / T::exp_shift_sum(row, max);
         row.iter_mut().for_each(|x| *x *= inv);
     }
-    // SAFETY: as above; v rows 0..s of head (b, h) exist.
+    // SAFETY: v rows 0..s of head (b, h) exist with d contiguous elements; sb is rows × s,
+    // out rows × d.
     unsafe {
         gemm(
             (rows, d, s),

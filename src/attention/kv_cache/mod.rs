@@ -5,11 +5,19 @@
 //! PyTorch's `nn.MultiheadAttention` has no cache; generation libraries wrap their own
 //! (fairseq's `incremental_state`, Hugging Face's `past_key_values`), which is what these are.
 
-use candle::{DType, Device, Result, Tensor};
+use candle::{Result, Tensor};
 
 use super::mask::additive_mask;
 use super::softmax::softmax_dtype;
-use super::{AttentionKernel, MultiheadAttention, MultiheadAttentionConfig};
+use super::MultiheadAttention;
+
+mod geometry;
+mod memory;
+mod options;
+
+pub(crate) use geometry::CacheGeometry;
+pub use memory::MemoryCache;
+pub use options::IncrementalOptions;
 
 /// Positions a cache grows by at least (its buffers are reallocated rarely: the capacity at
 /// least doubles, rounded up to a whole block).
@@ -49,7 +57,7 @@ const BLOCK: usize = 64;
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct KvCache {
     /// `(N, H, capacity + extra, hd)`, or `None` before the first allocation. The `extra`
     /// rows after the last position hold the `bias_k`/`bias_v` and zero-attention rows so that
@@ -63,77 +71,29 @@ pub struct KvCache {
     capacity: usize,
     batch_size: usize,
     geometry: CacheGeometry,
+    /// Why this cache is unusable: a [`Clone`] whose copy failed.
+    failed_clone: Option<String>,
 }
 
-/// What a cache must agree on with the module that uses it.
-#[derive(Clone, Debug)]
-pub(crate) struct CacheGeometry {
-    pub embed_dim: usize,
-    pub num_heads: usize,
-    pub head_dim: usize,
-    /// `bias_k` and zero-attention rows appended after the keys.
-    pub extra: usize,
-    pub dtype: DType,
-    pub device: Device,
-}
-
-impl CacheGeometry {
-    pub(crate) fn of(mha: &MultiheadAttention) -> Self {
-        let cfg: &MultiheadAttentionConfig = mha.config();
-        let w = mha.out_proj().weight();
-        Self {
-            embed_dim: cfg.embed_dim,
-            num_heads: cfg.num_heads,
-            head_dim: cfg.head_dim(),
-            extra: usize::from(cfg.add_bias_kv) + usize::from(cfg.add_zero_attn),
-            dtype: w.dtype(),
-            device: w.device().clone(),
+/// A deep copy ([`KvCache::try_clone`]): the buffers are written in place, so a clone
+/// sharing them would clobber the original's later positions (beam search clones caches).
+/// Should the copy fail (device memory), the clone is unusable: every call with it returns
+/// that error.
+impl Clone for KvCache {
+    fn clone(&self) -> Self {
+        match self.try_clone() {
+            Ok(c) => c,
+            Err(e) => Self {
+                k: None,
+                v: None,
+                key_padding: None,
+                len: self.len,
+                capacity: 0,
+                batch_size: self.batch_size,
+                geometry: self.geometry.clone(),
+                failed_clone: Some(e.to_string()),
+            },
         }
-    }
-
-    /// An error naming `what` (the cache or memory) when it was made for another module.
-    pub(crate) fn check(&self, module: &CacheGeometry, what: &str) -> Result<()> {
-        let field_err = |field: &str, got: String, want: String| -> Result<()> {
-            candle::bail!(
-                "{what} was made for a module with {field} {got}, but this module has {field} {want}: a cache belongs to the module that made it"
-            )
-        };
-        if self.embed_dim != module.embed_dim {
-            field_err(
-                "embed_dim",
-                self.embed_dim.to_string(),
-                module.embed_dim.to_string(),
-            )?
-        }
-        if self.num_heads != module.num_heads {
-            field_err(
-                "num_heads",
-                self.num_heads.to_string(),
-                module.num_heads.to_string(),
-            )?
-        }
-        if self.extra != module.extra {
-            field_err(
-                "extra key rows (add_bias_kv + add_zero_attn)",
-                self.extra.to_string(),
-                module.extra.to_string(),
-            )?
-        }
-        if self.dtype != module.dtype {
-            field_err(
-                "dtype",
-                format!("{:?}", self.dtype),
-                format!("{:?}", module.dtype),
-            )?
-        }
-        if !self.device.same_device(&module.device) {
-            field_err(
-                "device",
-                format!("{:?}", self.device.location()),
-                format!("{:?}", module.device.location()),
-            )?
-        }
-        Ok(())
     }
 }
 
@@ -160,6 +120,7 @@ impl KvCache {
             capacity: 0,
             batch_size,
             geometry: CacheGeometry::of(mha),
+            failed_clone: None,
         };
         if capacity > 0 {
             cache.grow_to(capacity)?;
@@ -187,14 +148,42 @@ impl KvCache {
         self.capacity
     }
 
-    /// Forgets every position (length 0) and keeps the buffers for the next sequence.
+    /// Forgets every position (length 0) and keeps the buffers for the next sequence (a
+    /// failed clone becomes an empty, usable cache).
     pub fn reset(&mut self) {
         self.len = 0;
         self.key_padding = None;
+        self.failed_clone = None;
     }
 
-    pub(crate) fn geometry(&self) -> &CacheGeometry {
-        &self.geometry
+    /// A deep copy of the cache (its own buffers), or the copy's error.
+    pub fn try_clone(&self) -> Result<Self> {
+        self.usable()?;
+        let copy = |t: &Option<Tensor>| t.as_ref().map(Tensor::copy).transpose();
+        Ok(Self {
+            k: copy(&self.k)?,
+            v: copy(&self.v)?,
+            key_padding: copy(&self.key_padding)?,
+            len: self.len,
+            capacity: self.capacity,
+            batch_size: self.batch_size,
+            geometry: self.geometry.clone(),
+            failed_clone: None,
+        })
+    }
+
+    /// An error when this cache is a failed clone.
+    fn usable(&self) -> Result<()> {
+        match &self.failed_clone {
+            Some(e) => candle::bail!("cache: this KvCache is a clone whose copy failed ({e})"),
+            None => Ok(()),
+        }
+    }
+
+    /// The check of every call: the cache is usable and was made for this module.
+    pub(crate) fn check_module(&self, module: &CacheGeometry) -> Result<()> {
+        self.usable()?;
+        self.geometry.check(module, "cache")
     }
 
     /// Reallocates the buffers for at least `needed` positions, keeping the cached ones.
@@ -305,106 +294,4 @@ pub(crate) struct CachedKeys {
     pub key_padding: Option<Tensor>,
     /// Positions (keys that masks apply to); `S' - s_masked` extra rows follow.
     pub s_masked: usize,
-}
-
-/// Keys and values of a fixed memory (an encoder's output), projected once for
-/// cross-attention decoding with [`MultiheadAttention::forward_with_memory`]; made by
-/// [`MultiheadAttention::project_memory`].
-///
-/// Holds `k`, `v` `(N, H, S', hd)` (the `bias_k` / zero-attention rows already appended) and
-/// the memory's additive key padding `(N, S)`.
-///
-/// PyTorch equivalent: none in `torch.nn`; fairseq's `static_kv` entry of
-/// `incremental_state`, or Hugging Face's cross-attention `past_key_values`
-/// (`EncoderDecoderCache`).
-#[derive(Clone, Debug)]
-pub struct MemoryCache {
-    pub(crate) keys: Tensor,
-    pub(crate) values: Tensor,
-    pub(crate) key_padding: Option<Tensor>,
-    pub(crate) batch_size: usize,
-    pub(crate) len: usize,
-    pub(crate) geometry: CacheGeometry,
-}
-
-impl MemoryCache {
-    /// Batch rows `N`.
-    pub fn batch_size(&self) -> usize {
-        self.batch_size
-    }
-
-    /// Memory positions `S` (without the `bias_k` / zero-attention rows).
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// An empty memory (`S = 0`).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-}
-
-/// The per-call options of [`MultiheadAttention::forward_incremental`] and
-/// [`MultiheadAttention::forward_with_memory`]. Decoding is inference: there is no dropout
-/// and no `train` flag.
-///
-/// PyTorch equivalent: the keyword arguments of `MultiheadAttention.forward` in eval mode
-/// (`key_padding_mask`, `need_weights`, `average_attn_weights`); causal masking is implied.
-#[derive(Clone, Debug)]
-pub struct IncrementalOptions {
-    /// Padding of the NEW positions: `(N, T)` (or `(T)` unbatched), u8 (nonzero = padded) or
-    /// a float additive mask in the query's dtype. Earlier positions' padding is remembered
-    /// by the [`KvCache`]. Must be `None` in `forward_with_memory` (the memory's padding is
-    /// given to `project_memory`). Default `None`.
-    pub key_padding_mask: Option<Tensor>,
-    /// Return the attention weights `(N, T, S')` (averaged) or `(N, H, T, S')`. Default
-    /// `false`: decoding rarely needs them.
-    pub need_weights: bool,
-    /// Average the weights over heads. Default `true`.
-    pub average_attn_weights: bool,
-    /// Which implementation computes the attention. Default [`AttentionKernel::Auto`]: the
-    /// fused kernel on the CPU in f32/f64, the reference ops elsewhere.
-    pub kernel: AttentionKernel,
-}
-
-impl Default for IncrementalOptions {
-    fn default() -> Self {
-        Self {
-            key_padding_mask: None,
-            need_weights: false,
-            average_attn_weights: true,
-            kernel: AttentionKernel::Auto,
-        }
-    }
-}
-
-impl IncrementalOptions {
-    /// No mask, no weights, averaged weights when asked for, automatic kernel.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Sets [`key_padding_mask`](Self::key_padding_mask).
-    pub fn with_key_padding_mask(mut self, mask: Tensor) -> Self {
-        self.key_padding_mask = Some(mask);
-        self
-    }
-
-    /// Sets [`need_weights`](Self::need_weights).
-    pub fn with_need_weights(mut self, need_weights: bool) -> Self {
-        self.need_weights = need_weights;
-        self
-    }
-
-    /// Sets [`average_attn_weights`](Self::average_attn_weights).
-    pub fn with_average_attn_weights(mut self, average: bool) -> Self {
-        self.average_attn_weights = average;
-        self
-    }
-
-    /// Sets [`kernel`](Self::kernel).
-    pub fn with_kernel(mut self, kernel: AttentionKernel) -> Self {
-        self.kernel = kernel;
-        self
-    }
 }
