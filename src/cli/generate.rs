@@ -149,18 +149,44 @@ impl Printer {
     /// printed even if it ends in U+FFFD, then the line ends.
     fn update(&mut self, text: &str, last: bool) -> Result<()> {
         let mut stdout = std::io::stdout().lock();
-        if last || !text.ends_with('\u{FFFD}') {
-            // A decoder that rewrites earlier text (rare) cannot be unprinted: print only
-            // what extends the text already shown.
-            if let Some(rest) = text.strip_prefix(self.printed.as_str()) {
-                write!(stdout, "{rest}")?;
-                self.printed = text.to_string();
-            }
+        if let Some(rest) = new_stable_text(&self.printed, text, last) {
+            write!(stdout, "{rest}")?;
+            self.printed = text.to_string();
         }
         if last {
             writeln!(stdout)?;
         }
         stdout.flush()?;
         Ok(())
+    }
+}
+
+/// What of `text` (the whole continuation so far) to print after `printed`: its new part,
+/// unless `text` ends in U+FFFD (a multi-byte character cut between tokens, completed by a
+/// later one) and is not the `last` text, or does not extend `printed` (a decoder that
+/// rewrites earlier text, rare, cannot be unprinted).
+fn new_stable_text<'a>(printed: &str, text: &'a str, last: bool) -> Option<&'a str> {
+    if !last && text.ends_with('\u{FFFD}') {
+        return None;
+    }
+    text.strip_prefix(printed).filter(|rest| !rest.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::new_stable_text;
+
+    #[test]
+    fn only_stable_new_text_is_printed() {
+        assert_eq!(new_stable_text("", " the", false), Some(" the"));
+        assert_eq!(new_stable_text(" the", " the cat", false), Some(" cat"));
+        // "é" split across two byte tokens: wait for the second.
+        assert_eq!(new_stable_text(" the", " the caf\u{FFFD}", false), None);
+        assert_eq!(new_stable_text(" the", " the café", false), Some(" café"));
+        // At the end, whatever is there.
+        assert_eq!(new_stable_text("a", "ab\u{FFFD}", true), Some("b\u{FFFD}"));
+        // Nothing new, or earlier text rewritten: nothing.
+        assert_eq!(new_stable_text("ab", "ab", false), None);
+        assert_eq!(new_stable_text("ab", "xb c", false), None);
     }
 }
