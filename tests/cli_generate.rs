@@ -173,3 +173,71 @@ fn a_text_model_prints_the_prompt_and_its_continuation_as_one_text() -> Result<(
     );
     Ok(())
 }
+
+/// A tiny text model (context 16) trained on three sentences, in `dir/run`.
+fn text_checkpoint(dir: &Path) -> Result<std::path::PathBuf> {
+    let corpus = dir.join("corpus.txt");
+    let lines = [
+        "The license is granted to any person obtaining a copy.",
+        "Permission is hereby granted, free of charge, to any person.",
+        "The software is provided as is, without warranty of any kind.",
+    ];
+    let text: Vec<&str> = lines.into_iter().cycle().take(300).collect();
+    std::fs::write(&corpus, text.join("\n") + "\n")?;
+    let ckpt = dir.join("run");
+    let args = [
+        "--steps",
+        "200",
+        "--lr",
+        "1e-2",
+        "--warmup",
+        "20",
+        "--max-len",
+        "16",
+        "--bpe-vocab",
+        "300",
+    ];
+    train("--text", &corpus, &ckpt, &args)?;
+    Ok(ckpt)
+}
+
+#[test]
+fn the_cache_several_prompts_and_no_kv_cache_print_the_same_texts() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ckpt = text_checkpoint(dir.path())?;
+    // 24 new tokens outgrow the context of 16: the cache path slides it as the old path does.
+    let n = ["--max-new-tokens", "24"];
+    for prompt in [
+        "The license is",
+        "Permission",
+        "The software is provided as is, without",
+    ] {
+        let (ok, cached, stderr) = gen(&ckpt, prompt, &n)?;
+        assert!(ok && cached.starts_with(prompt), "{cached:?}{stderr}");
+        let (ok, plain, stderr) = gen(&ckpt, prompt, &[n[0], n[1], "--no-kv-cache"])?;
+        assert!(ok, "{stderr}");
+        assert_eq!(cached, plain, "{prompt:?}");
+    }
+    // Several --prompt: one batch, each printed as alone, in order (greedy and sampled).
+    for extra in [&[][..], &["--top-k", "3", "--seed", "4"]] {
+        let prompts = [
+            "The license is",
+            "Permission",
+            "The software is provided as is, without",
+        ];
+        let mut alone = String::new();
+        for p in prompts {
+            let mut args = vec![n[0], n[1]];
+            args.extend(extra);
+            let (ok, out, stderr) = gen(&ckpt, p, &args)?;
+            assert!(ok, "{stderr}");
+            alone.push_str(&out);
+        }
+        let mut args = vec![n[0], n[1], "--prompt", prompts[1], "--prompt", prompts[2]];
+        args.extend(extra);
+        let (ok, batch, stderr) = gen(&ckpt, prompts[0], &args)?;
+        assert!(ok, "{stderr}");
+        assert_eq!(batch, alone, "{extra:?}");
+    }
+    Ok(())
+}

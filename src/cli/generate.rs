@@ -1,12 +1,13 @@
 //! `mha generate`: continue a prompt with a trained model.
 
+use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Result;
 use candle_mha::candle::DType;
 use candle_mha::data::Codec;
 use candle_mha::device::select_device;
-use candle_mha::models::{generate, GenerateConfig};
+use candle_mha::models::{generate_batch, generate_stream, GenerateConfig};
 
 /// Arguments of `mha generate`. Greedy unless --top-k, --top-p or --temperature is given; then
 /// the next token is sampled (temperature, then top-k, then top-p, as Hugging Face's
@@ -16,9 +17,11 @@ pub struct GenerateArgs {
     /// A checkpoint directory written by `mha train`.
     #[arg(long)]
     pub checkpoint: PathBuf,
-    /// The prompt: symbols separated by spaces (token models) or text (text models).
-    #[arg(long)]
-    pub prompt: String,
+    /// The prompt: symbols separated by spaces (token models) or text (text models). Give it
+    /// several times to continue several prompts at once (a batch, left-padded); each is
+    /// printed as a single prompt is, in order, once all are done.
+    #[arg(long, required = true)]
+    pub prompt: Vec<String>,
     /// Tokens to generate at most (stops early at end of sequence).
     #[arg(long, default_value_t = 20)]
     pub max_new_tokens: usize,
@@ -43,6 +46,10 @@ pub struct GenerateArgs {
     /// Compute dtype.
     #[arg(long, default_value = "f32", value_parser = super::choices::DtypeParser)]
     pub dtype: DType,
+    /// Run the whole context through the model for every token instead of decoding through
+    /// the key/value cache (the same tokens, slower; for comparison).
+    #[arg(long)]
+    pub no_kv_cache: bool,
 }
 
 /// Parses `--top-p`: a probability in (0, 1].
@@ -64,12 +71,19 @@ fn parse_temperature(s: &str) -> Result<f64, String> {
 }
 
 /// Runs `mha generate`. Text models: prints the prompt as typed followed by its continuation,
-/// as one text. Symbol models: the prompt on one line, `=> continuation` on the next.
+/// as one text. Symbol models: the prompt on one line, `=> continuation` on the next. One
+/// prompt: the continuation appears token by token as it is generated (stdout flushed per
+/// token). Several prompts: generated as one batch, then printed one after another.
 pub fn run(args: &GenerateArgs) -> Result<()> {
+    pin_thread_count();
     let (device, notice) = select_device(&args.device)?;
     eprintln!("{notice}");
     let ckpt = super::checkpoint_dir::open(&args.checkpoint, args.dtype, &device)?;
-    let prompt = ckpt.codec.encode_prompt(&args.prompt)?;
+    let prompts = args
+        .prompt
+        .iter()
+        .map(|p| ckpt.codec.encode_prompt(p))
+        .collect::<candle_mha::candle::Result<Vec<_>>>()?;
     let cfg = GenerateConfig {
         max_new_tokens: args.max_new_tokens,
         do_sample: args.top_k.is_some() || args.top_p.is_some() || args.temperature.is_some(),
@@ -78,15 +92,101 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         temperature: args.temperature.unwrap_or(1.0),
         seed: args.seed,
         eos_id: ckpt.codec.eos_id(),
+        kv_cache: !args.no_kv_cache,
     };
-    let new = generate(&ckpt.model, &prompt, &cfg)?;
-    let continuation = ckpt.codec.decode_continuation(&prompt, &new)?;
-    match ckpt.codec {
-        Codec::Text(_) => println!("{}{continuation}", args.prompt),
-        Codec::Symbols(_) => {
-            println!("{}", args.prompt);
-            println!("=> {continuation}");
-        }
+    if let [prompt] = prompts.as_slice() {
+        let mut out = Printer::start(&ckpt.codec, &args.prompt[0])?;
+        let mut new = Vec::new();
+        generate_stream(&ckpt.model, prompt, &cfg, |id| {
+            new.push(id);
+            out.update(&ckpt.codec.decode_continuation(prompt, &new)?, false)
+                .map_err(candle_mha::candle::Error::wrap)
+        })?;
+        return out.update(&ckpt.codec.decode_continuation(prompt, &new)?, true);
+    }
+    let all = generate_batch(&ckpt.model, &prompts, &cfg)?;
+    for ((typed, prompt), new) in args.prompt.iter().zip(&prompts).zip(&all) {
+        let mut out = Printer::start(&ckpt.codec, typed)?;
+        out.update(&ckpt.codec.decode_continuation(prompt, new)?, true)?;
     }
     Ok(())
+}
+
+/// Sets `RAYON_NUM_THREADS` to candle's default when it is unset. Without it, candle asks
+/// `num_cpus` for the physical cores on every matmul, which parses `/proc/cpuinfo` each
+/// time: most of a one-token decoding step (measured: 420 ms → 150 ms for 256 tokens of
+/// `benches/generate.rs`). Called first, before any thread reads the environment.
+fn pin_thread_count() {
+    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        let threads = candle_mha::candle::utils::get_num_threads();
+        std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
+    }
+}
+
+/// Prints a continuation as it grows: only the text added since the last call, and only
+/// while the text so far is stable (a token that ends inside a multi-byte character decodes
+/// to U+FFFD until the next token completes it).
+struct Printer {
+    printed: String,
+}
+
+impl Printer {
+    /// Prints what comes before the continuation: the prompt as typed (text models), or the
+    /// prompt line and `=> ` (symbol models).
+    fn start(codec: &Codec, typed: &str) -> Result<Self> {
+        let mut stdout = std::io::stdout().lock();
+        match codec {
+            Codec::Text(_) => write!(stdout, "{typed}")?,
+            Codec::Symbols(_) => write!(stdout, "{typed}\n=> ")?,
+        }
+        stdout.flush()?;
+        Ok(Self {
+            printed: String::new(),
+        })
+    }
+
+    /// Prints the new part of `text` (the whole continuation so far); `last`: the final text,
+    /// printed even if it ends in U+FFFD, then the line ends.
+    fn update(&mut self, text: &str, last: bool) -> Result<()> {
+        let mut stdout = std::io::stdout().lock();
+        if let Some(rest) = new_stable_text(&self.printed, text, last) {
+            write!(stdout, "{rest}")?;
+            self.printed = text.to_string();
+        }
+        if last {
+            writeln!(stdout)?;
+        }
+        stdout.flush()?;
+        Ok(())
+    }
+}
+
+/// What of `text` (the whole continuation so far) to print after `printed`: its new part,
+/// unless `text` ends in U+FFFD (a multi-byte character cut between tokens, completed by a
+/// later one) and is not the `last` text, or does not extend `printed` (a decoder that
+/// rewrites earlier text, rare, cannot be unprinted).
+fn new_stable_text<'a>(printed: &str, text: &'a str, last: bool) -> Option<&'a str> {
+    if !last && text.ends_with('\u{FFFD}') {
+        return None;
+    }
+    text.strip_prefix(printed).filter(|rest| !rest.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::new_stable_text;
+
+    #[test]
+    fn only_stable_new_text_is_printed() {
+        assert_eq!(new_stable_text("", " the", false), Some(" the"));
+        assert_eq!(new_stable_text(" the", " the cat", false), Some(" cat"));
+        // "é" split across two byte tokens: wait for the second.
+        assert_eq!(new_stable_text(" the", " the caf\u{FFFD}", false), None);
+        assert_eq!(new_stable_text(" the", " the café", false), Some(" café"));
+        // At the end, whatever is there.
+        assert_eq!(new_stable_text("a", "ab\u{FFFD}", true), Some("b\u{FFFD}"));
+        // Nothing new, or earlier text rewritten: nothing.
+        assert_eq!(new_stable_text("ab", "ab", false), None);
+        assert_eq!(new_stable_text("ab", "xb c", false), None);
+    }
 }

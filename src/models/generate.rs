@@ -1,10 +1,12 @@
 //! [`generate`]: greedy decoding or sampling (temperature, top-k, top-p) from a
-//! [`NextTokenPredictor`]; [`sample_next`]: the choice of one token from its logits.
+//! [`NextTokenPredictor`], through its key/value cache; [`generate_stream`]: the same, token by
+//! token; [`generate_batch`]: several prompts at once; [`sample_next`]: the choice of one token
+//! from its logits.
 
 use candle::{DType, Result, Tensor};
 use rand::Rng;
 
-use super::NextTokenPredictor;
+use super::{ModelKvCache, NextTokenPredictor};
 use crate::rng::rng_from_seed;
 
 /// How to continue a prompt.
@@ -51,6 +53,11 @@ pub struct GenerateConfig {
     pub seed: u64,
     /// Stop after producing this id (end of sequence). Default `None`. HF: `eos_token_id`.
     pub eos_id: Option<u32>,
+    /// Decode through a key/value cache ([`NextTokenPredictor::forward_incremental`]): the
+    /// prompt runs through the model once, then one position per new token. `false` runs the
+    /// whole context for every token (the path before the cache, for comparison). Both give
+    /// the same tokens. Default `true`. HF: `use_cache`.
+    pub kv_cache: bool,
 }
 
 impl Default for GenerateConfig {
@@ -63,6 +70,7 @@ impl Default for GenerateConfig {
             temperature: 1.0,
             seed: 0,
             eos_id: None,
+            kv_cache: true,
         }
     }
 }
@@ -162,7 +170,7 @@ pub fn sample_next<R: Rng + ?Sized>(
 
 /// The ids that follow `prompt` (the prompt not included). The context is the last
 /// `max_len` ids. Each new token comes from [`sample_next`] with one generator seeded by
-/// `cfg.seed`.
+/// `cfg.seed`. [`generate_stream`] with no callback: see there for the cache.
 ///
 /// PyTorch equivalent: Hugging Face's `model.generate(prompt, max_new_tokens, do_sample,
 /// temperature, top_k, top_p, eos_token_id)[len(prompt):]`, or `for _ in range(n): logits =
@@ -172,37 +180,97 @@ pub fn generate(
     prompt: &[u32],
     cfg: &GenerateConfig,
 ) -> Result<Vec<u32>> {
+    generate_stream(model, prompt, cfg, |_| Ok(()))
+}
+
+/// [`generate`], calling `on_token` with each new id as soon as it is chosen (to print it),
+/// and returning them all. An error from `on_token` stops generation and is returned.
+///
+/// **The cache** (`cfg.kv_cache`, the default): the prompt runs through the model once into
+/// a [`ModelKvCache`](crate::models::ModelKvCache), then each step runs only the newest
+/// token. **Past `max_len`** the learned positions end, so the context must slide: from the
+/// step where the sequence outgrows `max_len`, every step recomputes the last `max_len` ids
+/// from scratch, exactly as without the cache (a cache cannot slide because every cached key
+/// depends on its position). Those steps cost a full forward each, as before the cache;
+/// only sequences within `max_len` decode fast. The tokens are the same with and without
+/// the cache (up to the rounding of the two computations, which greedy decoding only feels
+/// on exact ties).
+///
+/// PyTorch equivalent: Hugging Face's `model.generate(..., streamer=...)` with
+/// `use_cache=True`.
+pub fn generate_stream(
+    model: &NextTokenPredictor,
+    prompt: &[u32],
+    cfg: &GenerateConfig,
+    mut on_token: impl FnMut(u32) -> Result<()>,
+) -> Result<Vec<u32>> {
     if prompt.is_empty() {
         candle::bail!("the prompt is empty: give at least one token")
     }
     cfg.validate()?;
-    let device = model
-        .blocks()
-        .first()
-        .map(|b| b.attn().out_proj().weight().device().clone())
-        .unwrap_or(candle::Device::Cpu);
+    let device = model_device(model);
     let max_len = model.config().max_len;
     let mut ids = prompt.to_vec();
     let mut out = Vec::new();
     let mut rng = rng_from_seed(cfg.seed);
+    let mut cache: Option<ModelKvCache> = None;
     for _ in 0..cfg.max_new_tokens {
-        let ctx = &ids[ids.len().saturating_sub(max_len)..];
-        let input = Tensor::new(ctx, &device)?.unsqueeze(0)?;
-        let logits = model
-            .forward(&input, None)?
-            .get(0)?
-            .get(ctx.len() - 1)?
-            .to_dtype(DType::F64)?
-            .to_vec1::<f64>()?;
+        let logits = if cfg.kv_cache && ids.len() <= max_len {
+            match cache.as_mut() {
+                // Prefill: the whole prompt once.
+                None => {
+                    let room = (prompt.len() + cfg.max_new_tokens).min(max_len);
+                    let mut c = ModelKvCache::with_capacity(model, 1, room)?;
+                    let input = Tensor::new(ids.as_slice(), &device)?.unsqueeze(0)?;
+                    let logits = model.forward_incremental(&input, &mut c, None)?;
+                    cache = Some(c);
+                    logits
+                }
+                Some(c) => {
+                    let input = Tensor::new(&ids[ids.len() - 1..], &device)?.unsqueeze(0)?;
+                    model.forward_incremental(&input, c, None)?
+                }
+            }
+        } else {
+            // Truncate and recompute (also the path without the cache).
+            cache = None;
+            let ctx = &ids[ids.len().saturating_sub(max_len)..];
+            let input = Tensor::new(ctx, &device)?.unsqueeze(0)?;
+            model.forward(&input, None)?
+        };
+        let logits = last_logits(&logits)?.remove(0);
         let next = sample_next(&logits, cfg, &mut rng)?;
         ids.push(next);
         out.push(next);
+        on_token(next)?;
         if Some(next) == cfg.eos_id {
             break;
         }
     }
     Ok(out)
 }
+
+/// The device of the model's weights.
+fn model_device(model: &NextTokenPredictor) -> candle::Device {
+    model
+        .blocks()
+        .first()
+        .map(|b| b.attn().out_proj().weight().device().clone())
+        .unwrap_or(candle::Device::Cpu)
+}
+
+/// The last position's logits of each row of `logits (N, T, V)`, as f64.
+fn last_logits(logits: &Tensor) -> Result<Vec<Vec<f64>>> {
+    let (_, t, _) = logits.dims3()?;
+    logits
+        .narrow(1, t - 1, 1)?
+        .squeeze(1)?
+        .to_dtype(DType::F64)?
+        .to_vec2::<f64>()
+}
+
+mod batch;
+pub use batch::generate_batch;
 
 #[cfg(test)]
 mod tests;

@@ -3,9 +3,11 @@
 
 mod config;
 mod generate;
+mod kv_cache;
 pub mod layers;
 mod next_token;
 
 pub use config::NextTokenPredictorConfig;
-pub use generate::{generate, sample_next, GenerateConfig};
+pub use generate::{generate, generate_batch, generate_stream, sample_next, GenerateConfig};
+pub use kv_cache::ModelKvCache;
 pub use next_token::{masked_cross_entropy, Block, NextTokenPredictor};

@@ -11,6 +11,8 @@ use crate::attention::{
 use crate::nn::{Embedding, LayerNorm, Linear};
 use crate::rng::derive_seed;
 
+mod incremental;
+
 /// One pre-LayerNorm transformer block: `x + attn(ln1(x))`, then `x + mlp(ln2(x))`.
 ///
 /// PyTorch equivalent: `Block` in `scripts/reference_model.py` (`ln1`, `attn`, `ln2`,
