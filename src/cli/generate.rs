@@ -75,7 +75,6 @@ fn parse_temperature(s: &str) -> Result<f64, String> {
 /// prompt: the continuation appears token by token as it is generated (stdout flushed per
 /// token). Several prompts: generated as one batch, then printed one after another.
 pub fn run(args: &GenerateArgs) -> Result<()> {
-    pin_thread_count();
     let (device, notice) = select_device(&args.device)?;
     eprintln!("{notice}");
     let ckpt = super::checkpoint_dir::open(&args.checkpoint, args.dtype, &device)?;
@@ -110,17 +109,6 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         out.update(&ckpt.codec.decode_continuation(prompt, new)?, true)?;
     }
     Ok(())
-}
-
-/// Sets `RAYON_NUM_THREADS` to candle's default when it is unset. Without it, candle asks
-/// `num_cpus` for the physical cores on every matmul, which parses `/proc/cpuinfo` each
-/// time: most of a one-token decoding step (measured: 420 ms → 150 ms for 256 tokens of
-/// `benches/generate.rs`). Called first, before any thread reads the environment.
-fn pin_thread_count() {
-    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
-        let threads = candle_mha::candle::utils::get_num_threads();
-        std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
-    }
 }
 
 /// Prints a continuation as it grows: only the text added since the last call, and only
