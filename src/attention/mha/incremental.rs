@@ -385,22 +385,7 @@ impl MultiheadAttention {
         s1: usize,
         opts: &IncrementalOptions,
     ) -> Result<AttentionOutput> {
-        let weights = match opts.need_weights {
-            false => None,
-            true => {
-                let mut shape = vec![dims.n, self.config.num_heads, dims.t, s1];
-                if opts.average_attn_weights {
-                    shape.remove(1);
-                }
-                if !dims.batched {
-                    shape.remove(0);
-                }
-                Some(Tensor::zeros(shape, query.dtype(), query.device())?)
-            }
-        };
-        Ok(AttentionOutput {
-            output: query.zeros_like()?,
-            weights,
-        })
+        let weights = (dims.n, dims.t, s1, dims.batched);
+        self.empty_result(query, weights, opts.need_weights, opts.average_attn_weights)
     }
 }

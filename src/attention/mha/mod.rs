@@ -369,14 +369,28 @@ impl MultiheadAttention {
     ) -> Result<AttentionOutput> {
         let cfg = &self.config;
         let s1 = dims.s + usize::from(cfg.add_bias_kv) + usize::from(cfg.add_zero_attn);
-        let weights = match opts.need_weights {
+        let weights = (dims.n, dims.l, s1, dims.batched);
+        self.empty_result(query, weights, opts.need_weights, opts.average_attn_weights)
+    }
+
+    /// An output of zeros like `query` and, when asked for, zero weights of `forward`'s shape
+    /// for `(N, L, S', batched)`: what `forward` and `forward_incremental` return when the
+    /// batch or the query is empty.
+    fn empty_result(
+        &self,
+        query: &Tensor,
+        (n, l, s1, batched): (usize, usize, usize, bool),
+        need_weights: bool,
+        average: bool,
+    ) -> Result<AttentionOutput> {
+        let weights = match need_weights {
             false => None,
             true => {
-                let mut shape = vec![dims.n, cfg.num_heads, dims.l, s1];
-                if opts.average_attn_weights {
+                let mut shape = vec![n, self.config.num_heads, l, s1];
+                if average {
                     shape.remove(1);
                 }
-                if !dims.batched {
+                if !batched {
                     shape.remove(0);
                 }
                 Some(Tensor::zeros(shape, query.dtype(), query.device())?)
