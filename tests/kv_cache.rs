@@ -596,3 +596,34 @@ fn prompt_padding_is_remembered_when_later_calls_have_no_mask() -> Result<()> {
     }
     Ok(())
 }
+
+/// No new position (or an empty batch): empty results of the shapes `forward` gives for an
+/// empty query, the extra key rows counted; the cache is left as it was.
+#[test]
+fn empty_blocks_give_forwards_empty_shapes() -> Result<()> {
+    let cfg = MultiheadAttentionConfig::new(8, 2).with_add_bias_kv(true);
+    let varmap = VarMap::new();
+    let mha = MultiheadAttention::new(
+        cfg,
+        seeded_var_builder(&varmap, 3, DType::F32, &Device::Cpu),
+    )?;
+    for n in [2usize, 0] {
+        let empty = Tensor::zeros((0, n, 8), DType::F32, &Device::Cpu)?;
+        for average in [true, false] {
+            let opts = AttentionOptions::new().with_average_attn_weights(average);
+            let full = mha.forward(&empty, &empty, &empty, &opts)?;
+            let mut cache = KvCache::new(&mha, n)?;
+            let inc_opts = IncrementalOptions::new()
+                .with_need_weights(true)
+                .with_average_attn_weights(average);
+            let inc = mha.forward_incremental(&empty, &mut cache, &inc_opts)?;
+            assert_eq!(inc.output.dims(), full.output.dims());
+            let (w_inc, w_full) = (inc.weights.unwrap(), full.weights.unwrap());
+            assert_eq!(w_inc.dims(), w_full.dims(), "N = {n}, average = {average}");
+            assert!(cache.is_empty());
+            let none = mha.forward_incremental(&empty, &mut cache, &IncrementalOptions::new())?;
+            assert!(none.weights.is_none());
+        }
+    }
+    Ok(())
+}
