@@ -32,7 +32,7 @@ mod support;
 use std::time::Instant;
 
 use support::{
-    cpu_model, env_usize, find_torch, median, print_table, utc_now, Allocator, TorchServer,
+    env_usize, find_torch, median, pin_threads, print_machine, print_table, Allocator, TorchServer,
 };
 
 use candle::{DType, Device, Result, Tensor};
@@ -86,25 +86,10 @@ fn phases(model: &NextTokenPredictor, prompt: &[u32], steps: usize) -> Result<(f
 }
 
 fn main() -> Result<()> {
-    let threads_from = match std::env::var("RAYON_NUM_THREADS") {
-        Ok(v) => format!("RAYON_NUM_THREADS={v}"),
-        Err(_) => {
-            // As `mha generate` does: otherwise candle parses /proc/cpuinfo on every matmul.
-            let n = candle::utils::get_num_threads();
-            std::env::set_var("RAYON_NUM_THREADS", n.to_string());
-            format!("RAYON_NUM_THREADS unset, pinned to {n} as mha generate does")
-        }
-    };
+    let threads_from = pin_threads();
     let allocator = Allocator::from_env();
+    print_machine(&threads_from);
     let threads = candle::utils::get_num_threads();
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    println!(
-        "machine: {} | {cores} cores | {threads} threads ({threads_from}) | avx2 {} | mkl {} | {}",
-        cpu_model(),
-        candle::utils::with_avx(),
-        candle::utils::has_mkl(),
-        utc_now()
-    );
     println!("{}", allocator.describe());
     let rounds = env_usize("MHA_BENCH_ROUNDS").unwrap_or(3).max(1);
     let repeats = env_usize("MHA_BENCH_REPEATS").unwrap_or(3).max(1);

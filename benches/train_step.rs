@@ -26,7 +26,8 @@
 //!   `python`); without torch the PyTorch columns are left out;
 //! - `MHA_BENCH_KERNEL=reference`: our model's attention on the reference ops instead of the
 //!   fused kernel (`NextTokenPredictor::with_attention_kernel`);
-//! - `RAYON_NUM_THREADS`: candle's CPU threads (default: the cores); torch gets the same;
+//! - `RAYON_NUM_THREADS`: candle's CPU threads (default: the cores, pinned as `mha` does); torch
+//!   gets the same;
 //! - `MHA_BENCH_ALLOCATOR=default`: glibc's allocator defaults on both sides. Otherwise both
 //!   keep freed memory (`alloc::retain_freed_memory` here, the equivalent `GLIBC_TUNABLES` in
 //!   PyTorch's process), as the `mha` CLI trains.
@@ -36,7 +37,7 @@ mod support;
 use std::time::Instant;
 
 use support::{
-    cpu_model, env_usize, find_torch, median, print_table, utc_now, Allocator, TorchServer,
+    env_usize, find_torch, median, pin_threads, print_machine, print_table, Allocator, TorchServer,
 };
 
 use candle::{DType, Device, Result, Tensor};
@@ -269,6 +270,7 @@ fn over_rounds(rounds: &[Option<Timing>]) -> Option<Timing> {
 }
 
 fn main() -> Result<()> {
+    let threads_from = pin_threads();
     let shapes = selected_shapes();
     if shapes.is_empty() {
         eprintln!("no shape selected (MHA_BENCH_SHAPES: small, medium, large)");
@@ -276,19 +278,8 @@ fn main() -> Result<()> {
     }
     // Both sides under the same allocator settings (see the module docs).
     let allocator = Allocator::from_env();
+    print_machine(&threads_from);
     let threads = candle::utils::get_num_threads();
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let threads_from = match std::env::var("RAYON_NUM_THREADS") {
-        Ok(v) => format!("RAYON_NUM_THREADS={v}"),
-        Err(_) => "RAYON_NUM_THREADS unset".into(),
-    };
-    println!(
-        "machine: {} | {cores} cores | {threads} threads ({threads_from}) | avx2 {} | mkl {} | {}",
-        cpu_model(),
-        candle::utils::with_avx(),
-        candle::utils::has_mkl(),
-        utc_now()
-    );
     println!("{}", allocator.describe());
     let rounds = env_usize("MHA_BENCH_ROUNDS").unwrap_or(3).max(1);
     println!("{rounds} rounds; in each, every shape runs on our side and right after on PyTorch's");

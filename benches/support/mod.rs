@@ -213,3 +213,32 @@ impl Drop for TorchServer {
         let _ = self.child.wait();
     }
 }
+
+/// Pins `RAYON_NUM_THREADS` to candle's count when it is unset, as the `mha` binary does at
+/// start (otherwise candle parses `/proc/cpuinfo` on every matmul), and says which it was.
+/// Call first, before any thread starts.
+pub fn pin_threads() -> String {
+    match std::env::var("RAYON_NUM_THREADS") {
+        Ok(v) => format!("RAYON_NUM_THREADS={v}"),
+        Err(_) => {
+            let n = candle_mha::candle::utils::get_num_threads();
+            std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+            format!("RAYON_NUM_THREADS unset, pinned to {n} as mha does")
+        }
+    }
+}
+
+/// The table's first line: CPU model, cores, threads (and where the count came from), SIMD,
+/// MKL, time.
+pub fn print_machine(threads_from: &str) {
+    use candle_mha::candle::utils;
+    let threads = utils::get_num_threads();
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    println!(
+        "machine: {} | {cores} cores | {threads} threads ({threads_from}) | avx2 {} | mkl {} | {}",
+        cpu_model(),
+        utils::with_avx(),
+        utils::has_mkl(),
+        utc_now()
+    );
+}
