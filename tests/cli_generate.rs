@@ -122,32 +122,7 @@ fn sampling_options_on_a_symbol_model() -> Result<()> {
 #[test]
 fn a_text_model_prints_the_prompt_and_its_continuation_as_one_text() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let corpus = dir.path().join("corpus.txt");
-    let lines = [
-        "The license is granted to any person obtaining a copy.",
-        "Permission is hereby granted, free of charge, to any person.",
-        "The software is provided as is, without warranty of any kind.",
-    ];
-    let text: Vec<&str> = lines.into_iter().cycle().take(300).collect();
-    std::fs::write(&corpus, text.join("\n") + "\n")?;
-    let ckpt = dir.path().join("run");
-    train(
-        "--text",
-        &corpus,
-        &ckpt,
-        &[
-            "--steps",
-            "200",
-            "--lr",
-            "1e-2",
-            "--warmup",
-            "20",
-            "--max-len",
-            "16",
-            "--bpe-vocab",
-            "300",
-        ],
-    )?;
+    let ckpt = text_checkpoint(dir.path())?;
     // The corpus is learned: greedy continues the sentence, printed after the prompt as
     // typed, with the space between them, on one line.
     let (ok, out, stderr) = gen(&ckpt, "The license is", &["--max-new-tokens", "4"])?;
