@@ -144,7 +144,10 @@ fn identity_mha(d: usize, dtype: DType) -> Result<MultiheadAttention> {
 fn identity_projection_mha_equals_self_attention() -> Result<()> {
     for (l, d) in [(1, 1), (3, 4), (6, 8), (10, 16), (7, 50), (12, 64)] {
         let mha = identity_mha(d, DType::F32)?;
-        let x = Tensor::randn(0f32, 1., (l, d), &Device::Cpu)?;
+        // Seeded: candle's `randn` cannot be, and one draw in many came within a rounding of
+        // the bound (1.19e-6 at L 12, d 64).
+        let seed = (l * 100 + d) as u64;
+        let x = candle_mha::rng::normal(0., 1., (l, d), DType::F32, &Device::Cpu, seed)?;
         let out = mha.forward(&x, &x, &x, &AttentionOptions::new())?;
         let (o, w) = self_attention(&x)?;
         let od = max_abs_diff(&out.output, &o)?;
@@ -198,7 +201,7 @@ fn self_attention_is_differentiable() -> Result<()> {
 
 #[test]
 fn cosine_matrix_is_symmetric_with_unit_diagonal() -> Result<()> {
-    let x = Tensor::randn(0f64, 1., (7, 5), &Device::Cpu)?;
+    let x = candle_mha::rng::normal(0., 1., (7, 5), DType::F64, &Device::Cpu, 11)?;
     let c = cosine_similarity_matrix(&x)?;
     assert_eq!(c.dims(), &[7, 7]);
     let v = c.to_vec2::<f64>()?;
