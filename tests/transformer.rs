@@ -203,3 +203,186 @@ fn bad_input_is_named() -> Result<()> {
     assert!(err.contains("batch sizes"), "{err}");
     Ok(())
 }
+
+// ---------------------------------------------------------------------------------------------
+// PyTorch parity.
+
+use candle_mha::candle::Var;
+use candle_mha::candle_nn::VarBuilder;
+use candle_mha::nn::TransformerDecoderLayer;
+use common::{assert_close, Fixture};
+use std::collections::HashMap;
+
+fn transformer_fixtures() -> Vec<std::path::PathBuf> {
+    let dir = common::fixtures_dir().join("transformer");
+    let mut paths: Vec<_> = std::fs::read_dir(&dir)
+        .expect("tests/fixtures/transformer exists")
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .collect();
+    paths.sort();
+    paths
+}
+
+/// The module of a fixture, whatever its kind, behind one forward.
+enum Module {
+    EncoderLayer(TransformerEncoderLayer),
+    Encoder(TransformerEncoder),
+    DecoderLayer(TransformerDecoderLayer),
+    Decoder(TransformerDecoder),
+    Transformer(Transformer),
+}
+
+fn layer_config(f: &Fixture) -> Result<TransformerEncoderLayerConfig> {
+    Ok(
+        TransformerEncoderLayerConfig::new(f.usize("d_model")?, f.usize("nhead")?)
+            .with_dim_feedforward(f.usize("dim_feedforward")?)
+            .with_activation(match f.str("activation") {
+                "gelu" => Activation::Gelu,
+                _ => Activation::Relu,
+            })
+            .with_batch_first(f.flag("batch_first")?)
+            .with_norm_first(f.flag("norm_first")?)
+            .with_bias(f.flag("bias")?),
+    )
+}
+
+fn decoder_config(c: TransformerEncoderLayerConfig) -> TransformerDecoderLayerConfig {
+    TransformerDecoderLayerConfig::new(c.d_model, c.nhead)
+        .with_dim_feedforward(c.dim_feedforward)
+        .with_activation(c.activation)
+        .with_batch_first(c.batch_first)
+        .with_norm_first(c.norm_first)
+        .with_bias(c.bias)
+}
+
+fn build(f: &Fixture, vb: VarBuilder) -> Result<Module> {
+    let cfg = layer_config(f)?;
+    let (n, final_norm) = (f.usize("num_layers")?, f.flag("final_norm")?);
+    Ok(match f.str("kind") {
+        "encoder_layer" => Module::EncoderLayer(TransformerEncoderLayer::new(cfg, vb)?),
+        "encoder" => Module::Encoder(TransformerEncoder::new(cfg, n, final_norm, vb)?),
+        "decoder_layer" => {
+            Module::DecoderLayer(TransformerDecoderLayer::new(decoder_config(cfg), vb)?)
+        }
+        "decoder" => Module::Decoder(TransformerDecoder::new(
+            decoder_config(cfg),
+            n,
+            final_norm,
+            vb,
+        )?),
+        "transformer" => {
+            let tc = TransformerConfig::new(cfg.d_model, cfg.nhead)
+                .with_num_encoder_layers(n)
+                .with_num_decoder_layers(n)
+                .with_dim_feedforward(cfg.dim_feedforward)
+                .with_activation(cfg.activation)
+                .with_batch_first(cfg.batch_first)
+                .with_norm_first(cfg.norm_first)
+                .with_bias(cfg.bias);
+            Module::Transformer(Transformer::new(tc, vb)?)
+        }
+        other => anyhow::bail!("{}: unknown kind {other}", f.name),
+    })
+}
+
+fn forward(f: &Fixture, m: &Module, inputs: &HashMap<String, Tensor>) -> Result<Tensor> {
+    let mask = |k: &str| f.tensors.get(k).cloned();
+    let input = |k: &str| inputs[k].clone();
+    let mut enc = EncoderOptions::new().with_is_causal(f.flag("is_causal")?);
+    enc.mask = mask("mask").or_else(|| mask("src_mask"));
+    enc.src_key_padding_mask = mask("src_key_padding_mask");
+    let mut dec = DecoderOptions::new().with_tgt_is_causal(f.flag("tgt_is_causal")?);
+    dec.tgt_mask = mask("tgt_mask");
+    dec.memory_mask = mask("memory_mask");
+    dec.tgt_key_padding_mask = mask("tgt_key_padding_mask");
+    dec.memory_key_padding_mask = mask("memory_key_padding_mask");
+    Ok(match m {
+        Module::EncoderLayer(l) => l.forward(&input("src"), &enc)?,
+        Module::Encoder(e) => e.forward(&input("src"), &enc)?,
+        Module::DecoderLayer(l) => l.forward(&input("tgt"), &input("memory"), &dec)?,
+        Module::Decoder(d) => d.forward(&input("tgt"), &input("memory"), &dec)?,
+        Module::Transformer(t) => {
+            let mut o = TransformerOptions::new().with_tgt_is_causal(f.flag("tgt_is_causal")?);
+            o.src_mask = mask("src_mask");
+            o.src_key_padding_mask = mask("src_key_padding_mask");
+            o.tgt_mask = dec.tgt_mask.clone();
+            o.memory_mask = dec.memory_mask.clone();
+            o.tgt_key_padding_mask = dec.tgt_key_padding_mask.clone();
+            o.memory_key_padding_mask = dec.memory_key_padding_mask.clone();
+            t.forward(&input("src"), &input("tgt"), &o)?
+        }
+    })
+}
+
+fn named_parameters(m: &Module) -> Vec<(String, Tensor)> {
+    match m {
+        Module::EncoderLayer(l) => l.named_parameters(),
+        Module::Encoder(e) => e.named_parameters(),
+        Module::DecoderLayer(l) => l.named_parameters(),
+        Module::Decoder(d) => d.named_parameters(),
+        Module::Transformer(t) => t.named_parameters(),
+    }
+}
+
+/// Every fixture: the state_dict loaded at the prefix `model` through
+/// `VarBuilder::from_tensors` gives PyTorch's output and the gradients of `sum(out · R)` for
+/// every parameter and input (f32 ≤ 1e-5 relative, f64 ≤ 1e-10).
+#[test]
+fn matches_pytorch() -> Result<()> {
+    let paths = transformer_fixtures();
+    assert!(paths.len() >= 16, "fixtures missing: {paths:?}");
+    for path in paths {
+        let f = Fixture::load(&path)?;
+        let dtype = f.dtype()?;
+        let tol = if dtype == DType::F64 { 1e-10 } else { 1e-5 };
+        // Parameters as variables, so that the backward pass reaches them.
+        let params: HashMap<String, Tensor> = f
+            .params()
+            .into_iter()
+            .map(|(k, t)| Ok((k, Var::from_tensor(&t)?.as_tensor().clone())))
+            .collect::<Result<_>>()?;
+        let vb = VarBuilder::from_tensors(params.clone(), dtype, &Device::Cpu).pp("model");
+        let m = build(&f, vb)?;
+        // Everything in the file is used, nothing more.
+        let mut used: Vec<String> = named_parameters(&m)
+            .into_iter()
+            .map(|(n, _)| format!("model.{n}"))
+            .collect();
+        let mut given: Vec<String> = params.keys().cloned().collect();
+        used.sort();
+        given.sort();
+        assert_eq!(used, given, "{}", f.name);
+        let inputs: HashMap<String, Tensor> = ["src", "tgt", "memory"]
+            .into_iter()
+            .filter_map(|k| f.tensors.get(k).map(|t| (k, t)))
+            .map(|(k, t)| Ok((k.to_string(), Var::from_tensor(t)?.as_tensor().clone())))
+            .collect::<Result<_>>()?;
+        let out = forward(&f, &m, &inputs)?;
+        let what = |s: &str| format!("{}: {s}", f.name);
+        let err = assert_close(&what("out"), &out, f.tensor("out")?, tol)?;
+        eprintln!("{}: out relative error {err:.1e}", f.name);
+        if let Some(fast) = f.tensors.get("out_fast") {
+            // PyTorch's fast path equals its slow path (and this) away from the padding.
+            let keep = (1.0 - f.tensor("src_key_padding_mask")?.to_dtype(dtype)?)?.unsqueeze(2)?;
+            let ours = out.broadcast_mul(&keep)?;
+            assert_close(&what("out_fast"), &ours, &fast.broadcast_mul(&keep)?, tol)?;
+        }
+        let grads = (&out * f.tensor("R")?)?.sum_all()?.backward()?;
+        for (name, t) in &inputs {
+            let g = grads.get(t).expect("input gradient");
+            assert_close(
+                &what(&format!("grad.{name}")),
+                g,
+                f.tensor(&format!("grad.{name}"))?,
+                tol,
+            )?;
+        }
+        for (name, p) in &params {
+            let g = grads.get(p).expect("parameter gradient");
+            let key = format!("grad.param.{name}");
+            assert_close(&what(&key), g, f.tensor(&key)?, tol)?;
+        }
+    }
+    Ok(())
+}
