@@ -386,3 +386,118 @@ fn matches_pytorch() -> Result<()> {
     }
     Ok(())
 }
+
+/// `is_causal` with no mask builds the causal mask itself (PyTorch needs it given): the causal
+/// fixtures give PyTorch's output with their mask left out.
+#[test]
+fn is_causal_without_mask_is_the_causal_mask() -> Result<()> {
+    let mut checked = 0;
+    for path in transformer_fixtures() {
+        let mut f = Fixture::load(&path)?;
+        let causal_key = match f.str("kind") {
+            "encoder_layer" | "encoder" if f.flag("is_causal")? => ["mask", "src_mask"]
+                .into_iter()
+                .find(|k| f.tensors.contains_key(*k)),
+            "decoder_layer" | "decoder" | "transformer" if f.flag("tgt_is_causal")? => {
+                Some("tgt_mask")
+            }
+            _ => None,
+        };
+        let Some(key) = causal_key else { continue };
+        f.tensors.remove(key);
+        let dtype = f.dtype()?;
+        let vb = VarBuilder::from_tensors(f.params(), dtype, &Device::Cpu).pp("model");
+        let m = build(&f, vb)?;
+        let inputs: HashMap<String, Tensor> = ["src", "tgt", "memory"]
+            .into_iter()
+            .filter_map(|k| f.tensors.get(k).map(|t| (k.to_string(), t.clone())))
+            .collect();
+        let out = forward(&f, &m, &inputs)?;
+        let tol = if dtype == DType::F64 { 1e-10 } else { 1e-5 };
+        assert_close(
+            &format!("{}: out without {key}", f.name),
+            &out,
+            f.tensor("out")?,
+            tol,
+        )?;
+        checked += 1;
+    }
+    assert!(checked >= 5, "only {checked} causal fixtures");
+    Ok(())
+}
+
+/// Fresh layers get PyTorch's initialisation: linear layers U(±1/√fan_in), layer norms ones and
+/// zeros, attention as `MultiheadAttention`; `Transformer` redraws every matrix xavier-uniform.
+#[test]
+fn initialisation_is_pytorchs() -> Result<()> {
+    fn bounds(t: &Tensor) -> Result<(f32, f32)> {
+        let v = t.flatten_all()?.to_vec1::<f32>()?;
+        let max = v.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let mean = v.iter().sum::<f32>() / v.len() as f32;
+        Ok((max, mean))
+    }
+    let (e, ff) = (16usize, 64usize);
+    let varmap = VarMap::new();
+    let layer = TransformerEncoderLayer::new(
+        TransformerEncoderLayerConfig::new(e, 2).with_dim_feedforward(ff),
+        seeded_var_builder(&varmap, 5, DType::F32, &Device::Cpu),
+    )?;
+    let params: HashMap<String, Tensor> = layer.named_parameters().into_iter().collect();
+    for (name, fan_in) in [
+        ("linear1.weight", e),
+        ("linear1.bias", e),
+        ("linear2.weight", ff),
+        ("linear2.bias", ff),
+    ] {
+        let bound = 1.0 / (fan_in as f32).sqrt();
+        let (max, _) = bounds(&params[name])?;
+        assert!(
+            max <= bound && max > 0.8 * bound,
+            "{name}: max {max}, bound {bound}"
+        );
+    }
+    for (name, value) in [
+        ("norm1.weight", 1.0),
+        ("norm2.weight", 1.0),
+        ("norm1.bias", 0.0),
+        ("norm2.bias", 0.0),
+    ] {
+        let v = params[name].to_vec1::<f32>()?;
+        assert!(v.iter().all(|x| *x == value), "{name}: {v:?}");
+    }
+    let varmap = VarMap::new();
+    let model = Transformer::new(
+        TransformerConfig::new(e, 2)
+            .with_num_encoder_layers(1)
+            .with_num_decoder_layers(1)
+            .with_dim_feedforward(ff),
+        seeded_var_builder(&varmap, 5, DType::F32, &Device::Cpu),
+    )?;
+    assert_eq!(model.named_parameters().len(), varmap.all_vars().len());
+    for (name, t) in model.named_parameters() {
+        if t.rank() < 2 {
+            continue;
+        }
+        let (out, inp) = t.dims2()?;
+        let bound = (6.0 / (out + inp) as f32).sqrt();
+        let (max, _) = bounds(&t)?;
+        assert!(
+            max <= bound && max > 0.8 * bound,
+            "{name}: max {max}, xavier bound {bound}"
+        );
+    }
+    Ok(())
+}
+
+/// A state_dict missing a tensor fails naming it.
+#[test]
+fn missing_tensor_is_named() -> Result<()> {
+    let path = common::fixtures_dir().join("transformer/encoder_post_kpm.safetensors");
+    let f = Fixture::load(&path)?;
+    let mut params = f.params();
+    params.remove("model.layers.1.norm2.weight");
+    let vb = VarBuilder::from_tensors(params, DType::F32, &Device::Cpu).pp("model");
+    let err = build(&f, vb).err().expect("missing tensor").to_string();
+    assert!(err.contains("layers.1.norm2.weight"), "{err}");
+    Ok(())
+}
