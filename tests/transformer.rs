@@ -110,6 +110,17 @@ fn names_are_pytorchs() -> Result<()> {
         ]
     );
     assert_eq!(&names[24..], ["norm.weight", "norm.bias"]);
+    // The config is plain data: it goes through JSON and back, the activation by its name.
+    let cfg = enc.layers()[0]
+        .config()
+        .clone()
+        .with_activation(Activation::Gelu);
+    let json = serde_json::to_string(&cfg)?;
+    assert!(json.contains(r#""activation":"gelu""#), "{json}");
+    assert_eq!(
+        serde_json::from_str::<TransformerEncoderLayerConfig>(&json)?,
+        cfg
+    );
     let varmap = VarMap::new();
     let cfg = TransformerDecoderLayerConfig::new(8, 2)
         .with_dim_feedforward(16)
