@@ -226,8 +226,7 @@ def run_case(c):
             kwargs["tgt_is_causal"] = True
         if c.get("memory_is_causal"):
             kwargs["memory_is_causal"] = True
-    # Masks and inputs are drawn; name the encoder's own mask argument in the file as PyTorch
-    # names it on the module called.
+    # Gradients of the inputs too (and grad mode keeps PyTorch on its slow path).
     for v in inputs.values():
         v.requires_grad_(True)
     args = list(inputs.values())
