@@ -67,6 +67,11 @@ pub use attention::{
     KvCache, MemoryCache, MultiheadAttention, MultiheadAttentionConfig,
 };
 pub use init::seeded_var_builder;
+pub use nn::{
+    Activation, DecoderOptions, EncoderOptions, Transformer, TransformerConfig, TransformerDecoder,
+    TransformerDecoderLayer, TransformerDecoderLayerConfig, TransformerEncoder,
+    TransformerEncoderLayer, TransformerEncoderLayerConfig, TransformerOptions,
+};
 
 /// The README's examples, compiled and run as doctests.
 #[doc = include_str!("../README.md")]

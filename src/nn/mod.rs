@@ -9,8 +9,11 @@
 //! over the kernels of the CPU layer (`crate::cpu`); other devices and dtypes keep the generic
 //! ops.
 //!
-//! Layering: above the CPU layer and `init`, below `models`; nothing here imports the
-//! attention core.
+//! The Transformer layers ([`transformer`]: encoder/decoder layers and stacks,
+//! [`Transformer`]) are built from these and the attention.
+//!
+//! Layering: above the CPU layer and `init`, below `models`; nothing here but [`transformer`]
+//! imports the attention core.
 
 mod cross_entropy;
 mod embedding;
@@ -18,13 +21,20 @@ mod gelu;
 mod layer_norm;
 mod linear;
 mod linear_gelu;
+pub mod transformer;
 
 pub(crate) use cross_entropy::cross_entropy_rows;
 pub use embedding::Embedding;
 pub(crate) use gelu::gelu_erf;
+pub(crate) use layer_norm::layer_norm;
 pub use layer_norm::LayerNorm;
 pub use linear::Linear;
 pub(crate) use linear_gelu::linear_gelu;
+pub use transformer::{
+    Activation, DecoderOptions, EncoderOptions, Transformer, TransformerConfig, TransformerDecoder,
+    TransformerDecoderLayer, TransformerDecoderLayerConfig, TransformerEncoder,
+    TransformerEncoderLayer, TransformerEncoderLayerConfig, TransformerOptions,
+};
 
 #[cfg(test)]
 mod tests;

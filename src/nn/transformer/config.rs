@@ -1,0 +1,190 @@
+//! [`Activation`] and the constructor arguments of the encoder and decoder layers
+//! ([`TransformerEncoderLayerConfig`], [`TransformerDecoderLayerConfig`]).
+//!
+//! The two configs take the same arguments in PyTorch; they are two types (one macro) so that
+//! each layer's constructor names its own.
+
+use candle::{Result, Tensor};
+use serde::{Deserialize, Serialize};
+
+/// The activation of the feed-forward block.
+///
+/// PyTorch equivalent: the `activation` argument, `"relu"` (`F.relu`) or `"gelu"` (`F.gelu`,
+/// exact erf form).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Activation {
+    /// `max(x, 0)`. PyTorch equivalent: `F.relu`.
+    #[default]
+    Relu,
+    /// `x·Φ(x)` (erf, not tanh). PyTorch equivalent: `F.gelu` (`approximate="none"`).
+    Gelu,
+}
+
+impl Activation {
+    /// Applies the activation to a tensor of any shape (with backward).
+    pub fn apply(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Activation::Relu => x.relu(),
+            Activation::Gelu => crate::nn::gelu_erf(x),
+        }
+    }
+}
+
+macro_rules! layer_config {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+        pub struct $name {
+            /// Model width `E` (the last dimension of the inputs).
+            pub d_model: usize,
+            /// Attention heads; must divide `d_model`.
+            pub nhead: usize,
+            /// Width of the feed-forward block. Default 2048.
+            pub dim_feedforward: usize,
+            /// Dropout probability (attention weights and every residual branch), applied only
+            /// in training mode. Default 0.1.
+            pub dropout: f64,
+            /// The feed-forward activation. Default [`Activation::Relu`].
+            pub activation: Activation,
+            /// `eps` of the layer norms. Default 1e-5.
+            pub layer_norm_eps: f64,
+            /// Inputs and outputs `(N, L, E)` when `true`, `(L, N, E)` when `false`.
+            /// Default `false`.
+            pub batch_first: bool,
+            /// Layer norm before each block (pre-norm) when `true`, after the residual sum
+            /// (post-norm) when `false`. Default `false`.
+            pub norm_first: bool,
+            /// Biases in the linear layers, the attention and the layer norms. Default `true`.
+            pub bias: bool,
+            /// Seed of the dropout masks (candle's generator cannot be seeded). Default 0.
+            /// Not in PyTorch, where dropout uses the global generator.
+            pub dropout_seed: u64,
+        }
+
+        impl $name {
+            /// PyTorch's defaults for `d_model` and `nhead`.
+            pub fn new(d_model: usize, nhead: usize) -> Self {
+                Self {
+                    d_model,
+                    nhead,
+                    dim_feedforward: 2048,
+                    dropout: 0.1,
+                    activation: Activation::Relu,
+                    layer_norm_eps: 1e-5,
+                    batch_first: false,
+                    norm_first: false,
+                    bias: true,
+                    dropout_seed: 0,
+                }
+            }
+
+            /// Sets [`dim_feedforward`](Self::dim_feedforward).
+            pub fn with_dim_feedforward(mut self, dim_feedforward: usize) -> Self {
+                self.dim_feedforward = dim_feedforward;
+                self
+            }
+
+            /// Sets [`dropout`](Self::dropout).
+            pub fn with_dropout(mut self, dropout: f64) -> Self {
+                self.dropout = dropout;
+                self
+            }
+
+            /// Sets [`activation`](Self::activation).
+            pub fn with_activation(mut self, activation: Activation) -> Self {
+                self.activation = activation;
+                self
+            }
+
+            /// Sets [`layer_norm_eps`](Self::layer_norm_eps).
+            pub fn with_layer_norm_eps(mut self, eps: f64) -> Self {
+                self.layer_norm_eps = eps;
+                self
+            }
+
+            /// Sets [`batch_first`](Self::batch_first).
+            pub fn with_batch_first(mut self, batch_first: bool) -> Self {
+                self.batch_first = batch_first;
+                self
+            }
+
+            /// Sets [`norm_first`](Self::norm_first).
+            pub fn with_norm_first(mut self, norm_first: bool) -> Self {
+                self.norm_first = norm_first;
+                self
+            }
+
+            /// Sets [`bias`](Self::bias).
+            pub fn with_bias(mut self, bias: bool) -> Self {
+                self.bias = bias;
+                self
+            }
+
+            /// Sets [`dropout_seed`](Self::dropout_seed).
+            pub fn with_dropout_seed(mut self, seed: u64) -> Self {
+                self.dropout_seed = seed;
+                self
+            }
+
+            /// The attention's config: same width, heads, dropout, bias and layout.
+            pub fn attention_config(&self) -> crate::MultiheadAttentionConfig {
+                crate::MultiheadAttentionConfig::new(self.d_model, self.nhead)
+                    .with_dropout(self.dropout)
+                    .with_bias(self.bias)
+                    .with_batch_first(self.batch_first)
+                    .with_dropout_seed(self.dropout_seed)
+            }
+
+            /// Checks the sizes and the dropout probability, naming the bad argument.
+            pub fn validate(&self) -> Result<()> {
+                if self.d_model == 0 || self.nhead == 0 || self.d_model % self.nhead != 0 {
+                    candle::bail!(
+                        "{}: nhead ({}) must be positive and divide d_model ({})",
+                        stringify!($name),
+                        self.nhead,
+                        self.d_model
+                    )
+                }
+                if self.dim_feedforward == 0 {
+                    candle::bail!("{}: dim_feedforward must be positive, got 0", stringify!($name))
+                }
+                if !(0.0..=1.0).contains(&self.dropout) {
+                    candle::bail!(
+                        "{}: dropout must be in [0, 1], got {}",
+                        stringify!($name),
+                        self.dropout
+                    )
+                }
+                Ok(())
+            }
+        }
+    };
+}
+
+layer_config!(
+    /// The configuration of a [`TransformerEncoderLayer`](super::TransformerEncoderLayer).
+    ///
+    /// PyTorch equivalent: the arguments of `nn.TransformerEncoderLayer(d_model, nhead,
+    /// dim_feedforward=2048, dropout=0.1, activation="relu", layer_norm_eps=1e-5,
+    /// batch_first=False, norm_first=False, bias=True)`, with the same defaults.
+    ///
+    /// ```
+    /// use candle_mha::nn::{Activation, TransformerEncoderLayerConfig};
+    /// let cfg = TransformerEncoderLayerConfig::new(16, 2)
+    ///     .with_dim_feedforward(32)
+    ///     .with_activation(Activation::Gelu)
+    ///     .with_norm_first(true);
+    /// assert_eq!((cfg.dropout, cfg.layer_norm_eps, cfg.bias), (0.1, 1e-5, true));
+    /// ```
+    TransformerEncoderLayerConfig
+);
+
+layer_config!(
+    /// The configuration of a [`TransformerDecoderLayer`](super::TransformerDecoderLayer).
+    ///
+    /// PyTorch equivalent: the arguments of `nn.TransformerDecoderLayer(d_model, nhead,
+    /// dim_feedforward=2048, dropout=0.1, activation="relu", layer_norm_eps=1e-5,
+    /// batch_first=False, norm_first=False, bias=True)`, with the same defaults.
+    TransformerDecoderLayerConfig
+);

@@ -1,0 +1,106 @@
+//! [`TransformerEncoder`]: a stack of encoder layers and an optional final layer norm.
+
+use candle::{Result, Tensor};
+use candle_nn::VarBuilder;
+
+use super::parts::Norm;
+use super::{EncoderOptions, TransformerEncoderLayer, TransformerEncoderLayerConfig};
+use crate::rng::derive_seed;
+
+/// `num_layers` encoder layers (each with its own parameters) and, with `final_norm`, a layer
+/// norm after the last.
+///
+/// PyTorch equivalent: `nn.TransformerEncoder(encoder_layer, num_layers, norm=nn.LayerNorm(d_model,
+/// eps=layer_norm_eps, bias=bias) or None)`: parameters `layers.N.*` and `norm.*`.
+///
+/// # Shapes
+/// As [`TransformerEncoderLayer`]: the output has the shape of `src`.
+#[derive(Clone, Debug)]
+pub struct TransformerEncoder {
+    layers: Vec<TransformerEncoderLayer>,
+    norm: Option<Norm>,
+}
+
+impl TransformerEncoder {
+    /// Creates the stack under `vb` (`layers.0.*`, …, `norm.*`). Each layer's dropout seed is
+    /// derived from `layer_cfg.dropout_seed` and its index, so the layers drop differently.
+    ///
+    /// PyTorch equivalent: `nn.TransformerEncoder(nn.TransformerEncoderLayer(...), num_layers,
+    /// norm)`.
+    pub fn new(
+        layer_cfg: TransformerEncoderLayerConfig,
+        num_layers: usize,
+        final_norm: bool,
+        vb: VarBuilder,
+    ) -> Result<Self> {
+        layer_cfg.validate()?;
+        let layers = (0..num_layers)
+            .map(|i| {
+                let cfg = layer_cfg
+                    .clone()
+                    .with_dropout_seed(derive_seed(layer_cfg.dropout_seed, &format!("layers.{i}")));
+                TransformerEncoderLayer::new(cfg, vb.pp(format!("layers.{i}")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let norm = match final_norm {
+            true => Some(Norm::new(
+                layer_cfg.d_model,
+                layer_cfg.layer_norm_eps,
+                layer_cfg.bias,
+                vb.pp("norm"),
+            )?),
+            false => None,
+        };
+        Ok(Self { layers, norm })
+    }
+
+    /// The layers.
+    pub fn layers(&self) -> &[TransformerEncoderLayer] {
+        &self.layers
+    }
+
+    /// Whether the stack ends in a layer norm (`norm.*`).
+    pub fn has_final_norm(&self) -> bool {
+        self.norm.is_some()
+    }
+
+    /// Every parameter with its state_dict name (relative to the stack), in PyTorch's order.
+    ///
+    /// PyTorch equivalent: `encoder.named_parameters()`.
+    pub fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        let mut out = Vec::new();
+        for (i, layer) in self.layers.iter().enumerate() {
+            for (n, t) in layer.named_parameters() {
+                out.push((format!("layers.{i}.{n}"), t));
+            }
+        }
+        if let Some(norm) = &self.norm {
+            norm.push_params("norm", &mut out);
+        }
+        out
+    }
+
+    /// The layers applied in turn to `src`, then the final norm.
+    ///
+    /// PyTorch equivalent: `encoder(src, mask=opts.mask,
+    /// src_key_padding_mask=opts.src_key_padding_mask, is_causal=opts.is_causal)` (slow and
+    /// fast paths give the same numbers; with a key padding mask PyTorch's fast path zeroes the
+    /// padded positions of the output, which this does not).
+    ///
+    /// # Errors
+    /// As [`TransformerEncoderLayer::forward`].
+    pub fn forward(&self, src: &Tensor, opts: &EncoderOptions) -> Result<Tensor> {
+        let mut x = src.clone();
+        for (i, layer) in self.layers.iter().enumerate() {
+            let mut o = opts.clone();
+            o.dropout_seed = opts
+                .dropout_seed
+                .map(|s| derive_seed(s, &format!("layers.{i}")));
+            x = layer.forward(&x, &o)?;
+        }
+        match &self.norm {
+            Some(norm) => norm.forward(&x),
+            None => Ok(x),
+        }
+    }
+}

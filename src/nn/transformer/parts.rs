@@ -1,0 +1,170 @@
+//! The pieces every encoder/decoder layer shares: its layer norms (bias optional, unlike
+//! [`crate::nn::LayerNorm`]), its feed-forward block, its dropout seeds and its input check.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use candle::{DType, Module, Result, Tensor};
+use candle_nn::{Init, VarBuilder};
+
+use super::Activation;
+use crate::attention::dropout::seeded_dropout;
+use crate::nn::Linear;
+use crate::rng::derive_seed;
+
+/// `nn.LayerNorm(d, eps, bias=bias)`: `weight` ones, `bias` zeros (absent without bias).
+#[derive(Clone, Debug)]
+pub(crate) struct Norm {
+    weight: Tensor,
+    bias: Option<Tensor>,
+    eps: f64,
+}
+
+impl Norm {
+    pub(crate) fn new(d: usize, eps: f64, bias: bool, vb: VarBuilder) -> Result<Self> {
+        let weight = vb.get_with_hints(d, "weight", Init::Const(1.0))?;
+        let bias = match bias {
+            true => Some(vb.get_with_hints(d, "bias", Init::Const(0.0))?),
+            false => None,
+        };
+        Ok(Self { weight, bias, eps })
+    }
+
+    pub(crate) fn dtype(&self) -> DType {
+        self.weight.dtype()
+    }
+
+    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        // The fused op wants a bias; without one a constant zero bias gives the same numbers.
+        let zeros;
+        let bias = match &self.bias {
+            Some(b) => b,
+            None => {
+                zeros = self.weight.zeros_like()?;
+                &zeros
+            }
+        };
+        crate::nn::layer_norm(x, &self.weight, bias, self.eps)
+    }
+
+    pub(crate) fn push_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
+        out.push((format!("{prefix}.weight"), self.weight.clone()));
+        if let Some(b) = &self.bias {
+            out.push((format!("{prefix}.bias"), b.clone()));
+        }
+    }
+}
+
+/// `linear2(dropout(activation(linear1(x))))` (the final dropout is the caller's).
+#[derive(Clone, Debug)]
+pub(crate) struct FeedForward {
+    pub(crate) linear1: Linear,
+    pub(crate) linear2: Linear,
+    activation: Activation,
+}
+
+impl FeedForward {
+    pub(crate) fn new(
+        d_model: usize,
+        dim_ff: usize,
+        bias: bool,
+        activation: Activation,
+        vb: &VarBuilder,
+    ) -> Result<Self> {
+        Ok(Self {
+            linear1: Linear::new(d_model, dim_ff, bias, vb.pp("linear1"))?,
+            linear2: Linear::new(dim_ff, d_model, bias, vb.pp("linear2"))?,
+            activation,
+        })
+    }
+
+    pub(crate) fn forward(&self, x: &Tensor, drop: &Dropout) -> Result<Tensor> {
+        let h = match self.activation {
+            // One fused op (linear + GELU, with backward) where the CPU has it.
+            Activation::Gelu => {
+                crate::nn::linear_gelu(x, self.linear1.weight(), self.linear1.bias())?
+            }
+            Activation::Relu => self.linear1.forward(x)?.relu()?,
+        };
+        self.linear2.forward(&drop.apply(&h, "dropout")?)
+    }
+
+    pub(crate) fn push_params(&self, out: &mut Vec<(String, Tensor)>) {
+        for (name, l) in [("linear1", &self.linear1), ("linear2", &self.linear2)] {
+            out.push((format!("{name}.weight"), l.weight().clone()));
+            if let Some(b) = l.bias() {
+                out.push((format!("{name}.bias"), b.clone()));
+            }
+        }
+    }
+}
+
+/// The dropout of one forward call: off, or on with a seed from which each dropout module
+/// (by its PyTorch name) derives its own mask.
+pub(crate) struct Dropout {
+    p: f64,
+    seed: Option<u64>,
+}
+
+impl Dropout {
+    pub(crate) fn apply(&self, x: &Tensor, name: &str) -> Result<Tensor> {
+        match self.seed {
+            Some(seed) => seeded_dropout(x, self.p, derive_seed(seed, name)),
+            None => Ok(x.clone()),
+        }
+    }
+
+    /// The seed for a sub-module (the attention's `dropout_seed`), when dropout is on.
+    pub(crate) fn sub_seed(&self, name: &str) -> Option<u64> {
+        self.seed.map(|s| derive_seed(s, name))
+    }
+}
+
+/// A layer's dropout-call counter: each training call without an explicit seed draws fresh
+/// masks from `(config seed, call number)`, as the attention module does.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct DropoutCalls(Arc<AtomicU64>);
+
+impl DropoutCalls {
+    pub(crate) fn dropout(
+        &self,
+        p: f64,
+        config_seed: u64,
+        train: bool,
+        given: Option<u64>,
+    ) -> Dropout {
+        let seed = match (train && p > 0.0, given) {
+            (false, _) => None,
+            (true, Some(s)) => Some(s),
+            (true, None) => {
+                let call = self.0.fetch_add(1, Ordering::Relaxed);
+                Some(derive_seed(config_seed, &call.to_string()))
+            }
+        };
+        Dropout { p, seed }
+    }
+}
+
+/// Checks that `x` (named `name`) is `(L, E)` or 3-D ending in `d_model`, in `dtype`.
+pub(crate) fn check_input(
+    layer: &str,
+    name: &str,
+    x: &Tensor,
+    d_model: usize,
+    dtype: DType,
+) -> Result<()> {
+    let dims = x.dims();
+    if !(dims.len() == 2 || dims.len() == 3) || dims[dims.len() - 1] != d_model {
+        candle::bail!(
+            "{layer}: {name} has shape {dims:?}; expected (L, N, {d_model}), (N, L, {d_model}) \
+             with batch_first, or (L, {d_model}) unbatched (d_model = {d_model})"
+        )
+    }
+    if x.dtype() != dtype {
+        candle::bail!(
+            "{layer}: {name} has dtype {:?}; expected the parameters' dtype {dtype:?}",
+            x.dtype()
+        )
+    }
+    Ok(())
+}
