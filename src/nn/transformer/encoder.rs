@@ -15,6 +15,23 @@ use crate::rng::derive_seed;
 ///
 /// # Shapes
 /// As [`TransformerEncoderLayer`]: the output has the shape of `src`.
+///
+/// ```
+/// use candle::{DType, Device, Tensor};
+/// use candle_mha::candle_nn::VarMap;
+/// use candle_mha::nn::{EncoderOptions, TransformerEncoder, TransformerEncoderLayerConfig};
+/// # fn main() -> candle::Result<()> {
+/// let varmap = VarMap::new();
+/// let vb = candle_mha::seeded_var_builder(&varmap, 0, DType::F32, &Device::Cpu);
+/// let cfg = TransformerEncoderLayerConfig::new(8, 2).with_dim_feedforward(32).with_batch_first(true);
+/// let encoder = TransformerEncoder::new(cfg, 2, true, vb)?;
+/// let src = Tensor::randn(0f32, 1., (3, 5, 8), &Device::Cpu)?; // (N, S, E)
+/// let padding = Tensor::new(&[[0u8, 0, 0, 0, 0], [0, 0, 0, 1, 1], [0, 0, 0, 0, 1]], &Device::Cpu)?;
+/// let out = encoder.forward(&src, &EncoderOptions::new().with_src_key_padding_mask(padding))?;
+/// assert_eq!(out.dims(), [3, 5, 8]);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone, Debug)]
 pub struct TransformerEncoder {
     layers: Vec<TransformerEncoderLayer>,

@@ -267,6 +267,26 @@ impl TransformerOptions {
 /// # Shapes
 /// `src`: `(S, N, E)` (`(N, S, E)` with `batch_first`, `(S, E)` unbatched); `tgt`: `(T, N, E)`
 /// likewise; output: the shape of `tgt`.
+///
+/// ```
+/// use candle::{DType, Device, Tensor};
+/// use candle_mha::candle_nn::VarMap;
+/// use candle_mha::nn::{Transformer, TransformerConfig, TransformerOptions};
+/// # fn main() -> candle::Result<()> {
+/// let varmap = VarMap::new();
+/// let vb = candle_mha::seeded_var_builder(&varmap, 0, DType::F32, &Device::Cpu);
+/// let cfg = TransformerConfig::new(8, 2)
+///     .with_num_encoder_layers(1)
+///     .with_num_decoder_layers(1)
+///     .with_dim_feedforward(16);
+/// let model = Transformer::new(cfg, vb)?;
+/// let src = Tensor::randn(0f32, 1., (5, 2, 8), &Device::Cpu)?; // (S, N, E)
+/// let tgt = Tensor::randn(0f32, 1., (4, 2, 8), &Device::Cpu)?; // (T, N, E)
+/// let out = model.forward(&src, &tgt, &TransformerOptions::new().with_tgt_is_causal(true))?;
+/// assert_eq!(out.dims(), [4, 2, 8]);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone, Debug)]
 pub struct Transformer {
     config: TransformerConfig,
