@@ -279,3 +279,46 @@ fn discovery_and_mha_info() -> Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn imported_encoder_trains() -> Result<()> {
+    use candle_mha::candle::Var;
+    use candle_nn::Optimizer;
+    let exp = Fixture::load(&ckpt("encoder_nf_gelu_forward_expected.safetensors"))?;
+    let o = TransformerLoadOptions::new(2)
+        .with_batch_first(true)
+        .with_norm_first(true)
+        .with_activation(Activation::Gelu);
+    let (enc, _) = load_transformer_encoder_file(
+        ckpt("encoder_nf_gelu.safetensors"),
+        "",
+        &o,
+        DType::F32,
+        &Device::Cpu,
+    )?;
+    // The loaded parameters are the module's variables: Var::from_tensor shares them.
+    let params = enc.named_parameters();
+    assert_eq!(params.len(), 13);
+    let vars = params
+        .iter()
+        .map(|(_, t)| Var::from_tensor(t))
+        .collect::<candle_mha::candle::Result<Vec<_>>>()?;
+    let x = exp.tensor("input")?;
+    let loss = |e: &candle_mha::nn::TransformerEncoder| -> Result<Tensor> {
+        Ok(e.forward(x, &EncoderOptions::new())?.sqr()?.mean_all()?)
+    };
+    let before = loss(&enc)?;
+    let grads = before.backward()?;
+    for (name, t) in &params {
+        let g = grads
+            .get(t)
+            .unwrap_or_else(|| panic!("no gradient for {name}"));
+        let norm = g.sqr()?.sum_all()?.to_scalar::<f32>()?;
+        assert!(norm > 0.0, "zero gradient for {name}");
+    }
+    let mut sgd = candle_nn::SGD::new(vars, 0.05)?;
+    sgd.step(&grads)?;
+    let after = loss(&enc)?.to_scalar::<f32>()?;
+    assert!(after < before.to_scalar::<f32>()?, "{after}");
+    Ok(())
+}

@@ -1,6 +1,10 @@
 //! Loading PyTorch's Transformer layers, stacks and whole `nn.Transformer`s from a state_dict
 //! or a checkpoint file, inferring their sizes from the tensors.
 //!
+//! Every loader returns the module and its [`LoadReport`]. The module is trainable: its
+//! `named_parameters()` are candle variables, which `Var::from_tensor` hands to an optimizer
+//! without copying.
+//!
 //! Unlike the rest of `checkpoint`, this file builds [`crate::nn`] modules, a layer above; it
 //! uses only public `checkpoint` paths so that it can move up to `nn` unchanged.
 
