@@ -322,3 +322,33 @@ fn imported_encoder_trains() -> Result<()> {
     assert!(after < before.to_scalar::<f32>()?, "{after}");
     Ok(())
 }
+
+#[test]
+fn decoder_layer_loads_and_an_encoder_layer_is_not_one() -> Result<()> {
+    use candle_mha::checkpoint::load_transformer_decoder_layer_file;
+    let o = TransformerLoadOptions::new(2);
+    let path = ckpt("transformer_module.pt");
+    let (_, report) = load_transformer_decoder_layer_file(
+        &path,
+        "decoder.layers.0",
+        &o,
+        DType::F32,
+        &Device::Cpu,
+    )?;
+    assert!(report.is_clean(), "{report}");
+    assert_eq!(report.loaded.len(), 18, "{report}");
+    let e = load_transformer_decoder_layer_file(
+        &path,
+        "encoder.layers.0",
+        &o,
+        DType::F32,
+        &Device::Cpu,
+    )
+    .expect_err("an encoder layer has no multihead_attn")
+    .to_string();
+    assert!(
+        e.contains("\"multihead_attn.in_proj_weight\"") && e.contains("\"norm3.weight\""),
+        "{e}"
+    );
+    Ok(())
+}
