@@ -27,11 +27,14 @@ File format (one `<case>.safetensors` per case; metadata values are strings):
   `grad.<input>` and `grad.param.model.<name>` the gradients of `(out * R).sum()`;
   `out_fast` (fast_path cases) the fast path's output.
 
-Deterministic for a given torch version: each case seeds torch.manual_seed(crc32(name)).
+Reruns with the same torch version give byte-identical files: each case seeds
+torch.manual_seed(crc32(name)), one thread, and the metadata keys are sorted.
 """
 
 import argparse
+import json
 import os
+import struct
 import zlib
 
 import torch
@@ -108,6 +111,7 @@ def make_mask(spec, length_q, length_k, c, batch=2):
     if kind == "float3d":
         return torch.randn(batch * H, length_q, length_k)
     if kind == "causal":
+        assert length_q == length_k
         return nn.Transformer.generate_square_subsequent_mask(length_q)
     if kind == "causal_bool":
         return torch.triu(torch.ones(length_q, length_q, dtype=torch.bool), 1)
@@ -158,6 +162,8 @@ CASES = [
          memory_mask="float3d", dtype="f64"),
     case("dec_layer_no_bias_unbatched", kind="decoder_layer", bias=False, unbatched=True,
          memory_kpm=True),
+    case("dec_layer_memory_causal", kind="decoder_layer", memory_len=4, memory_mask="causal",
+         memory_is_causal=True, tgt_mask="float2d"),
     # Decoder stacks.
     case("decoder_post_causal", kind="decoder", num_layers=2, tgt_mask="causal",
          tgt_is_causal=True, memory_kpm=True),
@@ -182,7 +188,7 @@ def run_case(c):
     wrapper = nn.Module()
     wrapper.model = model
     kind = c["kind"]
-    S, T = 5, 4
+    S, T = c.get("memory_len", 5), 4
     tensors, inputs, kwargs = {}, {}, {}
 
     def add_mask(arg, m):
@@ -218,8 +224,9 @@ def run_case(c):
             add_mask("memory_key_padding_mask", make_kpm(S, c))
         if c.get("tgt_is_causal"):
             kwargs["tgt_is_causal"] = True
-    # Masks and inputs are drawn; name the encoder's own mask argument in the file as PyTorch
-    # names it on the module called.
+        if c.get("memory_is_causal"):
+            kwargs["memory_is_causal"] = True
+    # Gradients of the inputs too (and grad mode keeps PyTorch on its slow path).
     for v in inputs.values():
         v.requires_grad_(True)
     args = list(inputs.values())
@@ -259,7 +266,7 @@ def run_case(c):
         "bias": b(c["bias"]),
         "is_causal": b(c.get("is_causal", False)),
         "tgt_is_causal": b(c.get("tgt_is_causal", False)),
-        "memory_is_causal": "false",
+        "memory_is_causal": b(c.get("memory_is_causal", False)),
         "fast_path": b(c.get("fast_path", False)),
         "unbatched": b(c.get("unbatched", False)),
         "dtype": c["dtype"],
@@ -270,15 +277,30 @@ def run_case(c):
     return tensors, dict(sorted(meta.items()))
 
 
+def canonicalize_header(path):
+    """Sort the __metadata__ keys of the header (safetensors keeps them in a hash map, in a
+    different order each run) so reruns are byte-identical; the header keeps its length."""
+    with open(path, "r+b") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+        header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+        new = json.dumps(header, separators=(",", ":")).encode()
+        assert len(new) <= n, (path, len(new), n)
+        f.seek(8)
+        f.write(new + b" " * (n - len(new)))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join("tests", "fixtures", "transformer"))
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    torch.set_num_threads(1)  # one summation order: reruns give the same bits
     for c in CASES:
         tensors, meta = run_case(c)
         path = os.path.join(args.out, c["name"] + ".safetensors")
         save_file(tensors, path, metadata=meta)
+        canonicalize_header(path)
         print(path, os.path.getsize(path))
     torch.set_default_dtype(torch.float32)
 

@@ -110,6 +110,17 @@ fn names_are_pytorchs() -> Result<()> {
         ]
     );
     assert_eq!(&names[24..], ["norm.weight", "norm.bias"]);
+    // The config is plain data: it goes through JSON and back, the activation by its name.
+    let cfg = enc.layers()[0]
+        .config()
+        .clone()
+        .with_activation(Activation::Gelu);
+    let json = serde_json::to_string(&cfg)?;
+    assert!(json.contains(r#""activation":"gelu""#), "{json}");
+    assert_eq!(
+        serde_json::from_str::<TransformerEncoderLayerConfig>(&json)?,
+        cfg
+    );
     let varmap = VarMap::new();
     let cfg = TransformerDecoderLayerConfig::new(8, 2)
         .with_dim_feedforward(16)
@@ -292,7 +303,9 @@ fn forward(f: &Fixture, m: &Module, inputs: &HashMap<String, Tensor>) -> Result<
     let mut enc = EncoderOptions::new().with_is_causal(f.flag("is_causal")?);
     enc.mask = mask("mask").or_else(|| mask("src_mask"));
     enc.src_key_padding_mask = mask("src_key_padding_mask");
-    let mut dec = DecoderOptions::new().with_tgt_is_causal(f.flag("tgt_is_causal")?);
+    let mut dec = DecoderOptions::new()
+        .with_tgt_is_causal(f.flag("tgt_is_causal")?)
+        .with_memory_is_causal(f.flag("memory_is_causal")?);
     dec.tgt_mask = mask("tgt_mask");
     dec.memory_mask = mask("memory_mask");
     dec.tgt_key_padding_mask = mask("tgt_key_padding_mask");
@@ -303,7 +316,9 @@ fn forward(f: &Fixture, m: &Module, inputs: &HashMap<String, Tensor>) -> Result<
         Module::DecoderLayer(l) => l.forward(&input("tgt"), &input("memory"), &dec)?,
         Module::Decoder(d) => d.forward(&input("tgt"), &input("memory"), &dec)?,
         Module::Transformer(t) => {
-            let mut o = TransformerOptions::new().with_tgt_is_causal(f.flag("tgt_is_causal")?);
+            let mut o = TransformerOptions::new()
+                .with_tgt_is_causal(dec.tgt_is_causal)
+                .with_memory_is_causal(dec.memory_is_causal);
             o.src_mask = mask("src_mask");
             o.src_key_padding_mask = mask("src_key_padding_mask");
             o.tgt_mask = dec.tgt_mask.clone();
@@ -331,7 +346,7 @@ fn named_parameters(m: &Module) -> Vec<(String, Tensor)> {
 #[test]
 fn matches_pytorch() -> Result<()> {
     let paths = transformer_fixtures();
-    assert!(paths.len() >= 16, "fixtures missing: {paths:?}");
+    assert!(paths.len() >= 17, "fixtures missing: {paths:?}");
     for path in paths {
         let f = Fixture::load(&path)?;
         let dtype = f.dtype()?;
@@ -401,6 +416,7 @@ fn is_causal_without_mask_is_the_causal_mask() -> Result<()> {
             "decoder_layer" | "decoder" | "transformer" if f.flag("tgt_is_causal")? => {
                 Some("tgt_mask")
             }
+            "decoder_layer" if f.flag("memory_is_causal")? => Some("memory_mask"),
             _ => None,
         };
         let Some(key) = causal_key else { continue };
@@ -422,7 +438,7 @@ fn is_causal_without_mask_is_the_causal_mask() -> Result<()> {
         )?;
         checked += 1;
     }
-    assert!(checked >= 5, "only {checked} causal fixtures");
+    assert!(checked >= 6, "only {checked} causal fixtures");
     Ok(())
 }
 
