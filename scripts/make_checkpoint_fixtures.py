@@ -176,6 +176,33 @@ def encoder_expected(model, x, batch_first):
     return t
 
 
+def encoder_forward_expected(model, x, meta, padding=None):
+    """The whole encoder's output (slow path: eval, grad enabled), plus one with a key
+    padding mask (bool (N, L), stored as uint8)."""
+    assert torch.is_grad_enabled() and not model.training
+    t = {"input": x.clone(), "output": model(x).detach().clone()}
+    if padding is not None:
+        t["src_key_padding_mask"] = padding.to(torch.uint8)
+        t["output_padded"] = model(x, src_key_padding_mask=padding).detach().clone()
+    for v in t.values():
+        assert torch.isfinite(v.float()).all()
+    return t, meta
+
+
+def transformer_forward_expected(model, src, tgt):
+    """nn.Transformer's output with and without a causal tgt_mask, and the encoder's memory."""
+    assert torch.is_grad_enabled() and not model.training
+    causal = nn.Transformer.generate_square_subsequent_mask(tgt.shape[0])
+    return {
+        "src": src.clone(),
+        "tgt": tgt.clone(),
+        "memory": model.encoder(src).detach().clone(),
+        "output": model(src, tgt).detach().clone(),
+        "tgt_mask": causal.clone(),
+        "output_causal": model(src, tgt, tgt_mask=causal).detach().clone(),
+    }
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     root_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -197,6 +224,9 @@ def main():
     x_seq = torch.randn(L_ENC, N_ENC, E_ENC)
     w.st("encoder_seq_expected.safetensors", encoder_expected(enc_seq, x_seq, False),
          enc_meta(False))
+    # The whole stack's output (a forward consumes no random numbers: dropout is 0).
+    w.st("encoder_seq_forward_expected.safetensors",
+         *encoder_forward_expected(enc_seq, x_seq, enc_meta(False)))
 
     # ---- encoder, batch_first
     seed("encoder_bf")
@@ -212,6 +242,10 @@ def main():
     w.pt("encoder_bf_module.pt", enc_bf, "the whole nn.TransformerEncoder: torch.save(model)")
     x_bf = torch.randn(N_ENC, L_ENC, E_ENC)
     exp_bf = encoder_expected(enc_bf, x_bf, True)
+    pad_bf = torch.tensor([[False] * L_ENC, [False] * (L_ENC - 2) + [True] * 2,
+                           [False] * (L_ENC - 1) + [True]])
+    w.st("encoder_bf_forward_expected.safetensors",
+         *encoder_forward_expected(enc_bf, x_bf, enc_meta(True), pad_bf))
     for dt_name, dt in (("f16", torch.float16), ("bf16", torch.bfloat16),
                         ("f64", torch.float64)):
         sd_dt = {k: v.to(dt) for k, v in sd_bf.items()}
@@ -232,6 +266,10 @@ def main():
         tr = randomize(nn.Transformer(d_model=8, nhead=2, num_encoder_layers=1,
                                       num_decoder_layers=1, dim_feedforward=16, dropout=0.0))
     w.st("transformer.safetensors", plain_sd(tr), {"format": "pt"})
+    w.pt("transformer_module.pt", tr, "the whole nn.Transformer: torch.save(model)")
+    w.st("transformer_forward_expected.safetensors",
+         transformer_forward_expected(tr, torch.randn(4, 2, 8), torch.randn(3, 2, 8)),
+         {"nhead": "2", "d_model": "8", "batch_first": "false"})
 
     # ---- cross-attention with kdim/vdim and add_bias_kv under a prefix
     seed("cross_kv")
@@ -281,6 +319,22 @@ def main():
          {**tagged.state_dict(), "q8": torch.tensor([-1, 2], dtype=torch.int8)},
          {"format": "pt"})
 
+    # ---- a pre-norm GELU encoder without biases, with a final norm
+    seed("encoder_nf_gelu")
+    nf_layer = nn.TransformerEncoderLayer(d_model=8, nhead=2, dim_feedforward=12, dropout=0.0,
+                                          activation="gelu", norm_first=True, bias=False,
+                                          batch_first=True)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="enable_nested_tensor is True")
+        nf = randomize(nn.TransformerEncoder(nf_layer, num_layers=2,
+                                             norm=nn.LayerNorm(8, bias=False),
+                                             enable_nested_tensor=False))
+    w.st("encoder_nf_gelu.safetensors", plain_sd(nf), {"format": "pt"})
+    w.st("encoder_nf_gelu_forward_expected.safetensors",
+         *encoder_forward_expected(nf, torch.randn(2, 6, 8),
+                                   {"nhead": "2", "d_model": "8", "batch_first": "true",
+                                    "norm_first": "true", "activation": "gelu"}))
+
     verify(args.out, w.written, sd_seq, sd_bf)
 
 
@@ -306,7 +360,7 @@ def verify(out, written, sd_seq, sd_bf):
             if not name.endswith("_expected.safetensors"):
                 assert meta == {"format": "pt"}, (name, meta)
             assert t, name
-        elif name in ("encoder_bf_module.pt", "tagged_module.pt"):
+        elif name in ("encoder_bf_module.pt", "tagged_module.pt", "transformer_module.pt"):
             # Pickled modules: only a full unpickling (trusted file, classes importable).
             t = torch.load(path, weights_only=False).state_dict()
         else:

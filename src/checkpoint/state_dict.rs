@@ -23,7 +23,7 @@ pub struct StateDict {
 }
 
 /// Compares dotted names segment by segment, numbers numerically.
-fn natural_cmp(a: &str, b: &str) -> std::cmp::Ordering {
+pub(super) fn natural_cmp(a: &str, b: &str) -> std::cmp::Ordering {
     let (mut x, mut y) = (a.split('.'), b.split('.'));
     loop {
         match (x.next(), y.next()) {

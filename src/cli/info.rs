@@ -3,7 +3,9 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use candle_mha::checkpoint::{find_attention_modules, CheckpointFormat, StateDict};
+use candle_mha::checkpoint::{
+    find_attention_modules, find_transformer_modules, CheckpointFormat, StateDict,
+};
 
 /// Arguments of `mha info`.
 #[derive(clap::Args, Debug)]
@@ -15,7 +17,8 @@ pub struct InfoArgs {
     pub prefix: String,
 }
 
-/// Prints the tensors and the attention modules of a checkpoint.
+/// Prints the tensors, the attention modules and the Transformer layers, stacks and models of
+/// a checkpoint.
 pub fn run(args: &InfoArgs) -> Result<()> {
     let format = CheckpointFormat::detect(&args.file)?;
     let all =
@@ -65,6 +68,13 @@ pub fn run(args: &InfoArgs) -> Result<()> {
     println!("\nattention modules ({}):", found.len());
     for a in &found {
         println!("  {a}");
+    }
+    let transformers = find_transformer_modules(&all);
+    if !transformers.is_empty() {
+        println!("\nTransformer modules ({}):", transformers.len());
+        for t in &transformers {
+            println!("  {t}");
+        }
     }
     Ok(())
 }

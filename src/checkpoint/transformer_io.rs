@@ -1,0 +1,373 @@
+//! Loading PyTorch's Transformer layers, stacks and whole `nn.Transformer`s from a state_dict
+//! or a checkpoint file, inferring their sizes from the tensors.
+//!
+//! Every loader returns the module and its [`LoadReport`]. The module is trainable: its
+//! `named_parameters()` are candle variables, which `Var::from_tensor` hands to an optimizer
+//! without copying.
+//!
+//! Unlike the rest of `checkpoint`, this file builds [`crate::nn`] modules, a layer above; it
+//! uses only public `checkpoint` paths so that it can move up to `nn` unchanged.
+
+use std::path::Path;
+
+use candle::{DType, Device, Result};
+use candle_nn::{VarBuilder, VarMap};
+
+use crate::checkpoint::{
+    load_into_varmap, normalize_prefix, InferredTransformer, InferredTransformerLayer,
+    InferredTransformerStack, LoadOptions, LoadReport, StateDict,
+};
+use crate::init::seeded_var_builder;
+use crate::nn::{
+    Activation, Transformer, TransformerConfig, TransformerDecoder, TransformerDecoderLayer,
+    TransformerDecoderLayerConfig, TransformerEncoder, TransformerEncoderLayer,
+    TransformerEncoderLayerConfig,
+};
+
+/// What a checkpoint cannot tell about a Transformer model, and how strictly to load it.
+///
+/// The sizes (`d_model`, `dim_feedforward`, the number of layers), `bias` and whether the
+/// stacks end in a layer norm come from the tensors; the rest from here, with PyTorch's
+/// defaults.
+///
+/// PyTorch equivalent: the constructor arguments of `nn.TransformerEncoderLayer` & co. that are
+/// not stored in the state_dict, and `load_state_dict`'s `strict`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TransformerLoadOptions {
+    /// Attention heads (not stored in a state_dict); must divide `d_model`.
+    pub nhead: usize,
+    /// Feed-forward activation. Default [`Activation::Relu`].
+    pub activation: Activation,
+    /// Pre-norm layers. Default `false`.
+    pub norm_first: bool,
+    /// `(N, L, E)` inputs. Default `false`.
+    pub batch_first: bool,
+    /// `eps` of the layer norms. Default 1e-5.
+    pub layer_norm_eps: f64,
+    /// Dropout probability (used in training mode only). Default 0.1.
+    pub dropout: f64,
+    /// Fail on missing or unexpected keys under the prefix, or a size mismatch. Default `true`.
+    pub strict: bool,
+}
+
+impl TransformerLoadOptions {
+    /// PyTorch's defaults with `nhead`, strict.
+    pub fn new(nhead: usize) -> Self {
+        Self {
+            nhead,
+            activation: Activation::Relu,
+            norm_first: false,
+            batch_first: false,
+            layer_norm_eps: 1e-5,
+            dropout: 0.1,
+            strict: true,
+        }
+    }
+
+    /// Sets [`activation`](Self::activation).
+    pub fn with_activation(mut self, activation: Activation) -> Self {
+        self.activation = activation;
+        self
+    }
+
+    /// Sets [`norm_first`](Self::norm_first).
+    pub fn with_norm_first(mut self, norm_first: bool) -> Self {
+        self.norm_first = norm_first;
+        self
+    }
+
+    /// Sets [`batch_first`](Self::batch_first).
+    pub fn with_batch_first(mut self, batch_first: bool) -> Self {
+        self.batch_first = batch_first;
+        self
+    }
+
+    /// Sets [`layer_norm_eps`](Self::layer_norm_eps).
+    pub fn with_layer_norm_eps(mut self, eps: f64) -> Self {
+        self.layer_norm_eps = eps;
+        self
+    }
+
+    /// Sets [`dropout`](Self::dropout).
+    pub fn with_dropout(mut self, dropout: f64) -> Self {
+        self.dropout = dropout;
+        self
+    }
+
+    /// Sets [`strict`](Self::strict).
+    pub fn with_strict(mut self, strict: bool) -> Self {
+        self.strict = strict;
+        self
+    }
+
+    /// The encoder layer config for what the tensors told, after checking `nhead`.
+    fn encoder_layer(&self, l: &InferredTransformerLayer) -> Result<TransformerEncoderLayerConfig> {
+        self.check_nhead(l)?;
+        Ok(TransformerEncoderLayerConfig::new(l.d_model, self.nhead)
+            .with_dim_feedforward(l.dim_feedforward)
+            .with_dropout(self.dropout)
+            .with_activation(self.activation)
+            .with_layer_norm_eps(self.layer_norm_eps)
+            .with_batch_first(self.batch_first)
+            .with_norm_first(self.norm_first)
+            .with_bias(l.bias))
+    }
+
+    /// The decoder layer config for what the tensors told, after checking `nhead`.
+    fn decoder_layer(&self, l: &InferredTransformerLayer) -> Result<TransformerDecoderLayerConfig> {
+        self.check_nhead(l)?;
+        Ok(TransformerDecoderLayerConfig::new(l.d_model, self.nhead)
+            .with_dim_feedforward(l.dim_feedforward)
+            .with_dropout(self.dropout)
+            .with_activation(self.activation)
+            .with_layer_norm_eps(self.layer_norm_eps)
+            .with_batch_first(self.batch_first)
+            .with_norm_first(self.norm_first)
+            .with_bias(l.bias))
+    }
+
+    fn check_nhead(&self, l: &InferredTransformerLayer) -> Result<()> {
+        if self.nhead == 0 || !l.d_model.is_multiple_of(self.nhead) {
+            candle::bail!(
+                "Transformer layer at \"{}\": nhead = {} does not divide d_model = {} (from {}self_attn.in_proj_weight); valid nhead: {:?}",
+                l.prefix,
+                self.nhead,
+                l.d_model,
+                l.prefix,
+                l.possible_nhead()
+            )
+        }
+        Ok(())
+    }
+}
+
+/// Builds a module into a fresh `VarMap` and loads its parameters from `state_dict` at
+/// `prefix`.
+fn load_module<M>(
+    state_dict: &StateDict,
+    prefix: &str,
+    module: &str,
+    strict: bool,
+    dtype: DType,
+    device: &Device,
+    build: impl FnOnce(VarBuilder) -> Result<M>,
+) -> Result<(M, LoadReport)> {
+    let under = normalize_prefix(prefix);
+    // A tensor of the module that the file holds but the reader could not represent: say so,
+    // rather than report it missing.
+    if let Some((name, why)) = state_dict
+        .skipped()
+        .iter()
+        .find(|(n, _)| n.starts_with(&under))
+    {
+        candle::bail!("{module} at \"{under}\": {name} cannot be read: {why}")
+    }
+    let varmap = VarMap::new();
+    let m = build(seeded_var_builder(&varmap, 0, dtype, device))?;
+    let load = LoadOptions::new()
+        .with_prefix(&under)
+        .with_strict(strict)
+        .with_module(module)
+        .with_source(
+            state_dict
+                .metadata()
+                .get("source")
+                .map(String::as_str)
+                .unwrap_or("state_dict"),
+        );
+    let report = load_into_varmap(&varmap, state_dict, &load)?;
+    Ok((m, report))
+}
+
+/// Loads the encoder layer at `prefix` of `state_dict` in `dtype` on `device`, inferring
+/// `d_model`, `dim_feedforward` and `bias` from the tensors.
+///
+/// PyTorch equivalent: `layer = nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward, …);
+/// layer.load_state_dict({k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)})`.
+pub fn load_transformer_encoder_layer(
+    state_dict: &StateDict,
+    prefix: &str,
+    opts: &TransformerLoadOptions,
+    dtype: DType,
+    device: &Device,
+) -> Result<(TransformerEncoderLayer, LoadReport)> {
+    let cfg = opts.encoder_layer(&InferredTransformerLayer::infer(state_dict, prefix)?)?;
+    load_module(
+        state_dict,
+        prefix,
+        "TransformerEncoderLayer",
+        opts.strict,
+        dtype,
+        device,
+        |vb| TransformerEncoderLayer::new(cfg, vb),
+    )
+}
+
+/// Loads the decoder layer at `prefix` of `state_dict`, inferring `d_model`,
+/// `dim_feedforward` and `bias` from the tensors.
+///
+/// PyTorch equivalent: `nn.TransformerDecoderLayer(d_model, nhead, …).load_state_dict(…)`.
+pub fn load_transformer_decoder_layer(
+    state_dict: &StateDict,
+    prefix: &str,
+    opts: &TransformerLoadOptions,
+    dtype: DType,
+    device: &Device,
+) -> Result<(TransformerDecoderLayer, LoadReport)> {
+    let cfg = opts.decoder_layer(&InferredTransformerLayer::infer(state_dict, prefix)?)?;
+    load_module(
+        state_dict,
+        prefix,
+        "TransformerDecoderLayer",
+        opts.strict,
+        dtype,
+        device,
+        |vb| TransformerDecoderLayer::new(cfg, vb),
+    )
+}
+
+/// Loads the encoder stack at `prefix` (`layers.N.*`, `norm.*`), inferring the layer sizes,
+/// `bias`, the number of layers and whether it has a final norm from the tensors.
+///
+/// PyTorch equivalent: `nn.TransformerEncoder(nn.TransformerEncoderLayer(d_model, nhead, …),
+/// num_layers, norm).load_state_dict(…)`.
+pub fn load_transformer_encoder(
+    state_dict: &StateDict,
+    prefix: &str,
+    opts: &TransformerLoadOptions,
+    dtype: DType,
+    device: &Device,
+) -> Result<(TransformerEncoder, LoadReport)> {
+    let s = InferredTransformerStack::infer(state_dict, prefix)?;
+    let cfg = opts.encoder_layer(&s.layer)?;
+    load_module(
+        state_dict,
+        prefix,
+        "TransformerEncoder",
+        opts.strict,
+        dtype,
+        device,
+        |vb| TransformerEncoder::new(cfg, s.num_layers, s.final_norm, vb),
+    )
+}
+
+/// Loads the decoder stack at `prefix` (`layers.N.*`, `norm.*`), inferring its sizes as
+/// [`load_transformer_encoder`] does.
+///
+/// PyTorch equivalent: `nn.TransformerDecoder(nn.TransformerDecoderLayer(d_model, nhead, …),
+/// num_layers, norm).load_state_dict(…)`.
+pub fn load_transformer_decoder(
+    state_dict: &StateDict,
+    prefix: &str,
+    opts: &TransformerLoadOptions,
+    dtype: DType,
+    device: &Device,
+) -> Result<(TransformerDecoder, LoadReport)> {
+    let s = InferredTransformerStack::infer(state_dict, prefix)?;
+    let cfg = opts.decoder_layer(&s.layer)?;
+    load_module(
+        state_dict,
+        prefix,
+        "TransformerDecoder",
+        opts.strict,
+        dtype,
+        device,
+        |vb| TransformerDecoder::new(cfg, s.num_layers, s.final_norm, vb),
+    )
+}
+
+/// Loads the whole encoder-decoder model at `prefix` (`encoder.*`, `decoder.*`), inferring
+/// `d_model`, `dim_feedforward`, `bias` and the numbers of layers from the tensors.
+///
+/// PyTorch equivalent: `nn.Transformer(d_model, nhead, num_encoder_layers, num_decoder_layers,
+/// dim_feedforward, …).load_state_dict(…)`.
+pub fn load_transformer(
+    state_dict: &StateDict,
+    prefix: &str,
+    opts: &TransformerLoadOptions,
+    dtype: DType,
+    device: &Device,
+) -> Result<(Transformer, LoadReport)> {
+    let t = InferredTransformer::infer(state_dict, prefix)?;
+    opts.check_nhead(&t.encoder.layer)?;
+    let cfg = TransformerConfig::new(t.encoder.layer.d_model, opts.nhead)
+        .with_num_encoder_layers(t.encoder.num_layers)
+        .with_num_decoder_layers(t.decoder.num_layers)
+        .with_dim_feedforward(t.encoder.layer.dim_feedforward)
+        .with_dropout(opts.dropout)
+        .with_activation(opts.activation)
+        .with_layer_norm_eps(opts.layer_norm_eps)
+        .with_batch_first(opts.batch_first)
+        .with_norm_first(opts.norm_first)
+        .with_bias(t.encoder.layer.bias);
+    load_module(
+        state_dict,
+        prefix,
+        "Transformer",
+        opts.strict,
+        dtype,
+        device,
+        |vb| Transformer::new(cfg, vb),
+    )
+}
+
+fn read(path: &Path) -> Result<StateDict> {
+    Ok(StateDict::load(path)?.with_metadata("source", &path.display().to_string()))
+}
+
+/// [`load_transformer_encoder_layer`] from a checkpoint file (safetensors, or a `torch.save`
+/// pickle: a state_dict, one nested under `state_dict`/`model`, or a whole pickled module).
+pub fn load_transformer_encoder_layer_file(
+    path: impl AsRef<Path>,
+    prefix: &str,
+    opts: &TransformerLoadOptions,
+    dtype: DType,
+    device: &Device,
+) -> Result<(TransformerEncoderLayer, LoadReport)> {
+    load_transformer_encoder_layer(&read(path.as_ref())?, prefix, opts, dtype, device)
+}
+
+/// [`load_transformer_decoder_layer`] from a checkpoint file (safetensors or `torch.save`).
+pub fn load_transformer_decoder_layer_file(
+    path: impl AsRef<Path>,
+    prefix: &str,
+    opts: &TransformerLoadOptions,
+    dtype: DType,
+    device: &Device,
+) -> Result<(TransformerDecoderLayer, LoadReport)> {
+    load_transformer_decoder_layer(&read(path.as_ref())?, prefix, opts, dtype, device)
+}
+
+/// [`load_transformer_encoder`] from a checkpoint file (safetensors or `torch.save`).
+pub fn load_transformer_encoder_file(
+    path: impl AsRef<Path>,
+    prefix: &str,
+    opts: &TransformerLoadOptions,
+    dtype: DType,
+    device: &Device,
+) -> Result<(TransformerEncoder, LoadReport)> {
+    load_transformer_encoder(&read(path.as_ref())?, prefix, opts, dtype, device)
+}
+
+/// [`load_transformer_decoder`] from a checkpoint file (safetensors or `torch.save`).
+pub fn load_transformer_decoder_file(
+    path: impl AsRef<Path>,
+    prefix: &str,
+    opts: &TransformerLoadOptions,
+    dtype: DType,
+    device: &Device,
+) -> Result<(TransformerDecoder, LoadReport)> {
+    load_transformer_decoder(&read(path.as_ref())?, prefix, opts, dtype, device)
+}
+
+/// [`load_transformer`] from a checkpoint file (safetensors or `torch.save`, e.g. a whole
+/// `nn.Transformer` saved with `torch.save(model)`).
+pub fn load_transformer_file(
+    path: impl AsRef<Path>,
+    prefix: &str,
+    opts: &TransformerLoadOptions,
+    dtype: DType,
+    device: &Device,
+) -> Result<(Transformer, LoadReport)> {
+    load_transformer(&read(path.as_ref())?, prefix, opts, dtype, device)
+}
