@@ -8,12 +8,12 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use candle_mha::candle::{DType, Device, Tensor};
-use candle_mha::checkpoint::{
-    find_transformer_modules, load_transformer, load_transformer_decoder, load_transformer_encoder,
+use candle_mha::checkpoint::{find_transformer_modules, StateDict};
+use candle_mha::nn::{
+    load_transformer, load_transformer_decoder, load_transformer_encoder,
     load_transformer_encoder_file, load_transformer_encoder_layer, load_transformer_file,
-    StateDict, TransformerLoadOptions,
+    Activation, DecoderOptions, EncoderOptions, TransformerLoadOptions, TransformerOptions,
 };
-use candle_mha::nn::{Activation, DecoderOptions, EncoderOptions, TransformerOptions};
 use common::{assert_close, mha, Fixture};
 
 /// PyTorch's f32 slow path vs ours: both f32, different summation orders.
@@ -325,7 +325,7 @@ fn imported_encoder_trains() -> Result<()> {
 
 #[test]
 fn decoder_layer_loads_and_an_encoder_layer_is_not_one() -> Result<()> {
-    use candle_mha::checkpoint::load_transformer_decoder_layer_file;
+    use candle_mha::nn::load_transformer_decoder_layer_file;
     let o = TransformerLoadOptions::new(2);
     let path = ckpt("transformer_module.pt");
     let (_, report) = load_transformer_decoder_layer_file(

@@ -10,9 +10,9 @@
 //!   [`load_attention`] builds one, inferring its configuration; [`save_modules`] writes
 //!   modules at their prefixes.
 //! - [`find_transformer_modules`] lists PyTorch's Transformer layers, stacks and whole models
-//!   in a checkpoint, with the sizes their tensors tell; [`load_transformer_encoder`],
-//!   [`load_transformer_decoder`], [`load_transformer`] and the single-layer loaders build
-//!   them with a [`LoadReport`] (and `_file` variants).
+//!   in a checkpoint, with the sizes their tensors tell; the loaders that build them with a
+//!   [`LoadReport`] are in [`crate::nn::transformer`] (`load_transformer_encoder`, …), a layer
+//!   above.
 
 mod attention_io;
 mod cast;
@@ -22,7 +22,6 @@ mod pickle;
 mod report;
 mod state_dict;
 mod transformer_discover;
-mod transformer_io;
 
 /// Moved to [`crate::io::write_atomic`]; kept here so existing code compiles.
 pub use crate::io::write_atomic;
@@ -38,10 +37,4 @@ pub use state_dict::{normalize_prefix, CheckpointFormat, StateDict};
 pub use transformer_discover::{
     find_transformer_modules, InferredTransformer, InferredTransformerLayer,
     InferredTransformerModule, InferredTransformerStack,
-};
-pub use transformer_io::{
-    load_transformer, load_transformer_decoder, load_transformer_decoder_file,
-    load_transformer_decoder_layer, load_transformer_decoder_layer_file, load_transformer_encoder,
-    load_transformer_encoder_file, load_transformer_encoder_layer,
-    load_transformer_encoder_layer_file, load_transformer_file, TransformerLoadOptions,
 };

@@ -31,6 +31,12 @@ pub use layer_norm::LayerNorm;
 pub use linear::Linear;
 pub(crate) use linear_gelu::linear_gelu;
 pub use transformer::{
+    load_transformer, load_transformer_decoder, load_transformer_decoder_file,
+    load_transformer_decoder_layer, load_transformer_decoder_layer_file, load_transformer_encoder,
+    load_transformer_encoder_file, load_transformer_encoder_layer,
+    load_transformer_encoder_layer_file, load_transformer_file, TransformerLoadOptions,
+};
+pub use transformer::{
     Activation, DecoderOptions, EncoderOptions, Transformer, TransformerConfig, TransformerDecoder,
     TransformerDecoderLayer, TransformerDecoderLayerConfig, TransformerEncoder,
     TransformerEncoderLayer, TransformerEncoderLayerConfig, TransformerOptions,

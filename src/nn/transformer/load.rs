@@ -5,8 +5,8 @@
 //! `named_parameters()` are candle variables, which `Var::from_tensor` hands to an optimizer
 //! without copying.
 //!
-//! Unlike the rest of `checkpoint`, this file builds [`crate::nn`] modules, a layer above; it
-//! uses only public `checkpoint` paths so that it can move up to `nn` unchanged.
+//! It lives in `nn` (above `checkpoint`, whose state_dicts, reports and size inference it
+//! uses), as `load_attention` lives in `checkpoint` above `attention`.
 
 use std::path::Path;
 
