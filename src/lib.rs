@@ -29,8 +29,10 @@
 //!    one gemm wrapper, the fused linear, one dtype error, one side channel).
 //! 2. [`attention`]: the module itself, with its fused CPU kernels (`attention/fused/`).
 //! 3. [`checkpoint`]: PyTorch state_dicts in and out.
-//! 4. [`nn`]: layers with PyTorch's names and the models' fused CPU ops; [`models`]: the
-//!    next-token predictor and generation, on `attention` and `nn`.
+//! 4. [`nn`]: layers with PyTorch's names and the models' fused CPU ops, PyTorch's Transformer
+//!    encoder/decoder layers around the attention and their loaders from checkpoints (on
+//!    `attention` and `checkpoint`); [`models`]: the next-token predictor, its key/value cache
+//!    and generation, on `attention` and `nn`.
 //! 5. [`data`] (vocabularies, token files, batching), [`training`] (AdamW, the trainer),
 //!    [`analysis`] (reading attention, pictures).
 //! 6. The `mha` binary (`src/main.rs`, `src/cli/`; the default `cli` feature), on the public
