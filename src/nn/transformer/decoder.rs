@@ -3,7 +3,7 @@
 use candle::{Result, Tensor};
 use candle_nn::VarBuilder;
 
-use super::parts::Norm;
+use super::parts::{stack, Norm};
 use super::{DecoderOptions, TransformerDecoderLayer, TransformerDecoderLayerConfig};
 use crate::rng::derive_seed;
 
@@ -34,23 +34,11 @@ impl TransformerDecoder {
         vb: VarBuilder,
     ) -> Result<Self> {
         layer_cfg.validate()?;
-        let layers = (0..num_layers)
-            .map(|i| {
-                let cfg = layer_cfg
-                    .clone()
-                    .with_dropout_seed(derive_seed(layer_cfg.dropout_seed, &format!("layers.{i}")));
-                TransformerDecoderLayer::new(cfg, vb.pp(format!("layers.{i}")))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let norm = match final_norm {
-            true => Some(Norm::new(
-                layer_cfg.d_model,
-                layer_cfg.layer_norm_eps,
-                layer_cfg.bias,
-                vb.pp("norm"),
-            )?),
-            false => None,
-        };
+        let norm =
+            final_norm.then_some((layer_cfg.d_model, layer_cfg.layer_norm_eps, layer_cfg.bias));
+        let (layers, norm) = stack(num_layers, layer_cfg.dropout_seed, norm, &vb, |seed, vb| {
+            TransformerDecoderLayer::new(layer_cfg.clone().with_dropout_seed(seed), vb)
+        })?;
         Ok(Self { layers, norm })
     }
 

@@ -55,6 +55,29 @@ impl Norm {
     }
 }
 
+/// The layers of a stack, `layers.{i}` under `vb`, each built by `build` from the stack's
+/// dropout seed derived for its index (so the layers drop differently), and the final norm
+/// `norm` when asked for: what `nn.TransformerEncoder` and `nn.TransformerDecoder` share.
+pub(crate) fn stack<L>(
+    num_layers: usize,
+    dropout_seed: u64,
+    final_norm: Option<(usize, f64, bool)>,
+    vb: &VarBuilder,
+    build: impl Fn(u64, VarBuilder) -> Result<L>,
+) -> Result<(Vec<L>, Option<Norm>)> {
+    let layers = (0..num_layers)
+        .map(|i| {
+            let name = format!("layers.{i}");
+            build(derive_seed(dropout_seed, &name), vb.pp(name))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let norm = match final_norm {
+        Some((d, eps, bias)) => Some(Norm::new(d, eps, bias, vb.pp("norm"))?),
+        None => None,
+    };
+    Ok((layers, norm))
+}
+
 /// `linear2(dropout(activation(linear1(x))))` (the final dropout is the caller's).
 #[derive(Clone, Debug)]
 pub(crate) struct FeedForward {
