@@ -32,6 +32,7 @@ mod canvas;
 mod escape;
 mod font;
 pub mod heatmap;
+pub mod html;
 pub mod line_plot;
 pub mod word_vectors;
 pub use heatmap::{
