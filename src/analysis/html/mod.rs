@@ -10,3 +10,5 @@
 
 #[allow(dead_code)] // Until the pages that use it land (issue 20).
 mod page;
+mod vocab;
+pub use vocab::{vocab_matrix_html, VocabHtmlOptions};
