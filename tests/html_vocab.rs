@@ -626,6 +626,11 @@ fn small_page_shows_the_crate_numbers() -> Result<()> {
     assert_eq!(b.count("#vm-table .vm-row.sel")?, 1);
     b.screenshot(&screenshot_dir().join("vocab-small-filtered.png"))?;
     assert_eq!(b.js_errors()?, Vec::<String>::new());
+    // Still nothing fetched after all that (a late load would show here).
+    assert_eq!(
+        b.eval("return performance.getEntriesByType('resource').map(r => r.name);")?,
+        serde_json::json!([])
+    );
     Ok(())
 }
 
