@@ -808,3 +808,94 @@ fn large_vocabulary_stays_responsive() -> Result<()> {
     assert!(b.js_errors()?.is_empty());
     Ok(())
 }
+
+#[test]
+fn cli_writes_the_page() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let p = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    std::fs::write(
+        p("ev.txt"),
+        "T1 T2 T3 T4\nT1 T3 T5 T2\nT2 T2 T3 T4 T5\n".repeat(10),
+    )?;
+    let (ok, _, stderr) = common::mha(&[
+        "train",
+        "--tokens",
+        &p("ev.txt"),
+        "--out",
+        &p("run"),
+        "--steps",
+        "20",
+        "--embed-dim",
+        "8",
+        "--num-heads",
+        "2",
+        "--num-layers",
+        "2",
+        "--quiet",
+    ])?;
+    assert!(ok, "{stderr}");
+    let (ok, _, stderr) = common::mha(&[
+        "vocab-matrix",
+        "--checkpoint",
+        &p("run"),
+        "--out",
+        &p("vm"),
+        "--top-k",
+        "2",
+        "--head",
+        "1",
+        "--html",
+        &p("vm.html"),
+    ])?;
+    assert!(ok, "{stderr}");
+    let html = std::fs::read_to_string(p("vm.html"))?;
+    let data = embedded_data(&html)?;
+    let (cells, rows) = decode(&data);
+    // The same cells as the CSV the command writes beside it.
+    let csv = std::fs::read_to_string(dir.path().join("vm/vocab_matrix.csv"))?;
+    assert_eq!(cells.len(), csv.lines().count() - 1, "{csv}");
+    let label_of = |id: u32| -> String {
+        let i = ints(&data, "tokens")
+            .iter()
+            .position(|&t| t == id as i64)
+            .unwrap();
+        data["labels"][i].as_str().unwrap().to_string()
+    };
+    for line in csv.lines().skip(1) {
+        let f: Vec<&str> = line.split(',').collect();
+        let (sum, count): (f64, u64) = (f[2].parse()?, f[3].parse()?);
+        let cell = cells
+            .iter()
+            .find(|((q, k), _)| label_of(*q) == f[0] && label_of(*k) == f[1])
+            .with_context(|| format!("no cell for {line}"))?;
+        assert!((cell.1 .0 - sum).abs() <= 0.5e-4 + 1e-9, "{line}");
+        assert_eq!(cell.1 .1, count, "{line}");
+    }
+    assert!(html.contains("layer 1, head 1, over"), "title");
+    assert_eq!(data["top_k"], 2);
+    let size = html.len() as f64 / 1e3;
+    assert!(
+        stderr.contains(&format!("wrote {} ({size:.1} kB; ", p("vm.html")))
+            && stderr.contains(&format!(
+                "{} tokens, {} cells)",
+                data["vocab_size"],
+                cells.len()
+            )),
+        "{stderr}"
+    );
+
+    let Some(b) = Browser::start()? else {
+        return Ok(());
+    };
+    b.open(Path::new(&p("vm.html")))?;
+    let s = state(&b)?;
+    let mut shown = ids(&s["rows"]);
+    shown.sort();
+    let mut want: Vec<u32> = rows.keys().copied().collect();
+    want.sort();
+    assert_eq!(shown, want);
+    assert!(b.text("#vm-table")?.contains("T3"));
+    b.screenshot(&screenshot_dir().join("vocab-cli.png"))?;
+    assert!(b.js_errors()?.is_empty());
+    Ok(())
+}

@@ -26,7 +26,8 @@
 //! - Rows are the tokens seen as queries, columns the tokens seen as keys (in some cell).
 //!
 //! # DOM contract (stable, for tests and scripts)
-//! - `#vm-canvas`: the matrix, 560 × 560 canvas pixels = CSS pixels; window cell `(i, j)`
+//! - `#vm-canvas`: the matrix window, as large as it (at most 560 × 560; canvas pixels = CSS
+//!   pixels, at least 24 × 24 when empty); window cell `(i, j)`
 //!   covers `x ∈ [j·cell, (j+1)·cell)`, `y ∈ [i·cell, (i+1)·cell)`. `data-rows`/`data-cols`: the
 //!   rows and columns shown; `data-cell`, `data-row0`, `data-col0` (0-based start of the
 //!   window in the current order), `data-total-rows`, `data-total-cols`.

@@ -122,16 +122,25 @@
 
   // ---- The canvas matrix ----
   const canvas = $('vm-canvas');
-  canvas.width = GRID;
-  canvas.height = GRID;
   const ctx = canvas.getContext('2d', { willReadFrequently: true });
-  const image = ctx.createImageData(GRID, GRID);
-  const pixels = new Uint32Array(image.data.buffer);
+  // The canvas is as large as the window it shows (at most GRID × GRID): resized, with a new
+  // pixel buffer, only when that changes.
+  let image = null, pixels = null, cw = 0, ch = 0;
+  function resize(w, h) {
+    if (w === cw && h === ch) return;
+    cw = w; ch = h;
+    canvas.width = w; canvas.height = h;
+    canvas.style.width = w + 'px'; canvas.style.height = h + 'px';
+    image = ctx.createImageData(w, h);
+    pixels = new Uint32Array(image.data.buffer);
+    rowLabels.height = h * dpr; rowLabels.style.height = h + 'px';
+    colLabels.width = w * dpr; colLabels.style.width = w + 'px';
+  }
   const dpr = Math.max(1, Math.round(window.devicePixelRatio || 1));
   const rowLabels = $('vm-rowlabels');
   const colLabels = $('vm-collabels');
-  rowLabels.width = LW * dpr; rowLabels.height = GRID * dpr;
-  colLabels.width = GRID * dpr; colLabels.height = LH * dpr;
+  rowLabels.width = LW * dpr;
+  colLabels.height = LH * dpr;
   const perSide = () => Math.floor(GRID / st.cell);
 
   function fitCell() {
@@ -171,10 +180,12 @@
     if (nr * nc === 0) { lo = 0; hi = 0; }
     st.lo = lo; st.hi = hi; st.shownRows = nr; st.shownCols = nc;
 
+    // An empty window still gets a small canvas to show where the matrix would be.
+    resize(Math.max(nc * cell, 24), Math.max(nr * cell, 24));
     pixels.fill(BG);
     const zero = LUT[colourIndex(0, lo, hi)];
     const w = nc * cell;
-    for (let y = 0, h = nr * cell; y < h; y++) pixels.fill(zero, y * GRID, y * GRID + w);
+    for (let y = 0, h = nr * cell; y < h; y++) pixels.fill(zero, y * cw, y * cw + w);
     for (let i = 0; i < nr; i++) {
       const r = rowOf[rows[st.row0 + i]];
       for (let c = rowStart[r], end = rowStart[r + 1]; c < end; c++) {
@@ -182,7 +193,7 @@
         if (j < 0 || j >= nc) continue;
         const colour = LUT[colourIndex(real(mode, vals[c]), lo, hi)];
         for (let y = i * cell, ye = y + cell; y < ye; y++) {
-          pixels.fill(colour, y * GRID + j * cell, y * GRID + j * cell + cell);
+          pixels.fill(colour, y * cw + j * cell, y * cw + j * cell + cell);
         }
       }
     }
@@ -221,8 +232,8 @@
     const rc = rowLabels.getContext('2d'), cc = colLabels.getContext('2d');
     rc.setTransform(dpr, 0, 0, dpr, 0, 0);
     cc.setTransform(dpr, 0, 0, dpr, 0, 0);
-    rc.clearRect(0, 0, LW, GRID);
-    cc.clearRect(0, 0, GRID, LH);
+    rc.clearRect(0, 0, LW, ch);
+    cc.clearRect(0, 0, cw, LH);
     if (cell < 10) return;
     const size = Math.min(cell - 2, 13);
     const font = `${size}px system-ui, sans-serif`;
@@ -264,8 +275,8 @@
   // ---- Hover readout ----
   function cellAtEvent(e) {
     const rect = canvas.getBoundingClientRect();
-    const x = (e.clientX - rect.left) * GRID / rect.width;
-    const y = (e.clientY - rect.top) * GRID / rect.height;
+    const x = (e.clientX - rect.left) * cw / rect.width;
+    const y = (e.clientY - rect.top) * ch / rect.height;
     const i = Math.floor(y / st.cell), j = Math.floor(x / st.cell);
     if (i < 0 || j < 0 || i >= st.shownRows || j >= st.shownCols) return null;
     return { q: rows[st.row0 + i], k: cols[st.col0 + j] };
