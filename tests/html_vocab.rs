@@ -524,6 +524,18 @@ fn small_page_shows_the_crate_numbers() -> Result<()> {
     for (n, (&v, &c)) in stored.iter().zip(&colours).enumerate() {
         assert_eq!(c, colormap((v - lo) / (hi - lo)), "cell {n}: value {v}");
     }
+    // The √ scale: the same range, colour of √t.
+    b.click("#vm-scale-sqrt")?;
+    assert_eq!(state(&b)?["scale"], "sqrt");
+    for (n, (&v, &c)) in stored.iter().zip(&cell_colours(&b)?).enumerate() {
+        assert_eq!(
+            c,
+            colormap(((v - lo) / (hi - lo)).sqrt()),
+            "√ cell {n}: value {v}"
+        );
+    }
+    b.click("#vm-scale-linear")?;
+    assert_eq!(cell_colours(&b)?, colours);
     for (i, &q) in qs.iter().enumerate() {
         for (j, &k) in ks.iter().enumerate() {
             let (hq, hk, ql, kl, value) = hover_cell(&b, i, j, cell)?;

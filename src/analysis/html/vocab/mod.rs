@@ -12,8 +12,10 @@
 //!   is the largest that fits every row and column, 1 px when none fits). Colours are viridis
 //!   (the PNG heatmaps' exact table) from the minimum to the maximum of the shown values,
 //!   never-seen cells counting as 0 (as in the dense exports); a flat range is drawn at the
-//!   middle colour. Labels are drawn beside the rows and above the columns when cells are at
-//!   least 10 px. Hovering a cell shows its query and key tokens and values.
+//!   middle colour. The "√" button maps `√t` instead of `t` to the colours, which spreads the
+//!   many small values of a corpus matrix (linear is the default). Labels are drawn beside the
+//!   rows and above the columns when cells are at least 10 px. Hovering a cell shows its query
+//!   and key tokens and its values.
 //! - A table of query tokens (virtualised: only the rows in view are in the DOM) with their
 //!   mass (row total), query positions and top-k key tokens by the current value (ties: smaller
 //!   key id). `k` starts at [`VocabHtmlOptions::top_k`] and the page can raise it without limit:
@@ -24,30 +26,33 @@
 //!   text (case-sensitive), "key token contains" the key tokens (columns and table keys).
 //!   Clicking a table row or a cell marks that token's row and column in the matrix.
 //! - Rows are the tokens seen as queries, columns the tokens seen as keys (in some cell).
+//!   Orders and top-k lists compare the stored values (rounded to `decimals`).
 //!
 //! # DOM contract (stable, for tests and scripts)
-//! - `#vm-canvas`: the matrix window, as large as it (at most 560 × 560; canvas pixels = CSS
-//!   pixels, at least 24 × 24 when empty); window cell `(i, j)`
-//!   covers `x ∈ [j·cell, (j+1)·cell)`, `y ∈ [i·cell, (i+1)·cell)`. `data-rows`/`data-cols`: the
-//!   rows and columns shown; `data-cell`, `data-row0`, `data-col0` (0-based start of the
-//!   window in the current order), `data-total-rows`, `data-total-cols`.
+//! - `#vm-canvas`: the matrix window, exactly as large as the window (at most 560 × 560, at
+//!   least 24 × 24; canvas pixels = CSS pixels): window cell `(i, j)` covers
+//!   `x ∈ [j·cell, (j+1)·cell)`, `y ∈ [i·cell, (i+1)·cell)`. `data-rows`/`data-cols`: the rows
+//!   and columns shown; `data-cell`, `data-row0`, `data-col0` (0-based start of the window in
+//!   the current order), `data-total-rows`, `data-total-cols`.
 //! - `#vm-readout` (`data-q`, `data-k`: the hovered ids) with `#vm-readout-query`,
 //!   `#vm-readout-key` (labels), `#vm-readout-value` (`"MODE VALUE"`; `data-value`: the value
 //!   alone, `decimals` digits after the point, an integer for count) and `#vm-readout-all`.
 //! - `#vm-cbar-lo`, `#vm-cbar-hi`: the colour range.
-//! - Buttons `#vm-mode-{share,mean,sum,count}` and `#vm-sort-{mass,count,label,id}` (the
-//!   current one has class `active`); inputs `#vm-filter`, `#vm-key-filter`, `#vm-k` with
-//!   buttons `#vm-k-dec`/`#vm-k-inc`; `#vm-zoom-in`/`#vm-zoom-out`; `#vm-row0`/`#vm-col0`
-//!   (1-based).
+//! - Buttons `#vm-mode-{share,mean,sum,count}`, `#vm-sort-{mass,count,label,id}` and
+//!   `#vm-scale-{linear,sqrt}` (the current ones have class `active`); inputs `#vm-filter`,
+//!   `#vm-key-filter`, `#vm-k` with buttons `#vm-k-dec`/`#vm-k-inc`;
+//!   `#vm-zoom-in`/`#vm-zoom-out`; `#vm-row0`/`#vm-col0` (1-based).
 //! - `#vm-table` (scrolling; `data-total`: matching query tokens) holds `.vm-row` elements
 //!   (`data-q`: the id, `data-index`: the position in the order) with `.vm-q` (label), `.vm-id`,
 //!   `.vm-mass`, `.vm-nq` and `.vm-key` chips (`data-k`) of `.vm-kl` (label) and `.vm-kv`
 //!   (value).
-//! - `window.mhaVocab.state()`: `{mode, sort, queryFilter, keyFilter, k, cell, row0, col0,
-//!   shownRows, shownCols, rows, cols, lo, hi, selected, decimals, vocabSize, cells}` (`rows`,
-//!   `cols`: the token ids in the current order after filtering; `selected`: the marked token
-//!   or −1). `window.mhaVocab.timings()`: milliseconds of the JSON parse, the first render and
-//!   the last action of each kind (`mode`, `sort`, `filter`, `k`, `zoom`, `scroll`).
+//! - `window.mhaVocab.state()`: `{mode, sort, scale, queryFilter, keyFilter, k, cell, row0,
+//!   col0, shownRows, shownCols, rows, cols, lo, hi, selected, decimals, vocabSize, cells}`
+//!   (`rows`, `cols`: the token ids in the current order after filtering; `selected`: the
+//!   marked token or −1). `window.mhaVocab.timings()`: milliseconds of the JSON parse
+//!   (`parse`), the first render (`firstRender`, from the script's start), the last action of
+//!   each kind (`mode`, `sort`, `filter`, `k`, `zoom`, `scroll`) and the last table redraw
+//!   after a scroll (`tableScroll`).
 //! - `document.body.dataset.ready == "1"` once the first render is done.
 //!
 //! # Embedded data (`#mha-data`), sparse: its size grows with the nonzero cells
@@ -143,7 +148,8 @@ pub fn vocab_matrix_html(
         candle::bail!("vocab_matrix_html: opts.top_k = 0; expected at least 1 key per query token")
     }
     let scale = 10f64.powi(opts.decimals as i32);
-    if !(vm.total_mass() * scale < MAX_EXACT) {
+    let scaled_mass = vm.total_mass() * scale;
+    if scaled_mass.is_nan() || scaled_mass >= MAX_EXACT {
         candle::bail!(
             "vocab_matrix_html: total mass {} at opts.decimals = {} exceeds 2^53 once scaled; \
              expected fewer decimals",

@@ -51,10 +51,13 @@
     LUT[i] = (255 << 24 | (n & 255) << 16 | (n >> 8 & 255) << 8 | n >> 16) >>> 0;
   });
   const BG = (255 << 24 | 0xf6 << 16 | 0xf6 << 8 | 0xf6) >>> 0; // outside the matrix
+  // Linear: t = (v − lo) / (hi − lo) as the PNG heatmaps; sqrt: √t, which spreads the many
+  // small values of a corpus matrix over more colours.
   const colourIndex = (v, lo, hi) => {
     let t = hi > lo ? (v - lo) / (hi - lo) : 0.5;
     if (!(t >= 0)) t = 0; // NaN and below
     if (t > 1) t = 1;
+    if (st.scale === 'sqrt') t = Math.sqrt(t);
     return Math.min(Math.floor(t * 256), 255);
   };
 
@@ -62,7 +65,7 @@
 
   // ---- State ----
   const st = {
-    mode: 'share', sort: 'mass', queryFilter: '', keyFilter: '', k: D.top_k,
+    mode: 'share', sort: 'mass', scale: 'linear', queryFilter: '', keyFilter: '', k: D.top_k,
     cell: 1, row0: 0, col0: 0, selected: -1, lo: 0, hi: 0, shownRows: 0, shownCols: 0,
   };
   let order = [];   // every token seen (as query or key) in the sort order
@@ -266,7 +269,11 @@
   colourBar.height = 1;
   function drawColourBar() {
     const g = colourBar.getContext('2d');
-    for (let i = 0; i < 256; i++) { g.fillStyle = VIRIDIS[i]; g.fillRect(i, 0, 1, 1); }
+    // Linear in the value from lo to hi, so the bar shows the √ scale's mapping too.
+    for (let i = 0; i < 256; i++) {
+      g.fillStyle = VIRIDIS[colourIndex((i + 0.5) / 256, 0, 1)];
+      g.fillRect(i, 0, 1, 1);
+    }
     const show = (v) => (st.mode === 'count' ? String(v) : fmtScaled(Math.round(v * SCALE)));
     $('vm-cbar-lo').textContent = show(st.lo);
     $('vm-cbar-hi').textContent = show(st.hi);
@@ -413,6 +420,7 @@
   function markButtons() {
     for (const b of document.querySelectorAll('[data-mode]')) b.classList.toggle('active', b.dataset.mode === st.mode);
     for (const b of document.querySelectorAll('[data-sort]')) b.classList.toggle('active', b.dataset.sort === st.sort);
+    for (const b of document.querySelectorAll('[data-scale]')) b.classList.toggle('active', b.dataset.scale === st.scale);
     $('vm-k').value = st.k;
   }
 
@@ -433,6 +441,9 @@
 
   for (const b of document.querySelectorAll('[data-mode]')) {
     b.addEventListener('click', () => act('mode', () => { st.mode = b.dataset.mode; }));
+  }
+  for (const b of document.querySelectorAll('[data-scale]')) {
+    b.addEventListener('click', () => act('mode', () => { st.scale = b.dataset.scale; }));
   }
   for (const b of document.querySelectorAll('[data-sort]')) {
     b.addEventListener('click', () => act('sort', () => {
@@ -473,7 +484,7 @@
   // Read-only view of what the page shows, for tests and curious users.
   window.mhaVocab = Object.freeze({
     state: () => ({
-      mode: st.mode, sort: st.sort, queryFilter: st.queryFilter, keyFilter: st.keyFilter,
+      mode: st.mode, sort: st.sort, scale: st.scale, queryFilter: st.queryFilter, keyFilter: st.keyFilter,
       k: st.k, cell: st.cell, row0: st.row0, col0: st.col0, shownRows: st.shownRows,
       shownCols: st.shownCols, rows: rows.slice(), cols: cols.slice(), lo: st.lo, hi: st.hi,
       selected: st.selected, decimals: DEC, vocabSize: V, cells: NC,
