@@ -144,6 +144,22 @@ fn bad_input_is_an_error_naming_the_argument() -> Result<()> {
     Ok(())
 }
 
+/// `VocabMatrix::query_count` (the page's "queries" column): positions per query token,
+/// skipped positions left out.
+#[test]
+fn query_count_counts_query_positions() -> Result<()> {
+    let ids = Tensor::new(&[[0u32, 2, 2, 1], [2, 0, 3, 3]], &Device::Cpu)?;
+    let w =
+        Tensor::ones((2, 4, 4), candle_mha::candle::DType::F32, &Device::Cpu)?.affine(0.25, 0.0)?;
+    let mask = Tensor::new(&[[0u8, 0, 0, 0], [0, 0, 0, 1]], &Device::Cpu)?;
+    let mut vm = VocabMatrix::new(5);
+    vm.add(&ids, &ids, &w, Some(&mask))?;
+    let counts: Vec<u64> = (0..5).map(|q| vm.query_count(q)).collect();
+    assert_eq!(counts, [2, 1, 3, 1, 0]);
+    assert_eq!(counts.iter().sum::<u64>(), vm.num_queries());
+    Ok(())
+}
+
 #[test]
 fn embedded_data_round_trips_within_the_precision() -> Result<()> {
     for (decimals, seed) in [(4u32, 7u64), (2, 8), (6, 9)] {

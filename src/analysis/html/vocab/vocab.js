@@ -435,6 +435,9 @@
   function act(name, f) {
     const a = performance.now();
     f();
+    // A new order or window puts another cell under the mouse: drop the stale readout (a new
+    // value mode keeps it, to compare the modes on one cell).
+    if (name !== 'mode' && name !== 'k') hovered = null;
     render();
     timings[name] = performance.now() - a;
   }
