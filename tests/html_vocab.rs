@@ -772,6 +772,18 @@ fn large_vocabulary_stays_responsive() -> Result<()> {
         .as_f64()
         .context("tableScroll")?;
     println!("  scroll the table to row 1000: {ms:.1} ms");
+    // The rows drawn after the scroll are those of the order at that place.
+    let order = ids(&state(&b)?["rows"]);
+    let drawn = table_rows(&b)?;
+    assert!(drawn.len() <= 60, "{} rows in the DOM", drawn.len());
+    let first =
+        b.eval("return Number(document.querySelector('#vm-table .vm-row').dataset.index);")?;
+    let first = first.as_u64().context("index")? as usize;
+    assert!((990..=1001).contains(&first), "first row drawn: {first}");
+    for (n, (q, label, _)) in drawn.iter().enumerate() {
+        assert_eq!(*q, order[first + n]);
+        assert_eq!(label, &l[*q as usize]);
+    }
     times.push(("scroll the table", ms));
     for (name, ms) in &times {
         assert!(*ms < 3000.0, "{name} took {ms} ms");
@@ -793,6 +805,12 @@ fn large_vocabulary_stays_responsive() -> Result<()> {
         b.eval("return Number(document.getElementById('vm-canvas').dataset.rows);")?,
         want.len().min(560)
     );
+    // Sorting by label at this size: the order the crate's labels give.
+    b.click("#vm-sort-label")?;
+    let mut by_label = want.clone();
+    by_label.sort_by(|a, b| l[*a as usize].cmp(&l[*b as usize]).then(a.cmp(b)));
+    assert_eq!(ids(&state(&b)?["rows"]), by_label);
+    b.click("#vm-sort-mass")?;
     b.type_into("#vm-filter", "")?;
     b.eval(&format!("{}; return 0;", set("vm-filter", "")))?;
 
@@ -831,7 +849,32 @@ fn large_vocabulary_stays_responsive() -> Result<()> {
             "colour of ({q}, {k})"
         );
     }
+    // The wheel scrolls the window: 100 px over 16-px cells is 6 rows (shift: columns).
+    b.eval(
+        "const c = document.getElementById('vm-canvas'), r = c.getBoundingClientRect();
+         c.dispatchEvent(new WheelEvent('wheel', {deltaY: 100, clientX: r.left + 5, clientY: r.top + 5, cancelable: true}));
+         c.dispatchEvent(new WheelEvent('wheel', {deltaY: 100, shiftKey: true, clientX: r.left + 5, clientY: r.top + 5, cancelable: true}));
+         return 0;",
+    )?;
+    let s = state(&b)?;
+    assert_eq!((s["row0"].as_u64(), s["col0"].as_u64()), (Some(6), Some(6)));
+    let (hq, hk, _, _, _) = hover_cell(&b, 0, 0, cell)?;
+    assert_eq!((hq, hk), (qs[6], ks[6]));
+    // Clicking a cell marks its query token and brings its table row into view.
+    b.click_at("#vm-canvas", cell * 2.5, cell * 20.5)?;
+    let s = state(&b)?;
+    assert_eq!(s["selected"], qs[26]);
+    assert_eq!(
+        b.eval("const r = document.querySelector('#vm-table .vm-row.sel'); return r ? Number(r.dataset.q) : null;")?,
+        qs[26]
+    );
+    b.eval("document.getElementById('vm-table').scrollTop = 0; return 0;")?;
+    b.wait_for(
+        "document.querySelector('#vm-table .vm-row[data-index=\"3\"]')",
+        Duration::from_secs(5),
+    )?;
     b.click("#vm-table .vm-row[data-index=\"3\"]")?;
+    assert_eq!(state(&b)?["selected"], qs[3]);
     b.screenshot(&screenshot_dir().join("vocab-large-zoomed.png"))?;
     assert!(b.js_errors()?.is_empty());
     Ok(())
