@@ -48,13 +48,15 @@ fn random_matrix(v: usize, used: usize, n: usize, len: usize, skew: f64, seed: u
     vm
 }
 
-/// Labels `t0`, `t1`, … with a few hostile ones among the first tokens.
+/// Labels `t0`, `t1`, … with a few hostile or awkward ones among the first tokens.
 fn labels(v: usize) -> Vec<String> {
     (0..v)
         .map(|i| match i {
             1 => "<script>alert(1)</script>".to_string(),
             2 => "\"quote'".to_string(),
             3 => "a&b".to_string(),
+            4 => "two\nlines 🙂".to_string(),
+            5 => " ".to_string(),
             _ => format!("t{i}"),
         })
         .collect()
