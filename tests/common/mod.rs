@@ -3,6 +3,7 @@
 //! GraphML).
 #![allow(dead_code)]
 
+pub mod browser;
 pub mod csv;
 pub mod image;
 pub mod xml;
