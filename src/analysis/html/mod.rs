@@ -8,6 +8,6 @@
 //! `0.5·10^-decimals` of the input), which keeps the file size proportional to the weights;
 //! the summary line of each page states it and the file's size.
 
-mod page;
 mod explorer;
+mod page;
 pub use explorer::{attention_explorer, ExplorerOptions};

@@ -70,6 +70,7 @@ function paintPixels(canvas, values, rows, cols, vmin, vmax) {
 
 // Fills a layer <select> (shared layer: every view follows it).
 function fillLayerSelect(select) {
+  select.classList.add('layer-select');
   for (let l = 0; l < NL; l++) {
     const o = el('option', null, 'layer ' + l);
     o.value = String(l);
@@ -82,6 +83,7 @@ const views = {}; // name → {show(), layerChanged()}
 function setLayer(l) {
   if (l === state.layer) return;
   state.layer = l;
+  document.querySelectorAll('select.layer-select').forEach(function (s) { s.value = String(l); });
   for (const name in views) views[name].layerChanged();
 }
 

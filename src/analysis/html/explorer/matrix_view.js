@@ -73,7 +73,7 @@ const mx = {
   compute: function () {
     const m = state.matrix, l = state.layer, n = NR * NC;
     const values = new Float64Array(n);
-    if (m.charAt(0) === 'm') {
+    if (/^m[0-9]+$/.test(m)) {
       const src = D.matrices[Number(m.slice(1))];
       for (let k = 0; k < n; k++) values[k] = src.values[k] / SCALE;
       return { values: values, title: src.name, digits: D.decimals, layerWise: false };
