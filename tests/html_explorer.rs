@@ -777,6 +777,7 @@ fn a_12_layer_12_head_128_token_page_loads_fast() -> Result<()> {
         .as_f64()
         .unwrap();
     assert_eq!(b.count(".mv-thumb")?, 144);
+    b.screenshot(&screenshots().join("explorer-big-model.png"))?;
     let matrix = b
         .eval(
             "const t = performance.now(); document.querySelector('.mv-thumb[data-layer=\"11\"]').click();
@@ -790,7 +791,7 @@ fn a_12_layer_12_head_128_token_page_loads_fast() -> Result<()> {
          {model:.0} ms, matrix view {matrix:.0} ms",
         html.len()
     );
-    b.screenshot(&screenshots().join("explorer-big-model.png"))?;
+    b.screenshot(&screenshots().join("explorer-big-matrix.png"))?;
     // "Well under a second" here; the bound leaves room for a busy machine.
     assert!(ready < 2000.0, "ready after {ready} ms");
     let errors = b.js_errors()?;

@@ -78,6 +78,7 @@ const hv = {
     const f = state.focus;
     hv.focused = f ? (f.kind === 'row' ? hv.queries : hv.keys)[f.index] : null;
     if (hv.focused) hv.focused.classList.add('focus');
+    hv.shade(f);
 
     const c = hv.canvas, ctx = c.getContext('2d');
     const dpr = c.width / HV_WIDTH;
@@ -120,6 +121,23 @@ const hv = {
       .map(function (on, h) { return on ? h : -1; })
       .filter(function (h) { return h >= 0; })
       .join(',');
+  },
+
+  // With a token focused, the other column's tokens are shaded by the strongest weight the
+  // shown heads give them (as bertviz does), so small weights are still readable.
+  shade: function (f) {
+    hv.queries.concat(hv.keys).forEach(function (t) { t.style.backgroundColor = ''; });
+    if (!f) return;
+    const others = f.kind === 'row' ? hv.keys : hv.queries;
+    others.forEach(function (t, k) {
+      let best = 0;
+      for (let h = 0; h < NH; h++) {
+        if (!state.enabled[h]) continue;
+        const i = f.kind === 'row' ? f.index : k, j = f.kind === 'row' ? k : f.index;
+        best = Math.max(best, W[offset(state.layer, h) + i * NC + j] / SCALE);
+      }
+      if (best > 0) t.style.backgroundColor = 'rgba(255, 176, 0, ' + Math.min(1, best).toFixed(3) + ')';
+    });
   },
 
   show: function () { hv.draw(); },

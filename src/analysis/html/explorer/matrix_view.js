@@ -61,11 +61,12 @@ const mx = {
       mx.readout(i >= 0 && i < NR && j >= 0 && j < NC ? [i, j] : null);
     });
     c.addEventListener('mouseleave', function () { mx.readout(null); });
-    // The colour bar: vmax at the top, vmin at the bottom.
+    // The colour bar, vmin at the left, vmax at the right (above the heatmap, so that a wide
+    // one does not push it out of sight).
     const bar = $('mx-colorbar'), bctx = bar.getContext('2d');
-    for (let y = 0; y < bar.height; y++) {
-      bctx.fillStyle = VIRIDIS[Math.min(255, Math.floor(((bar.height - 1 - y) / bar.height) * 256))];
-      bctx.fillRect(0, y, bar.width, 1);
+    for (let x = 0; x < bar.width; x++) {
+      bctx.fillStyle = VIRIDIS[Math.min(255, Math.floor((x / bar.width) * 256))];
+      bctx.fillRect(x, 0, 1, bar.height);
     }
   },
 
