@@ -84,10 +84,12 @@ const hv = {
     const dpr = c.width / HV_WIDTH;
     ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
     ctx.clearRect(0, 0, HV_WIDTH, c.height / dpr);
-    // 1 px lines take the rasteriser's hairline path: 10x faster than wider ones here.
-    ctx.lineWidth = 1;
     const i0 = f && f.kind === 'row' ? f.index : 0, i1 = f && f.kind === 'row' ? f.index + 1 : NR;
     const j0 = f && f.kind === 'col' ? f.index : 0, j1 = f && f.kind === 'col' ? f.index + 1 : NC;
+    // 1 px lines take the rasteriser's hairline path, 10x faster than wider ones: thicker,
+    // easier to see lines only when they are few (a focused token, a short input).
+    const most = (i1 - i0) * (j1 - j0) * state.enabled.filter(Boolean).length;
+    ctx.lineWidth = most <= 20000 ? 2 : 1;
     let lines = 0;
     for (let h = 0; h < NH; h++) {
       if (!state.enabled[h]) continue;
