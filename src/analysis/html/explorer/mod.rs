@@ -4,9 +4,11 @@
 //!
 //! # Views
 //! - **Head view**: query tokens left, key tokens right, one line per (head, query, key) with
-//!   opacity ∝ weight, one colour per head, drawn on a canvas. Lines with a weight below
-//!   0.01 (opacity under 1 %, invisible on white) are skipped, which keeps 12 heads × 128²
-//!   lines responsive. Hovering a query shows only its row, hovering a key only its column.
+//!   opacity ∝ weight, one colour per head, drawn on a canvas. Lines with a stored weight
+//!   below 0.01 (`round(w·10^decimals) < round(0.01·10^decimals)`, at least 1: opacity under
+//!   1 %, invisible on white) are skipped, which keeps 12 heads × 128² lines responsive.
+//!   Hovering a query shows only its row, hovering a key only its column (and shades the
+//!   other column's tokens by the strongest weight). The page opens on layer 0, all heads.
 //! - **Model view**: every layer × head as a small heatmap (each with its own min–max colour
 //!   scale); clicking one opens it in the matrix view.
 //! - **Matrix view**: one heatmap (viridis, the colours of [`heatmap_png`]; the scale runs from
@@ -35,14 +37,16 @@
 //!   model-wide matrices in the data's order: rollout, flow, then the extra ones); `#mx-title`;
 //!   the heatmap `canvas#mx-canvas` (one `data-cell` CSS px square per value, drawn 1:1, query
 //!   rows top to bottom, key columns left to right; also `data-rows`, `data-cols`); labels
-//!   `#mx-rows .mx-label[data-i]`, `#mx-cols .mx-label[data-j]`; colour bar
-//!   `canvas#mx-colorbar` with `#mx-vmin`, `#mx-vmax`; the hover readout `#mx-readout`
+//!   `#mx-rows .mx-label[data-i]`, `#mx-cols .mx-label[data-j]`; the colour bar
+//!   `canvas#mx-colorbar` (vmin left, vmax right) between `#mx-vmin` and `#mx-vmax` (the
+//!   scale's ends with the matrix's decimals); the hover readout `#mx-readout`
 //!   (`#mx-r-query`, `#mx-r-key`, `#mx-r-value`, `#mx-r-pos` `"(i, j)"`; empty when not over a
 //!   cell).
 //! - `window.mhaExplorer.state()`: a snapshot `{view, layer, layers, heads, rows, cols,
 //!   decimals, enabled, focus, lines, minLineWeight, matrix: {choice, title, layer, cell,
-//!   vmin, vmax, digits}}`; `window.mhaExplorer.readyMs`: `performance.now()` when the first
-//!   render finished; `document.body.dataset.ready` is `"1"` from then on.
+//!   vmin, vmax, digits}}` (`matrix` is null until the matrix view was shown);
+//!   `window.mhaExplorer.readyMs`: `performance.now()` when the first render was painted;
+//!   `document.body.dataset.ready` is `"1"` from then on.
 //!
 //! # Data (`#mha-data`)
 //! `{decimals, layers, heads, rows, cols, query_labels, key_labels, head_colors, weights,

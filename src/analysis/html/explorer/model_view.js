@@ -22,6 +22,8 @@ const mv = {
         c.title = 'layer ' + l + ', head ' + hd;
         c.style.width = w + 'px';
         c.style.height = h + 'px';
+        // Nearest-neighbour only when enlarging: shrinking it would drop whole rows.
+        if (w < NC || h < NR) c.style.imageRendering = 'auto';
         c.addEventListener('click', function () { mv.open(l, hd); });
         grid.appendChild(c);
         mv.thumbs.push(c);
