@@ -2,58 +2,7 @@
 //! head of one input interactively, offline (after bertviz's `head_view` and `model_view`,
 //! which need a notebook and the network), plus a labelled heatmap with values on hover.
 //!
-//! # Views
-//! - **Head view**: query tokens left, key tokens right, one line per (head, query, key) with
-//!   opacity ∝ weight, one colour per head, drawn on a canvas. Lines with a stored weight
-//!   below 0.01 (`round(w·10^decimals) < round(0.01·10^decimals)`, at least 1: opacity under
-//!   1 %, invisible on white) are skipped, which keeps 12 heads × 128² lines responsive.
-//!   Hovering a query shows only its row, hovering a key only its column (and shades the
-//!   other column's tokens by the strongest weight). The page opens on layer 0, all heads.
-//! - **Model view**: every layer × head as a small heatmap (each with its own min–max colour
-//!   scale); clicking one opens it in the matrix view.
-//! - **Matrix view**: one heatmap (viridis, the colours of [`heatmap_png`]; the scale runs from
-//!   the shown matrix's smallest to its largest value, as the PNG's default) of one layer's
-//!   head, or its heads fused by mean / max / min (computed in the page from the stored
-//!   heads), or the rollout / flow over all layers, or the caller's extra matrices. Hovering a
-//!   cell shows its query, key and value. Values are shown with the stored decimals; a mean of
-//!   heads with one decimal more (it is a mean of stored values, each within
-//!   `0.5·10^-decimals` of the input).
-//!
-//! The layer is shared by the views: choosing it in one view chooses it in the others.
-//!
-//! # DOM contract (stable, used by the tests)
-//! - Tabs `#tab-head`, `#tab-model`, `#tab-matrix` (`aria-selected`) show the sections
-//!   `#view-head`, `#view-model`, `#view-matrix` (the others are `hidden`).
-//! - Head view: layer `<select id="hv-layer">`; one `button.hv-head[data-head=h]` per head
-//!   (`aria-pressed` "true" when shown; its background is the head's colour), `#hv-all`,
-//!   `#hv-none`; tokens `#hv-queries .hv-tok[data-i]` and `#hv-keys .hv-tok[data-j]` (their
-//!   text is the label); the canvas `#hv-canvas` with `data-lines` (lines drawn),
-//!   `data-focus` (`"row i"`, `"col j"` or `""`), `data-layer` and `data-heads` (the shown
-//!   heads, `"0,2"`). Tokens are `HV_ROW` = 20 CSS px apart, the first at the top.
-//! - Model view: `#mv-grid` holds one `canvas.mv-thumb[data-layer][data-head]` per layer ×
-//!   head (the open one has class `sel`) and `.mv-label` headings.
-//! - Matrix view: layer `<select id="mx-layer">`, matrix `<select id="mx-matrix">` (values
-//!   `"0"`…`"H-1"` for a head, `"mean"`, `"max"`, `"min"`, and `"m0"`, `"m1"`… for the
-//!   model-wide matrices in the data's order: rollout, flow, then the extra ones); `#mx-title`;
-//!   the heatmap `canvas#mx-canvas` (one `data-cell` CSS px square per value, drawn 1:1, query
-//!   rows top to bottom, key columns left to right; also `data-rows`, `data-cols`); labels
-//!   `#mx-rows .mx-label[data-i]`, `#mx-cols .mx-label[data-j]`; the colour bar
-//!   `canvas#mx-colorbar` (vmin left, vmax right) between `#mx-vmin` and `#mx-vmax` (the
-//!   scale's ends with the matrix's decimals); the hover readout `#mx-readout`
-//!   (`#mx-r-query`, `#mx-r-key`, `#mx-r-value`, `#mx-r-pos` `"(i, j)"`; empty when not over a
-//!   cell).
-//! - `window.mhaExplorer.state()`: a snapshot `{view, layer, layers, heads, rows, cols,
-//!   decimals, enabled, focus, lines, minLineWeight, matrix: {choice, title, layer, cell,
-//!   vmin, vmax, digits}}` (`matrix` is null until the matrix view was shown);
-//!   `window.mhaExplorer.readyMs`: `performance.now()` when the first render was painted;
-//!   `document.body.dataset.ready` is `"1"` from then on.
-//!
-//! # Data (`#mha-data`)
-//! `{decimals, layers, heads, rows, cols, query_labels, key_labels, head_colors, weights,
-//! matrices: [{name, values}]}`: `weights` is `(layers, H, L, S)` row-major, each
-//! `round(w · 10^decimals)`; each matrix `(L, S)` likewise.
-//!
-//! [`heatmap_png`]: crate::analysis::heatmap_png
+//! The views, the DOM contract and the data are documented on [`attention_explorer`].
 
 mod input;
 mod options;
@@ -80,8 +29,58 @@ const JS_PARTS: [&str; 5] = [
 const BODY: &str = include_str!("body.html");
 
 /// The whole explorer page as a String (write it with [`crate::io::write_atomic`]): head,
-/// model and matrix views of `weights` (see the [module docs](self) for the views and the
-/// DOM contract).
+/// model and matrix views of `weights`, one self-contained HTML file that works offline.
+///
+/// # Views
+/// - **Head view**: query tokens left, key tokens right, one line per (head, query, key) with
+///   opacity ∝ weight, one colour per head, drawn on a canvas. Lines with a stored weight
+///   below 0.01 (`round(w·10^decimals) < round(0.01·10^decimals)`, at least 1: opacity under
+///   1 %, invisible on white) are skipped, which keeps 12 heads × 128² lines responsive.
+///   Hovering a query shows only its row, hovering a key only its column (and shades the
+///   other column's tokens by the strongest weight). The page opens on layer 0, all heads.
+/// - **Model view**: every layer × head as a small heatmap (each with its own min–max colour
+///   scale); clicking one opens it in the matrix view.
+/// - **Matrix view**: one heatmap (viridis, the colours of [`heatmap_png`]; the scale runs from
+///   the shown matrix's smallest to its largest value, as the PNG's default) of one layer's
+///   head, or its heads fused by mean / max / min (computed in the page from the stored
+///   heads), or the rollout / flow over all layers, or the caller's extra matrices. Hovering a
+///   cell shows its query, key and value. Values are shown with the stored decimals; a mean of
+///   heads with one decimal more (it is a mean of stored values, each within
+///   `0.5·10^-decimals` of the input).
+///
+/// The layer is shared by the views: choosing it in one view chooses it in the others.
+///
+/// # DOM contract (stable, used by the tests)
+/// - Tabs `#tab-head`, `#tab-model`, `#tab-matrix` (`aria-selected`) show the sections
+///   `#view-head`, `#view-model`, `#view-matrix` (the others are `hidden`).
+/// - Head view: layer `<select id="hv-layer">`; one `button.hv-head[data-head=h]` per head
+///   (`aria-pressed` "true" when shown; its background is the head's colour), `#hv-all`,
+///   `#hv-none`; tokens `#hv-queries .hv-tok[data-i]` and `#hv-keys .hv-tok[data-j]` (their
+///   text is the label); the canvas `#hv-canvas` with `data-lines` (lines drawn),
+///   `data-focus` (`"row i"`, `"col j"` or `""`), `data-layer` and `data-heads` (the shown
+///   heads, `"0,2"`). Tokens are 20 CSS px apart, the first at the top.
+/// - Model view: `#mv-grid` holds one `canvas.mv-thumb[data-layer][data-head]` per layer ×
+///   head (the open one has class `sel`) and `.mv-label` headings.
+/// - Matrix view: layer `<select id="mx-layer">`, matrix `<select id="mx-matrix">` (values
+///   `"0"`…`"H-1"` for a head, `"mean"`, `"max"`, `"min"`, and `"m0"`, `"m1"`… for the
+///   model-wide matrices in the data's order: rollout, flow, then the extra ones); `#mx-title`;
+///   the heatmap `canvas#mx-canvas` (one `data-cell` CSS px square per value, drawn 1:1, query
+///   rows top to bottom, key columns left to right; also `data-rows`, `data-cols`); labels
+///   `#mx-rows .mx-label[data-i]`, `#mx-cols .mx-label[data-j]`; the colour bar
+///   `canvas#mx-colorbar` (vmin left, vmax right) between `#mx-vmin` and `#mx-vmax` (the
+///   scale's ends with the matrix's decimals); the hover readout `#mx-readout`
+///   (`#mx-r-query`, `#mx-r-key`, `#mx-r-value`, `#mx-r-pos` `"(i, j)"`; empty when not over a
+///   cell).
+/// - `window.mhaExplorer.state()`: a snapshot `{view, layer, layers, heads, rows, cols,
+///   decimals, enabled, focus, lines, minLineWeight, matrix: {choice, title, layer, cell,
+///   vmin, vmax, digits}}` (`matrix` is null until the matrix view was shown);
+///   `window.mhaExplorer.readyMs`: `performance.now()` when the first render was painted;
+///   `document.body.dataset.ready` is `"1"` from then on.
+///
+/// # Data (`#mha-data`)
+/// `{decimals, layers, heads, rows, cols, query_labels, key_labels, head_colors, weights,
+/// matrices: [{name, values}]}`: `weights` is `(layers, H, L, S)` row-major, each
+/// `round(w · 10^decimals)`; each matrix `(L, S)` likewise.
 ///
 /// # Shapes
 /// `weights`: `(H, L, S)` (one layer, e.g. the module's `average_attn_weights=False` output
@@ -97,6 +96,8 @@ const BODY: &str = include_str!("body.html");
 /// PyTorch equivalent: none (bertviz's `head_view(attention, tokens)` and
 /// `model_view(attention, tokens)` in a notebook, with `attention` a tuple of per-layer
 /// `(batch, H, L, S)` tensors).
+///
+/// [`heatmap_png`]: crate::analysis::heatmap_png
 pub fn attention_explorer(
     weights: &Tensor,
     query_labels: &[String],
