@@ -7,7 +7,7 @@ use anyhow::{bail, Result};
 use candle_mha::analysis::html::{attention_explorer, ExplorerOptions};
 use candle_mha::analysis::{
     attention_rollout, format_table, fuse_heads, head_stats, heatmap, AttentionGraph, GraphOptions,
-    HeatmapOptions, TableOptions,
+    HeatmapOptions, TableOptions, ATTENTION_FLOW_MAX_LEN,
 };
 use candle_mha::candle::{DType, Tensor};
 use candle_mha::data::{Codec, TextWindows};
@@ -250,6 +250,13 @@ pub fn run(args: &InspectArgs) -> Result<()> {
             human_size(page.len()),
             labels.len()
         );
+        if labels.len() > ATTENTION_FLOW_MAX_LEN {
+            eprintln!(
+                "note: the page has the rollout but not the attention flow ({} tokens; flow \
+                 takes at most {ATTENTION_FLOW_MAX_LEN})",
+                labels.len()
+            );
+        }
     }
     Ok(())
 }
