@@ -534,6 +534,8 @@ fn views_of_a_model_in_the_browser() -> Result<()> {
     b.click("#tab-model")?;
     assert_eq!(state(&b)?["view"], "model");
     assert_eq!(b.count(".mv-thumb")?, 6);
+    // A corner, a heading per head and per layer.
+    assert_eq!(b.count("#mv-grid .mv-label")?, 1 + 3 + 2);
     assert_eq!(b.count("#view-model:not([hidden])")?, 1);
     assert_eq!(b.count("#view-head[hidden]")?, 1);
     b.screenshot(&screenshots().join("explorer-model.png"))?;
@@ -544,6 +546,9 @@ fn views_of_a_model_in_the_browser() -> Result<()> {
         (&Value::from("matrix"), &Value::from(0), &Value::from("2"))
     );
     assert_eq!(b.text("#mx-title")?, "layer 0, head 2");
+    assert_eq!(b.count("#mx-rows .mx-label")?, 6);
+    assert_eq!(b.count("#mx-cols .mx-label")?, 6);
+    assert_eq!(b.text("#mx-cols .mx-label[data-j=\"2\"]")?, "sat");
     assert_eq!(
         b.eval("return document.getElementById('mx-layer').value;")?,
         "0"
@@ -879,5 +884,7 @@ fn inspect_html_writes_the_explorer() -> Result<()> {
     let (_, _, v) = hover_cell(&b, 0, 0)?;
     assert_eq!(v, 1.0);
     b.screenshot(&screenshots().join("explorer-cli.png"))?;
+    let errors = b.js_errors()?;
+    assert!(errors.is_empty(), "{errors:?}");
     Ok(())
 }
