@@ -231,10 +231,13 @@ pub fn run(args: &InspectArgs) -> Result<()> {
     }
     if let Some(p) = &args.html {
         let all = Tensor::stack(&layers, 0)?; // (layers, H, L, L)
-        let input = match (&args.input, &args.input_file) {
-            (Some(text), _) => format!("\"{}\"", shorten(text, 60)),
-            (None, Some(path)) => path.display().to_string(),
-            (None, None) => unreachable!("checked above"),
+        let input = match &args.input {
+            Some(text) => format!("\"{}\"", shorten(text, 60)),
+            None => args
+                .input_file
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
         };
         let ckpt_name = args.checkpoint.file_name().map_or_else(
             || args.checkpoint.display().to_string(),
