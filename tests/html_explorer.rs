@@ -154,6 +154,25 @@ fn bad_input_is_a_clear_error() -> Result<()> {
         &ExplorerOptions::default().with_matrix("inf", inf),
     ));
     assert!(e.contains("inf at row 1, column 2"), "{e}");
+    // 1e12 · 10^4 is beyond the integers a JS number holds exactly.
+    let big = Tensor::from_vec(
+        (0..20)
+            .map(|i| if i == 19 { 1e12f64 } else { 0.0 })
+            .collect::<Vec<_>>(),
+        (4, 5),
+        &Device::Cpu,
+    )?;
+    let e = err_of(attention_explorer(
+        &w,
+        &q,
+        &k,
+        &ExplorerOptions::default().with_matrix("big", big),
+    ));
+    assert!(
+        e.contains("value 1000000000000, too large to store with 4 decimals")
+            && e.contains("row 3, column 4"),
+        "{e}"
+    );
     Ok(())
 }
 

@@ -24,8 +24,28 @@ impl Weights {
     }
 }
 
-/// Reads `weights`, `(H, L, S)` or `(layers, H, L, S)`: float, no empty dimension, finite.
-pub(super) fn read_weights(weights: &Tensor) -> Result<Weights> {
+/// The largest integer a page stores exactly: JS numbers are f64 (a 53-bit mantissa).
+const MAX_STORED: f64 = 9_007_199_254_740_992.0; // 2^53
+
+/// Whether `v` is finite and `round(v · 10^decimals)` survives the trip through JS.
+fn storable(v: f64, decimals: u32) -> bool {
+    v.is_finite() && (v * 10f64.powi(decimals as i32)).abs() < MAX_STORED
+}
+
+/// What is wrong with a value that is not [`storable`].
+fn problem(v: f64, decimals: u32) -> String {
+    match v.is_finite() {
+        false => format!("the non-finite value {v}"),
+        true => format!(
+            "the value {v}, too large to store with {decimals} decimals (|v|·10^{decimals} must \
+             be below 2^53)"
+        ),
+    }
+}
+
+/// Reads `weights`, `(H, L, S)` or `(layers, H, L, S)`: float, no empty dimension, finite and
+/// storable with `decimals`.
+pub(super) fn read_weights(weights: &Tensor, decimals: u32) -> Result<Weights> {
     let (layers, heads, rows, cols) = match *weights.dims() {
         [h, l, s] => (1, h, l, s),
         [n, h, l, s] => (n, h, l, s),
@@ -45,14 +65,14 @@ pub(super) fn read_weights(weights: &Tensor) -> Result<Weights> {
         }
     }
     let values = read_finite(weights, "weights")?;
-    if let Some(p) = values.iter().position(|v| !v.is_finite()) {
+    if let Some(p) = values.iter().position(|&v| !storable(v, decimals)) {
         let (key, rest) = (p % cols, p / cols);
         let (query, rest) = (rest % rows, rest / rows);
         let (head, layer) = (rest % heads, rest / heads);
         candle::bail!(
-            "attention_explorer: weights has the non-finite value {} at layer {layer}, head \
-             {head}, query {query}, key {key}; expected finite attention weights",
-            values[p]
+            "attention_explorer: weights has {} at layer {layer}, head {head}, query {query}, \
+             key {key}; expected finite attention weights",
+            problem(values[p], decimals)
         )
     }
     Ok(Weights {
@@ -96,13 +116,14 @@ pub(super) fn check_labels(
     Ok(())
 }
 
-/// Reads the extra matrix `opts.matrices[idx]` named `name`: `(rows, cols)`, float, finite.
+/// Reads the extra matrix `opts.matrices[idx]` named `name`: `(rows, cols)`, float, finite
+/// and storable with `decimals`.
 pub(super) fn read_matrix(
     idx: usize,
     name: &str,
     m: &Tensor,
-    rows: usize,
-    cols: usize,
+    (rows, cols): (usize, usize),
+    decimals: u32,
 ) -> Result<Vec<f64>> {
     let what = format!("opts.matrices[{idx}] ({name:?})");
     if m.dims() != [rows, cols] {
@@ -112,14 +133,19 @@ pub(super) fn read_matrix(
         )
     }
     let values = read_finite(m, &what)?;
-    if let Some(p) = values.iter().position(|v| !v.is_finite()) {
+    check_storable(&values, cols, decimals, &what)?;
+    Ok(values)
+}
+
+/// Checks that every value of a `(_, cols)` matrix named `what` is [`storable`].
+pub(super) fn check_storable(values: &[f64], cols: usize, decimals: u32, what: &str) -> Result<()> {
+    if let Some(p) = values.iter().position(|&v| !storable(v, decimals)) {
         candle::bail!(
-            "attention_explorer: {what} has the non-finite value {} at row {}, column {}; \
-             expected finite values",
-            values[p],
+            "attention_explorer: {what} has {} at row {}, column {}; expected finite values",
+            problem(values[p], decimals),
             p / cols,
             p % cols
         )
     }
-    Ok(values)
+    Ok(())
 }

@@ -16,7 +16,7 @@ use super::super::rollout::{
     attention_flow, attention_rollout, RolloutFusion, ATTENTION_FLOW_MAX_LEN,
 };
 use super::page::{check_decimals, json_string, json_strings, push_scaled_ints, Page};
-use input::{check_labels, read_matrix, read_weights};
+use input::{check_labels, check_storable, read_matrix, read_weights};
 
 const CSS: &str = include_str!("explorer.css");
 const JS_PARTS: [&str; 5] = [
@@ -91,7 +91,8 @@ const BODY: &str = include_str!("body.html");
 /// # Errors
 /// Wrong rank, empty dims, non-float dtype, NaN/inf (naming the layer, head, query and key of
 /// the first one), label counts not matching (naming which list, got, expected), bad
-/// decimals, extra matrices of the wrong shape or non-finite.
+/// decimals, extra matrices of the wrong shape or non-finite; values too large for JS to hold
+/// exactly once scaled (`|v|·10^decimals ≥ 2^53`).
 ///
 /// PyTorch equivalent: none (bertviz's `head_view(attention, tokens)` and
 /// `model_view(attention, tokens)` in a notebook, with `attention` a tuple of per-layer
@@ -106,7 +107,7 @@ pub fn attention_explorer(
 ) -> Result<String> {
     check_decimals(opts.decimals)
         .map_err(|e| candle::Error::Msg(format!("attention_explorer: opts.{e}")))?;
-    let w = read_weights(weights)?;
+    let w = read_weights(weights, opts.decimals)?;
     check_labels(query_labels, "query_labels", "L", w.rows, weights.dims())?;
     check_labels(key_labels, "key_labels", "S", w.cols, weights.dims())?;
     let mut matrices: Vec<(String, Vec<f64>)> = Vec::new();
@@ -116,23 +117,34 @@ pub fn attention_explorer(
             1 => "1 layer".to_string(),
             n => format!("{n} layers"),
         };
+        // Weights that are not distributions (negative ones) can make these large.
         if opts.rollout {
             let r = attention_rollout(&layers, RolloutFusion::Mean, true, 0.0)?;
+            let values: Vec<f64> = r.flatten_all()?.to_vec1()?;
+            check_storable(&values, w.cols, opts.decimals, "the rollout of weights")?;
             matrices.push((
                 format!("rollout over {} (mean of heads, residual)", of(w.layers)),
-                r.flatten_all()?.to_vec1()?,
+                values,
             ));
         }
         if opts.flow && w.rows <= ATTENTION_FLOW_MAX_LEN {
             let f = attention_flow(&layers, RolloutFusion::Mean, true)?;
+            let values: Vec<f64> = f.flatten_all()?.to_vec1()?;
+            check_storable(
+                &values,
+                w.cols,
+                opts.decimals,
+                "the attention flow of weights",
+            )?;
             matrices.push((
                 format!("flow over {} (mean of heads, residual)", of(w.layers)),
-                f.flatten_all()?.to_vec1()?,
+                values,
             ));
         }
     }
     for (idx, (name, m)) in opts.matrices.iter().enumerate() {
-        matrices.push((name.clone(), read_matrix(idx, name, m, w.rows, w.cols)?));
+        let values = read_matrix(idx, name, m, (w.rows, w.cols), opts.decimals)?;
+        matrices.push((name.clone(), values));
     }
 
     let mut data = String::with_capacity(w.values.len() * 6 + 1024);
