@@ -1,12 +1,13 @@
 //! `mha inspect`: a trained model's attention on one input, as labelled tables, heatmaps
-//! (PNG/SVG) and graphs (DOT/GraphML).
+//! (PNG/SVG), graphs (DOT/GraphML) and an interactive page (HTML) of every layer and head.
 
 use std::path::PathBuf;
 
 use anyhow::{bail, Result};
+use candle_mha::analysis::html::{attention_explorer, ExplorerOptions};
 use candle_mha::analysis::{
     attention_rollout, format_table, fuse_heads, head_stats, heatmap, AttentionGraph, GraphOptions,
-    HeatmapOptions, TableOptions,
+    HeatmapOptions, TableOptions, ATTENTION_FLOW_MAX_LEN,
 };
 use candle_mha::candle::{DType, Tensor};
 use candle_mha::data::{Codec, TextWindows};
@@ -59,6 +60,10 @@ pub struct InspectArgs {
     /// Write the attention graph as GraphML.
     #[arg(long)]
     pub graphml: Option<PathBuf>,
+    /// Write an interactive page (one self-contained HTML file, works offline) of every layer
+    /// and head: head view, model view, matrix view with the rollout and flow.
+    #[arg(long)]
+    pub html: Option<PathBuf>,
     /// Graph: drop edges below this weight.
     #[arg(long, default_value_t = 0.0)]
     pub threshold: f64,
@@ -224,5 +229,57 @@ pub fn run(args: &InspectArgs) -> Result<()> {
             eprintln!("wrote {} ({} edges)", p.display(), graph.edges.len());
         }
     }
+    if let Some(p) = &args.html {
+        let all = Tensor::stack(&layers, 0)?; // (layers, H, L, L)
+        let input = match &args.input {
+            Some(text) => format!("\"{}\"", shorten(text, 60)),
+            None => args
+                .input_file
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+        };
+        let ckpt_name = args.checkpoint.file_name().map_or_else(
+            || args.checkpoint.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        );
+        let opts =
+            ExplorerOptions::default().with_title(format!("{ckpt_name}: attention on {input}"));
+        let page = attention_explorer(&all, &labels, &labels, &opts)?;
+        write_atomic(p, page.as_bytes())?;
+        eprintln!(
+            "wrote {} ({}; {n_layers} layers × {h} heads × {} tokens)",
+            p.display(),
+            human_size(page.len()),
+            labels.len()
+        );
+        if labels.len() > ATTENTION_FLOW_MAX_LEN {
+            eprintln!(
+                "note: the page has the rollout but not the attention flow ({} tokens; flow \
+                 takes at most {ATTENTION_FLOW_MAX_LEN})",
+                labels.len()
+            );
+        }
+    }
     Ok(())
+}
+
+/// `text` cut to `max` characters, with an ellipsis when cut.
+fn shorten(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text.to_string(),
+    }
+}
+
+/// A byte count as the pages' summary lines print it: `812 bytes`, `34.5 kB`, `9.81 MB`.
+fn human_size(bytes: usize) -> String {
+    let b = bytes as f64;
+    if bytes < 1000 {
+        format!("{bytes} bytes")
+    } else if b < 1e6 {
+        format!("{:.1} kB", b / 1e3)
+    } else {
+        format!("{:.2} MB", b / 1e6)
+    }
 }

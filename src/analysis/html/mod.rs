@@ -8,7 +8,8 @@
 //! `0.5·10^-decimals` of the input), which keeps the file size proportional to the weights;
 //! the summary line of each page states it and the file's size.
 
-#[allow(dead_code)] // Until the pages that use it land (issue 20).
+mod explorer;
 mod page;
 mod vocab;
+pub use explorer::{attention_explorer, ExplorerOptions};
 pub use vocab::{vocab_matrix_html, VocabHtmlOptions};
