@@ -124,6 +124,11 @@ impl VocabHtmlOptions {
 /// `labels` holds one label per token id (`vm.vocab_size()` entries); only the labels of
 /// tokens seen in `vm` are embedded, and they are inserted as text, never as HTML.
 ///
+/// # Shapes
+/// `vm`: a sparse `(V, V)` matrix, row = query token, column = key token; `labels`: `V`
+/// strings. The page holds `O(nonzero cells + tokens seen)` numbers, never a dense `V × V`
+/// array (about 17–20 bytes per cell at 4 decimals).
+///
 /// # Errors
 /// `labels.len() != vm.vocab_size()`, `opts.decimals` outside 1..=6, `opts.top_k == 0`, and
 /// sums too large to store at `opts.decimals` (above 2^53 once scaled).
