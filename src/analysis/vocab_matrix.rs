@@ -44,6 +44,8 @@ use crate::models::NextTokenPredictor;
 pub struct VocabMatrix {
     vocab_size: usize,
     cells: HashMap<(u32, u32), (f64, u64)>,
+    /// Query positions added per query token (the pages sort query tokens by it).
+    query_counts: HashMap<u32, u64>,
     num_queries: u64,
     total_mass: f64,
 }
@@ -190,6 +192,7 @@ impl VocabMatrix {
                     cell.1 += 1;
                     self.total_mass += mass;
                 }
+                *self.query_counts.entry(qi).or_insert(0) += 1;
                 self.num_queries += 1;
             }
         }
@@ -199,6 +202,12 @@ impl VocabMatrix {
     /// The number of query positions added (skipped positions excluded).
     pub fn num_queries(&self) -> u64 {
         self.num_queries
+    }
+
+    /// The number of query positions of token `query` added (skipped positions excluded); the
+    /// per-token parts of [`num_queries`](Self::num_queries).
+    pub fn query_count(&self, query: u32) -> u64 {
+        self.query_counts.get(&query).copied().unwrap_or(0)
     }
 
     /// The total weight added: equals [`num_queries`](Self::num_queries) (up to rounding) when
@@ -348,6 +357,19 @@ impl VocabMatrix {
             ));
         }
         out
+    }
+
+    /// The matrix as one self-contained, interactive HTML page: see
+    /// [`vocab_matrix_html`](crate::analysis::html::vocab_matrix_html), which this calls (same
+    /// arguments and errors).
+    ///
+    /// PyTorch equivalent: none.
+    pub fn to_html(
+        &self,
+        labels: &[String],
+        opts: &crate::analysis::html::VocabHtmlOptions,
+    ) -> Result<String> {
+        crate::analysis::html::vocab_matrix_html(self, labels, opts)
     }
 
     /// Writes `sum`, `count`, `mean` and `row_normalized` as dense `(V, V)` f64 tensors to a

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use candle_mha::analysis::corpus_vocab_matrix_stream;
+use candle_mha::analysis::html::{vocab_matrix_html, VocabHtmlOptions};
 use candle_mha::candle::DType;
 use candle_mha::device::select_device;
 
@@ -36,6 +37,10 @@ pub struct VocabMatrixArgs {
     /// Where to write vocab_matrix.csv and vocab_matrix.safetensors (default CHECKPOINT/vocab_matrix).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Also write the matrix as one interactive HTML page (sortable, filterable; works
+    /// offline) to this file.
+    #[arg(long, value_name = "PATH")]
+    pub html: Option<PathBuf>,
     /// Sequences per batch.
     #[arg(long, default_value_t = 64)]
     pub batch_size: usize,
@@ -107,5 +112,35 @@ pub fn run(args: &VocabMatrixArgs) -> Result<()> {
         "wrote {}/vocab_matrix.csv and vocab_matrix.safetensors",
         out.display()
     );
+    if let Some(path) = &args.html {
+        let opts = VocabHtmlOptions::default()
+            .with_title(format!(
+                "Vocabulary attention matrix: layer {layer}, {heads}, over {name}"
+            ))
+            .with_top_k(args.top_k.max(1));
+        let page = vocab_matrix_html(&vm, &labels, &opts)?;
+        candle_mha::io::write_atomic(path, page.as_bytes())
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!(
+            "wrote {} ({}; {} tokens, {} cells)",
+            path.display(),
+            size_text(page.len()),
+            vm.vocab_size(),
+            vm.num_cells()
+        );
+    }
     Ok(())
+}
+
+/// A byte count for people, as the page's own summary line states it: `812 bytes`, `34.5 kB`,
+/// `9.81 MB` (powers of 1000).
+fn size_text(bytes: usize) -> String {
+    let b = bytes as f64;
+    if bytes < 1000 {
+        format!("{bytes} bytes")
+    } else if b < 1e6 {
+        format!("{:.1} kB", b / 1e3)
+    } else {
+        format!("{:.2} MB", b / 1e6)
+    }
 }

@@ -10,4 +10,6 @@
 
 mod explorer;
 mod page;
+mod vocab;
 pub use explorer::{attention_explorer, ExplorerOptions};
+pub use vocab::{vocab_matrix_html, VocabHtmlOptions};
