@@ -6,8 +6,9 @@
 //! mha generate --checkpoint DIR --prompt "..."      continue a prompt (greedy, or --top-k/--top-p/--temperature)
 //! mha eval --checkpoint DIR [--text F | --data D]   loss, perplexity, accuracy, bits/byte [--baseline bigram]
 //! mha plot RUN_DIR [RUN_DIR...] --png F | --svg F   train/val loss curves from metrics.jsonl
-//! mha inspect --checkpoint DIR --input "..."      attention tables, --png/--svg heatmaps, --dot/--graphml graphs
-//! mha vocab-matrix --checkpoint DIR [--tokens F]   vocabulary x vocabulary attention over a corpus
+//! mha inspect --checkpoint DIR --input "..."      attention tables, --png/--svg heatmaps, --dot/--graphml graphs,
+//!                                                  --html: an interactive page of every layer and head
+//! mha vocab-matrix --checkpoint DIR [--tokens F]   vocabulary x vocabulary attention over a corpus [--html PAGE]
 //! mha info FILE [--prefix P]                        tensors, dtypes, shapes, attention modules
 //! mha convert IN.pt OUT.safetensors [--dtype D] [--prefix P]   validated conversion
 //! ```
@@ -39,9 +40,9 @@ enum Command {
     Eval(cli::eval::EvalArgs),
     /// Plot the train and validation loss of one or more runs (PNG and/or SVG).
     Plot(cli::plot::PlotArgs),
-    /// Show a trained model's attention on one input: tables, heatmaps, graphs.
+    /// Show a trained model's attention on one input: tables, heatmaps, graphs, an HTML page.
     Inspect(Box<cli::inspect::InspectArgs>),
-    /// Aggregate which token attends to which over a corpus.
+    /// Aggregate which token attends to which over a corpus (CSV, safetensors, an HTML page).
     VocabMatrix(cli::vocab_matrix::VocabMatrixArgs),
     /// List a checkpoint's tensors (name, dtype, shape) and the attention modules in it.
     Info(cli::info::InfoArgs),

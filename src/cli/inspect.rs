@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Result};
-use candle_mha::analysis::html::{attention_explorer, ExplorerOptions};
+use candle_mha::analysis::html::{attention_explorer, human_size, ExplorerOptions};
 use candle_mha::analysis::{
     attention_rollout, format_table, fuse_heads, head_stats, heatmap, AttentionGraph, GraphOptions,
     HeatmapOptions, TableOptions, ATTENTION_FLOW_MAX_LEN,
@@ -269,17 +269,5 @@ fn shorten(text: &str, max: usize) -> String {
     match text.char_indices().nth(max) {
         Some((at, _)) => format!("{}…", &text[..at]),
         None => text.to_string(),
-    }
-}
-
-/// A byte count as the pages' summary lines print it: `812 bytes`, `34.5 kB`, `9.81 MB`.
-fn human_size(bytes: usize) -> String {
-    let b = bytes as f64;
-    if bytes < 1000 {
-        format!("{bytes} bytes")
-    } else if b < 1e6 {
-        format!("{:.1} kB", b / 1e3)
-    } else {
-        format!("{:.2} MB", b / 1e6)
     }
 }

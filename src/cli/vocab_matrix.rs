@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use candle_mha::analysis::corpus_vocab_matrix_stream;
-use candle_mha::analysis::html::{vocab_matrix_html, VocabHtmlOptions};
+use candle_mha::analysis::html::{human_size, vocab_matrix_html, VocabHtmlOptions};
 use candle_mha::candle::DType;
 use candle_mha::device::select_device;
 
@@ -124,23 +124,10 @@ pub fn run(args: &VocabMatrixArgs) -> Result<()> {
         eprintln!(
             "wrote {} ({}; {} tokens, {} cells)",
             path.display(),
-            size_text(page.len()),
+            human_size(page.len()),
             vm.vocab_size(),
             vm.num_cells()
         );
     }
     Ok(())
-}
-
-/// A byte count for people, as the page's own summary line states it: `812 bytes`, `34.5 kB`,
-/// `9.81 MB` (powers of 1000).
-fn size_text(bytes: usize) -> String {
-    let b = bytes as f64;
-    if bytes < 1000 {
-        format!("{bytes} bytes")
-    } else if b < 1e6 {
-        format!("{:.1} kB", b / 1e3)
-    } else {
-        format!("{:.2} MB", b / 1e6)
-    }
 }

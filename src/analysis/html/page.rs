@@ -77,8 +77,11 @@ pub(crate) fn viridis_json() -> String {
     json_strings(&colours)
 }
 
-/// A byte count for people: `812 bytes`, `34.5 kB`, `9.81 MB` (powers of 1000).
-pub(crate) fn human_size(bytes: usize) -> String {
+/// A byte count for people, as the pages' summary lines and the CLI print it: `812 bytes`,
+/// `34.5 kB`, `9.81 MB` (powers of 1000).
+///
+/// PyTorch equivalent: none.
+pub fn human_size(bytes: usize) -> String {
     let b = bytes as f64;
     if bytes < 1000 {
         format!("{bytes} bytes")
