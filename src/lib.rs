@@ -34,7 +34,7 @@
 //!    `attention` and `checkpoint`); [`models`]: the next-token predictor, its key/value cache
 //!    and generation, on `attention` and `nn`.
 //! 5. [`data`] (vocabularies, token files, batching), [`training`] (AdamW, the trainer),
-//!    [`analysis`] (reading attention, pictures).
+//!    [`analysis`] (reading attention, pictures, interactive HTML pages).
 //! 6. The `mha` binary (`src/main.rs`, `src/cli/`; the default `cli` feature), on the public
 //!    API only.
 //!
