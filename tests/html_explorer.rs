@@ -829,27 +829,7 @@ fn a_12_layer_12_head_128_token_page_loads_fast() -> Result<()> {
 fn inspect_html_writes_the_explorer() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let p = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
-    std::fs::write(
-        p("ev.txt"),
-        "T1 T2 T3 T4\nT1 T3 T5 T2\nT2 T2 T3 T4 T5\n".repeat(10),
-    )?;
-    let (ok, _, stderr) = mha(&[
-        "train",
-        "--tokens",
-        &p("ev.txt"),
-        "--out",
-        &p("run"),
-        "--steps",
-        "20",
-        "--embed-dim",
-        "8",
-        "--num-heads",
-        "2",
-        "--num-layers",
-        "2",
-        "--quiet",
-    ])?;
-    assert!(ok, "{stderr}");
+    common::train_tiny_run(dir.path())?;
     let (ok, stdout, stderr) = mha(&[
         "inspect",
         "--checkpoint",

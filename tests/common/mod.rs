@@ -178,3 +178,34 @@ pub fn mha(args: &[&str]) -> Result<(bool, String, String)> {
         String::from_utf8(out.stderr)?,
     ))
 }
+
+/// Trains the small analysis model of the CLI tests (2 layers × 2 heads, E = 8, 20 steps on
+/// the symbols `T1`…`T5`) with `mha train` into `dir/run` and returns that checkpoint folder.
+pub fn train_tiny_run(dir: &Path) -> Result<PathBuf> {
+    let data = dir.join("ev.txt");
+    std::fs::write(
+        &data,
+        "T1 T2 T3 T4\nT1 T3 T5 T2\nT2 T2 T3 T4 T5\n".repeat(10),
+    )?;
+    let run = dir.join("run");
+    let (ok, _, stderr) = mha(&[
+        "train",
+        "--tokens",
+        data.to_str().context("temp path")?,
+        "--out",
+        run.to_str().context("temp path")?,
+        "--steps",
+        "20",
+        "--embed-dim",
+        "8",
+        "--num-heads",
+        "2",
+        "--num-layers",
+        "2",
+        "--quiet",
+    ])?;
+    if !ok {
+        bail!("mha train failed: {stderr}")
+    }
+    Ok(run)
+}
