@@ -15,8 +15,9 @@
 //!   depends on the mode (below).
 //!
 //! A shape may be causal (`is_causal`: ours builds no mask, the kernel skips masked tiles;
-//! PyTorch gets the bool causal mask as `attn_mask` with `is_causal=True`, as its fast paths
-//! want).
+//! PyTorch gets the float causal mask as `attn_mask` with `is_causal=True`, with which its
+//! training path runs sdpa's causal kernel; its eval fast path was faster with the float mask
+//! than with the bool one).
 //!
 //! Modes, each in a child process of its own (allocator settings are process-wide), both by
 //! default, one after the other (`MHA_BENCH_MODE=user` or `=retained` runs one):

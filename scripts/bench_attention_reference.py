@@ -16,8 +16,10 @@ Each shape (N, L, E, H) is a batch_first self-attention, f32, dropout 0, bias on
   out.backward(r) (backward "grad": the output gradient r, as our side's
   autograd::backward_with) or out.sum().backward() (backward "sum": as a user's
   out.sum_all()?.backward()? on ours), gradients set to None between steps.
-A causal shape gives every call attn_mask = the bool causal mask (True above the diagonal)
-and is_causal=True (the hint PyTorch's fast paths use to skip the mask).
+A causal shape gives every call attn_mask = the float causal mask (-inf above the diagonal,
+nn.Transformer.generate_square_subsequent_mask) and is_causal=True (the hint with which the
+training path hands sdpa is_causal instead of the mask); the eval fast path
+(_native_multi_head_attention) takes the mask as given.
 Output: one JSON line per shape, {"shape": [N, L, E, H], "fwd_nw_s": ..., ...} (medians).
 
 With --serve (what the bench uses), shapes come one per stdin line as JSON
@@ -56,7 +58,8 @@ def bench_shape(shape, reps, warmup, causal=False, backward="grad"):
         mha = torch.nn.MultiheadAttention(e, h, batch_first=True)
         _MODULES[tuple(shape)] = (mha, torch.randn(n, l, e), torch.randn(n, l, e))
     mha, x, r = _MODULES[tuple(shape)]
-    mask = torch.triu(torch.ones(l, l, dtype=torch.bool), diagonal=1) if causal else None
+    # The float mask: PyTorch's eval fast path was faster with it than with the bool one.
+    mask = torch.nn.Transformer.generate_square_subsequent_mask(l) if causal else None
     mha.eval()
 
     def call(inp, need_weights):
