@@ -30,6 +30,11 @@
 //!   the step's backward starts from an output gradient `r` (`autograd::backward_with(&out,
 //!   &r)`, PyTorch's `out.backward(r)`): the module's backward and nothing else.
 //!
+//! Two more modes run only when named: `MHA_BENCH_MODE=backward` (glibc defaults) and
+//! `backward-retained` time our step's backward pass alone, started four ways in turn (none:
+//! the forward only; `sum_all().backward()`; `backward_with(&out, &ones)`;
+//! `backward_with(&out, &r)`), with the minor page faults per step.
+//!
 //! Memory: a child process runs one `need_weights=false` forward at `N=1, E=512, H=8` and
 //! `L=8192` (fused) and `L=4096` (fused and reference) and reports its peak RSS (`VmHWM`)
 //! against the bytes of the input, output, parameters and what a backward pass would keep
@@ -62,8 +67,8 @@ use candle_mha::{
 };
 use candle_nn::VarMap;
 use support::{
-    cpu_model, env_usize, find_torch, median, mode_children, print_table, utc_now, Allocator,
-    TorchServer,
+    cpu_model, env_usize, find_torch, median, minor_faults, mode_children, print_table, utc_now,
+    Allocator, TorchServer,
 };
 
 /// `(N, L, E, H)` and whether the attention is causal.
@@ -347,7 +352,12 @@ fn main() -> Result<()> {
         let (l, kernel) = spec.split_once(',').unwrap_or(("8192", "fused"));
         return memory_child(l.parse().unwrap_or(8192), kernel);
     }
-    match mode_children("MHA_BENCH_MODE", &["user", "retained"]) {
+    match mode_children(
+        "MHA_BENCH_MODE",
+        &["user", "retained"],
+        &["backward", "backward-retained"],
+    ) {
+        Some(mode) if mode.starts_with("backward") => backward_mode(mode == "backward-retained"),
         Some(mode) => run_mode(&mode),
         None => {
             // The memory part once, after the modes (it runs in children of its own).
@@ -528,4 +538,104 @@ fn print_memory() {
     .to_vec();
     print_table(&header, &memory_rows());
     println!("accounted = input + output + parameters + packed qkv + context + row lse (f32).");
+}
+
+/// The `backward` modes: our training step with its backward pass started in four ways, in
+/// turn for each rep, so that the differences are what each way costs.
+fn backward_mode(retain: bool) -> Result<()> {
+    let (reps, warmup, rounds) = (
+        env_usize("MHA_BENCH_REPS").unwrap_or(10),
+        env_usize("MHA_BENCH_WARMUP").unwrap_or(3),
+        env_usize("MHA_BENCH_ROUNDS").unwrap_or(3).max(1),
+    );
+    let allocator = Allocator::new(retain);
+    println!(
+        "machine: {} | {} threads | {} | {rounds} rounds of {reps} timed + {warmup} warmup per cell",
+        cpu_model(),
+        candle::utils::get_num_threads(),
+        utc_now()
+    );
+    println!("{}", allocator.describe());
+    let ways = [
+        "forward only",
+        "out.sum_all()?.backward()?",
+        "backward_with(&out, &ones)",
+        "backward_with(&out, &r)",
+    ];
+    let mut rows = Vec::new();
+    for s in shapes() {
+        eprintln!("backward: {}…", s.label());
+        let (mha, x, _) = setup(s, true)?;
+        let x = Var::from_tensor(&x)?;
+        let r = normal(0.0, 1.0, x.shape(), DType::F32, &Device::Cpu, 2)?;
+        let ones = r.ones_like()?;
+        let opts = AttentionOptions::new()
+            .with_need_weights(false)
+            .with_is_causal(s.causal)
+            .with_train(true);
+        let step = |way: usize| -> Result<(f64, u64)> {
+            let faults = minor_faults();
+            let t = Instant::now();
+            let out = mha.forward(&x, &x, &x, &opts)?.output;
+            match way {
+                0 => {}
+                1 => drop(out.sum_all()?.backward()?),
+                2 => drop(candle_mha::autograd::backward_with(&out, &ones)?),
+                _ => drop(candle_mha::autograd::backward_with(&out, &r)?),
+            }
+            drop(out);
+            Ok((t.elapsed().as_secs_f64(), minor_faults() - faults))
+        };
+        // Per way: each round's median time and faults per step.
+        let mut times = vec![Vec::new(); ways.len()];
+        let mut faults = vec![Vec::new(); ways.len()];
+        for _ in 0..rounds {
+            let mut t = vec![Vec::new(); ways.len()];
+            let mut f = vec![Vec::new(); ways.len()];
+            for rep in 0..warmup + reps {
+                for way in 0..ways.len() {
+                    let (secs, flt) = step(way)?;
+                    if rep >= warmup {
+                        t[way].push(secs);
+                        f[way].push(flt as f64);
+                    }
+                }
+            }
+            for way in 0..ways.len() {
+                times[way].push(median(&t[way]));
+                // The mean: a step that trims or maps memory is the exception, not the median.
+                faults[way].push(f[way].iter().sum::<f64>() / f[way].len() as f64);
+            }
+        }
+        let fwd = median(&times[0]);
+        for (way, name) in ways.iter().enumerate() {
+            let total = median(&times[way]);
+            rows.push(vec![
+                s.label(),
+                name.to_string(),
+                format!("{:.2}", total * 1e3),
+                match way {
+                    0 => "—".into(),
+                    _ => format!("{:.2}", (total - fwd) * 1e3),
+                },
+                format!("{:.0}", median(&faults[way])),
+            ]);
+        }
+    }
+    let header: Vec<String> = [
+        "(N, L, E, H)",
+        "backward",
+        "step ms",
+        "backward ms",
+        "minor faults per step (mean)",
+    ]
+    .map(String::from)
+    .to_vec();
+    println!();
+    print_table(&header, &rows);
+    println!(
+        "\nstep: forward (train, need_weights=false) + the backward as named, ways alternating \
+         rep by rep; ms: medians over rounds of round medians; backward ms = step - forward only."
+    );
+    Ok(())
 }

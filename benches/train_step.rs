@@ -274,7 +274,7 @@ fn over_rounds(rounds: &[Option<Timing>]) -> Option<Timing> {
 }
 
 fn main() -> Result<()> {
-    match mode_children("MHA_BENCH_ALLOCATOR", &["default", "retained"]) {
+    match mode_children("MHA_BENCH_ALLOCATOR", &["default", "retained"], &[]) {
         Some(mode) => run_mode(&mode),
         None => Ok(()),
     }

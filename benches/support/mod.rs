@@ -259,9 +259,9 @@ pub const CHILD_MODE: &str = "MHA_BENCH_CHILD_MODE";
 ///
 /// In a child: returns `Some(mode)`, the mode it should run. In the parent: runs the modes
 /// named in `selector` (comma-separated; unset or empty: all of `modes`, in order) one after
-/// the other with inherited output, then returns `None`. A mode that fails or is unknown is
-/// reported on stderr; the others still run.
-pub fn mode_children(selector: &str, modes: &[&str]) -> Option<String> {
+/// the other with inherited output, then returns `None`. `extra` modes run only when named.
+/// A mode that fails or is unknown is reported on stderr; the others still run.
+pub fn mode_children(selector: &str, modes: &[&str], extra: &[&str]) -> Option<String> {
     if let Ok(mode) = std::env::var(CHILD_MODE) {
         return Some(mode);
     }
@@ -281,8 +281,8 @@ pub fn mode_children(selector: &str, modes: &[&str]) -> Option<String> {
         }
     };
     for mode in wanted {
-        if !modes.contains(&mode.as_str()) {
-            eprintln!("warning: unknown mode {mode:?} in {selector} (known: {modes:?})");
+        if !modes.contains(&mode.as_str()) && !extra.contains(&mode.as_str()) {
+            eprintln!("warning: unknown mode {mode:?} in {selector} (known: {modes:?}, {extra:?})");
             continue;
         }
         println!("\n## mode: {mode}\n");
@@ -297,4 +297,16 @@ pub fn mode_children(selector: &str, modes: &[&str]) -> Option<String> {
         }
     }
     None
+}
+
+/// Minor page faults of this process so far (`/proc/self/stat`, field 10); 0 where unreadable.
+pub fn minor_faults() -> u64 {
+    std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| {
+            // The command name (field 2) may hold spaces: count from after its ')'.
+            let rest = &s[s.rfind(')')? + 1..];
+            rest.split_whitespace().nth(7)?.parse().ok()
+        })
+        .unwrap_or(0)
 }
