@@ -28,16 +28,20 @@
 //!   fused kernel (`NextTokenPredictor::with_attention_kernel`);
 //! - `RAYON_NUM_THREADS`: candle's CPU threads (default: the cores, pinned as `mha` does); torch
 //!   gets the same;
-//! - `MHA_BENCH_ALLOCATOR=default`: glibc's allocator defaults on both sides. Otherwise both
-//!   keep freed memory (`alloc::retain_freed_memory` here, the equivalent `GLIBC_TUNABLES` in
-//!   PyTorch's process), as the `mha` CLI trains.
+//! - `MHA_BENCH_ALLOCATOR`: `default`, `retained`, or both comma-separated (the default:
+//!   both, one table each). Each setting runs in a child process of its own (allocator
+//!   settings are process-wide): `default` leaves glibc's allocator defaults on both sides (a
+//!   library user's program); `retained` keeps freed memory on both sides
+//!   (`alloc::retain_freed_memory` here, the equivalent `GLIBC_TUNABLES` in PyTorch's
+//!   process), as the `mha` CLI trains.
 
 mod support;
 
 use std::time::Instant;
 
 use support::{
-    env_usize, find_torch, median, pin_threads, print_machine, print_table, Allocator, TorchServer,
+    env_usize, find_torch, median, mode_children, pin_threads, print_machine, print_table,
+    Allocator, TorchServer,
 };
 
 use candle::{DType, Device, Result, Tensor};
@@ -270,6 +274,14 @@ fn over_rounds(rounds: &[Option<Timing>]) -> Option<Timing> {
 }
 
 fn main() -> Result<()> {
+    match mode_children("MHA_BENCH_ALLOCATOR", &["default", "retained"], &[]) {
+        Some(mode) => run_mode(&mode),
+        None => Ok(()),
+    }
+}
+
+/// One allocator setting's table (in a child process, see [`mode_children`]).
+fn run_mode(mode: &str) -> Result<()> {
     let threads_from = pin_threads();
     let shapes = selected_shapes();
     if shapes.is_empty() {
@@ -277,7 +289,7 @@ fn main() -> Result<()> {
         return Ok(());
     }
     // Both sides under the same allocator settings (see the module docs).
-    let allocator = Allocator::from_env();
+    let allocator = Allocator::new(mode == "retained");
     print_machine(&threads_from);
     let threads = candle::utils::get_num_threads();
     println!("{}", allocator.describe());

@@ -5,19 +5,26 @@ The Rust bench runs this script with the same shapes, repetitions and thread cou
 prints both in one table. By hand:
 
     VENV/bin/python scripts/bench_attention_reference.py \\
-        --shapes '[[32, 128, 256, 8]]' --reps 10 --warmup 3 --threads 2
+        --shapes '[[32, 128, 256, 8]]' --reps 10 --warmup 3 --threads 2 [--causal] \\
+        [--backward sum]
 
 Each shape (N, L, E, H) is a batch_first self-attention, f32, dropout 0, bias on:
 - fwd_nw: eval(), torch.no_grad(), need_weights=False (PyTorch's fast path: native MHA with
   its flash-attention CPU kernel);
 - fwd_w: the same with need_weights=True (weights averaged over heads);
-- step: train(), x.requires_grad, out = mha(x, x, x, need_weights=False)[0],
-  out.backward(r) (the output gradient r, as our side's autograd::backward_with), gradients
-  set to None between steps.
+- step: train(), x.requires_grad, out = mha(x, x, x, need_weights=False)[0], then
+  out.backward(r) (backward "grad": the output gradient r, as our side's
+  autograd::backward_with) or out.sum().backward() (backward "sum": as a user's
+  out.sum_all()?.backward()? on ours), gradients set to None between steps.
+A causal shape gives every call attn_mask = the float causal mask (-inf above the diagonal,
+nn.Transformer.generate_square_subsequent_mask) and is_causal=True (the hint with which the
+training path hands sdpa is_causal instead of the mask); the eval fast path
+(_native_multi_head_attention) takes the mask as given.
 Output: one JSON line per shape, {"shape": [N, L, E, H], "fwd_nw_s": ..., ...} (medians).
 
 With --serve (what the bench uses), shapes come one per stdin line as JSON
-{"shape": [N, L, E, H], "reps": R, "warmup": W} and each gets its JSON line back, so that the
+{"shape": [N, L, E, H], "reps": R, "warmup": W, "causal": false, "backward": "grad"} (the last
+two optional, these defaults) and each gets its JSON line back, so that the
 bench can alternate between our side and PyTorch's for several rounds in one process each.
 The module of a shape is built once and reused by later rounds.
 """
@@ -45,17 +52,22 @@ def median_time(fn, reps, warmup):
 _MODULES = {}
 
 
-def bench_shape(shape, reps, warmup):
+def bench_shape(shape, reps, warmup, causal=False, backward="grad"):
     n, l, e, h = shape
     if tuple(shape) not in _MODULES:
         mha = torch.nn.MultiheadAttention(e, h, batch_first=True)
         _MODULES[tuple(shape)] = (mha, torch.randn(n, l, e), torch.randn(n, l, e))
     mha, x, r = _MODULES[tuple(shape)]
+    # The float mask: PyTorch's eval fast path was faster with it than with the bool one.
+    mask = torch.nn.Transformer.generate_square_subsequent_mask(l) if causal else None
     mha.eval()
+
+    def call(inp, need_weights):
+        return mha(inp, inp, inp, need_weights=need_weights, attn_mask=mask, is_causal=causal)
 
     def fwd(need_weights):
         with torch.no_grad():
-            return mha(x, x, x, need_weights=need_weights)
+            return call(x, need_weights)
 
     fwd_nw = median_time(lambda: fwd(False), reps, warmup)
     fwd_w = median_time(lambda: fwd(True), reps, warmup)
@@ -66,11 +78,21 @@ def bench_shape(shape, reps, warmup):
         for p in mha.parameters():
             p.grad = None
         xg.grad = None
-        out = mha(xg, xg, xg, need_weights=False)[0]
-        out.backward(r)
+        out = call(xg, False)[0]
+        if backward == "sum":
+            out.sum().backward()
+        else:
+            out.backward(r)
 
     step_s = median_time(step, reps, warmup)
-    rec = {"shape": [n, l, e, h], "fwd_nw_s": fwd_nw, "fwd_w_s": fwd_w, "step_s": step_s}
+    rec = {
+        "shape": [n, l, e, h],
+        "causal": causal,
+        "backward": backward,
+        "fwd_nw_s": fwd_nw,
+        "fwd_w_s": fwd_w,
+        "step_s": step_s,
+    }
     print(json.dumps(rec), flush=True)
 
 
@@ -81,6 +103,8 @@ def main():
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--causal", action="store_true", help="causal attention (--shapes)")
+    ap.add_argument("--backward", choices=["grad", "sum"], default="grad", help="(--shapes)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -89,12 +113,18 @@ def main():
         for line in sys.stdin:
             if line.strip():
                 req = json.loads(line)
-                bench_shape(req["shape"], req["reps"], req["warmup"])
+                bench_shape(
+                    req["shape"],
+                    req["reps"],
+                    req["warmup"],
+                    req.get("causal", False),
+                    req.get("backward", "grad"),
+                )
         return
     if args.shapes is None:
         ap.error("--shapes or --serve is required")
     for shape in json.loads(args.shapes):
-        bench_shape(shape, args.reps, args.warmup)
+        bench_shape(shape, args.reps, args.warmup, args.causal, args.backward)
 
 
 if __name__ == "__main__":

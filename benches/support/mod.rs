@@ -24,6 +24,14 @@ impl Allocator {
         }
     }
 
+    /// The setting given: `retain` applies [`candle_mha::alloc::retain_freed_memory`] here
+    /// (and hands the equivalent to children); `false` leaves glibc's defaults.
+    pub fn new(retain: bool) -> Self {
+        Self {
+            retain: retain && candle_mha::alloc::retain_freed_memory(),
+        }
+    }
+
     /// The header line: `allocator (both sides): …`.
     pub fn describe(&self) -> String {
         let setting = match self.retain {
@@ -241,4 +249,64 @@ pub fn print_machine(threads_from: &str) {
         utils::has_mkl(),
         utc_now()
     );
+}
+
+/// The environment variable that tells a child process which mode it runs.
+pub const CHILD_MODE: &str = "MHA_BENCH_CHILD_MODE";
+
+/// Runs a bench once per mode, each in a child process of its own (the same executable and
+/// arguments), since allocator settings (`mallopt`) are process-wide and cannot be undone.
+///
+/// In a child: returns `Some(mode)`, the mode it should run. In the parent: runs the modes
+/// named in `selector` (comma-separated; unset or empty: all of `modes`, in order) one after
+/// the other with inherited output, then returns `None`. `extra` modes run only when named.
+/// A mode that fails or is unknown is reported on stderr; the others still run.
+pub fn mode_children(selector: &str, modes: &[&str], extra: &[&str]) -> Option<String> {
+    if let Ok(mode) = std::env::var(CHILD_MODE) {
+        return Some(mode);
+    }
+    let wanted: Vec<String> = match std::env::var(selector) {
+        Ok(s) if !s.trim().is_empty() => s
+            .split(',')
+            .map(|m| m.trim().to_lowercase())
+            .filter(|m| !m.is_empty())
+            .collect(),
+        _ => modes.iter().map(|m| m.to_string()).collect(),
+    };
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => {
+            eprintln!("cannot find this bench's executable: {e}");
+            return None;
+        }
+    };
+    for mode in wanted {
+        if !modes.contains(&mode.as_str()) && !extra.contains(&mode.as_str()) {
+            eprintln!("warning: unknown mode {mode:?} in {selector} (known: {modes:?}, {extra:?})");
+            continue;
+        }
+        println!("\n## mode: {mode}\n");
+        let status = Command::new(&exe)
+            .args(std::env::args_os().skip(1))
+            .env(CHILD_MODE, &mode)
+            .status();
+        match status {
+            Ok(s) if s.success() => {}
+            Ok(s) => eprintln!("mode {mode}: the child process failed ({s})"),
+            Err(e) => eprintln!("mode {mode}: cannot start the child process: {e}"),
+        }
+    }
+    None
+}
+
+/// Minor page faults of this process so far (`/proc/self/stat`, field 10); 0 where unreadable.
+pub fn minor_faults() -> u64 {
+    std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| {
+            // The command name (field 2) may hold spaces: count from after its ')'.
+            let rest = &s[s.rfind(')')? + 1..];
+            rest.split_whitespace().nth(7)?.parse().ok()
+        })
+        .unwrap_or(0)
 }
