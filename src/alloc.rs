@@ -7,6 +7,10 @@
 //! 2-core machine costs up to a third of a small training step (see `BENCHMARKS.md`).
 //! [`retain_freed_memory`] tells glibc to keep such memory for reuse.
 //!
+//! The fused CPU ops do not depend on the setting for their own large scratch buffers (the
+//! packed projection kept for the backward pass, its gradient, the packed heads): they keep
+//! them in a pool between calls ([`workspace_bytes`], [`release_workspace`]).
+//!
 //! PyTorch equivalent: none in `torch` itself; the same process setting is
 //! `GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=2147483647`
 //! (see [`GLIBC_TUNABLES`]), which the CPU bench gives PyTorch's side as well.
@@ -39,6 +43,36 @@ pub const GLIBC_TUNABLES: &str =
 /// ```
 pub fn retain_freed_memory() -> bool {
     imp::retain()
+}
+
+/// Frees the scratch buffers the fused CPU ops keep between calls, returning the bytes freed.
+///
+/// The ops (the fused attention and the projected self-attention, forward and backward) take
+/// their large buffers that candle never sees from a process-wide pool and give them back
+/// after the call, so that repeated calls do not fault fresh pages in; the pool keeps at most
+/// eight buffers per dtype (f32, f64), the largest returned, i.e. about the scratch of the
+/// largest calls that ran at the same time (two `N·L·3E` buffers for a training step of
+/// self-attention). Call this after a large run to give that memory back; the next call
+/// allocates anew. Safe at any time, from any thread: buffers in use are not affected and
+/// return to the (then empty) pool when their call ends.
+///
+/// PyTorch equivalent: `torch.cuda.empty_cache()`'s role for PyTorch's caching allocators;
+/// on the CPU PyTorch keeps no such pool and relies on the C allocator.
+///
+/// ```
+/// candle_mha::alloc::release_workspace();
+/// assert_eq!(candle_mha::alloc::workspace_bytes(), 0);
+/// ```
+pub fn release_workspace() -> usize {
+    crate::cpu::workspace::release()
+}
+
+/// Bytes held by the fused CPU ops' pool of scratch buffers (see [`release_workspace`]).
+///
+/// PyTorch equivalent: `torch.cuda.memory_reserved() - torch.cuda.memory_allocated()` for
+/// the CUDA caching allocator; none on the CPU.
+pub fn workspace_bytes() -> usize {
+    crate::cpu::workspace::bytes()
 }
 
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
