@@ -183,3 +183,6 @@ pub(crate) fn projected_self_attention(
         None => x.apply_op2(w, op),
     }
 }
+
+#[cfg(test)]
+mod tests;
