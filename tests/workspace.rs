@@ -297,3 +297,53 @@ fn release_empties_the_pool() -> Result<()> {
     ensure!(freed >= held && workspace_bytes() == 0);
     Ok(())
 }
+
+/// The model's step (its attention and linear+GELU ops take pooled buffers): gradients on a
+/// pool left full of NaNs by a larger model's step equal those on fresh buffers.
+#[test]
+fn model_step_matches_fresh_buffers() -> Result<()> {
+    use candle_mha::models::{masked_cross_entropy, NextTokenPredictor, NextTokenPredictorConfig};
+    let _fresh = fresh_lock();
+    let dev = Device::Cpu;
+    let step = |cfg: &NextTokenPredictorConfig, n: usize, l: usize, nan: bool| -> Result<_> {
+        let vars = VarMap::new();
+        let m =
+            NextTokenPredictor::new(cfg.clone(), seeded_var_builder(&vars, 3, DType::F32, &dev))?;
+        if nan {
+            for v in vars.all_vars() {
+                v.set(&(v.ones_like()? * f64::NAN)?)?;
+            }
+        }
+        let ids: Vec<u32> = (0..n * l)
+            .map(|i| (i * 7 % cfg.vocab_size) as u32)
+            .collect();
+        let tokens = Tensor::from_vec(ids, (n, l), &dev)?;
+        let targets = tokens.roll(-1, 1)?;
+        let mask = Tensor::ones((n, l), DType::F32, &dev)?;
+        let logits = m.forward_train(&tokens, None, 5)?;
+        let grads = masked_cross_entropy(&logits, &targets, &mask)?.backward()?;
+        let mut named: Vec<_> = vars.data().lock().unwrap().clone().into_iter().collect();
+        named.sort_by(|a, b| a.0.cmp(&b.0));
+        named
+            .iter()
+            .map(|(_, v)| grads.get(v).map_or(Ok(Vec::new()), bits))
+            .collect::<Result<Vec<_>>>()
+    };
+    let small = NextTokenPredictorConfig::new(40);
+    let large = NextTokenPredictorConfig {
+        ff_dim: 512,
+        ..NextTokenPredictorConfig::new(40)
+    };
+    release_workspace();
+    let want = step(&small, 3, 20, false)?;
+    step(&large, 4, 48, true)?;
+    ensure!(
+        workspace_bytes() > 0,
+        "the model's step left nothing in the pool"
+    );
+    ensure!(
+        step(&small, 3, 20, false)? == want,
+        "model gradients differ from fresh buffers"
+    );
+    Ok(())
+}
