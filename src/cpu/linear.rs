@@ -38,37 +38,33 @@ fn mat<'a, T: Elem>(s: &'a CpuStorage, l: &Layout) -> Result<Mat<'a, T>> {
     })
 }
 
-/// `out (m×n) = x·wᵀ + b`; every element of `out` is written (its contents on entry do not
-/// matter).
-fn forward<T: Elem>(
+/// `out (m×n) = x·wᵀ + out` (`accumulate`: `out` holds the bias rows) or `x·wᵀ` (what `out`
+/// holds is ignored).
+fn product<T: Elem>(
     x: Mat<T>,
     w: Mat<T>,
-    b: Option<Mat<T>>,
+    accumulate: bool,
     (m, k, n): (usize, usize, usize),
     out: &mut [T],
 ) {
     let out = &mut out[..m * n];
-    // The bias rows are the product's starting value; without a bias the product ignores
-    // what `out` holds.
-    if let Some(b) = &b {
-        for row in out.chunks_exact_mut(n.max(1)) {
-            row.iter_mut()
-                .enumerate()
-                .for_each(|(j, y)| *y = b.data[j * b.cs]);
-        }
-    }
     // SAFETY: x is m×k, w is n×k (read transposed), out is m×n.
     unsafe {
         gemm(
             (m, n, k),
             (out.as_mut_ptr(), n, 1),
-            b.is_some(),
+            accumulate,
             (x.data.as_ptr(), x.rs, x.cs),
             (w.data.as_ptr(), w.cs, w.rs),
             T::ONE,
             Threads::All,
         );
     }
+}
+
+/// The bias as one row.
+fn bias_row<T: Elem>(b: &Mat<T>, n: usize) -> Vec<T> {
+    (0..n).map(|j| b.data[j * b.cs]).collect()
 }
 
 /// `(M, K, Nout)` of `x (…, K)` (M = the product of the leading dims) and `w (Nout, K)`.
@@ -106,10 +102,28 @@ pub(crate) fn linear_forward<T: Elem>(
     w: (&CpuStorage, &Layout),
     b: Option<(&CpuStorage, &Layout)>,
 ) -> Result<(Vec<T>, Shape)> {
-    let (m, _, n) = dims(x.1, w.1)?;
-    let mut out = vec![T::ZERO; m * n];
-    let shape = linear_forward_into(x, w, b, &mut out)?;
-    Ok((out, shape))
+    let (m, k, n) = dims(x.1, w.1)?;
+    let b = b.map(|(s, l)| mat1::<T>(s, l)).transpose()?;
+    // The bias rows are the product's starting value, written as the Vec is built (no zero
+    // fill first); without a bias, zeros (the product ignores them, but an uninitialised Vec
+    // must not be exposed).
+    let mut out = match &b {
+        Some(b) => {
+            let row = bias_row(b, n);
+            let mut out = Vec::with_capacity(m * n);
+            (0..m).for_each(|_| out.extend_from_slice(&row));
+            out
+        }
+        None => vec![T::ZERO; m * n],
+    };
+    product(
+        rows_of(x.0, x.1)?,
+        mat(w.0, w.1)?,
+        b.is_some(),
+        (m, k, n),
+        &mut out,
+    );
+    Ok((out, out_shape(x.1, n)))
 }
 
 /// `x (…, K) · w (Nout, K)ᵀ + b` written into `out` (at least `M·Nout` elements, any
@@ -129,10 +143,29 @@ pub(crate) fn linear_forward_into<T: Elem>(
         )
     }
     let b = b.map(|(s, l)| mat1::<T>(s, l)).transpose()?;
-    forward(rows_of(x.0, x.1)?, mat(w.0, w.1)?, b, (m, k, n), out);
-    let mut shape = x.1.dims().to_vec();
-    *shape.last_mut().expect("x has a last dim") = n;
-    Ok(shape.into())
+    if let Some(b) = &b {
+        let row = bias_row(b, n);
+        out[..m * n]
+            .chunks_exact_mut(n.max(1))
+            .for_each(|r| r.copy_from_slice(&row));
+    }
+    product(
+        rows_of(x.0, x.1)?,
+        mat(w.0, w.1)?,
+        b.is_some(),
+        (m, k, n),
+        out,
+    );
+    Ok(out_shape(x.1, n))
+}
+
+/// `(…, Nout)` from `x (…, K)`.
+fn out_shape(x: &Layout, n: usize) -> Shape {
+    let mut shape = x.dims().to_vec();
+    if let Some(last) = shape.last_mut() {
+        *last = n;
+    }
+    shape.into()
 }
 
 /// The output-projection size of [`linear_forward_into`]: `M·Nout`.
