@@ -49,10 +49,10 @@ pub fn retain_freed_memory() -> bool {
 ///
 /// The ops (the fused attention and the projected self-attention, forward and backward) take
 /// their large buffers that candle never sees from a process-wide pool and give them back
-/// after the call, so that repeated calls do not fault fresh pages in; the pool keeps at most
-/// eight buffers per dtype (f32, f64), the largest returned, i.e. about the scratch of the
-/// largest calls that ran at the same time (two `N·L·3E` buffers for a training step of
-/// self-attention). Call this after a large run to give that memory back; the next call
+/// after the call, so that repeated calls do not fault fresh pages in. A new buffer is made
+/// only when no kept one is large enough, so the pool holds about the buffers that were in
+/// use at once, of the largest sizes used (a training step of self-attention: two of
+/// `N·L·3E`; a model's step: two per block), at most 32 per dtype (f32, f64). Call this after a large run to give that memory back; the next call
 /// allocates anew. Safe at any time, from any thread: buffers in use are not affected and
 /// return to the (then empty) pool when their call ends.
 ///

@@ -11,8 +11,10 @@
 //! One pool per dtype for the whole process (not per thread): a buffer may be returned on
 //! another thread than the one that took it (an autograd graph dropped elsewhere), two calls
 //! running at once simply hold two buffers, and rayon's work stealing cannot alias one.
-//! Memory cost: the pool keeps at most [`KEPT`] buffers per dtype, the largest ones returned,
-//! so at most the buffers of the largest calls that ran at the same time;
+//! Memory cost: a new buffer is made only when no kept one is large enough, so the pool holds
+//! about as many buffers as were in use at once (a model's training step holds two per block
+//! from its forward pass to its backward pass: the projection and the linear+GELU's
+//! pre-activation), of the largest sizes used, and never more than [`KEPT`] per dtype;
 //! [`crate::alloc::release_workspace`] frees them.
 
 use std::ops::{Deref, DerefMut};
@@ -20,9 +22,9 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use super::Elem;
 
-/// Buffers kept per dtype: a training step holds two at once (the projection and its
-/// gradient), so this leaves room for a few steps or threads running at the same time.
-pub(crate) const KEPT: usize = 8;
+/// Buffers kept per dtype at most: room for a 15-block model's step (two held per block,
+/// one gradient in flight) without a fresh buffer per step.
+pub(crate) const KEPT: usize = 32;
 
 /// The free buffers of one dtype.
 pub(crate) struct Pool<T>(Mutex<Vec<Vec<T>>>);
