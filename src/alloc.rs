@@ -3,8 +3,10 @@
 //! candle allocates a fresh buffer for every intermediate tensor and every gradient (its
 //! `GradStore` adds each gradient into a new zero tensor). With glibc's default settings the
 //! large ones are `mmap`ed or sit at the top of the heap, and are returned to the operating
-//! system when freed; the next step then page-faults the same megabytes in again, which on a
-//! 2-core machine costs up to a third of a small training step (see `BENCHMARKS.md`).
+//! system when freed; the next step then page-faults the same megabytes in again (before the
+//! fused ops pooled their scratch buffers this cost up to a third of a small training step on
+//! a 2-core machine, see `BENCHMARKS.md`; now it is candle's own buffers, a few percent of a
+//! model's step at most).
 //! [`retain_freed_memory`] tells glibc to keep such memory for reuse.
 //!
 //! The fused CPU ops do not depend on the setting for their own large scratch buffers (the
