@@ -3,9 +3,15 @@
 //! candle allocates a fresh buffer for every intermediate tensor and every gradient (its
 //! `GradStore` adds each gradient into a new zero tensor). With glibc's default settings the
 //! large ones are `mmap`ed or sit at the top of the heap, and are returned to the operating
-//! system when freed; the next step then page-faults the same megabytes in again, which on a
-//! 2-core machine costs up to a third of a small training step (see `BENCHMARKS.md`).
+//! system when freed; the next step then page-faults the same megabytes in again (before the
+//! fused ops pooled their scratch buffers this cost up to a third of a small training step on
+//! a 2-core machine, see `BENCHMARKS.md`; now it is candle's own buffers, a few percent of a
+//! model's step at most).
 //! [`retain_freed_memory`] tells glibc to keep such memory for reuse.
+//!
+//! The fused CPU ops do not depend on the setting for their own large scratch buffers (the
+//! packed projection kept for the backward pass, its gradient, the packed heads): they keep
+//! them in a pool between calls ([`workspace_bytes`], [`release_workspace`]).
 //!
 //! PyTorch equivalent: none in `torch` itself; the same process setting is
 //! `GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=2147483647`
@@ -39,6 +45,36 @@ pub const GLIBC_TUNABLES: &str =
 /// ```
 pub fn retain_freed_memory() -> bool {
     imp::retain()
+}
+
+/// Frees the scratch buffers the fused CPU ops keep between calls, returning the bytes freed.
+///
+/// The ops (the fused attention and the projected self-attention, forward and backward) take
+/// their large buffers that candle never sees from a process-wide pool and give them back
+/// after the call, so that repeated calls do not fault fresh pages in. A new buffer is made
+/// only when no kept one is large enough, so the pool holds about the buffers that were in
+/// use at once, of the largest sizes used (a training step of self-attention: two of
+/// `N·L·3E`; a model's step: two per block), at most 32 per dtype (f32, f64). Call this after a large run to give that memory back; the next call
+/// allocates anew. Safe at any time, from any thread: buffers in use are not affected and
+/// return to the (then empty) pool when their call ends.
+///
+/// PyTorch equivalent: `torch.cuda.empty_cache()`'s role for PyTorch's caching allocators;
+/// on the CPU PyTorch keeps no such pool and relies on the C allocator.
+///
+/// ```
+/// candle_mha::alloc::release_workspace();
+/// assert_eq!(candle_mha::alloc::workspace_bytes(), 0);
+/// ```
+pub fn release_workspace() -> usize {
+    crate::cpu::workspace::release()
+}
+
+/// Bytes held by the fused CPU ops' pool of scratch buffers (see [`release_workspace`]).
+///
+/// PyTorch equivalent: `torch.cuda.memory_reserved() - torch.cuda.memory_allocated()` for
+/// the CUDA caching allocator; none on the CPU.
+pub fn workspace_bytes() -> usize {
+    crate::cpu::workspace::bytes()
 }
 
 #[cfg(all(target_os = "linux", target_env = "gnu"))]

@@ -5,6 +5,7 @@ use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Sub};
 
 use candle::WithDType;
 
+use super::workspace::{AnyBuf, Pool};
 use super::{gelu, simd};
 
 /// An element type the CPU kernels run in (f32, f64): arithmetic, the scalar functions they
@@ -39,9 +40,23 @@ pub(crate) trait Elem:
     fn gelu_row(x: &[Self], y: &mut [Self]);
     /// `dx = g·(Φ(x) + x·φ(x))` (the exact GELU's input gradient).
     fn gelu_grad_row(x: &[Self], g: &[Self], dx: &mut [Self]);
+    /// The process's pool of scratch buffers of this dtype.
+    fn pool() -> &'static Pool<Self>;
+    /// A pooled buffer of either dtype as this dtype, if it is.
+    fn of_any(b: &AnyBuf) -> Option<&[Self]>;
 }
 
 impl Elem for f64 {
+    fn pool() -> &'static Pool<Self> {
+        static POOL: Pool<f64> = Pool::new();
+        &POOL
+    }
+    fn of_any(b: &AnyBuf) -> Option<&[Self]> {
+        match b {
+            AnyBuf::F64(b) => Some(b),
+            _ => None,
+        }
+    }
     const ZERO: Self = 0.0;
     const ONE: Self = 1.0;
     const NEG_INF: Self = f64::NEG_INFINITY;
@@ -79,6 +94,16 @@ impl Elem for f64 {
 }
 
 impl Elem for f32 {
+    fn pool() -> &'static Pool<Self> {
+        static POOL: Pool<f32> = Pool::new();
+        &POOL
+    }
+    fn of_any(b: &AnyBuf) -> Option<&[Self]> {
+        match b {
+            AnyBuf::F32(b) => Some(b),
+            _ => None,
+        }
+    }
     const ZERO: Self = 0.0;
     const ONE: Self = 1.0;
     const NEG_INF: Self = f32::NEG_INFINITY;

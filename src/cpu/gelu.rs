@@ -154,10 +154,15 @@ pub(crate) fn gelu<T: Elem>(x: &[T]) -> Vec<T> {
 /// `g·(Φ(x) + x·φ(x))` elementwise (the GELU's input gradient), in parallel.
 pub(crate) fn gelu_grad<T: Elem>(x: &[T], g: &[T]) -> Vec<T> {
     let mut dx = vec![T::ZERO; x.len()];
+    gelu_grad_into(x, g, &mut dx);
+    dx
+}
+
+/// [`gelu_grad`] written into `dx` (as long as `x`; any contents on entry).
+pub(crate) fn gelu_grad_into<T: Elem>(x: &[T], g: &[T], dx: &mut [T]) {
     dx.par_chunks_mut(CHUNK)
         .zip(x.par_chunks(CHUNK).zip(g.par_chunks(CHUNK)))
         .for_each(|(dx, (x, g))| T::gelu_grad_row(x, g, dx));
-    dx
 }
 
 #[cfg(test)]

@@ -38,38 +38,33 @@ fn mat<'a, T: Elem>(s: &'a CpuStorage, l: &Layout) -> Result<Mat<'a, T>> {
     })
 }
 
-fn forward<T: Elem>(
+/// `out (m×n) = x·wᵀ + out` (`accumulate`: `out` holds the bias rows) or `x·wᵀ` (what `out`
+/// holds is ignored).
+fn product<T: Elem>(
     x: Mat<T>,
     w: Mat<T>,
-    b: Option<Mat<T>>,
-    m: usize,
-    k: usize,
-    n: usize,
-) -> Vec<T> {
-    // The bias rows are the product's starting value; without a bias, zeros (gemm with
-    // `accumulate = false` ignores dst, but an uninitialised Vec must not be exposed).
-    let mut out = match &b {
-        Some(b) => {
-            let row: Vec<T> = (0..n).map(|j| b.data[j * b.cs]).collect();
-            let mut out = Vec::with_capacity(m * n);
-            (0..m).for_each(|_| out.extend_from_slice(&row));
-            out
-        }
-        None => vec![T::ZERO; m * n],
-    };
+    accumulate: bool,
+    (m, k, n): (usize, usize, usize),
+    out: &mut [T],
+) {
+    let out = &mut out[..m * n];
     // SAFETY: x is m×k, w is n×k (read transposed), out is m×n.
     unsafe {
         gemm(
             (m, n, k),
             (out.as_mut_ptr(), n, 1),
-            b.is_some(),
+            accumulate,
             (x.data.as_ptr(), x.rs, x.cs),
             (w.data.as_ptr(), w.cs, w.rs),
             T::ONE,
             Threads::All,
         );
     }
-    out
+}
+
+/// The bias as one row.
+fn bias_row<T: Elem>(b: &Mat<T>, n: usize) -> Vec<T> {
+    (0..n).map(|j| b.data[j * b.cs]).collect()
 }
 
 /// `(M, K, Nout)` of `x (…, K)` (M = the product of the leading dims) and `w (Nout, K)`.
@@ -101,8 +96,7 @@ fn rows_of<'a, T: Elem>(s: &'a CpuStorage, l: &Layout) -> Result<Mat<'a, T>> {
     })
 }
 
-/// `x (…, K) · w (Nout, K)ᵀ + b` as a `Vec` and its shape `(…, Nout)`: the kernel, for ops
-/// that go on from the product (the projected self-attention, linear+GELU).
+/// `x (…, K) · w (Nout, K)ᵀ + b` as a `Vec` and its shape `(…, Nout)`.
 pub(crate) fn linear_forward<T: Elem>(
     x: (&CpuStorage, &Layout),
     w: (&CpuStorage, &Layout),
@@ -110,10 +104,74 @@ pub(crate) fn linear_forward<T: Elem>(
 ) -> Result<(Vec<T>, Shape)> {
     let (m, k, n) = dims(x.1, w.1)?;
     let b = b.map(|(s, l)| mat1::<T>(s, l)).transpose()?;
-    let out = forward(rows_of(x.0, x.1)?, mat(w.0, w.1)?, b, m, k, n);
-    let mut shape = x.1.dims().to_vec();
-    *shape.last_mut().expect("x has a last dim") = n;
-    Ok((out, shape.into()))
+    // The bias rows are the product's starting value, written as the Vec is built (no zero
+    // fill first); without a bias, zeros (the product ignores them, but an uninitialised Vec
+    // must not be exposed).
+    let mut out = match &b {
+        Some(b) => {
+            let row = bias_row(b, n);
+            let mut out = Vec::with_capacity(m * n);
+            (0..m).for_each(|_| out.extend_from_slice(&row));
+            out
+        }
+        None => vec![T::ZERO; m * n],
+    };
+    product(
+        rows_of(x.0, x.1)?,
+        mat(w.0, w.1)?,
+        b.is_some(),
+        (m, k, n),
+        &mut out,
+    );
+    Ok((out, out_shape(x.1, n)))
+}
+
+/// `x (…, K) · w (Nout, K)ᵀ + b` written into `out` (at least `M·Nout` elements, any
+/// contents), returning the shape `(…, Nout)`: the kernel, for ops that go on from the
+/// product into a buffer of their own (the projected self-attention).
+pub(crate) fn linear_forward_into<T: Elem>(
+    x: (&CpuStorage, &Layout),
+    w: (&CpuStorage, &Layout),
+    b: Option<(&CpuStorage, &Layout)>,
+    out: &mut [T],
+) -> Result<Shape> {
+    let (m, k, n) = dims(x.1, w.1)?;
+    if out.len() < m * n {
+        candle::bail!(
+            "fused linear: output buffer of {} elements for a ({m}, {n}) product",
+            out.len()
+        )
+    }
+    let b = b.map(|(s, l)| mat1::<T>(s, l)).transpose()?;
+    if let Some(b) = &b {
+        let row = bias_row(b, n);
+        out[..m * n]
+            .chunks_exact_mut(n.max(1))
+            .for_each(|r| r.copy_from_slice(&row));
+    }
+    product(
+        rows_of(x.0, x.1)?,
+        mat(w.0, w.1)?,
+        b.is_some(),
+        (m, k, n),
+        out,
+    );
+    Ok(out_shape(x.1, n))
+}
+
+/// `(…, Nout)` from `x (…, K)`.
+fn out_shape(x: &Layout, n: usize) -> Shape {
+    let mut shape = x.dims().to_vec();
+    if let Some(last) = shape.last_mut() {
+        *last = n;
+    }
+    shape.into()
+}
+
+/// The output-projection size of [`linear_forward_into`]: `M·Nout`.
+pub(crate) fn linear_out_len(x: &Layout, w: &Layout) -> Result<usize> {
+    let (m, _, n) = dims(x, w)?;
+    Ok(m * n)
 }
 
 fn fwd(
@@ -167,26 +225,89 @@ pub(crate) fn linear_backward(
     Ok(out)
 }
 
+/// [`linear_backward`] with the output gradient as a slice `(M, Nout)` of the kernel's dtype
+/// (a pooled buffer that never becomes a tensor): `dx = g·w` and `dw = gᵀ·x` as one GEMM each
+/// on all threads, `db` the column sums.
+pub(crate) fn linear_backward_slice<T: Elem>(
+    x: &Tensor,
+    w: &Tensor,
+    grad: &[T],
+    bias: bool,
+) -> Result<Vec<Tensor>> {
+    let (n, k) = w.dims2()?;
+    let m = x.elem_count() / k.max(1);
+    if grad.len() != m * n {
+        candle::bail!(
+            "fused linear: gradient of {} elements for a ({m}, {n}) output",
+            grad.len()
+        )
+    }
+    let (x, w) = (x.contiguous()?, w.contiguous()?);
+    let (xs, xl) = x.storage_and_layout();
+    let (ws, wl) = w.storage_and_layout();
+    let (xd, wd) = (
+        contiguous::<T, _>(OP, &*xs, xl)?,
+        contiguous::<T, _>(OP, &*ws, wl)?,
+    );
+    let mut dx = vec![T::ZERO; m * k];
+    let mut dw = vec![T::ZERO; n * k];
+    // SAFETY: grad is m×n, w n×k, x m×k; dx is m×k and dw n×k.
+    unsafe {
+        gemm(
+            (m, k, n),
+            (dx.as_mut_ptr(), k, 1),
+            false,
+            (grad.as_ptr(), n, 1),
+            (wd.as_ptr(), k, 1),
+            T::ONE,
+            Threads::All,
+        );
+        gemm(
+            (n, k, m),
+            (dw.as_mut_ptr(), k, 1),
+            false,
+            (grad.as_ptr(), 1, n),
+            (xd.as_ptr(), k, 1),
+            T::ONE,
+            Threads::All,
+        );
+    }
+    let mut out = vec![
+        Tensor::from_vec(dx, x.shape(), &Device::Cpu)?,
+        Tensor::from_vec(dw, (n, k), &Device::Cpu)?,
+    ];
+    if bias {
+        out.push(Tensor::from_vec(
+            column_sums_of(grad, m, n),
+            n,
+            &Device::Cpu,
+        )?);
+    }
+    Ok(out)
+}
+
+/// Rows of a row-major `(rows, cols)` slice added into one accumulator.
+fn column_sums_of<T: Elem>(data: &[T], rows: usize, cols: usize) -> Vec<T> {
+    let mut acc = vec![T::ZERO; cols];
+    for r in data[..rows * cols].chunks_exact(cols.max(1)) {
+        acc.iter_mut().zip(r).for_each(|(a, x)| *a += *x);
+    }
+    acc
+}
+
 /// `g.sum(0)` for a contiguous 2-D CPU `g`: rows added into one accumulator (candle's
 /// reduction over the first dim is ~10× slower).
 fn column_sums(g: &Tensor) -> Result<Tensor> {
     let (rows, cols) = g.dims2()?;
-    fn sums<T: Elem>(data: &[T], rows: usize, cols: usize) -> Vec<T> {
-        let mut acc = vec![T::ZERO; cols];
-        for r in data[..rows * cols].chunks_exact(cols.max(1)) {
-            acc.iter_mut().zip(r).for_each(|(a, x)| *a += *x);
-        }
-        acc
-    }
     let (storage, layout) = g.storage_and_layout();
     match &*storage {
         Storage::Cpu(CpuStorage::F32(_)) => {
             let data = contiguous::<f32, _>(OP, &*storage, layout)?;
-            Tensor::from_vec(sums(data, rows, cols), cols, &Device::Cpu)
+            Tensor::from_vec(column_sums_of(data, rows, cols), cols, &Device::Cpu)
         }
         Storage::Cpu(CpuStorage::F64(_)) => {
             let data = contiguous::<f64, _>(OP, &*storage, layout)?;
-            Tensor::from_vec(sums(data, rows, cols), cols, &Device::Cpu)
+            Tensor::from_vec(column_sums_of(data, rows, cols), cols, &Device::Cpu)
         }
         _ => g.sum(0),
     }

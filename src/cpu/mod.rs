@@ -14,13 +14,14 @@ mod linear;
 pub(crate) mod simd;
 mod slice;
 mod stash;
+pub(crate) mod workspace;
 
 pub(crate) use dtype::{fused, unsupported_dtype};
 pub(crate) use elem::Elem;
-pub(crate) use gelu::{gelu, gelu_grad};
+pub(crate) use gelu::{gelu, gelu_grad, gelu_grad_into};
 pub(crate) use gemm::{gemm, Threads};
-pub(crate) use linear::{linear, linear_backward, linear_forward};
-pub(crate) use slice::{contiguous, slice, AsCpu};
+pub(crate) use linear::{linear, linear_backward_slice, linear_forward_into, linear_out_len};
+pub(crate) use slice::{contiguous, slice};
 pub(crate) use stash::Stash;
 
 /// Rows per rayon task of the row ops. Fixed, not derived from the thread count, so that sums

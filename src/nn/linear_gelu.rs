@@ -8,20 +8,25 @@
 //! straight from the output gradient to the pre-activation gradient to the linear's three
 //! gradients.
 
-use candle::backend::BackendStorage;
-use candle::{CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Tensor};
+use std::sync::Arc;
 
+use candle::backend::BackendStorage;
+use candle::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
+
+use crate::cpu::workspace::{self, AnyBuf, Buf};
 use crate::cpu::{
-    contiguous, fused, gelu, gelu_grad, linear, linear_backward, linear_forward, unsupported_dtype,
-    Elem, Stash,
+    contiguous, fused, gelu, gelu_grad_into, linear, linear_backward_slice, linear_forward_into,
+    linear_out_len, unsupported_dtype, Elem, Stash,
 };
 
 const OP: &str = "fused linear_gelu";
 
-/// The op; `pre` holds `x Wᵀ + b` from the forward pass for the backward pass.
+/// The op; `pre` holds `x Wᵀ + b` from the forward pass for the backward pass, in a pooled
+/// buffer (`cpu::workspace`) that goes back to the pool when the op (its autograd node) is
+/// dropped.
 #[derive(Default)]
 struct LinearGelu {
-    pre: Stash<Tensor>,
+    pre: Stash<Arc<AnyBuf>>,
 }
 
 impl LinearGelu {
@@ -30,21 +35,38 @@ impl LinearGelu {
         x: (&CpuStorage, &Layout),
         w: (&CpuStorage, &Layout),
         b: (&CpuStorage, &Layout),
-    ) -> Result<(Vec<T>, Shape)> {
-        let (pre, shape) = linear_forward::<T>(x, w, Some(b))?;
+    ) -> Result<(Vec<T>, Shape)>
+    where
+        AnyBuf: From<Buf<T>>,
+    {
+        let mut pre = workspace::take::<T>(linear_out_len(x.1, w.1)?);
+        let shape = linear_forward_into::<T>(x, w, Some(b), &mut pre)?;
         let y = gelu(&pre);
-        let pre = Tensor::from_vec(pre, shape.clone(), &Device::Cpu)?;
-        self.pre.put(pre);
+        self.pre.put(Arc::new(pre.into()));
         Ok((y, shape))
     }
-}
 
-/// `dL/d pre = g · gelu'(pre)`.
-fn pre_grad<T: Elem>(pre: &Tensor, grad: &Tensor) -> Result<Tensor> {
-    let (ps, pl) = pre.storage_and_layout();
-    let (gs, gl) = grad.storage_and_layout();
-    let d = gelu_grad::<T>(contiguous(OP, &*ps, pl)?, contiguous(OP, &*gs, gl)?);
-    Tensor::from_vec(d, pre.shape(), &Device::Cpu)
+    /// The gradients of x, w and b: `dL/d pre = g · gelu'(pre)` in a pooled buffer, straight
+    /// into the linear's backward products.
+    fn backward<T: Elem>(
+        &self,
+        pre: &[T],
+        (x, w): (&Tensor, &Tensor),
+        grad: &Tensor,
+    ) -> Result<Vec<Tensor>> {
+        let (gs, gl) = grad.storage_and_layout();
+        let g = contiguous::<T, _>(OP, &*gs, gl)?;
+        if g.len() != pre.len() {
+            candle::bail!(
+                "{OP}: output gradient of {} elements for {} outputs",
+                g.len(),
+                pre.len()
+            )
+        }
+        let mut dpre = workspace::take::<T>(pre.len());
+        gelu_grad_into(pre, g, &mut dpre);
+        linear_backward_slice(x, w, &dpre, true)
+    }
 }
 
 impl CustomOp3 for LinearGelu {
@@ -85,12 +107,18 @@ impl CustomOp3 for LinearGelu {
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let pre = self.pre.get(OP)?;
         let grad = grad.contiguous()?;
-        let dpre = match pre.dtype() {
-            DType::F32 => pre_grad::<f32>(&pre, &grad)?,
-            DType::F64 => pre_grad::<f64>(&pre, &grad)?,
+        let wrong = || {
+            candle::Error::Msg(format!(
+                "{OP}: the input is {:?} but the forward pass ran in another dtype",
+                x.dtype()
+            ))
+        };
+        let g = match x.dtype() {
+            DType::F32 => self.backward(f32::of_any(&pre).ok_or_else(wrong)?, (x, w), &grad)?,
+            DType::F64 => self.backward(f64::of_any(&pre).ok_or_else(wrong)?, (x, w), &grad)?,
             dt => return Err(unsupported_dtype(OP, dt)),
         };
-        let mut g = linear_backward(x, w, &dpre, true)?.into_iter();
+        let mut g = g.into_iter();
         Ok((g.next(), g.next(), g.next()))
     }
 }

@@ -160,10 +160,41 @@ impl FusedAttention {
         parts: Parts,
         args: [(&CpuStorage, &Layout); 3],
     ) -> Result<(CpuStorage, Shape)> {
+        let rows = |i: usize| self.arg_rows::<T>(parts, args[i], i);
+        self.fwd_rows((rows(0)?, rows(1)?, rows(2)?))
+    }
+
+    /// The forward pass on a contiguous packed `(·, ·, 3E)` projection in the caller's layout
+    /// (the projected self-attention's own buffer).
+    pub(super) fn fwd_packed_slice<T: Elem>(&self, qkv: &[T]) -> Result<(CpuStorage, Shape)> {
+        let rows = |i: usize| self.packed_rows(qkv, i);
+        self.fwd_rows((rows(0)?, rows(1)?, rows(2)?))
+    }
+
+    /// Part `i` (0: q, 1: k, 2: v) of a contiguous packed `(·, ·, 3E)` buffer as rows.
+    fn packed_rows<'a, T: Elem>(&self, qkv: &'a [T], i: usize) -> Result<Rows<'a, T>> {
+        let (g, e) = (&self.geom, self.e());
+        if qkv.len() != g.n * g.l * 3 * e {
+            candle::bail!(
+                "fused attention: packed projection of {} elements, expected {}x{}x{}",
+                qkv.len(),
+                g.n,
+                g.l,
+                3 * e
+            )
+        }
+        Ok(Rows {
+            data: qkv,
+            map: self.contiguous_map(g.l, 3 * e, i * e),
+        })
+    }
+
+    fn fwd_rows<T: Elem>(
+        &self,
+        (q, k, v): (Rows<T>, Rows<T>, Rows<T>),
+    ) -> Result<(CpuStorage, Shape)> {
         let g = &self.geom;
         let e = self.e();
-        let rows = |i: usize| self.arg_rows::<T>(parts, args[i], i);
-        let (q, k, v) = (rows(0)?, rows(1)?, rows(2)?);
         let mut out = vec![T::ZERO; g.n * g.l * e];
         let mut lse = vec![T::ZERO; g.n * g.h * g.l];
         let out_rows = RowsMut::new(&mut out, self.contiguous_map(g.l, e, 0));
@@ -217,6 +248,72 @@ impl FusedAttention {
         }
     }
 
+    /// The gradient of a contiguous packed `(·, ·, 3E)` projection (the projected
+    /// self-attention's own buffer), written into `dqkv` (same size, any contents).
+    pub(super) fn bwd_packed_slice<T: Elem>(
+        &self,
+        qkv: &[T],
+        res: &Tensor,
+        grad: &Tensor,
+        dqkv: &mut [T],
+    ) -> Result<()> {
+        let rows = |i: usize| self.packed_rows(qkv, i);
+        let (q, k, v) = (rows(0)?, rows(1)?, rows(2)?);
+        self.packed_rows(dqkv, 0)?;
+        let (g, e) = (&self.geom, self.e());
+        let at = |part: usize| self.contiguous_map(g.l, 3 * e, part * e);
+        let grads = (
+            RowsMut::new(dqkv, at(0)),
+            RowsMut::new(dqkv, at(1)),
+            RowsMut::new(dqkv, at(2)),
+        );
+        self.bwd_into((q, k, v), res, grad, grads)
+    }
+
+    /// The backward kernel from q, k, v rows, the output `res` and its gradient into `grads`.
+    fn bwd_into<T: Elem>(
+        &self,
+        (q, k, v): (Rows<T>, Rows<T>, Rows<T>),
+        res: &Tensor,
+        grad: &Tensor,
+        grads: (RowsMut<T>, RowsMut<T>, RowsMut<T>),
+    ) -> Result<()> {
+        let g = &self.geom;
+        let e = self.e();
+        let grad = grad.contiguous()?;
+        let res = res.contiguous()?;
+        let lse_t = self.lse.get(OP)?;
+        let (og, gg, lg) = (
+            res.storage_and_layout(),
+            grad.storage_and_layout(),
+            lse_t.storage_and_layout(),
+        );
+        let out_map = self.contiguous_map(g.l, e, 0);
+        let o = Rows {
+            data: contiguous(OP, &*og.0, og.1)?,
+            map: out_map,
+        };
+        let d_out = Rows {
+            data: contiguous(OP, &*gg.0, gg.1)?,
+            map: out_map,
+        };
+        let lse = contiguous(OP, &*lg.0, lg.1)?;
+        for (what, len, want) in [
+            ("output", o.data.len(), g.n * g.l * e),
+            ("output gradient", d_out.data.len(), g.n * g.l * e),
+            ("row log-sum-exp", lse.len(), g.n * g.h * g.l),
+        ] {
+            if len != want {
+                candle::bail!("fused attention backward: {what} of {len} elements, expected {want}")
+            }
+        }
+        self.with_masks(|masks| {
+            let drop = self.dropout.as_ref();
+            kernel::backward(g, (q, k, v), o, d_out, lse, masks, drop, grads);
+            Ok(())
+        })
+    }
+
     /// Gradients of q, k, v: one `(·, ·, 3E)` tensor when packed, else three.
     fn bwd_t<T: Elem>(
         &self,
@@ -227,15 +324,7 @@ impl FusedAttention {
     ) -> Result<Vec<Tensor>> {
         let g = &self.geom;
         let e = self.e();
-        let grad = grad.contiguous()?;
-        let res = res.contiguous()?;
-        let lse_t = self.lse.get(OP)?;
         let guards: Vec<_> = args.iter().map(|t| t.storage_and_layout()).collect();
-        let (og, gg, lg) = (
-            res.storage_and_layout(),
-            grad.storage_and_layout(),
-            lse_t.storage_and_layout(),
-        );
         let input = |i: usize| -> Result<Rows<T>> {
             let (guard, layout) = match parts {
                 Parts::Packed => &guards[0],
@@ -247,34 +336,17 @@ impl FusedAttention {
             })
         };
         let (q, k, v) = (input(0)?, input(1)?, input(2)?);
-        let out_map = self.contiguous_map(g.l, e, 0);
-        let o = Rows {
-            data: contiguous(OP, &*og.0, og.1)?,
-            map: out_map,
-        };
-        let d_out = Rows {
-            data: contiguous(OP, &*gg.0, gg.1)?,
-            map: out_map,
-        };
-        let lse = contiguous(OP, &*lg.0, lg.1)?;
-        let run = |grads| {
-            self.with_masks(|masks| {
-                let drop = self.dropout.as_ref();
-                kernel::backward(g, (q, k, v), o, d_out, lse, masks, drop, grads);
-                Ok(())
-            })
-        };
         match parts {
             Parts::Packed => {
                 let mut buf = vec![T::ZERO; g.n * g.l * 3 * e];
                 let at = |part: usize| self.contiguous_map(g.l, 3 * e, part * e);
                 let (mq, mk, mv) = (at(0), at(1), at(2));
-                let (dq, dk, dv) = (
+                let grads = (
                     RowsMut::new(&mut buf, mq),
                     RowsMut::new(&mut buf, mk),
                     RowsMut::new(&mut buf, mv),
                 );
-                run((dq, dk, dv))?;
+                self.bwd_into((q, k, v), res, grad, grads)?;
                 Ok(vec![Tensor::from_vec(
                     buf,
                     self.out_shape(g.l, 3 * e),
@@ -294,7 +366,7 @@ impl FusedAttention {
                     RowsMut::new(&mut dk, mkv),
                     RowsMut::new(&mut dv, mkv),
                 );
-                run(grads)?;
+                self.bwd_into((q, k, v), res, grad, grads)?;
                 Ok(vec![
                     Tensor::from_vec(dq, self.out_shape(g.l, e), &Device::Cpu)?,
                     Tensor::from_vec(dk, self.out_shape(g.s, e), &Device::Cpu)?,

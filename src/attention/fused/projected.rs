@@ -8,19 +8,25 @@
 //! PyTorch equivalent: `_in_projection_packed` followed by the attention of
 //! `F.multi_head_attention_forward`, for `query is key is value`.
 
+use std::sync::Arc;
+
 use candle::backend::BackendStorage;
-use candle::{CpuStorage, CustomOp2, CustomOp3, Device, Layout, Result, Shape, Tensor};
+use candle::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
 
 use super::op::{FusedAttention, OP};
-use crate::cpu::{linear_backward, linear_forward, unsupported_dtype, AsCpu, Elem, Stash};
+use crate::cpu::workspace::{self, AnyBuf};
+use crate::cpu::{
+    linear_backward_slice, linear_forward_into, linear_out_len, unsupported_dtype, Elem, Stash,
+};
 
 /// The op on `x (A, B, E)`, the packed `in_proj_weight (3E, E)` and optional
 /// `in_proj_bias (3E)`, giving the attention context `(A, B, E)` (heads merged).
 #[derive(Clone, Debug)]
 pub(crate) struct ProjectedSelfAttention {
     attn: FusedAttention,
-    /// The projection of the forward pass, for the backward pass.
-    qkv: Stash<Tensor>,
+    /// The projection of the forward pass, for the backward pass: a pooled buffer (see
+    /// `cpu::workspace`), back in the pool when the op (its autograd node) is dropped.
+    qkv: Stash<Arc<AnyBuf>>,
 }
 
 impl ProjectedSelfAttention {
@@ -33,34 +39,49 @@ impl ProjectedSelfAttention {
         }
     }
 
+    fn fwd_t<T: Elem>(
+        &self,
+        x: (&CpuStorage, &Layout),
+        w: (&CpuStorage, &Layout),
+        b: Option<(&CpuStorage, &Layout)>,
+    ) -> Result<(CpuStorage, Shape)>
+    where
+        AnyBuf: From<workspace::Buf<T>>,
+    {
+        let mut qkv = workspace::take::<T>(linear_out_len(x.1, w.1)?);
+        linear_forward_into::<T>(x, w, b, &mut qkv)?;
+        let out = self.attn.fwd_packed_slice::<T>(&qkv)?;
+        self.qkv.put(Arc::new(qkv.into()));
+        Ok(out)
+    }
+
     fn fwd(
         &self,
         x: (&CpuStorage, &Layout),
         w: (&CpuStorage, &Layout),
         b: Option<(&CpuStorage, &Layout)>,
     ) -> Result<(CpuStorage, Shape)> {
-        fn project<T: Elem>(
-            x: (&CpuStorage, &Layout),
-            w: (&CpuStorage, &Layout),
-            b: Option<(&CpuStorage, &Layout)>,
-        ) -> Result<Tensor> {
-            let (qkv, shape) = linear_forward::<T>(x, w, b)?;
-            Tensor::from_vec(qkv, shape, &Device::Cpu)
+        match x.0 {
+            CpuStorage::F32(_) => self.fwd_t::<f32>(x, w, b),
+            CpuStorage::F64(_) => self.fwd_t::<f64>(x, w, b),
+            other => Err(unsupported_dtype(OP, other.dtype())),
         }
-        let qkv = match x.0 {
-            CpuStorage::F32(_) => project::<f32>(x, w, b)?,
-            CpuStorage::F64(_) => project::<f64>(x, w, b)?,
-            other => return Err(unsupported_dtype(OP, other.dtype())),
-        };
-        let out = {
-            let (storage, layout) = qkv.storage_and_layout();
-            self.attn.fwd_packed(storage.as_cpu(OP)?, layout)?
-        };
-        self.qkv.put(qkv);
-        Ok(out)
     }
 
-    /// Gradients of x, the weight and (with `bias`) the bias.
+    /// Gradients of x, the weight and (with `bias`) the bias: the projection's gradient goes
+    /// through a pooled buffer straight into the projection's backward products.
+    fn bwd_t<T: Elem>(
+        &self,
+        qkv: &[T],
+        (x, w): (&Tensor, &Tensor),
+        (res, grad): (&Tensor, &Tensor),
+        bias: bool,
+    ) -> Result<Vec<Tensor>> {
+        let mut dqkv = workspace::take::<T>(qkv.len());
+        self.attn.bwd_packed_slice(qkv, res, grad, &mut dqkv)?;
+        linear_backward_slice(x, w, &dqkv, bias)
+    }
+
     fn bwd(
         &self,
         x: &Tensor,
@@ -70,8 +91,23 @@ impl ProjectedSelfAttention {
         bias: bool,
     ) -> Result<Vec<Tensor>> {
         let qkv = self.qkv.get(OP)?;
-        let dqkv = self.attn.bwd_packed(&qkv, res, grad)?;
-        linear_backward(x, w, &dqkv, bias)
+        let dt = x.dtype();
+        let wrong = || {
+            candle::Error::Msg(format!(
+                "{OP}: the input is {dt:?} but the forward pass ran in another dtype"
+            ))
+        };
+        match dt {
+            candle::DType::F32 => {
+                let q = f32::of_any(&qkv).ok_or_else(wrong)?;
+                self.bwd_t(q, (x, w), (res, grad), bias)
+            }
+            candle::DType::F64 => {
+                let q = f64::of_any(&qkv).ok_or_else(wrong)?;
+                self.bwd_t(q, (x, w), (res, grad), bias)
+            }
+            dt => Err(unsupported_dtype(OP, dt)),
+        }
     }
 }
 
@@ -147,3 +183,6 @@ pub(crate) fn projected_self_attention(
         None => x.apply_op2(w, op),
     }
 }
+
+#[cfg(test)]
+mod tests;

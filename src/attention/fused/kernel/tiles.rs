@@ -5,6 +5,7 @@ use rayon::prelude::*;
 
 use super::{Geom, Masks, RowMap, Rows};
 use crate::attention::dropout::DropoutMask;
+use crate::cpu::workspace::{self, Buf};
 use crate::cpu::{gemm, Elem, Threads};
 
 /// Query rows per forward (and weights) tile.
@@ -147,10 +148,11 @@ pub(super) fn weight_index(g: &Geom, b: usize, h: usize, i: usize, j: usize) -> 
     (((b * g.h + h) * g.l + i) * g.s + j) as u64
 }
 
-/// Every head of `x` (rows `0..len`) packed into one `(N, H, len, d)` buffer, in parallel.
-pub(super) fn pack_all_heads<T: Elem>(g: &Geom, x: &Rows<T>, len: usize) -> Vec<T> {
+/// Every head of `x` (rows `0..len`) packed into one `(N, H, len, d)` buffer, in parallel:
+/// a pooled one (every element written), back in the pool when dropped.
+pub(super) fn pack_all_heads<T: Elem>(g: &Geom, x: &Rows<T>, len: usize) -> Buf<T> {
     let d = g.d;
-    let mut buf = vec![T::ZERO; g.n * g.h * len * d];
+    let mut buf = workspace::take::<T>(g.n * g.h * len * d);
     buf.par_chunks_mut((len * d).max(1))
         .enumerate()
         .for_each(|(bh, dst)| {

@@ -1,0 +1,156 @@
+//! Large scratch buffers of the CPU ops, kept between calls.
+//!
+//! A fresh multi-megabyte `Vec` per call costs page faults whenever glibc has handed the
+//! previous one back to the operating system (its defaults do, for large blocks and for free
+//! memory at the top of the heap): every page is faulted in and zeroed again. The ops take
+//! their large buffers that do not escape to candle (the packed `q|k|v` projection kept for
+//! the backward pass, its gradient, the packed heads) from a pool instead, and give them back
+//! when done. A buffer comes back with whatever the last user left in it: every user writes
+//! each element it reads.
+//!
+//! One pool per dtype for the whole process (not per thread): a buffer may be returned on
+//! another thread than the one that took it (an autograd graph dropped elsewhere), two calls
+//! running at once simply hold two buffers, and rayon's work stealing cannot alias one.
+//! Memory cost: a new buffer is made only when no kept one is large enough, so the pool holds
+//! about as many buffers as were in use at once (a model's training step holds two per block
+//! from its forward pass to its backward pass: the projection and the linear+GELU's
+//! pre-activation), of the largest sizes used, and never more than [`KEPT`] per dtype;
+//! [`crate::alloc::release_workspace`] frees them.
+
+use std::ops::{Deref, DerefMut};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use super::Elem;
+
+/// Buffers kept per dtype at most: room for a 15-block model's step (two held per block,
+/// one gradient in flight) without a fresh buffer per step.
+pub(crate) const KEPT: usize = 32;
+
+/// The free buffers of one dtype.
+pub(crate) struct Pool<T>(Mutex<Vec<Vec<T>>>);
+
+impl<T> Pool<T> {
+    pub(crate) const fn new() -> Self {
+        Self(Mutex::new(Vec::new()))
+    }
+
+    fn free(&self) -> MutexGuard<'_, Vec<Vec<T>>> {
+        // The list stays valid whatever a panicking holder did: keep using it.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Drops every kept buffer; returns the bytes freed.
+    pub(crate) fn release(&self) -> usize {
+        let bufs = std::mem::take(&mut *self.free());
+        bufs.iter().map(|b| b.capacity()).sum::<usize>() * std::mem::size_of::<T>()
+    }
+
+    /// Bytes held by the kept buffers.
+    pub(crate) fn bytes(&self) -> usize {
+        self.free().iter().map(|b| b.capacity()).sum::<usize>() * std::mem::size_of::<T>()
+    }
+}
+
+/// A pooled buffer of `len` elements with unspecified contents; back to the pool on drop.
+pub(crate) struct Buf<T: Elem> {
+    data: Vec<T>,
+}
+
+/// A buffer of `len` elements from the pool of `T` (the smallest kept one that is large
+/// enough), or a new one. Its contents are whatever was there: the caller writes before it
+/// reads.
+pub(crate) fn take<T: Elem>(len: usize) -> Buf<T> {
+    let found = {
+        let mut free = T::pool().free();
+        let fit = free
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.capacity() >= len)
+            .min_by_key(|(_, b)| b.capacity())
+            .map(|(i, _)| i);
+        match fit {
+            Some(i) => Some(free.swap_remove(i)),
+            None => {
+                // None is large enough: drop the largest (outgrown) one rather than keep
+                // buffers the calls have outgrown.
+                let largest = (0..free.len()).max_by_key(|&i| free[i].capacity());
+                largest.map(|i| free.swap_remove(i));
+                None
+            }
+        }
+    };
+    let mut data = found.unwrap_or_default();
+    // Keep the initialised prefix as it is (no pass over memory that will be overwritten);
+    // only a grown tail is filled.
+    if data.len() >= len {
+        data.truncate(len);
+    } else {
+        data.resize(len, T::ZERO);
+    }
+    Buf { data }
+}
+
+impl<T: Elem> Drop for Buf<T> {
+    fn drop(&mut self) {
+        let data = std::mem::take(&mut self.data);
+        if data.capacity() == 0 {
+            return;
+        }
+        let mut free = T::pool().free();
+        free.push(data);
+        if free.len() > KEPT {
+            let smallest = (0..free.len()).min_by_key(|&i| free[i].capacity());
+            if let Some(i) = smallest {
+                free.swap_remove(i);
+            }
+        }
+    }
+}
+
+impl<T: Elem> Deref for Buf<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        &self.data
+    }
+}
+
+impl<T: Elem> DerefMut for Buf<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        &mut self.data
+    }
+}
+
+impl<T: Elem> std::fmt::Debug for Buf<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Buf({} x {:?})", self.data.len(), T::DTYPE)
+    }
+}
+
+/// A pooled buffer of either CPU dtype, for the side channels that hold one across passes.
+#[derive(Debug)]
+pub(crate) enum AnyBuf {
+    F32(Buf<f32>),
+    F64(Buf<f64>),
+}
+
+impl From<Buf<f32>> for AnyBuf {
+    fn from(b: Buf<f32>) -> Self {
+        AnyBuf::F32(b)
+    }
+}
+
+impl From<Buf<f64>> for AnyBuf {
+    fn from(b: Buf<f64>) -> Self {
+        AnyBuf::F64(b)
+    }
+}
+
+/// Drops every kept buffer of both dtypes; returns the bytes freed.
+pub(crate) fn release() -> usize {
+    <f32 as Elem>::pool().release() + <f64 as Elem>::pool().release()
+}
+
+/// Bytes held by the kept buffers of both dtypes.
+pub(crate) fn bytes() -> usize {
+    <f32 as Elem>::pool().bytes() + <f64 as Elem>::pool().bytes()
+}
