@@ -100,5 +100,26 @@ fn inspect_and_vocab_matrix() -> Result<()> {
         "{csv}"
     );
     assert!(dir.path().join("vm/vocab_matrix.safetensors").exists());
+
+    // --no-safetensors: the sparse CSV only (the dense export is 4·V² f64 values).
+    let (ok, _, stderr) = mha(&[
+        "vocab-matrix",
+        "--checkpoint",
+        &p("run"),
+        "--out",
+        &p("vm2"),
+        "--no-safetensors",
+    ])?;
+    assert!(ok, "{stderr}");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("vm2/vocab_matrix.csv"))?,
+        csv,
+        "the same cells as the first run"
+    );
+    assert!(!dir.path().join("vm2/vocab_matrix.safetensors").exists());
+    assert!(
+        stderr.contains("wrote") && !stderr.contains("vocab_matrix.safetensors"),
+        "{stderr}"
+    );
     Ok(())
 }

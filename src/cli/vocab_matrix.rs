@@ -41,6 +41,11 @@ pub struct VocabMatrixArgs {
     /// offline) to this file.
     #[arg(long, value_name = "PATH")]
     pub html: Option<PathBuf>,
+    /// Skip the dense `vocab_matrix.safetensors` (sum, count, mean and row share as V × V f64
+    /// matrices: 4·8·V² bytes, 537 MB at V = 4096); the CSV (and the HTML page) hold the
+    /// nonzero cells only.
+    #[arg(long)]
+    pub no_safetensors: bool,
     /// Sequences per batch.
     #[arg(long, default_value_t = 64)]
     pub batch_size: usize,
@@ -107,11 +112,16 @@ pub fn run(args: &VocabMatrixArgs) -> Result<()> {
         .unwrap_or_else(|| args.checkpoint.join("vocab_matrix"));
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     candle_mha::io::write_atomic(&out.join("vocab_matrix.csv"), vm.to_csv(&labels).as_bytes())?;
-    vm.save_safetensors(out.join("vocab_matrix.safetensors"))?;
-    eprintln!(
-        "wrote {}/vocab_matrix.csv and vocab_matrix.safetensors",
-        out.display()
-    );
+    if args.no_safetensors {
+        eprintln!("wrote {}/vocab_matrix.csv", out.display());
+    } else {
+        vm.save_safetensors(out.join("vocab_matrix.safetensors"))?;
+        eprintln!(
+            "wrote {}/vocab_matrix.csv and vocab_matrix.safetensors (about {}; --no-safetensors skips it)",
+            out.display(),
+            human_size(32 * vm.vocab_size() * vm.vocab_size())
+        );
+    }
     if let Some(path) = &args.html {
         let opts = VocabHtmlOptions::default()
             .with_title(format!(
