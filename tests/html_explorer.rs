@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -15,7 +15,7 @@ use candle_mha::analysis::{
     attention_flow, attention_rollout, colormap, fuse_heads, HeadFusion, RolloutFusion,
 };
 use candle_mha::candle::{DType, Device, Tensor};
-use common::browser::Browser;
+use common::browser::{page_data, screenshot_dir, Browser};
 use common::mha;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -51,16 +51,6 @@ fn values(t: &Tensor) -> Result<Vec<f64>> {
     Ok(t.to_dtype(DType::F64)?.flatten_all()?.to_vec1()?)
 }
 
-/// The `#mha-data` JSON of a page.
-fn page_data(html: &str) -> Result<Value> {
-    let start = r#"<script type="application/json" id="mha-data">"#;
-    let from = html.find(start).context("no mha-data")? + start.len();
-    let len = html[from..]
-        .find("</script>")
-        .context("unclosed mha-data")?;
-    Ok(serde_json::from_str(&html[from..from + len])?)
-}
-
 fn ints(v: &Value) -> Vec<i64> {
     v.as_array()
         .unwrap()
@@ -75,10 +65,6 @@ fn strings(v: &Value) -> Vec<String> {
         .iter()
         .map(|x| x.as_str().unwrap().to_string())
         .collect()
-}
-
-fn screenshots() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("target/html-screenshots")
 }
 
 fn err_of(r: candle_mha::candle::Result<String>) -> String {
@@ -547,7 +533,7 @@ fn views_of_a_model_in_the_browser() -> Result<()> {
         canvas_attr(&b, "lines")?,
         visible(&wv, dims, 1, &[0, 2], 0..6, 4..5).to_string()
     );
-    b.screenshot(&screenshots().join("explorer-head.png"))?;
+    b.screenshot(&screenshot_dir().join("explorer-head.png"))?;
 
     // Model view: every layer × head; the shared layer's... click layer 1, head 2.
     b.click("#tab-model")?;
@@ -557,7 +543,7 @@ fn views_of_a_model_in_the_browser() -> Result<()> {
     assert_eq!(b.count("#mv-grid .mv-label")?, 1 + 3 + 2);
     assert_eq!(b.count("#view-model:not([hidden])")?, 1);
     assert_eq!(b.count("#view-head[hidden]")?, 1);
-    b.screenshot(&screenshots().join("explorer-model.png"))?;
+    b.screenshot(&screenshot_dir().join("explorer-model.png"))?;
     b.click(".mv-thumb[data-layer=\"0\"][data-head=\"2\"]")?;
     let st = state(&b)?;
     assert_eq!(
@@ -611,7 +597,7 @@ fn views_of_a_model_in_the_browser() -> Result<()> {
         &t,
         &t,
     )?;
-    b.screenshot(&screenshots().join("explorer-matrix.png"))?;
+    b.screenshot(&screenshot_dir().join("explorer-matrix.png"))?;
     // The mean of the stored heads, as the page computes it: Σ q / (H · 10^4).
     let mean: Vec<f64> = (0..36)
         .map(|k| (0..3).map(|h| stored[(3 + h) * 36 + k]).sum::<i64>() as f64 / 3e4)
@@ -648,7 +634,7 @@ fn views_of_a_model_in_the_browser() -> Result<()> {
         // The f32 rollout/flow differ from f64 ones by rounding only.
         check_matrix(&b, &values(want)?, &st, 6, &cells, tol + 1e-6, &t, &t)?;
         if k == 0 {
-            b.screenshot(&screenshots().join("explorer-rollout.png"))?;
+            b.screenshot(&screenshot_dir().join("explorer-rollout.png"))?;
         }
     }
     assert_eq!(b.text("#mx-title")?, "my score");
@@ -726,7 +712,7 @@ fn cross_attention_module_page_is_offline_and_escaped() -> Result<()> {
         canvas_attr(&b, "lines")?,
         visible(&wv, dims, 0, &[0, 1], 0..1, 0..5).to_string()
     );
-    b.screenshot(&screenshots().join("explorer-cross-head.png"))?;
+    b.screenshot(&screenshot_dir().join("explorer-cross-head.png"))?;
 
     b.click("#tab-model")?;
     assert_eq!(b.count(".mv-thumb")?, 2);
@@ -760,7 +746,7 @@ fn cross_attention_module_page_is_offline_and_escaped() -> Result<()> {
         &q,
         &k,
     )?;
-    b.screenshot(&screenshots().join("explorer-cross-matrix.png"))?;
+    b.screenshot(&screenshot_dir().join("explorer-cross-matrix.png"))?;
     let errors = b.js_errors()?;
     assert!(errors.is_empty(), "{errors:?}");
     Ok(())
@@ -803,7 +789,7 @@ fn a_12_layer_12_head_128_token_page_loads_fast() -> Result<()> {
         .as_f64()
         .unwrap();
     assert_eq!(b.count(".mv-thumb")?, 144);
-    b.screenshot(&screenshots().join("explorer-big-model.png"))?;
+    b.screenshot(&screenshot_dir().join("explorer-big-model.png"))?;
     let matrix = b
         .eval(
             "const t = performance.now(); document.querySelector('.mv-thumb[data-layer=\"11\"]').click();
@@ -817,7 +803,7 @@ fn a_12_layer_12_head_128_token_page_loads_fast() -> Result<()> {
          {model:.0} ms, matrix view {matrix:.0} ms",
         html.len()
     );
-    b.screenshot(&screenshots().join("explorer-big-matrix.png"))?;
+    b.screenshot(&screenshot_dir().join("explorer-big-matrix.png"))?;
     // "Well under a second" here; the bound leaves room for a busy machine.
     assert!(ready < 2000.0, "ready after {ready} ms");
     let errors = b.js_errors()?;
@@ -884,7 +870,7 @@ fn inspect_html_writes_the_explorer() -> Result<()> {
     choose(&b, "mx-matrix", "m0")?;
     let (_, _, v) = hover_cell(&b, 0, 0)?;
     assert_eq!(v, 1.0);
-    b.screenshot(&screenshots().join("explorer-cli.png"))?;
+    b.screenshot(&screenshot_dir().join("explorer-cli.png"))?;
     let errors = b.js_errors()?;
     assert!(errors.is_empty(), "{errors:?}");
     Ok(())

@@ -16,7 +16,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::Value;
 
-use common::browser::Browser;
+use common::browser::{page_data, screenshot_dir, Browser};
 
 /// A matrix from `n` random sequences of `len` tokens (self-attention, causal rows of random
 /// positive weights with some exact zeros, so counts differ from positions). `skew` > 1 makes
@@ -60,17 +60,6 @@ fn labels(v: usize) -> Vec<String> {
             _ => format!("t{i}"),
         })
         .collect()
-}
-
-/// The JSON in the page's `#mha-data` element.
-fn embedded_data(html: &str) -> Result<serde_json::Value> {
-    let start_tag = "<script type=\"application/json\" id=\"mha-data\">";
-    let start = html.find(start_tag).context("no #mha-data")? + start_tag.len();
-    let end = start
-        + html[start..]
-            .find("</script>")
-            .context("unclosed #mha-data")?;
-    Ok(serde_json::from_str(&html[start..end])?)
 }
 
 fn ints(v: &serde_json::Value, key: &str) -> Vec<i64> {
@@ -172,7 +161,7 @@ fn embedded_data_round_trips_within_the_precision() -> Result<()> {
             &l,
             &VocabHtmlOptions::default().with_decimals(decimals),
         )?;
-        let data = embedded_data(&html)?;
+        let data = page_data(&html)?;
         let tol = 0.5 * 10f64.powi(-(decimals as i32)) + 1e-12;
         assert_eq!(data["vocab_size"], 40);
         assert_eq!(data["decimals"], decimals);
@@ -229,7 +218,7 @@ fn labels_cannot_inject_markup() -> Result<()> {
     );
     assert!(!html.contains("a&b"), "a raw & in the file");
     assert_eq!(html.matches("<script").count(), 3, "data, colours, code");
-    assert!(embedded_data(&html)?["labels"]
+    assert!(page_data(&html)?["labels"]
         .as_array()
         .unwrap()
         .iter()
@@ -290,7 +279,7 @@ fn size_grows_with_the_cells_not_the_vocabulary() -> Result<()> {
 fn an_empty_matrix_gives_a_page() -> Result<()> {
     let vm = VocabMatrix::new(3);
     let html = vocab_matrix_html(&vm, &labels(3), &VocabHtmlOptions::default())?;
-    let data = embedded_data(&html)?;
+    let data = page_data(&html)?;
     assert_eq!(ints(&data, "rows"), Vec::<i64>::new());
     assert!(html.contains("0 nonzero cells"));
     Ok(())
@@ -299,10 +288,6 @@ fn an_empty_matrix_gives_a_page() -> Result<()> {
 // ---- In a browser ----
 
 const DEC: u32 = 4;
-
-fn screenshot_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("target/html-screenshots")
-}
 
 /// A value as the page stores it: `round(v · 10^DEC)`.
 fn scaled(v: f64) -> i64 {
@@ -902,7 +887,7 @@ fn cli_writes_the_page() -> Result<()> {
     ])?;
     assert!(ok, "{stderr}");
     let html = std::fs::read_to_string(p("vm.html"))?;
-    let data = embedded_data(&html)?;
+    let data = page_data(&html)?;
     let (cells, rows) = decode(&data);
     // The same cells as the CSV the command writes beside it.
     let csv = std::fs::read_to_string(dir.path().join("vm/vocab_matrix.csv"))?;

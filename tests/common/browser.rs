@@ -69,6 +69,22 @@ pub fn file_url(path: &Path) -> Result<String> {
     Ok(url)
 }
 
+/// Where the HTML tests write their screenshots for people to look at:
+/// `target/html-screenshots/`.
+pub fn screenshot_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("target/html-screenshots")
+}
+
+/// The JSON of a page's `<script type="application/json" id="mha-data">` element.
+pub fn page_data(html: &str) -> Result<Value> {
+    let start_tag = r#"<script type="application/json" id="mha-data">"#;
+    let start = html.find(start_tag).context("no #mha-data")? + start_tag.len();
+    let len = html[start..]
+        .find("</script>")
+        .context("unclosed #mha-data")?;
+    Ok(serde_json::from_str(&html[start..start + len])?)
+}
+
 /// Decodes standard base64 (the screenshot encoding).
 pub fn base64_decode(s: &str) -> Result<Vec<u8>> {
     let mut out = Vec::with_capacity(s.len() * 3 / 4);

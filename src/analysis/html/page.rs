@@ -10,6 +10,15 @@ use super::super::heatmap::colormap;
 /// The largest number of decimals a page stores (integers above 2^53 lose precision in JS).
 pub(crate) const MAX_DECIMALS: u32 = 6;
 
+/// The largest integer a page stores exactly: JS numbers are f64 (a 53-bit mantissa), 2^53.
+const MAX_EXACT: f64 = 9_007_199_254_740_992.0;
+
+/// Whether `v` is finite and `round(v · 10^decimals)` survives the trip through JS exactly
+/// (`|v|·10^decimals < 2^53`).
+pub(crate) fn storable(v: f64, decimals: u32) -> bool {
+    v.is_finite() && (v * 10f64.powi(decimals as i32)).abs() < MAX_EXACT
+}
+
 /// Checks a `decimals` option: 1 to [`MAX_DECIMALS`].
 pub(crate) fn check_decimals(decimals: u32) -> candle::Result<()> {
     if !(1..=MAX_DECIMALS).contains(&decimals) {

@@ -3,6 +3,8 @@
 
 use candle::{DType, Device, Result, Tensor};
 
+use super::super::page::storable;
+
 /// The weights as `(layers, heads, rows, cols)` row-major f64 values.
 pub(super) struct Weights {
     pub layers: usize,
@@ -22,14 +24,6 @@ impl Weights {
             &Device::Cpu,
         )
     }
-}
-
-/// The largest integer a page stores exactly: JS numbers are f64 (a 53-bit mantissa).
-const MAX_STORED: f64 = 9_007_199_254_740_992.0; // 2^53
-
-/// Whether `v` is finite and `round(v · 10^decimals)` survives the trip through JS.
-fn storable(v: f64, decimals: u32) -> bool {
-    v.is_finite() && (v * 10f64.powi(decimals as i32)).abs() < MAX_STORED
 }
 
 /// What is wrong with a value that is not [`storable`].

@@ -67,11 +67,8 @@
 
 use std::fmt::Write as _;
 
-use super::page::{check_decimals, json_strings, push_scaled_ints, Page};
+use super::page::{check_decimals, json_strings, push_scaled_ints, storable, Page};
 use crate::analysis::VocabMatrix;
-
-/// The largest integer a page number can hold exactly (2^53).
-const MAX_EXACT: f64 = 9_007_199_254_740_992.0;
 
 /// How the vocabulary-matrix page is built.
 ///
@@ -152,9 +149,8 @@ pub fn vocab_matrix_html(
     if opts.top_k == 0 {
         candle::bail!("vocab_matrix_html: opts.top_k = 0; expected at least 1 key per query token")
     }
-    let scale = 10f64.powi(opts.decimals as i32);
-    let scaled_mass = vm.total_mass() * scale;
-    if scaled_mass.is_nan() || scaled_mass >= MAX_EXACT {
+    // Every stored sum is at most the total mass (weights are non-negative).
+    if !storable(vm.total_mass(), opts.decimals) {
         candle::bail!(
             "vocab_matrix_html: total mass {} at opts.decimals = {} exceeds 2^53 once scaled; \
              expected fewer decimals",
