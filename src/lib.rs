@@ -62,6 +62,7 @@ pub mod io;
 pub mod models;
 pub mod nn;
 pub mod rng;
+pub mod threads;
 pub mod training;
 
 pub use attention::{

@@ -66,6 +66,8 @@ fn main() -> std::process::ExitCode {
     // for reuse rather than page-faulting it in again (see `candle_mha::alloc`).
     candle_mha::alloc::retain_freed_memory();
     pin_thread_count();
+    // Before any candle op starts candle's element-wise pool (see `candle_mha::threads`).
+    candle_mha::threads::tune_candle_threads();
     let result = match Cli::parse().command {
         Command::Prepare(args) => cli::prepare::run(&args),
         Command::Train(args) => cli::train::run(&args),

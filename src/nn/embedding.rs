@@ -14,6 +14,7 @@ pub struct Embedding {
 impl Embedding {
     /// Takes (or creates, N(0, 1)) `weight` under `vb`.
     pub fn new(num_embeddings: usize, dim: usize, vb: VarBuilder) -> Result<Self> {
+        crate::threads::tune_candle_threads();
         let init = Init::Randn {
             mean: 0.0,
             stdev: 1.0,

@@ -26,6 +26,7 @@ impl Linear {
         bias: bool,
         vb: VarBuilder,
     ) -> Result<Self> {
+        crate::threads::tune_candle_threads();
         let weight = vb.get_with_hints(
             (out_features, in_features),
             "weight",

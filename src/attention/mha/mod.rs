@@ -100,6 +100,7 @@ impl MultiheadAttention {
     /// PyTorch equivalent: `torch.nn.MultiheadAttention(...)`, or `load_state_dict` when `vb`
     /// reads a checkpoint.
     pub fn new(config: MultiheadAttentionConfig, vb: VarBuilder) -> Result<Self> {
+        crate::threads::tune_candle_threads();
         config.validate()?;
         let (e, kdim, vdim) = (config.embed_dim, config.kdim(), config.vdim());
         // PyTorch's registration (state_dict) order.
