@@ -83,10 +83,12 @@ fn backward_overwrites_every_gradient_row() {
         sh: len * d,
         si: d,
     };
-    // (l, s, causal, dropout); BQ = BK = 128, so 130 and 300 span several tiles.
+    // (l, s, causal, dropout); tiles of 32 (causal, L ≤ 256), 64 (causal; or L ≤ 128) and
+    // 256 (longer): every case spans several tiles in both directions.
     for (l, s, causal, p) in [
         (130, 300, true, None),
-        (130, 300, false, Some(0.5)),
+        (100, 150, false, Some(0.5)),
+        (300, 600, false, Some(0.5)),
         (300, 130, true, None),
         (5, 0, false, None),
     ] {
