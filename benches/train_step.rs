@@ -10,7 +10,10 @@
 //! A step is what `Trainer::train_step` does: `forward_train` (with an all-zero key padding
 //! mask) + `masked_cross_entropy` (every position counted) + reading the loss + `backward` +
 //! `clip_grad_norm(1.0)` + `AdamW::step` (PyTorch's default hyper-parameters), f32. Tokens
-//! are random (seeded), a fresh batch per step, drawn outside the timed region.
+//! are random (seeded), a fresh batch per step, drawn outside the timed region. Like
+//! `Trainer::train_step`, the step runs inside candle's CPU thread pool
+//! (`Device::with_context`: the calling thread takes part in the parallel ops);
+//! `MHA_BENCH_CONTEXT=0` times a plain loop instead.
 //!
 //! Rounds: for `MHA_BENCH_ROUNDS` rounds (default 3), each shape runs on our side and right
 //! after on PyTorch's (a `--serve` child of `scripts/bench_reference.py`), so that both sides
@@ -203,22 +206,32 @@ fn bench_ours(shape: &BenchShape) -> Result<Timing> {
     let vars = opt.vars();
     let kpm = Tensor::zeros((shape.n, shape.l), DType::U8, &dev)?; // no padding
     let loss_mask = Tensor::ones((shape.n, shape.l), DType::U8, &dev)?; // every position
+    let in_context = std::env::var("MHA_BENCH_CONTEXT").as_deref() != Ok("0");
     let mut times = Vec::with_capacity(shape.steps);
     let mut phases: [Vec<f64>; 4] = Default::default();
     for step in 0..shape.warmup + shape.steps {
         let label = format!("bench/{}/{step}", shape.name);
         let (input, targets) = random_batch(shape, derive_seed(1, &label), &dev)?;
-        let t0 = Instant::now();
-        let logits = model.forward_train(&input, Some(&kpm), derive_seed(2, &label))?;
-        let loss = masked_cross_entropy(&logits, &targets, &loss_mask)?;
-        let loss_value = loss.to_scalar::<f32>()?;
-        let t1 = Instant::now();
-        let mut grads = loss.backward()?;
-        let t2 = Instant::now();
-        clip_grad_norm(&mut grads, &vars, 1.0)?;
-        let t3 = Instant::now();
-        opt.step(&grads)?;
-        let t4 = Instant::now();
+        let mut body = || -> Result<_> {
+            let t0 = Instant::now();
+            let logits = model.forward_train(&input, Some(&kpm), derive_seed(2, &label))?;
+            let loss = masked_cross_entropy(&logits, &targets, &loss_mask)?;
+            let loss_value = loss.to_scalar::<f32>()?;
+            let t1 = Instant::now();
+            let mut grads = loss.backward()?;
+            let t2 = Instant::now();
+            clip_grad_norm(&mut grads, &vars, 1.0)?;
+            let t3 = Instant::now();
+            opt.step(&grads)?;
+            let t4 = Instant::now();
+            Ok((t0, t1, t2, t3, t4, loss_value))
+        };
+        // As `Trainer::train_step` runs it: inside candle's thread pool (unless
+        // MHA_BENCH_CONTEXT=0, the plain loop of a program of one's own).
+        let (t0, t1, t2, t3, t4, loss_value) = match in_context {
+            true => dev.with_context(&mut body)?,
+            false => body()?,
+        };
         if !loss_value.is_finite() {
             candle::bail!("{}: loss is {loss_value} at step {step}", shape.name)
         }
@@ -295,6 +308,14 @@ fn run_mode(mode: &str) -> Result<()> {
     println!("{}", allocator.describe());
     let rounds = env_usize("MHA_BENCH_ROUNDS").unwrap_or(3).max(1);
     println!("{rounds} rounds; in each, every shape runs on our side and right after on PyTorch's");
+    println!(
+        "our step: {}",
+        match std::env::var("MHA_BENCH_CONTEXT").as_deref() {
+            Ok("0") => "a plain loop (MHA_BENCH_CONTEXT=0)",
+            _ =>
+                "inside candle's thread pool (Device::with_context), as Trainer::train_step runs it",
+        }
+    );
     let torch = find_torch();
     let mut server = match &torch {
         Some((py, version)) => {

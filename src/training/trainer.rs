@@ -177,7 +177,16 @@ impl Trainer {
     ///
     /// PyTorch equivalent: `for x in micro: (loss(x) * n_x / n).backward()`, then clip and
     /// `opt.step()`.
+    ///
+    /// The step runs inside candle's CPU thread pool (`Device::with_context`), so the calling
+    /// thread takes part in every parallel op instead of handing each one to rayon's global
+    /// pool and sleeping until it ends: 2–5% of a step on 2 cores (`BENCHMARKS.md`).
     pub fn train_step_accumulated(&mut self, batches: &[Batch]) -> Result<StepStats> {
+        let device = self.device();
+        device.with_context(|| self.step_accumulated(batches))
+    }
+
+    fn step_accumulated(&mut self, batches: &[Batch]) -> Result<StepStats> {
         let step = self.state.step;
         let lr = self.schedule.lr(step);
         self.optimizer.set_lr(lr);
