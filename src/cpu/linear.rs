@@ -5,6 +5,7 @@
 
 use candle::backend::BackendStorage;
 use candle::{CpuStorage, CustomOp2, CustomOp3, Device, Layout, Result, Shape, Storage, Tensor};
+use rayon::prelude::*;
 
 use super::{contiguous, fused, gemm, slice, unsupported_dtype, Elem, Threads};
 
@@ -286,11 +287,30 @@ pub(crate) fn linear_backward_slice<T: Elem>(
     Ok(out)
 }
 
-/// Rows of a row-major `(rows, cols)` slice added into one accumulator.
+/// Rows per block of [`column_sums_of`]: fixed, so that the sums do not depend on the
+/// thread count.
+const SUM_ROWS: usize = 256;
+
+/// Rows of a row-major `(rows, cols)` slice added up: blocks of [`SUM_ROWS`] rows in
+/// parallel, each added row by row into its own accumulator, then the blocks' sums in block
+/// order (the same result on any number of threads, so training resumes bit-identically).
 fn column_sums_of<T: Elem>(data: &[T], rows: usize, cols: usize) -> Vec<T> {
-    let mut acc = vec![T::ZERO; cols];
-    for r in data[..rows * cols].chunks_exact(cols.max(1)) {
-        acc.iter_mut().zip(r).for_each(|(a, x)| *a += *x);
+    let cols1 = cols.max(1);
+    let block_sum = |block: &[T]| {
+        let mut acc = vec![T::ZERO; cols];
+        for r in block.chunks_exact(cols1) {
+            acc.iter_mut().zip(r).for_each(|(a, x)| *a += *x);
+        }
+        acc
+    };
+    let blocks: Vec<Vec<T>> = data[..rows * cols]
+        .par_chunks(SUM_ROWS * cols1)
+        .map(block_sum)
+        .collect();
+    let mut blocks = blocks.into_iter();
+    let mut acc = blocks.next().unwrap_or_else(|| vec![T::ZERO; cols]);
+    for b in blocks {
+        acc.iter_mut().zip(&b).for_each(|(a, x)| *a += *x);
     }
     acc
 }
@@ -397,5 +417,40 @@ pub(crate) fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tenso
     match b {
         Some(b) => x.apply_op3(w, b, FusedLinear),
         None => x.apply_op2(w, FusedLinear),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::column_sums_of;
+
+    /// Several blocks (1000 rows): the sums of an f64 loop, and the same bits on one thread
+    /// and on four (block order, not thread order).
+    #[test]
+    fn column_sums_span_blocks_and_do_not_depend_on_threads() {
+        let (rows, cols) = (1000, 7);
+        let data: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7919) % 1013) as f32 / 97.0 - 5.0)
+            .collect();
+        let on = |threads: usize| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap()
+                .install(|| column_sums_of(&data, rows, cols))
+        };
+        let (one, four) = (on(1), on(4));
+        assert_eq!(
+            one.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            four.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
+        for (c, &got) in one.iter().enumerate() {
+            let want: f64 = (0..rows).map(|r| data[r * cols + c] as f64).sum();
+            assert!(
+                (got as f64 - want).abs() < 1e-3,
+                "column {c}: {got} vs {want}"
+            );
+        }
+        assert_eq!(column_sums_of::<f32>(&[], 0, 3), vec![0.0; 3]);
     }
 }

@@ -312,6 +312,10 @@ pub fn clip_grad_norm(grads: &mut GradStore, vars: &[Var], max_norm: f64) -> Res
     }
     let norm = sq.sqrt();
     let scale = (max_norm / (norm + 1e-6)).min(1.0);
+    if scale == 1.0 {
+        // PyTorch multiplies by 1 in place; here that would be a new copy of every gradient.
+        return Ok(norm);
+    }
     for v in vars {
         if let Some(g) = grads.get(v.as_tensor()) {
             // Detached for the same reason as in `AdamW::step`.
