@@ -44,6 +44,22 @@ pub(crate) trait Elem:
     fn pool() -> &'static Pool<Self>;
     /// A pooled buffer of either dtype as this dtype, if it is.
     fn of_any(b: &AnyBuf) -> Option<&[Self]>;
+    /// `c = [c +] alpha·a·b` without packing (`super::small_gemm`) where this dtype has such a
+    /// product (f32 with AVX2 and FMA); `false`, having done nothing, elsewhere.
+    ///
+    /// # Safety
+    /// As `super::sgemm_small`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn small_gemm(
+        _dims: (usize, usize, usize),
+        _a: (*const Self, usize, usize),
+        _b: (*const Self, usize),
+        _c: (*mut Self, usize),
+        _alpha: Self,
+        _accumulate: bool,
+    ) -> bool {
+        false
+    }
 }
 
 impl Elem for f64 {
@@ -94,6 +110,16 @@ impl Elem for f64 {
 }
 
 impl Elem for f32 {
+    unsafe fn small_gemm(
+        dims: (usize, usize, usize),
+        a: (*const f32, usize, usize),
+        b: (*const f32, usize),
+        c: (*mut f32, usize),
+        alpha: f32,
+        accumulate: bool,
+    ) -> bool {
+        super::sgemm_small(dims, a, b, c, alpha, accumulate)
+    }
     fn pool() -> &'static Pool<Self> {
         static POOL: Pool<f32> = Pool::new();
         &POOL

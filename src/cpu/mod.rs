@@ -13,6 +13,7 @@ mod gemm;
 mod linear;
 pub(crate) mod simd;
 mod slice;
+mod small_gemm;
 mod stash;
 pub(crate) mod workspace;
 
@@ -22,6 +23,7 @@ pub(crate) use gelu::{gelu, gelu_grad, gelu_grad_into};
 pub(crate) use gemm::{gemm, Threads};
 pub(crate) use linear::{linear, linear_backward_slice, linear_forward_into, linear_out_len};
 pub(crate) use slice::{contiguous, slice};
+pub(crate) use small_gemm::sgemm_small;
 pub(crate) use stash::Stash;
 
 /// Rows per rayon task of the row ops. Fixed, not derived from the thread count, so that sums

@@ -4,7 +4,8 @@
 use rayon::prelude::*;
 
 use super::tiles::{
-    drop_of, pack_head_into, packed_map, packed_rows, probs_tile, scores_tile, weight_index,
+    drop_of, pack_head_into, packed_map, packed_rows, probs_tile, scores_tile, transpose_into,
+    weight_index, Keys,
 };
 use super::{Geom, Masks, Rows, RowsMut};
 use crate::attention::dropout::DropoutMask;
@@ -58,7 +59,7 @@ pub(crate) fn backward<T: Elem>(
     // gradients, and two tiles.
     let init = || {
         (
-            [(); 7].map(|_| Vec::<T>::new()),
+            [(); 9].map(|_| Vec::<T>::new()),
             vec![T::ZERO; bq * bk],
             vec![T::ZERO; bq * bk],
         )
@@ -70,11 +71,21 @@ pub(crate) fn backward<T: Elem>(
             let lse = &lse[bh * g.l..(bh + 1) * g.l];
             // This head's rows of q, k, v and dO packed contiguously (the projections' rows are
             // 3E apart), and its gradients accumulated likewise, then written out once.
-            let [qb, kb, vb, gb, dqb, dkb, dvb] = bufs;
+            let [qb, kb, vb, gb, dqb, dkb, dvb, ktb, vtb] = bufs;
             pack_head_into(&q, (b, h), g.l, d, qb);
             pack_head_into(&k, (b, h), g.s, d, kb);
             pack_head_into(&v, (b, h), g.s, d, vb);
             pack_head_into(&d_out, (b, h), g.l, d, gb);
+            // With small tiles kᵀ and vᵀ as well: the right operands of q·kᵀ and dO·vᵀ read by
+            // rows, for the unpacked tile product (see `cpu::gemm`).
+            let small = bq <= 128 && bk <= 128;
+            let ldt = match small {
+                true => {
+                    transpose_into(vb, g.s, d, vtb);
+                    transpose_into(kb, g.s, d, ktb)
+                }
+                false => 0,
+            };
             let packed = packed_map(d);
             let (q, k, v, d_out) = (
                 packed_rows(qb, d),
@@ -112,9 +123,13 @@ pub(crate) fn backward<T: Elem>(
                     let rows = bq.min(g.l - i0);
                     let check = masked_tile && g.causal && j0 + cols - 1 > i0;
                     let tile = (j0, cols, check);
-                    scores_tile(g, (b, h), (i0, rows), tile, &q, &k, &masks, s, bk);
+                    let keys = match small {
+                        true => Keys::Transposed(ktb, ldt),
+                        false => Keys::Rows(&k),
+                    };
+                    scores_tile(g, (b, h), (i0, rows), tile, &q, keys, &masks, s, bk);
                     probs_tile(s, bk, rows, cols, &lse[i0..i0 + rows]);
-                    // SAFETY: d_out rows i0.. and v rows j0.. exist; dp is bk × bk.
+                    // SAFETY: d_out rows i0.. and v rows (vᵀ columns) j0.. exist; dp is bk × bk.
                     unsafe {
                         gemm(
                             (rows, cols, d),
@@ -125,7 +140,10 @@ pub(crate) fn backward<T: Elem>(
                                 d_out.map.si,
                                 1,
                             ),
-                            (v.data.as_ptr().add(v.map.at(b, h, j0)), 1, v.map.si),
+                            match small {
+                                true => (vtb.as_ptr().add(j0), ldt, 1),
+                                false => (v.data.as_ptr().add(v.map.at(b, h, j0)), 1, v.map.si),
+                            },
                             T::ONE,
                             Threads::One,
                         );

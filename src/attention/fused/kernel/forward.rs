@@ -4,7 +4,7 @@
 use rayon::prelude::*;
 
 use super::tiles::{
-    drop_of, key_tiles, pack_head_into, packed_rows, scores_tile, weight_index, Drop, BC, BR,
+    drop_of, key_tiles, pack_head_into, packed_rows, scores_tile, weight_index, Drop, Keys, BC, BR,
 };
 use super::{Geom, Masks, RowMap, Rows, RowsMut};
 use crate::attention::dropout::DropoutMask;
@@ -103,7 +103,7 @@ pub(super) fn attend_tile<T: Elem>(
     l.iter_mut().for_each(|x| *x = T::ZERO);
     for (t, tile) in key_tiles(g, i0, i0 + rows, BC).into_iter().enumerate() {
         let (j0, cols, _) = tile;
-        scores_tile(g, (b, h), (i0, rows), tile, q, k, masks, s, BC);
+        scores_tile(g, (b, h), (i0, rows), tile, q, Keys::Rows(k), masks, s, BC);
         for r in 0..rows {
             let row = &mut s[r * BC..r * BC + cols];
             let m_new = T::row_max(row);

@@ -82,6 +82,34 @@ pub(super) fn key_tiles(g: &Geom, i0: usize, i1: usize, bc: usize) -> Vec<(usize
     tiles
 }
 
+/// The keys of a scores tile: their rows, or (for the unpacked product of `cpu::gemm`, whose
+/// right operand must be read by rows) this head's keys transposed: `kᵀ[p·ld + j]`, row
+/// stride `ld` (see [`transpose_into`]).
+#[derive(Clone, Copy)]
+pub(super) enum Keys<'a, T> {
+    Rows(&'a Rows<'a, T>),
+    Transposed(&'a [T], usize),
+}
+
+/// Rows `0..len` of `x` (one head's, packed: `len × d`) transposed into `buf` (`d` rows of
+/// `len`), returning the row stride: `len` rounded up to 16 elements and then to an odd
+/// multiple of 16, so that consecutive rows start in different L1 cache sets (with a stride of
+/// 2048 floats every row of a tile fell into one set, and the product ran at half speed).
+pub(super) fn transpose_into<T: Elem>(x: &[T], len: usize, d: usize, buf: &mut Vec<T>) -> usize {
+    let mut ld = len.div_ceil(16) * 16;
+    if (ld / 16).is_multiple_of(2) {
+        ld += 16;
+    }
+    buf.clear();
+    buf.resize(ld * d, T::ZERO);
+    for (j, row) in x[..len * d].chunks_exact(d.max(1)).enumerate() {
+        for (p, &v) in row.iter().enumerate() {
+            buf[p * ld + j] = v;
+        }
+    }
+    ld
+}
+
 /// Scores of one tile: `s[r, c] = scale·q_{i0+r}·k_{j0+c}` plus the masks, `-inf` where
 /// causal-masked. `s` has row stride `ld`.
 #[allow(clippy::too_many_arguments)]
@@ -91,22 +119,25 @@ pub(super) fn scores_tile<T: Elem>(
     (i0, rows): (usize, usize),
     (j0, cols, check_causal): (usize, usize, bool),
     q: &Rows<T>,
-    k: &Rows<T>,
+    k: Keys<T>,
     masks: &Masks<T>,
     s: &mut [T],
     ld: usize,
 ) {
-    // SAFETY: rows i0..i0+rows of q and j0..j0+cols of k exist (tile bounds), each with d
-    // contiguous elements; s holds rows × ld.
+    // SAFETY: rows i0..i0+rows of q and keys j0..j0+cols exist (tile bounds), each with d
+    // elements; s holds rows × ld.
     unsafe {
         let qp = q.data.as_ptr().add(q.map.at(b, h, i0));
-        let kp = k.data.as_ptr().add(k.map.at(b, h, j0));
+        let rhs = match k {
+            Keys::Rows(k) => (k.data.as_ptr().add(k.map.at(b, h, j0)), 1, k.map.si),
+            Keys::Transposed(kt, len) => (kt.as_ptr().add(j0), len, 1),
+        };
         gemm(
             (rows, cols, g.d),
             (s.as_mut_ptr(), ld, 1),
             false,
             (qp, q.map.si, 1),
-            (kp, 1, k.map.si),
+            rhs,
             T::from_f64(g.scale),
             Threads::One,
         );

@@ -6,7 +6,7 @@ use rayon::prelude::*;
 use super::forward::{attend_tile, lse_rows, Kept, TileBuffers};
 use super::tiles::{
     all_heads_rows, drop_of, key_tiles, pack_all_heads, probs_tile, scores_tile, weight_index,
-    Drop, BC, BR,
+    Drop, Keys, BC, BR,
 };
 use super::{Geom, Masks, RowMap, Rows, RowsMut};
 use crate::attention::dropout::DropoutMask;
@@ -101,7 +101,17 @@ pub(crate) fn weights<T: Elem>(
             let lse = &lse[(b * g.h + h) * l + i0..][..rows];
             for tile in key_tiles(g, i0, i0 + rows, BC) {
                 let (j0, cols, _) = tile;
-                scores_tile(g, (b, h), (i0, rows), tile, &q, &k, &masks, &mut s, BC);
+                scores_tile(
+                    g,
+                    (b, h),
+                    (i0, rows),
+                    tile,
+                    &q,
+                    Keys::Rows(&k),
+                    &masks,
+                    &mut s,
+                    BC,
+                );
                 probs_tile(&mut s, BC, rows, cols, lse);
                 for r in 0..rows {
                     let p = &s[r * BC..r * BC + cols];
