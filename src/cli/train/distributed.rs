@@ -45,6 +45,18 @@ pub fn communicator(args: &TrainArgs, device: &Device) -> Result<Box<dyn Communi
     }
 }
 
+/// Under an MPI launcher, the GPU of this rank when `--device` chose the first one (`cuda`,
+/// or `auto` on a machine with a GPU): `cuda:LOCAL_RANK`, the rank's index on its machine,
+/// one GPU per rank. `None`: keep the device (the CPU, or a `cuda:N` given).
+pub fn rank_gpu(spec: &str, device: &Device) -> Option<String> {
+    let local_rank = ["OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok())
+        .and_then(|v| v.parse::<usize>().ok())?;
+    (device.is_cuda() && (spec == "cuda" || spec == "auto") && local_rank > 0)
+        .then(|| format!("cuda:{local_rank}"))
+}
+
 /// The world size an MPI launcher announced in the environment, without initializing MPI
 /// (Open MPI, MPICH/PMI, PMIx).
 fn launched_ranks() -> Option<usize> {

@@ -86,7 +86,10 @@ fn prepare_run_text(args: &TrainArgs, comm: &dyn Communicator) -> Result<std::pa
 /// Runs `mha train`: one process, or one rank of a data-parallel run (`mpirun -n N`), which
 /// ends every rank when it fails.
 pub fn run(args: &TrainArgs) -> Result<()> {
-    let (device, notice) = select_device(&args.device)?;
+    let (mut device, mut notice) = select_device(&args.device)?;
+    if let Some(spec) = distributed::rank_gpu(&args.device, &device) {
+        (device, notice) = select_device(&spec)?;
+    }
     let comm = distributed::communicator(args, &device)?;
     let result = run_rank(args, &*comm, device, &notice);
     if let Err(e) = &result {
