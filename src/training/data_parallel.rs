@@ -11,6 +11,8 @@
 //! ([`GradientBuckets`]) and the loss, clip with the global norm and take the same AdamW
 //! step, so the weights stay identical on every rank.
 
+use std::time::Instant;
+
 use candle::backprop::GradStore;
 use candle::{DType, Device, Result};
 
@@ -130,6 +132,7 @@ impl Trainer {
         }
         // Every rank learns the global loss before any gradient moves, so a non-finite loss
         // on one rank stops all of them at the same point, with the same message.
+        let comm_started = Instant::now();
         let mut loss = [loss_sum];
         comm.all_reduce_sum_f64(
             &mut loss,
@@ -158,6 +161,7 @@ impl Trainer {
             &mut grads,
             step + 1,
         )?;
+        let comm_seconds = comm_started.elapsed().as_secs_f64();
         let clip = match self.state.config.clip_norm {
             c if c > 0.0 => c,
             _ => f64::INFINITY,
@@ -180,6 +184,7 @@ impl Trainer {
             tokens: total,
             input_tokens: shard.input_tokens,
             sequences: shard.sequences,
+            comm_seconds,
         })
     }
 }

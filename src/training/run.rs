@@ -152,6 +152,7 @@ impl Trainer {
                 grad_norm: Some(stats.grad_norm),
                 tokens_per_s: Some(stats.input_tokens as f64 / seconds.max(1e-9)),
                 tokens: Some(stats.input_tokens),
+                comm_s: (world > 1).then_some(stats.comm_seconds),
                 ..Default::default()
             };
             let mut eval_loss = None;

@@ -245,6 +245,7 @@ impl Trainer {
             tokens: total,
             input_tokens: batches.iter().map(|b| b.input.elem_count()).sum(),
             sequences: batches.iter().map(Batch::batch_size).sum(),
+            comm_seconds: 0.0,
         })
     }
 
