@@ -86,6 +86,9 @@ fn mha(ranks: Option<usize>, args: &[&str], env: &[(&str, &str)], limit: u64) ->
         .env("RAYON_NUM_THREADS", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        // A rank waiting in a collective yields its core: on a loaded machine the other rank
+        // of the job may need it.
+        .env("OMPI_MCA_mpi_yield_when_idle", "1")
         .env_remove("MHA_FAULT_INJECT")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -126,7 +129,8 @@ fn train(ranks: Option<usize>, out: &Path, extra: &[&str], env: &[(&str, &str)])
     let mut args = TINY.to_vec();
     args.extend(["--out", out.to_str().unwrap()]);
     args.extend(extra);
-    let r = mha(ranks, &args, env, 120)?;
+    // Generous: a loaded machine with ranks at low priority (CI, a shared box) is slow.
+    let r = mha(ranks, &args, env, 300)?;
     if !r.ok {
         bail!("mha {args:?} on {ranks:?} ranks failed: {}", r.output)
     }
@@ -337,7 +341,7 @@ fn a_killed_or_hanging_rank_ends_the_run_and_the_checkpoint_loads() -> Result<()
     let tmp = tempfile::tempdir()?;
     let run = [
         "--steps",
-        "40",
+        "20",
         "--batch-size",
         "8",
         "--save-every",
@@ -345,7 +349,7 @@ fn a_killed_or_hanging_rank_ends_the_run_and_the_checkpoint_loads() -> Result<()
         "--dist-timeout",
         "3",
     ];
-    for (fault, name) in [("1:15:kill", "killed"), ("1:15:hang", "hung")] {
+    for (fault, name) in [("1:12:kill", "killed"), ("1:12:hang", "hung")] {
         let dir = tmp.path().join(name);
         let mut args = TINY.to_vec();
         args.extend(["--out", dir.to_str().unwrap()]);
@@ -353,7 +357,7 @@ fn a_killed_or_hanging_rank_ends_the_run_and_the_checkpoint_loads() -> Result<()
         let r = mha(Some(2), &args, &[("MHA_FAULT_INJECT", fault)], 60)?;
         assert!(!r.ok, "{}", r.output);
         eprintln!("{name}: the run ended after {:.1} s", r.seconds);
-        // Within the start-up, 15 steps and the timeout (3 s), not the hour the rank sleeps.
+        // Within the start-up, 11 steps and the timeout (3 s), not the hour the rank sleeps.
         assert!(r.seconds < 60.0, "{} s: {}", r.seconds, r.output);
         if name == "killed" {
             // Open MPI names the dead rank.
@@ -365,7 +369,7 @@ fn a_killed_or_hanging_rank_ends_the_run_and_the_checkpoint_loads() -> Result<()
         } else {
             // Rank 0's timeout names it and the collective it waited in.
             assert!(
-                r.output.contains("error: rank 0 of 2: step 15: all-reduce of the loss did not complete within 3 s"),
+                r.output.contains("error: rank 0 of 2: step 12: all-reduce of the loss did not complete within 3 s"),
                 "{}",
                 r.output
             );
@@ -373,7 +377,7 @@ fn a_killed_or_hanging_rank_ends_the_run_and_the_checkpoint_loads() -> Result<()
         // The checkpoint of step 10 is whole and resumes.
         assert_eq!(losses(&dir)?.len(), 10);
         train(Some(2), &dir, &["--resume"], &[])?;
-        assert_eq!(losses(&dir)?.len(), 40);
+        assert_eq!(losses(&dir)?.len(), 20);
     }
     Ok(())
 }
