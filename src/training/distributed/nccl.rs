@@ -9,7 +9,8 @@
 
 use std::time::Duration;
 
-use candle::cuda_backend::cudarc::nccl::{Comm, Id, ReduceOp};
+use candle::cuda_backend::cudarc::driver::{DeviceRepr, ValidAsZeroBits};
+use candle::cuda_backend::cudarc::nccl::{Comm, Id, NcclType, ReduceOp};
 use candle::cuda_backend::{CudaDType, CudaDevice, CudaStorage};
 use candle::op::BackpropOp;
 use candle::{DType, Device, Result, Storage, Tensor};
@@ -57,11 +58,10 @@ impl NcclCommunicator {
         })
     }
 
-    fn reduce<T: CudaDType + candle::cuda_backend::cudarc::nccl::NcclType>(
-        &self,
-        flat: &Tensor,
-        what: &str,
-    ) -> Result<Tensor> {
+    fn reduce<T>(&self, flat: &Tensor, what: &str) -> Result<Tensor>
+    where
+        T: CudaDType + NcclType + DeviceRepr + ValidAsZeroBits,
+    {
         let n = flat.elem_count();
         let flat = flat.contiguous()?;
         let (storage, layout) = flat.storage_and_layout();
