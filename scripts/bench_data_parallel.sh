@@ -6,7 +6,7 @@
 # spends in the all-reduces (`comm_s` of metrics.jsonl). Median over steps 6..STEPS.
 #
 #   cargo build --release --features mpi
-#   flock /tmp/mha-cpu.lock scripts/bench_data_parallel.sh [CORPUS]    # default: Debian's license texts
+#   scripts/bench_data_parallel.sh [CORPUS]    # default: Debian's license texts
 set -euo pipefail
 cd "$(dirname "$0")/.."
 M=${MHA:-target/release/mha}
