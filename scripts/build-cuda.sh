@@ -3,7 +3,8 @@
 # binaries a GPU machine needs into one compressed archive.
 #
 #   scripts/build-cuda.sh                 # -> target/gpu-pack.tar.xz (CLI, examples, GPU tests, bench)
-#   scripts/build-cuda.sh --check         # only `cargo check --features cuda --all-targets` (run by CI)
+#   scripts/build-cuda.sh --check         # only `cargo check --features cuda,nccl --all-targets` (run by CI;
+#                                         #  `cuda` alone when Open MPI, which `nccl` needs, is missing)
 #
 # On the GPU machine (CUDA 13 driver; no Rust needed):
 #   tar xf gpu-pack.tar.xz && cd gpu-pack && ./run-on-gpu.sh tests      # every packed test
@@ -25,7 +26,15 @@ eval "$toolkit_env"
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target/cuda}
 
 if [ "${1:-}" = "--check" ]; then
-  cargo check --release --features cuda --all-targets
+  # `nccl` (data-parallel training's GPU all-reduce) includes `cuda` and `mpi`: one check
+  # covers both. It needs the MPI headers (mpicc; Debian: libopenmpi-dev libclang-dev).
+  features=cuda
+  if command -v mpicc >/dev/null; then
+    features=cuda,nccl
+  else
+    echo "mpicc not found (apt install libopenmpi-dev libclang-dev): checking --features cuda without nccl" >&2
+  fi
+  cargo check --release --features "$features" --all-targets
   exit 0
 fi
 

@@ -53,10 +53,18 @@ enum Command {
 /// Sets `RAYON_NUM_THREADS` to candle's default when it is unset. Without it, candle asks
 /// `num_cpus` for the physical cores on every matmul, which parses `/proc/cpuinfo` each
 /// time: most of a one-token decoding step (measured: 420 ms → 150 ms for 256 tokens of
-/// `benches/generate.rs`). Called first, before any thread reads the environment.
+/// `benches/generate.rs`). Called first, before any thread reads the environment. Under
+/// `mpirun`, the ranks on one machine share its cores (2 ranks on 8 cores: 4 threads each)
+/// rather than each taking them all.
 fn pin_thread_count() {
     if std::env::var_os("RAYON_NUM_THREADS").is_none() {
-        let threads = candle_mha::candle::utils::get_num_threads();
+        let local_ranks = std::env::var("OMPI_COMM_WORLD_LOCAL_SIZE")
+            .or_else(|_| std::env::var("MPI_LOCALNRANKS"))
+            .ok()
+            .and_then(|n| n.parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or(1);
+        let threads = (candle_mha::candle::utils::get_num_threads() / local_ranks).max(1);
         std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
     }
 }

@@ -40,6 +40,10 @@ pub struct MetricsRecord {
     /// Input tokens of the step (`N × L` over all micro-batches).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens: Option<usize>,
+    /// Data-parallel runs: seconds rank 0 spent in the step's all-reduces (transfer and
+    /// waiting for the slowest rank).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comm_s: Option<f64>,
     /// Validation loss (nats per token).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub val_loss: Option<f64>,

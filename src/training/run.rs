@@ -1,11 +1,13 @@
 //! [`Trainer::run_source`]: the loop of a whole run: steps, periodic evaluation, the best
-//! checkpoint, early stop, periodic and final checkpoints, `metrics.jsonl`.
+//! checkpoint, early stop, periodic and final checkpoints, `metrics.jsonl`;
+//! [`Trainer::run_distributed`]: the same loop as one rank of a data-parallel run.
 
 use std::path::Path;
 use std::time::Instant;
 
 use candle::Result;
 
+use super::distributed::{Communicator, SingleProcess};
 use super::metrics::{append_metrics, truncate_metrics, MetricsRecord, METRICS_FILE};
 use super::state::{EvalRecord, TrainObserver, BEST_DIR};
 use super::{Evaluation, Trainer};
@@ -68,9 +70,41 @@ impl Trainer {
         dir: Option<&Path>,
         observer: &mut dyn TrainObserver,
     ) -> Result<Evaluation> {
+        self.run_distributed(&SingleProcess, train, val, dir, observer)?
+            .ok_or_else(|| {
+                candle::Error::Msg("a run of one rank ended without its final evaluation".into())
+            })
+    }
+
+    /// [`Trainer::run_source`] as one rank of a data-parallel run: every rank of `comm` calls
+    /// it with the same data, options and checkpoint. Each step trains on this rank's part of
+    /// the global batch ([`Trainer::train_step_distributed`]); rank 0 alone evaluates, tracks
+    /// the best checkpoint, writes `metrics.jsonl` and saves into `dir`, and the ranks agree
+    /// before each step on whether to go on (an early stop decided by rank 0, a stop asked on
+    /// any rank). Returns the final evaluation on rank 0, `None` on the others. First checks
+    /// that every rank holds rank 0's settings and weights. With [`SingleProcess`] it is
+    /// `run_source`.
+    ///
+    /// PyTorch equivalent: a DDP training script's loop with `if rank == 0:` around
+    /// evaluation, logging and `torch.save`.
+    pub fn run_distributed(
+        &mut self,
+        comm: &dyn Communicator,
+        train: &dyn TrainSource,
+        val: &EvalSet,
+        dir: Option<&Path>,
+        observer: &mut dyn TrainObserver,
+    ) -> Result<Option<Evaluation>> {
         if train.is_empty() {
             candle::bail!("the training set is empty")
         }
+        let (rank, world) = (comm.rank(), comm.world_size());
+        if world > 1 {
+            self.check_replicas(comm)?;
+        }
+        // Rank 0 writes everything: the other ranks have no directory.
+        let lead = rank == 0;
+        let dir = dir.filter(|_| lead);
         let device = self.device();
         let cfg = self.state.config.clone();
         let metrics = dir.map(|d| d.join(METRICS_FILE));
@@ -82,14 +116,33 @@ impl Trainer {
             truncate_metrics(m, self.state.step)?;
         }
         let has_val = !val.data.is_empty();
-        while self.state.step < cfg.steps && !self.state.stopped_early {
-            if observer.should_stop() {
+        while self.state.step < cfg.steps {
+            let mut stop = [
+                f64::from(u8::from(self.state.stopped_early)),
+                f64::from(u8::from(observer.should_stop())),
+            ];
+            if world > 1 {
+                let what = format!("step {}: all-reduce of the stop flags", self.state.step + 1);
+                comm.all_reduce_sum_f64(&mut stop, &what)?;
+            }
+            if stop[0] > 0.0 {
+                self.state.stopped_early = true;
                 break;
             }
-            let batches = self.batches_for_step(train, self.state.step, &device)?;
-            let started = Instant::now();
-            let stats = self.train_step_accumulated(&batches)?;
-            let seconds = started.elapsed().as_secs_f64();
+            if stop[1] > 0.0 {
+                break;
+            }
+            let (stats, seconds) = if world == 1 {
+                let batches = self.batches_for_step(train, self.state.step, &device)?;
+                let started = Instant::now();
+                let stats = self.train_step_accumulated(&batches)?;
+                (stats, started.elapsed().as_secs_f64())
+            } else {
+                let shard = self.shard_for_step(train, self.state.step, rank, world, &device)?;
+                let started = Instant::now();
+                let stats = self.train_step_distributed(comm, &shard)?;
+                (stats, started.elapsed().as_secs_f64())
+            };
             let step = self.state.step;
             observer.on_step(step, &stats);
             let mut record = MetricsRecord {
@@ -99,10 +152,12 @@ impl Trainer {
                 grad_norm: Some(stats.grad_norm),
                 tokens_per_s: Some(stats.input_tokens as f64 / seconds.max(1e-9)),
                 tokens: Some(stats.input_tokens),
+                comm_s: (world > 1).then_some(stats.comm_seconds),
                 ..Default::default()
             };
             let mut eval_loss = None;
-            if cfg.eval_every > 0
+            if lead
+                && cfg.eval_every > 0
                 && step.is_multiple_of(cfg.eval_every)
                 && step < cfg.steps
                 && has_val
@@ -123,6 +178,9 @@ impl Trainer {
                     observer.on_save(step, dir);
                 }
             }
+        }
+        if !lead {
+            return Ok(None);
         }
         let eval = if has_val {
             self.evaluate_set(val)?
@@ -146,7 +204,7 @@ impl Trainer {
             self.save(dir)?;
             observer.on_save(self.state.step, dir);
         }
-        Ok(eval)
+        Ok(Some(eval))
     }
 
     /// Records `eval` as the best when its loss is the lowest so far (saving `dir/best/`),

@@ -52,6 +52,9 @@ pub struct StepStats {
     pub input_tokens: usize,
     /// Sequences in the update (over all micro-batches).
     pub sequences: usize,
+    /// Seconds this rank spent in the step's collectives (the all-reduces of the loss and the
+    /// gradients, waiting for the slowest rank included); 0 in one process.
+    pub comm_seconds: f64,
 }
 
 /// Hooks the loop calls: progress display, early stop (Ctrl-C).

@@ -25,10 +25,11 @@ use crate::rng::derive_seed;
 /// PyTorch equivalent: the `for step in range(steps): loss.backward(); clip; opt.step()`
 /// loop of a training script, with `torch.save` of model, optimizer and step.
 pub struct Trainer {
-    model: NextTokenPredictor,
+    // The data-parallel step (data_parallel.rs) reads them.
+    pub(super) model: NextTokenPredictor,
     varmap: VarMap,
-    optimizer: AdamW,
-    schedule: LrSchedule,
+    pub(super) optimizer: AdamW,
+    pub(super) schedule: LrSchedule,
     // The loop of a run (run.rs) reads and updates it.
     pub(super) state: TrainerState,
     codec: Option<Codec>,
@@ -253,12 +254,13 @@ impl Trainer {
             tokens: total,
             input_tokens: batches.iter().map(|b| b.input.elem_count()).sum(),
             sequences: batches.iter().map(Batch::batch_size).sum(),
+            comm_seconds: 0.0,
         })
     }
 
     /// `acc + g` for every trainable variable, detached (candle leaves gradients attached to
     /// their graph; keeping them would keep every micro-batch's activations alive).
-    fn add_grads(&self, mut acc: GradStore, g: GradStore) -> Result<GradStore> {
+    pub(super) fn add_grads(&self, mut acc: GradStore, g: GradStore) -> Result<GradStore> {
         for var in self.optimizer.vars() {
             let t: &Tensor = &var;
             let sum = match (acc.get(t), g.get(t)) {

@@ -177,6 +177,15 @@ pub struct TrainArgs {
     /// No progress bar (log lines instead).
     #[arg(long)]
     pub quiet: bool,
+    /// Data parallelism: `auto` = MPI when started by `mpirun -n N` (NCCL's all-reduce with
+    /// --device cuda and the `nccl` feature), one process otherwise; `single`, `mpi`, `nccl`
+    /// force one. The global batch (batch size × grad accum) is split over the ranks.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "single", "mpi", "nccl"])]
+    pub dist: String,
+    /// Data parallelism: seconds a rank waits in a collective (a gradient all-reduce) for the
+    /// others before it ends the whole run (a rank died or hangs; 0 = wait forever).
+    #[arg(long, default_value_t = 300.0)]
+    pub dist_timeout: f64,
 }
 
 impl TrainArgs {

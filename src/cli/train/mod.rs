@@ -2,6 +2,7 @@
 //! `--resume`.
 
 mod args;
+mod distributed;
 mod progress;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,7 +17,8 @@ use candle_mha::data::{
 use candle_mha::device::select_device;
 use candle_mha::models::{NextTokenPredictor, NextTokenPredictorConfig};
 use candle_mha::seeded_var_builder;
-use candle_mha::training::{Trainer, BEST_DIR, CONFIG_FILE, STATE_FILE};
+use candle_mha::training::distributed::{rank_prefix, Communicator, GradientBuckets};
+use candle_mha::training::{Evaluation, TrainObserver, Trainer, BEST_DIR, CONFIG_FILE, STATE_FILE};
 use candle_nn::VarMap;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -30,8 +32,22 @@ use super::prepare::PrepareJob;
 const RUN_DATA_DIR: &str = "data";
 
 /// Prepares `--text` into `OUT/data`, or reuses what an earlier attempt prepared there from
-/// the same files (same paths and sizes) when no run was saved yet.
-fn prepare_run_text(args: &TrainArgs) -> Result<std::path::PathBuf> {
+/// the same files (same paths and sizes) when no run was saved yet. In a data-parallel run
+/// rank 0 prepares and the others wait, then reuse it.
+fn prepare_run_text(args: &TrainArgs, comm: &dyn Communicator) -> Result<std::path::PathBuf> {
+    if comm.world_size() > 1 {
+        let prepared = match comm.rank() {
+            0 => Some(prepare_run_text(
+                args,
+                &candle_mha::training::distributed::SingleProcess,
+            )?),
+            _ => None,
+        };
+        comm.barrier("barrier after rank 0 prepared --text")?;
+        if let Some(dir) = prepared {
+            return Ok(dir);
+        }
+    }
     let dir = args.out.join(RUN_DATA_DIR);
     let job = PrepareJob {
         text: &args.text,
@@ -57,7 +73,9 @@ fn prepare_run_text(args: &TrainArgs) -> Result<std::path::PathBuf> {
                 dir.display()
             )
         }
-        eprintln!("reusing the data prepared in {}", dir.display());
+        if comm.rank() == 0 {
+            eprintln!("reusing the data prepared in {}", dir.display());
+        }
         return Ok(dir);
     }
     let meta = job.run(&dir)?;
@@ -65,10 +83,49 @@ fn prepare_run_text(args: &TrainArgs) -> Result<std::path::PathBuf> {
     Ok(dir)
 }
 
-/// Runs `mha train`.
+/// Runs `mha train`: one process, or one rank of a data-parallel run (`mpirun -n N`), which
+/// ends every rank when it fails.
 pub fn run(args: &TrainArgs) -> Result<()> {
-    let (device, notice) = select_device(&args.device)?;
-    eprintln!("{notice}");
+    let (mut device, mut notice) = select_device(&args.device)?;
+    if let Some(spec) = distributed::rank_gpu(&args.device, &device) {
+        (device, notice) = select_device(&spec)?;
+    }
+    let comm = distributed::communicator(args, &device)?;
+    let result = run_rank(args, &*comm, device, &notice);
+    if let Err(e) = &result {
+        if comm.world_size() > 1 {
+            // The others would wait for this rank in their next collective: end them all.
+            eprintln!(
+                "error: {}{e:#}; ending every rank",
+                rank_prefix(comm.rank(), comm.world_size())
+            );
+            comm.abort(1);
+        }
+    }
+    result
+}
+
+/// Only `should_stop` of a data-parallel run's ranks other than 0 (rank 0 reports).
+struct StopOnly(Arc<AtomicBool>);
+
+impl TrainObserver for StopOnly {
+    fn should_stop(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+fn run_rank(
+    args: &TrainArgs,
+    comm: &dyn Communicator,
+    device: candle_mha::candle::Device,
+    notice: &str,
+) -> Result<()> {
+    let (rank, world) = (comm.rank(), comm.world_size());
+    // Rank 0 reports; the others are silent unless they fail.
+    let lead = rank == 0;
+    if lead {
+        eprintln!("{notice}");
+    }
     if !matches!(args.dtype, DType::F32 | DType::F64) {
         bail!(
             "--dtype {:?}: training runs in f32 or f64 (half precision is for inference)",
@@ -121,7 +178,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             }
             let dir = match &args.data {
                 Some(dir) => dir.clone(),
-                None => prepare_run_text(args)?,
+                None => prepare_run_text(args, comm)?,
             };
             let given = args
                 .tokenizer
@@ -157,13 +214,15 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         .map(|c| c.max_len + 1)
         .or(args.max_len().map(|m| m + 1));
     let data = spec.load(codec, args.tokenizer.as_deref(), args.bpe_vocab, max_tokens)?;
-    eprintln!(
-        "data: {} and {} validation sequences, {} ids, longest {} tokens",
-        data.train.describe(),
-        data.val.len(),
-        data.codec.vocab_size(),
-        data.longest
-    );
+    if lead {
+        eprintln!(
+            "data: {} and {} validation sequences, {} ids, longest {} tokens",
+            data.train.describe(),
+            data.val.len(),
+            data.codec.vocab_size(),
+            data.longest
+        );
+    }
 
     let cfg = match model_cfg {
         Some(c) => c,
@@ -176,19 +235,23 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     )?;
     let mut trainer = if resuming {
         let t = Trainer::resume(model, varmap, &args.out, args.steps)?;
-        eprintln!(
-            "resuming at step {} of {}",
-            t.state().step,
-            t.state().config.steps
-        );
+        if lead {
+            eprintln!(
+                "resuming at step {} of {}",
+                t.state().step,
+                t.state().config.steps
+            );
+        }
         t
     } else {
         let tc = args.train_config();
         // Checks everything before anything is written into --out.
         let t = Trainer::new(model, varmap, tc, serde_json::to_value(&spec)?)?;
-        std::fs::create_dir_all(&args.out)
-            .with_context(|| format!("creating {}", args.out.display()))?;
-        data.codec.save_dir(&args.out)?;
+        if lead {
+            std::fs::create_dir_all(&args.out)
+                .with_context(|| format!("creating {}", args.out.display()))?;
+            data.codec.save_dir(&args.out)?;
+        }
         t
     }
     .with_codec(data.codec.clone());
@@ -203,10 +266,25 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         1 => String::new(),
         k => format!(" × {k} accumulated (effective batch {})", k * tc.batch_size),
     };
-    eprintln!(
-        "model: {} blocks, embed_dim {}, {} heads, context {}, {params} parameters; {} steps of {} sequences{accum}",
-        cfg.num_layers, cfg.embed_dim, cfg.num_heads, cfg.max_len, tc.steps, tc.batch_size
-    );
+    if lead {
+        eprintln!(
+            "model: {} blocks, embed_dim {}, {} heads, context {}, {params} parameters; {} steps of {} sequences{accum}",
+            cfg.num_layers, cfg.embed_dim, cfg.num_heads, cfg.max_len, tc.steps, tc.batch_size
+        );
+    }
+    if lead && world > 1 {
+        let buckets = GradientBuckets::new(
+            &trainer.varmap().all_vars(),
+            candle_mha::training::distributed::DEFAULT_BUCKET_BYTES,
+        )?;
+        eprintln!(
+            "data parallel: {world} ranks ({}), each takes its part of every micro-batch of {} sequences (sizes differ by at most 1); {} bytes of gradients all-reduced per step in {} bucket(s)",
+            comm.backend(),
+            tc.batch_size,
+            buckets.bytes(),
+            buckets.len()
+        );
+    }
 
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
@@ -239,8 +317,30 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         data: &data.val,
         text_bytes: data.val_bytes,
     };
-    let eval = trainer.run_source(data.train.source(), &val, Some(&args.out), &mut progress)?;
+    let fault = distributed::Fault::from_env(rank)?;
+    let faulty;
+    let source = match fault {
+        Some(fault) => {
+            faulty = distributed::Faulty {
+                inner: data.train.source(),
+                fault,
+            };
+            &faulty as &dyn candle_mha::data::TrainSource
+        }
+        None => data.train.source(),
+    };
+    let eval: Option<Evaluation> = if lead {
+        trainer.run_distributed(comm, source, &val, Some(&args.out), &mut progress)?
+    } else {
+        progress.bar.finish_and_clear();
+        let mut silent = StopOnly(stop.clone());
+        trainer.run_distributed(comm, source, &val, Some(&args.out), &mut silent)?
+    };
     progress.bar.finish_and_clear();
+    let Some(eval) = eval else {
+        // Ranks other than 0: rank 0 evaluates, saves and reports.
+        return Ok(());
+    };
     let state = trainer.state();
     let step = state.step;
     if stop.load(Ordering::Relaxed) && step < total {
