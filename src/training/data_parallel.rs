@@ -18,7 +18,8 @@ use candle::{DType, Device, Result};
 
 use super::distributed::{shard_range, Communicator, GradientBuckets, DEFAULT_BUCKET_BYTES};
 use super::state::StepStats;
-use super::{clip_grad_norm, Trainer};
+use super::trainer::StepSizes;
+use super::Trainer;
 use crate::data::{Batch, Example, TrainSource};
 use crate::models::masked_cross_entropy;
 use crate::rng::derive_seed;
@@ -162,30 +163,12 @@ impl Trainer {
             step + 1,
         )?;
         let comm_seconds = comm_started.elapsed().as_secs_f64();
-        let clip = match self.state.config.clip_norm {
-            c if c > 0.0 => c,
-            _ => f64::INFINITY,
-        };
-        let grad_norm = clip_grad_norm(&mut grads, &vars, clip)?;
-        if !grad_norm.is_finite() {
-            candle::bail!(
-                "gradient norm is {grad_norm} at step {}: stopping; the weights were not updated.",
-                step + 1
-            )
-        }
-        self.optimizer.step(&grads)?;
-        self.state.step += 1;
-        let loss_value = loss_value as f32;
-        self.state.losses.push(loss_value);
-        Ok(StepStats {
-            loss: loss_value,
-            grad_norm,
-            lr,
+        let sizes = StepSizes {
             tokens: total,
             input_tokens: shard.input_tokens,
             sequences: shard.sequences,
-            comm_seconds,
-        })
+        };
+        self.finish_step(&mut grads, lr, loss_value, sizes, comm_seconds)
     }
 }
 

@@ -20,6 +20,16 @@ use crate::io::write_atomic;
 use crate::models::{masked_cross_entropy, NextTokenPredictor};
 use crate::rng::derive_seed;
 
+/// The sizes of a step's (global) batch, for its [`StepStats`].
+pub(super) struct StepSizes {
+    /// Target positions counted in the loss.
+    pub tokens: usize,
+    /// Input positions (`N × L` summed over the micro-batches).
+    pub input_tokens: usize,
+    /// Sequences.
+    pub sequences: usize,
+}
+
 /// Trains a [`NextTokenPredictor`] whose parameters live in a `VarMap`.
 ///
 /// PyTorch equivalent: the `for step in range(steps): loss.backward(); clip; opt.step()`
@@ -233,17 +243,38 @@ impl Trainer {
                 step + 1
             )
         };
-        let grad_norm = match self.state.config.clip_norm {
-            c if c > 0.0 => clip_grad_norm(&mut grads, &self.optimizer.vars(), c)?,
-            _ => clip_grad_norm(&mut grads, &self.optimizer.vars(), f64::INFINITY)?,
+        let sizes = StepSizes {
+            tokens: total,
+            input_tokens: batches.iter().map(|b| b.input.elem_count()).sum(),
+            sequences: batches.iter().map(Batch::batch_size).sum(),
         };
+        self.finish_step(&mut grads, lr, loss_value, sizes, 0.0)
+    }
+
+    /// The end of a step, one process or data-parallel: clipping with the configured norm (or
+    /// only measuring it), a stop on a non-finite norm with the weights unchanged, the
+    /// optimizer step, and the step's record.
+    pub(super) fn finish_step(
+        &mut self,
+        grads: &mut GradStore,
+        lr: f64,
+        loss_value: f64,
+        sizes: StepSizes,
+        comm_seconds: f64,
+    ) -> Result<StepStats> {
+        let step = self.state.step;
+        let clip = match self.state.config.clip_norm {
+            c if c > 0.0 => c,
+            _ => f64::INFINITY,
+        };
+        let grad_norm = clip_grad_norm(grads, &self.optimizer.vars(), clip)?;
         if !grad_norm.is_finite() {
             candle::bail!(
                 "gradient norm is {grad_norm} at step {}: stopping; the weights were not updated.",
                 step + 1
             )
         }
-        self.optimizer.step(&grads)?;
+        self.optimizer.step(grads)?;
         self.state.step += 1;
         let loss_value = loss_value as f32;
         self.state.losses.push(loss_value);
@@ -251,10 +282,10 @@ impl Trainer {
             loss: loss_value,
             grad_norm,
             lr,
-            tokens: total,
-            input_tokens: batches.iter().map(|b| b.input.elem_count()).sum(),
-            sequences: batches.iter().map(Batch::batch_size).sum(),
-            comm_seconds: 0.0,
+            tokens: sizes.tokens,
+            input_tokens: sizes.input_tokens,
+            sequences: sizes.sequences,
+            comm_seconds,
         })
     }
 
