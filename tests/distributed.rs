@@ -265,6 +265,18 @@ fn two_ranks_train_as_one_process_and_resume_at_another_world_size() -> Result<(
     train(Some(2), &p("two32"), &f32_run, &[])?;
     assert_same_run(&p("one32"), &p("two32"), 1e-5, 1e-5, F32_KEY)?;
 
+    // With attention and residual dropout: each rank draws the one-process masks of its rows
+    // (the micro-batch's seed, its first row, its padded length).
+    let dropout = ["--dropout", "0.2", "--resid-dropout", "0.2"];
+    let f64_dropout = [&f64_run[..], &dropout[..]].concat();
+    train(None, &p("one_drop"), &f64_dropout, &[])?;
+    train(Some(2), &p("two_drop"), &f64_dropout, &[])?;
+    assert_same_run(&p("one_drop"), &p("two_drop"), 1e-6, 1e-12, F64_KEY)?;
+    assert!(
+        losses(&p("one_drop"))? != losses(&p("one"))?,
+        "dropout changed nothing"
+    );
+
     // 2 ranks, rank 1 fails at step 31: the run ends naming it; the checkpoint of step 30
     // resumes in one process to the same end. And the other way round.
     let f64_saving = [&f64_run[..], &["--save-every", "30"]].concat();

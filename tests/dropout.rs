@@ -109,3 +109,38 @@ fn dropout_one_gives_zero_context() -> Result<()> {
     }
     Ok(())
 }
+
+/// `with_dropout_first_row(b0)`: rows `b0..` of a batch computed alone drop exactly what they
+/// drop in the whole batch (data-parallel ranks), on both kernels; with the default row 0
+/// they draw another mask.
+#[test]
+fn first_row_offset_draws_the_whole_batchs_mask_for_a_part() -> Result<()> {
+    let (mha, x) = setup(0.5)?; // x: (2, 5, 8)
+    for kernel in [
+        candle_mha::AttentionKernel::Auto,
+        candle_mha::AttentionKernel::Reference,
+    ] {
+        let opts = AttentionOptions::new()
+            .with_train(true)
+            .with_dropout_seed(11)
+            .with_average_attn_weights(false)
+            .with_kernel(kernel);
+        let whole = mha.forward(&x, &x, &x, &opts)?;
+        let part = x.narrow(0, 1, 1)?;
+        let alone = mha.forward(&part, &part, &part, &opts.clone().with_dropout_first_row(1))?;
+        let row0 = mha.forward(&part, &part, &part, &opts)?;
+        let want = vec(&whole.output.narrow(0, 1, 1)?)?;
+        let got = vec(&alone.output)?;
+        for (a, b) in got.iter().zip(&want) {
+            assert!((a - b).abs() <= 1e-12, "{kernel:?}: {a} vs {b}");
+        }
+        let want_w = vec(&whole.weights.unwrap().narrow(0, 1, 1)?)?;
+        assert_eq!(vec(&alone.weights.unwrap())?, want_w, "{kernel:?}");
+        assert_ne!(
+            vec(&row0.output)?,
+            want,
+            "{kernel:?}: row 0's mask is another one"
+        );
+    }
+    Ok(())
+}

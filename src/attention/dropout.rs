@@ -17,6 +17,7 @@ use crate::rng::splitmix64;
 pub struct DropoutMask {
     key: u64,
     threshold: u64,
+    offset: u64,
     /// `1 / (1 - p)`, the factor of kept elements (0 when `p = 1`).
     pub scale: f64,
 }
@@ -33,16 +34,27 @@ impl DropoutMask {
         Ok(Self {
             key: splitmix64(seed),
             threshold,
+            offset: 0,
             scale,
         })
+    }
+
+    /// The same mask read from position `offset` of its stream on: element `idx` is tested as
+    /// `offset + idx`. A part of a larger batch that starts at row `b0` takes
+    /// `offset = b0 · (elements per row)` and draws exactly the whole batch's mask for its rows
+    /// (data-parallel ranks, `crate::training`).
+    pub fn with_offset(mut self, offset: u64) -> Self {
+        self.offset = offset;
+        self
     }
 
     /// Whether element `idx` (row-major over `(N, H, L, S')`) is kept.
     #[inline(always)]
     pub fn keep(&self, idx: u64) -> bool {
-        let z = self
-            .key
-            .wrapping_add(idx.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let z = self.key.wrapping_add(
+            idx.wrapping_add(self.offset)
+                .wrapping_mul(0x9e37_79b9_7f4a_7c15),
+        );
         (splitmix64(z) >> 11) >= self.threshold
     }
 
@@ -65,7 +77,13 @@ impl DropoutMask {
 /// PyTorch equivalent: `F.dropout(x, p, training=True)`; the mask differs from PyTorch's
 /// (another generator), its distribution does not.
 pub fn seeded_dropout(x: &Tensor, p: f64, seed: u64) -> Result<Tensor> {
-    let mask = DropoutMask::new(p, seed)?;
+    seeded_dropout_at(x, p, seed, 0)
+}
+
+/// [`seeded_dropout`] with the mask read from position `offset` on
+/// ([`DropoutMask::with_offset`]): `x` as rows of a larger tensor starting at element `offset`.
+pub fn seeded_dropout_at(x: &Tensor, p: f64, seed: u64, offset: u64) -> Result<Tensor> {
+    let mask = DropoutMask::new(p, seed)?.with_offset(offset);
     if p == 0.0 {
         return Ok(x.clone());
     }

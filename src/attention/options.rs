@@ -34,6 +34,11 @@ pub struct AttentionOptions {
     /// Seed of this call's dropout mask. `None` draws the next mask from the module's
     /// generator. Default `None`. Not in PyTorch.
     pub dropout_seed: Option<u64>,
+    /// The row of this call's first sequence in the batch the dropout mask is drawn for: the
+    /// mask of batch row `b` here is that of row `dropout_first_row + b` of the whole batch
+    /// (a data-parallel rank's part of a global batch draws the global batch's mask). Default
+    /// 0. Not in PyTorch.
+    pub dropout_first_row: usize,
     /// Per-head factors `(H)` applied to each head's attention context before the output
     /// projection (0 ablates a head, 1 keeps it). The returned weights are not changed.
     /// Default `None`. Not in PyTorch's MHA (Hugging Face models call it `head_mask`).
@@ -74,6 +79,7 @@ impl Default for AttentionOptions {
             is_causal: false,
             train: false,
             dropout_seed: None,
+            dropout_first_row: 0,
             head_mask: None,
             kernel: AttentionKernel::Auto,
         }
@@ -126,6 +132,12 @@ impl AttentionOptions {
     /// Sets [`dropout_seed`](Self::dropout_seed).
     pub fn with_dropout_seed(mut self, seed: u64) -> Self {
         self.dropout_seed = Some(seed);
+        self
+    }
+
+    /// Sets [`dropout_first_row`](Self::dropout_first_row).
+    pub fn with_dropout_first_row(mut self, row: usize) -> Self {
+        self.dropout_first_row = row;
         self
     }
 

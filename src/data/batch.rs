@@ -38,6 +38,19 @@ impl Batch {
     /// PyTorch equivalent: `pad_sequence([torch.tensor(e.tokens) for e in examples],
     /// batch_first=True, padding_value=0)` followed by slicing into inputs and targets.
     pub fn from_examples(examples: &[&Example], device: &Device) -> Result<Self> {
+        Self::from_examples_padded_to(examples, 0, device)
+    }
+
+    /// [`from_examples`](Self::from_examples) padded to at least `min_len` positions: a part
+    /// of a larger batch with that batch's length `L` (data-parallel ranks), so that its rows,
+    /// masks and dropout are those of the whole batch.
+    ///
+    /// PyTorch equivalent: `pad_sequence` followed by `F.pad` to `min_len`.
+    pub fn from_examples_padded_to(
+        examples: &[&Example],
+        min_len: usize,
+        device: &Device,
+    ) -> Result<Self> {
         if examples.is_empty() {
             return Err(candle::Error::Msg(
                 "cannot build a batch from 0 examples; expected at least 1".into(),
@@ -66,7 +79,8 @@ impl Batch {
             .iter()
             .map(|e| e.tokens.len() - 1)
             .max()
-            .unwrap_or(0);
+            .unwrap_or(0)
+            .max(min_len);
         let mut input = vec![PAD_ID; n * l];
         let mut targets = vec![PAD_ID; n * l];
         let mut loss_mask = vec![0u8; n * l];

@@ -4,7 +4,7 @@ use candle::{DType, Module, Result, Tensor};
 use candle_nn::VarBuilder;
 
 use super::NextTokenPredictorConfig;
-use crate::attention::dropout::seeded_dropout;
+use crate::attention::dropout::seeded_dropout_at;
 use crate::attention::{
     AttentionKernel, AttentionOptions, MultiheadAttention, MultiheadAttentionConfig,
 };
@@ -46,16 +46,19 @@ impl Block {
         &self.attn
     }
 
-    /// `resid`: residual dropout `(p, seed)` in training mode.
+    /// `resid`: residual dropout `(p, seed, offset)` in training mode (`offset`: where this
+    /// batch's first row starts in the mask's element stream, see `DropoutMask::with_offset`).
     fn forward(
         &self,
         x: &Tensor,
         opts: &AttentionOptions,
-        resid: Option<(f64, u64)>,
+        resid: Option<(f64, u64, u64)>,
     ) -> Result<(Tensor, Option<Tensor>)> {
         let drop = |t: Tensor, label: &str| -> Result<Tensor> {
             match resid {
-                Some((p, seed)) if p > 0.0 => seeded_dropout(&t, p, derive_seed(seed, label)),
+                Some((p, seed, offset)) if p > 0.0 => {
+                    seeded_dropout_at(&t, p, derive_seed(seed, label), offset)
+                }
                 _ => Ok(t),
             }
         };
@@ -183,17 +186,21 @@ impl NextTokenPredictor {
         &self,
         tokens: &Tensor,
         kpm: Option<&Tensor>,
-        dropout_seed: Option<u64>,
+        dropout: Option<(u64, usize)>,
         need_weights: bool,
     ) -> Result<(Tensor, Vec<Tensor>)> {
         let (_, l) = self.check_tokens(tokens, kpm)?;
+        let dropout_seed = dropout.map(|(seed, _)| seed);
+        let first_row = dropout.map_or(0, |(_, row)| row);
+        // The (N, L, E) dropouts of rows first_row.. of a larger batch.
+        let offset = (first_row * l * self.config.embed_dim) as u64;
         let dev = tokens.device();
         let positions = Tensor::arange(0u32, l as u32, dev)?;
         let x = self.token_embedding.forward(tokens)?;
         let mut x = x.broadcast_add(&self.position_embedding.forward(&positions)?)?;
         let p = self.config.resid_dropout;
         if let (Some(seed), true) = (dropout_seed, p > 0.0) {
-            x = seeded_dropout(&x, p, derive_seed(seed, "embedding"))?;
+            x = seeded_dropout_at(&x, p, derive_seed(seed, "embedding"), offset)?;
         }
         let mut weights = Vec::new();
         for (i, block) in self.blocks.iter().enumerate() {
@@ -211,9 +218,10 @@ impl NextTokenPredictor {
                 // Each layer's mask comes from (seed, layer): resumable exactly.
                 opts = opts
                     .with_train(true)
-                    .with_dropout_seed(derive_seed(seed, &i.to_string()));
+                    .with_dropout_seed(derive_seed(seed, &i.to_string()))
+                    .with_dropout_first_row(first_row);
             }
-            let resid = dropout_seed.map(|s| (p, derive_seed(s, &format!("resid/{i}"))));
+            let resid = dropout_seed.map(|s| (p, derive_seed(s, &format!("resid/{i}")), offset));
             let (y, w) = block.forward(&x, &opts, resid)?;
             x = y;
             weights.extend(w);
@@ -237,7 +245,23 @@ impl NextTokenPredictor {
         kpm: Option<&Tensor>,
         dropout_seed: u64,
     ) -> Result<Tensor> {
-        self.run(tokens, kpm, Some(dropout_seed), false)
+        self.forward_train_rows(tokens, kpm, dropout_seed, 0)
+    }
+
+    /// [`forward_train`](Self::forward_train) on rows `first_row..` of a larger batch: every
+    /// dropout mask (attention, embeddings, residual stream) is that batch's for these rows,
+    /// so parts of a batch computed apart (data-parallel ranks) drop what the whole batch does,
+    /// as long as they have its sequence length.
+    ///
+    /// PyTorch equivalent: none (PyTorch's dropout draws from a generator's state).
+    pub fn forward_train_rows(
+        &self,
+        tokens: &Tensor,
+        kpm: Option<&Tensor>,
+        dropout_seed: u64,
+        first_row: usize,
+    ) -> Result<Tensor> {
+        self.run(tokens, kpm, Some((dropout_seed, first_row)), false)
             .map(|(logits, _)| logits)
     }
 

@@ -18,7 +18,7 @@ use candle::{DType, Device, Result};
 
 use super::distributed::{shard_range, Communicator, GradientBuckets, DEFAULT_BUCKET_BYTES};
 use super::state::StepStats;
-use super::trainer::StepSizes;
+use super::trainer::{micro_batch_label, StepSizes};
 use super::Trainer;
 use crate::data::{Batch, Example, TrainSource};
 use crate::models::masked_cross_entropy;
@@ -31,8 +31,10 @@ use crate::rng::derive_seed;
 #[derive(Debug)]
 pub struct StepShard {
     /// This rank's part of each micro-batch that gives it one example or more: the index of
-    /// the micro-batch (`0..grad_accum`) and the batch.
-    pub batches: Vec<(usize, Batch)>,
+    /// the micro-batch (`0..grad_accum`), the row of its first sequence in that micro-batch,
+    /// and the batch, padded to the whole micro-batch's length (so that its dropout masks are
+    /// the whole micro-batch's for these rows).
+    pub batches: Vec<(usize, usize, Batch)>,
     /// Target positions counted in the loss in the global batch.
     pub tokens: usize,
     /// Input positions of the global batch (`N × L` summed over its micro-batches).
@@ -72,10 +74,11 @@ impl Trainer {
             shard.sequences += chunk.len();
             let range = shard_range(chunk.len(), rank, world)?;
             if !range.is_empty() {
+                let first_row = range.start;
                 let refs: Vec<&Example> = chunk[range].iter().collect();
-                shard
-                    .batches
-                    .push((m, Batch::from_examples(&refs, device)?));
+                let len = longest.unwrap_or(0);
+                let batch = Batch::from_examples_padded_to(&refs, len, device)?;
+                shard.batches.push((m, first_row, batch));
             }
         }
         Ok(shard)
@@ -86,11 +89,13 @@ impl Trainer {
     /// ranks, so every rank takes the step of the global batch and reports its loss. With one
     /// rank it is [`Trainer::train_step_accumulated`], bit for bit.
     ///
-    /// Micro-batch `m`'s dropout is drawn from `"dropout/{step}/{m}/rank{r}of{world}"` with
-    /// several ranks: masks cover a rank's part, so a run with dropout is reproducible for a
-    /// given world size but not equal to the one-process run (without dropout it is, up to
-    /// float rounding). A non-finite loss or gradient norm stops every rank with the same
-    /// error and leaves the weights unchanged.
+    /// Dropout: each rank draws the one-process run's masks for its rows (the micro-batch's
+    /// seed, its first row, its padded length: [`NextTokenPredictor::forward_train_rows`]), so
+    /// a run with dropout equals the one-process run too, up to float rounding. A non-finite
+    /// loss or gradient norm stops every rank with the same error and leaves the weights
+    /// unchanged.
+    ///
+    /// [`NextTokenPredictor::forward_train_rows`]: crate::models::NextTokenPredictor::forward_train_rows
     ///
     /// PyTorch equivalent: a `DistributedDataParallel` step with `no_sync()` over the
     /// micro-batches, the loss scaled by `local tokens / global tokens` instead of DDP's
@@ -100,9 +105,9 @@ impl Trainer {
         comm: &dyn Communicator,
         shard: &StepShard,
     ) -> Result<StepStats> {
-        let (rank, world) = (comm.rank(), comm.world_size());
+        let world = comm.world_size();
         if world == 1 {
-            let batches: Vec<Batch> = shard.batches.iter().map(|(_, b)| b.clone()).collect();
+            let batches: Vec<Batch> = shard.batches.iter().map(|(_, _, b)| b.clone()).collect();
             return self.train_step_accumulated(&batches);
         }
         let step = self.state.step;
@@ -114,14 +119,16 @@ impl Trainer {
         }
         let mut grads: Option<GradStore> = None;
         let mut loss_sum = 0f64;
-        for (m, batch) in &shard.batches {
+        for (m, first_row, batch) in &shard.batches {
             if batch.num_tokens == 0 {
                 continue;
             }
-            let label = format!("dropout/{step}/{m}/rank{rank}of{world}");
-            let dropout_seed = derive_seed(self.state.config.seed, &label);
+            // The one-process run's seed of micro-batch m, and its masks for these rows.
+            let dropout_seed = derive_seed(self.state.config.seed, &micro_batch_label(step, *m));
             let kpm = batch.padded.then_some(&batch.key_padding_mask);
-            let logits = self.model.forward_train(&batch.input, kpm, dropout_seed)?;
+            let logits =
+                self.model
+                    .forward_train_rows(&batch.input, kpm, dropout_seed, *first_row)?;
             let loss = masked_cross_entropy(&logits, &batch.targets, &batch.loss_mask)?
                 .affine(batch.num_tokens as f64 / total as f64, 0.0)?;
             loss_sum += loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;

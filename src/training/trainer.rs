@@ -20,6 +20,15 @@ use crate::io::write_atomic;
 use crate::models::{masked_cross_entropy, NextTokenPredictor};
 use crate::rng::derive_seed;
 
+/// The dropout label of micro-batch `m` of step `step`: `dropout/{step}` for the first,
+/// `dropout/{step}/{m}` after it (every rank of a data-parallel run uses the same).
+pub(super) fn micro_batch_label(step: u64, m: usize) -> String {
+    match m {
+        0 => format!("dropout/{step}"),
+        m => format!("dropout/{step}/{m}"),
+    }
+}
+
 /// The sizes of a step's (global) batch, for its [`StepStats`].
 pub(super) struct StepSizes {
     /// Target positions counted in the loss.
@@ -211,11 +220,7 @@ impl Trainer {
             if batch.num_tokens == 0 {
                 continue;
             }
-            let label = match m {
-                0 => format!("dropout/{step}"),
-                m => format!("dropout/{step}/{m}"),
-            };
-            let dropout_seed = derive_seed(self.state.config.seed, &label);
+            let dropout_seed = derive_seed(self.state.config.seed, &micro_batch_label(step, m));
             // No mask when no sequence is padded: the attention skips the masking work.
             let kpm = batch.padded.then_some(&batch.key_padding_mask);
             let logits = self.model.forward_train(&batch.input, kpm, dropout_seed)?;

@@ -31,7 +31,12 @@ impl MultiheadAttention {
             None => None,
         };
         let dropout = match call.dropout_seed {
-            Some(seed) => Some(DropoutMask::new(cfg.dropout, seed)?),
+            // Row b of this call is row `dropout_first_row + b` of the weights' (N, H, L, S')
+            // counter space.
+            Some(seed) => Some(
+                DropoutMask::new(cfg.dropout, seed)?
+                    .with_offset((opts.dropout_first_row * h * l * (s + extra)) as u64),
+            ),
             None => None,
         };
         Ok(FusedAttention {

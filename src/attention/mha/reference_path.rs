@@ -6,7 +6,7 @@ use candle::{Result, Tensor};
 use super::projection::Projected;
 use super::{Call, MultiheadAttention};
 use crate::attention::checks::Dims;
-use crate::attention::dropout::seeded_dropout;
+use crate::attention::dropout::seeded_dropout_at;
 use crate::attention::mask::merged_mask;
 use crate::attention::softmax::{safe_softmax_last_dim, softmax_dtype};
 
@@ -48,7 +48,9 @@ impl MultiheadAttention {
         };
         let mut probs = safe_softmax_last_dim(&scores)?;
         if let Some(seed) = call.dropout_seed {
-            probs = seeded_dropout(&probs, cfg.dropout, seed)?;
+            let (_, heads, rows, keys) = probs.dims4()?;
+            let offset = (opts.dropout_first_row * heads * rows * keys) as u64;
+            probs = seeded_dropout_at(&probs, cfg.dropout, seed, offset)?;
         }
         let ctx = match k.dim(2)? {
             // No key at all: like a fully masked row, a zero context.
