@@ -18,11 +18,9 @@ use candle::{DType, Device, Result};
 
 use super::distributed::{shard_range, Communicator, GradientBuckets, DEFAULT_BUCKET_BYTES};
 use super::state::StepStats;
-use super::trainer::{micro_batch_label, StepSizes};
+use super::trainer::{non_finite_loss, StepSizes};
 use super::Trainer;
 use crate::data::{Batch, Example, TrainSource};
-use crate::models::masked_cross_entropy;
-use crate::rng::derive_seed;
 
 /// One rank's part of a step, and the sizes of the whole global batch (every rank's part).
 ///
@@ -123,20 +121,9 @@ impl Trainer {
             if batch.num_tokens == 0 {
                 continue;
             }
-            // The one-process run's seed of micro-batch m, and its masks for these rows.
-            let dropout_seed = derive_seed(self.state.config.seed, &micro_batch_label(step, *m));
-            let kpm = batch.padded.then_some(&batch.key_padding_mask);
-            let logits =
-                self.model
-                    .forward_train_rows(&batch.input, kpm, dropout_seed, *first_row)?;
-            let loss = masked_cross_entropy(&logits, &batch.targets, &batch.loss_mask)?
-                .affine(batch.num_tokens as f64 / total as f64, 0.0)?;
-            loss_sum += loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
-            let g = loss.backward()?;
-            grads = Some(match grads {
-                None => g,
-                Some(acc) => self.add_grads(acc, g)?,
-            });
+            let weight = batch.num_tokens as f64 / total as f64;
+            loss_sum +=
+                self.micro_batch_backward(*m, *first_row, batch, Some(weight), &mut grads)?;
         }
         // Every rank learns the global loss before any gradient moves, so a non-finite loss
         // on one rank stops all of them at the same point, with the same message.
@@ -148,10 +135,7 @@ impl Trainer {
         )?;
         let loss_value = loss[0];
         if !loss_value.is_finite() {
-            candle::bail!(
-                "training loss is {loss_value} at step {} (lr {lr:.3e}): stopping; lower the learning rate or check the data. The weights were not updated.",
-                step + 1
-            )
+            return Err(non_finite_loss(loss_value, step, lr));
         }
         let vars = self.optimizer.vars();
         let mut grads = match grads {

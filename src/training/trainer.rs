@@ -22,11 +22,19 @@ use crate::rng::derive_seed;
 
 /// The dropout label of micro-batch `m` of step `step`: `dropout/{step}` for the first,
 /// `dropout/{step}/{m}` after it (every rank of a data-parallel run uses the same).
-pub(super) fn micro_batch_label(step: u64, m: usize) -> String {
+fn micro_batch_label(step: u64, m: usize) -> String {
     match m {
         0 => format!("dropout/{step}"),
         m => format!("dropout/{step}/{m}"),
     }
+}
+
+/// The error of a non-finite training loss at step `step` (0-based) with learning rate `lr`.
+pub(super) fn non_finite_loss(value: f64, step: u64, lr: f64) -> candle::Error {
+    candle::Error::Msg(format!(
+        "training loss is {value} at step {} (lr {lr:.3e}): stopping; lower the learning rate or check the data. The weights were not updated.",
+        step + 1
+    ))
 }
 
 /// The sizes of a step's (global) batch, for its [`StepStats`].
@@ -44,9 +52,9 @@ pub(super) struct StepSizes {
 /// PyTorch equivalent: the `for step in range(steps): loss.backward(); clip; opt.step()`
 /// loop of a training script, with `torch.save` of model, optimizer and step.
 pub struct Trainer {
-    // The data-parallel step (data_parallel.rs) reads them.
-    pub(super) model: NextTokenPredictor,
+    model: NextTokenPredictor,
     varmap: VarMap,
+    // The data-parallel step (data_parallel.rs) reads these two.
     pub(super) optimizer: AdamW,
     pub(super) schedule: LrSchedule,
     // The loop of a run (run.rs) reads and updates it.
@@ -220,27 +228,12 @@ impl Trainer {
             if batch.num_tokens == 0 {
                 continue;
             }
-            let dropout_seed = derive_seed(self.state.config.seed, &micro_batch_label(step, m));
-            // No mask when no sequence is padded: the attention skips the masking work.
-            let kpm = batch.padded.then_some(&batch.key_padding_mask);
-            let logits = self.model.forward_train(&batch.input, kpm, dropout_seed)?;
-            let mut loss = masked_cross_entropy(&logits, &batch.targets, &batch.loss_mask)?;
-            if batches.len() > 1 {
-                loss = loss.affine(batch.num_tokens as f64 / total as f64, 0.0)?;
-            }
-            let value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+            let weight = (batches.len() > 1).then(|| batch.num_tokens as f64 / total as f64);
+            let value = self.micro_batch_backward(m, 0, batch, weight, &mut grads)?;
             if !value.is_finite() {
-                candle::bail!(
-                    "training loss is {value} at step {} (lr {lr:.3e}): stopping; lower the learning rate or check the data. The weights were not updated.",
-                    step + 1
-                )
+                return Err(non_finite_loss(value, step, lr));
             }
             loss_value += value;
-            let g = loss.backward()?;
-            grads = Some(match grads {
-                None => g,
-                Some(acc) => self.add_grads(acc, g)?,
-            });
         }
         let Some(mut grads) = grads else {
             candle::bail!(
@@ -254,6 +247,39 @@ impl Trainer {
             sequences: batches.iter().map(Batch::batch_size).sum(),
         };
         self.finish_step(&mut grads, lr, loss_value, sizes, 0.0)
+    }
+
+    /// Forward and backward of micro-batch `m` of the current step in training mode, on its
+    /// rows `first_row..` (a data-parallel rank's part; 0 for all of it) with the one-process
+    /// run's dropout masks of those rows: the loss, times `weight` when given (the
+    /// micro-batch's share of the step's tokens), and its gradients added into `grads`.
+    /// Returns the (weighted) loss.
+    pub(super) fn micro_batch_backward(
+        &self,
+        m: usize,
+        first_row: usize,
+        batch: &Batch,
+        weight: Option<f64>,
+        grads: &mut Option<GradStore>,
+    ) -> Result<f64> {
+        let label = micro_batch_label(self.state.step, m);
+        let dropout_seed = derive_seed(self.state.config.seed, &label);
+        // No mask when no sequence is padded: the attention skips the masking work.
+        let kpm = batch.padded.then_some(&batch.key_padding_mask);
+        let logits = self
+            .model
+            .forward_train_rows(&batch.input, kpm, dropout_seed, first_row)?;
+        let mut loss = masked_cross_entropy(&logits, &batch.targets, &batch.loss_mask)?;
+        if let Some(w) = weight {
+            loss = loss.affine(w, 0.0)?;
+        }
+        let value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+        let g = loss.backward()?;
+        *grads = Some(match grads.take() {
+            None => g,
+            Some(acc) => self.add_grads(acc, g)?,
+        });
+        Ok(value)
     }
 
     /// The end of a step, one process or data-parallel: clipping with the configured norm (or
@@ -296,7 +322,7 @@ impl Trainer {
 
     /// `acc + g` for every trainable variable, detached (candle leaves gradients attached to
     /// their graph; keeping them would keep every micro-batch's activations alive).
-    pub(super) fn add_grads(&self, mut acc: GradStore, g: GradStore) -> Result<GradStore> {
+    fn add_grads(&self, mut acc: GradStore, g: GradStore) -> Result<GradStore> {
         for var in self.optimizer.vars() {
             let t: &Tensor = &var;
             let sum = match (acc.get(t), g.get(t)) {
