@@ -205,30 +205,26 @@ fn mat1<'a, T: Elem>(s: &'a CpuStorage, l: &Layout) -> Result<Mat<'a, T>> {
     })
 }
 
-/// Gradients `[dx, dw]` (and `db` with `bias`) of `x·wᵀ + b` from the output gradient, with
-/// candle ops that run as one GEMM each (`matmul` takes the strided operands as they are).
-pub(crate) fn linear_backward(
-    x: &Tensor,
-    w: &Tensor,
-    grad: &Tensor,
-    bias: bool,
-) -> Result<Vec<Tensor>> {
-    let (k, n) = (w.dim(1)?, w.dim(0)?);
-    let m = x.elem_count() / k.max(1);
-    let grad = grad.contiguous()?.reshape((m, n))?;
-    let x2 = x.reshape((m, k))?;
-    let dx = grad.matmul(w)?.reshape(x.shape())?;
-    let dw = grad.t()?.matmul(&x2)?;
-    let mut out = vec![dx, dw];
-    if bias {
-        out.push(column_sums(&grad)?);
+/// Gradients `[dx, dw]` (and `db` with `bias`) of `x·wᵀ + b` from the output gradient (a
+/// candle tensor): [`linear_backward_slice`] on its data.
+fn linear_backward(x: &Tensor, w: &Tensor, grad: &Tensor, bias: bool) -> Result<Vec<Tensor>> {
+    let grad = grad.contiguous()?;
+    let (gs, gl) = grad.storage_and_layout();
+    match &*gs {
+        Storage::Cpu(CpuStorage::F32(_)) => {
+            linear_backward_slice(x, w, contiguous::<f32, _>(OP, &*gs, gl)?, bias)
+        }
+        Storage::Cpu(CpuStorage::F64(_)) => {
+            linear_backward_slice(x, w, contiguous::<f64, _>(OP, &*gs, gl)?, bias)
+        }
+        other => Err(unsupported_dtype(OP, other.dtype())),
     }
-    Ok(out)
 }
 
-/// [`linear_backward`] with the output gradient as a slice `(M, Nout)` of the kernel's dtype
-/// (a pooled buffer that never becomes a tensor): `dx = g·w` and `dw = gᵀ·x` as one GEMM each
-/// on all threads, `db` the column sums.
+/// Gradients `[dx, dw]` (and `db` with `bias`) of `x·wᵀ + b` from the output gradient as a
+/// slice `(M, Nout)` of the kernel's dtype (for the fused ops, a pooled buffer that never
+/// becomes a tensor): `dx = g·w` and `dw = gᵀ·x` as one GEMM each on all threads, `db` the
+/// column sums.
 pub(crate) fn linear_backward_slice<T: Elem>(
     x: &Tensor,
     w: &Tensor,
@@ -313,24 +309,6 @@ fn column_sums_of<T: Elem>(data: &[T], rows: usize, cols: usize) -> Vec<T> {
         acc.iter_mut().zip(&b).for_each(|(a, x)| *a += *x);
     }
     acc
-}
-
-/// `g.sum(0)` for a contiguous 2-D CPU `g`: rows added into one accumulator (candle's
-/// reduction over the first dim is ~10× slower).
-fn column_sums(g: &Tensor) -> Result<Tensor> {
-    let (rows, cols) = g.dims2()?;
-    let (storage, layout) = g.storage_and_layout();
-    match &*storage {
-        Storage::Cpu(CpuStorage::F32(_)) => {
-            let data = contiguous::<f32, _>(OP, &*storage, layout)?;
-            Tensor::from_vec(column_sums_of(data, rows, cols), cols, &Device::Cpu)
-        }
-        Storage::Cpu(CpuStorage::F64(_)) => {
-            let data = contiguous::<f64, _>(OP, &*storage, layout)?;
-            Tensor::from_vec(column_sums_of(data, rows, cols), cols, &Device::Cpu)
-        }
-        _ => g.sum(0),
-    }
 }
 
 impl CustomOp2 for FusedLinear {
