@@ -47,9 +47,9 @@ pub(crate) unsafe fn gemm<T: Elem>(
     // One thread, small dimensions, right operand and destination read by rows: the attention
     // kernels' tiles, faster unpacked (`small_gemm`).
     if threads == Threads::One
-        && k <= SMALL
-        && m <= SMALL
-        && n <= SMALL
+        && k <= SMALL_GEMM
+        && m <= SMALL_GEMM
+        && n <= SMALL_GEMM
         && rhs.2 == 1
         && dst.2 == 1
         && T::small_gemm(
@@ -97,7 +97,7 @@ pub(crate) unsafe fn gemm<T: Elem>(
 /// The largest dimensions sent to the unpacked product: with 256-row tiles the `gemm` crate's
 /// packed kernel was as fast or faster in the attention backward pass on Zen 3, with tiles of
 /// 32–128 the unpacked one 5–10% faster over a whole training step of the module.
-const SMALL: usize = 128;
+pub(crate) const SMALL_GEMM: usize = 128;
 
 /// candle's thread count, read once: `candle::utils::get_num_threads` parses `/proc/cpuinfo`
 /// on every call when `RAYON_NUM_THREADS` is unset (~25–30 µs, a third of a one-token

@@ -20,7 +20,7 @@ pub(crate) mod workspace;
 pub(crate) use dtype::{fused, unsupported_dtype};
 pub(crate) use elem::Elem;
 pub(crate) use gelu::{gelu, gelu_grad, gelu_grad_into};
-pub(crate) use gemm::{gemm, Threads};
+pub(crate) use gemm::{gemm, Threads, SMALL_GEMM};
 pub(crate) use linear::{linear, linear_backward_slice, linear_forward_into, linear_out_len};
 pub(crate) use slice::{contiguous, slice};
 pub(crate) use small_gemm::sgemm_small;

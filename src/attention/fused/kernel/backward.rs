@@ -9,7 +9,7 @@ use super::tiles::{
 };
 use super::{Geom, Masks, Rows, RowsMut};
 use crate::attention::dropout::DropoutMask;
-use crate::cpu::{gemm, Elem, Threads};
+use crate::cpu::{gemm, Elem, Threads, SMALL_GEMM};
 
 /// Query rows and key columns per backward tile without a causal mask: 256 at long sequences
 /// (larger products; about 3% faster than 128 at L = 2048 and 512 on a 2-core Zen 3), 64
@@ -78,7 +78,7 @@ pub(crate) fn backward<T: Elem>(
             pack_head_into(&d_out, (b, h), g.l, d, gb);
             // With small tiles kᵀ and vᵀ as well: the right operands of q·kᵀ and dO·vᵀ read by
             // rows, for the unpacked tile product (see `cpu::gemm`).
-            let small = bq <= 128 && bk <= 128;
+            let small = bq.max(bk) <= SMALL_GEMM;
             let ldt = match small {
                 true => {
                     transpose_into(vb, g.s, d, vtb);
