@@ -5,11 +5,13 @@ use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Sub};
 
 use candle::WithDType;
 
+use super::small_gemm::Lanes;
 use super::workspace::{AnyBuf, Pool};
 use super::{gelu, simd};
 
 /// An element type the CPU kernels run in (f32, f64): arithmetic, the scalar functions they
-/// need and the row primitives the attention, GELU, cross-entropy and optimizer loops share.
+/// need, the row primitives the attention, GELU, cross-entropy and optimizer loops share, and
+/// the register-tile product's vector operations ([`Lanes`]).
 pub(crate) trait Elem:
     WithDType
     + Copy
@@ -22,6 +24,7 @@ pub(crate) trait Elem:
     + Div<Output = Self>
     + AddAssign
     + MulAssign
+    + Lanes
 {
     const ZERO: Self;
     const ONE: Self;
@@ -36,6 +39,11 @@ pub(crate) trait Elem:
     fn exp_shift_sum(row: &mut [Self], shift: Self) -> Self;
     /// `Σ a[j]·b[j]`.
     fn dot(a: &[Self], b: &[Self]) -> Self;
+    /// One panel of a transposed pack: `panel[p·16 + t] = src[t][p]` for `t < src.len()`
+    /// (≤ 16) and `p < cols` (see `super::panels`).
+    fn transpose_panel(src: &[&[Self]], cols: usize, panel: &mut [Self]) {
+        simd::transpose_panel_scalar(src, 0, cols, panel)
+    }
     /// `y = x·Φ(x)` (the exact GELU).
     fn gelu_row(x: &[Self], y: &mut [Self]);
     /// `dx = g·(Φ(x) + x·φ(x))` (the exact GELU's input gradient).
@@ -44,22 +52,6 @@ pub(crate) trait Elem:
     fn pool() -> &'static Pool<Self>;
     /// A pooled buffer of either dtype as this dtype, if it is.
     fn of_any(b: &AnyBuf) -> Option<&[Self]>;
-    /// `c = [c +] alpha·a·b` without packing (`super::small_gemm`) where this dtype has such a
-    /// product (f32 with AVX2 and FMA); `false`, having done nothing, elsewhere.
-    ///
-    /// # Safety
-    /// As `super::sgemm_small`.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn small_gemm(
-        _dims: (usize, usize, usize),
-        _a: (*const Self, usize, usize),
-        _b: (*const Self, usize),
-        _c: (*mut Self, usize),
-        _alpha: Self,
-        _accumulate: bool,
-    ) -> bool {
-        false
-    }
 }
 
 impl Elem for f64 {
@@ -110,16 +102,6 @@ impl Elem for f64 {
 }
 
 impl Elem for f32 {
-    unsafe fn small_gemm(
-        dims: (usize, usize, usize),
-        a: (*const f32, usize, usize),
-        b: (*const f32, usize),
-        c: (*mut f32, usize),
-        alpha: f32,
-        accumulate: bool,
-    ) -> bool {
-        super::sgemm_small(dims, a, b, c, alpha, accumulate)
-    }
     fn pool() -> &'static Pool<Self> {
         static POOL: Pool<f32> = Pool::new();
         &POOL
@@ -151,6 +133,9 @@ impl Elem for f32 {
     }
     fn dot(a: &[Self], b: &[Self]) -> Self {
         simd::dot(a, b)
+    }
+    fn transpose_panel(src: &[&[Self]], cols: usize, panel: &mut [Self]) {
+        simd::transpose_panel(src, cols, panel)
     }
     fn gelu_row(x: &[Self], y: &mut [Self]) {
         gelu::forward_row_f32(x, y)

@@ -1,6 +1,7 @@
 //! The one matrix product of the CPU kernels, over the `gemm` crate (run-time dispatched SIMD
 //! micro-kernels).
 
+use super::small_gemm::{small_gemm, PANEL};
 use super::Elem;
 
 /// A matrix operand: pointer to its first element, row stride, column stride (in elements).
@@ -44,18 +45,19 @@ pub(crate) unsafe fn gemm<T: Elem>(
         }
         return;
     }
-    // One thread, small dimensions, right operand and destination read by rows: the attention
-    // kernels' tiles, faster unpacked (`small_gemm`).
+    // One thread, small dimensions, right operand and destination read by rows (the decoding
+    // and weights passes' tiles): faster unpacked (`small_gemm`; a plain row-major operand is
+    // one "panel" per 16 columns).
     if threads == Threads::One
         && k <= SMALL_GEMM
         && m <= SMALL_GEMM
         && n <= SMALL_GEMM
         && rhs.2 == 1
         && dst.2 == 1
-        && T::small_gemm(
+        && small_gemm::<T>(
             (m, n, k),
             lhs,
-            (rhs.0, rhs.1),
+            (rhs.0, rhs.1, PANEL, 0),
             (dst.0, dst.1),
             alpha,
             accumulate,
@@ -94,10 +96,10 @@ pub(crate) unsafe fn gemm<T: Elem>(
     )
 }
 
-/// The largest dimensions sent to the unpacked product: with 256-row tiles the `gemm` crate's
-/// packed kernel was as fast or faster in the attention backward pass on Zen 3, with tiles of
-/// 32–128 the unpacked one 5–10% faster over a whole training step of the module.
-pub(crate) const SMALL_GEMM: usize = 128;
+/// The largest dimensions sent to the unpacked product by [`gemm`]: with 256-row tiles read
+/// by rows (not packed) the `gemm` crate's packed kernel was as fast or faster on Zen 3, with
+/// tiles of 32–128 the unpacked one 5–10% faster.
+const SMALL_GEMM: usize = 128;
 
 /// candle's thread count, read once: `candle::utils::get_num_threads` parses `/proc/cpuinfo`
 /// on every call when `RAYON_NUM_THREADS` is unset (~25–30 µs, a third of a one-token

@@ -11,6 +11,7 @@ mod elem;
 mod gelu;
 mod gemm;
 mod linear;
+mod panels;
 pub(crate) mod simd;
 mod slice;
 mod small_gemm;
@@ -20,10 +21,13 @@ pub(crate) mod workspace;
 pub(crate) use dtype::{fused, unsupported_dtype};
 pub(crate) use elem::Elem;
 pub(crate) use gelu::{gelu, gelu_grad, gelu_grad_into};
-pub(crate) use gemm::{gemm, Threads, SMALL_GEMM};
+pub(crate) use gemm::{gemm, Threads};
 pub(crate) use linear::{linear, linear_backward_slice, linear_forward_into, linear_out_len};
+pub(crate) use panels::{
+    gemm_panels, pack_rows, pack_rows_into, pack_transposed, pack_transposed_into, panels_len,
+    Panels,
+};
 pub(crate) use slice::{contiguous, slice};
-pub(crate) use small_gemm::sgemm_small;
 pub(crate) use stash::Stash;
 
 /// Rows per rayon task of the row ops. Fixed, not derived from the thread count, so that sums

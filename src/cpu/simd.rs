@@ -130,6 +130,78 @@ unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
     dot_f32(a, b)
 }
 
+/// One panel of a transposed pack (see `super::panels`): `panel[p·16 + t] = src[t][p]` for
+/// `t < src.len()` (≤ 16) and `p < cols`; other elements untouched.
+pub(crate) fn transpose_panel(src: &[&[f32]], cols: usize, panel: &mut [f32]) {
+    assert!(src.len() <= 16 && panel.len() >= cols * 16 && src.iter().all(|r| r.len() >= cols));
+    #[cfg(target_arch = "x86_64")]
+    if avx2() && src.len() == 16 {
+        // SAFETY: as above; the lengths were checked.
+        unsafe { transpose_panel_avx2(src, cols, panel) };
+        return;
+    }
+    transpose_panel_scalar(src, 0, cols, panel);
+}
+
+/// Columns `from..cols` of [`transpose_panel`], one element at a time.
+pub(crate) fn transpose_panel_scalar<T: Copy>(
+    src: &[&[T]],
+    from: usize,
+    cols: usize,
+    panel: &mut [T],
+) {
+    for p in from..cols {
+        for (o, row) in panel[p * 16..p * 16 + src.len()].iter_mut().zip(src) {
+            *o = row[p];
+        }
+    }
+}
+
+/// [`transpose_panel`] for 16 rows: 8 × 8 blocks transposed in registers.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn transpose_panel_avx2(src: &[&[f32]], cols: usize, panel: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let full = cols / 8 * 8;
+    let out = panel.as_mut_ptr();
+    for half in 0..2 {
+        let rows = &src[half * 8..half * 8 + 8];
+        for p0 in (0..full).step_by(8) {
+            let r: [__m256; 8] = std::array::from_fn(|i| _mm256_loadu_ps(rows[i].as_ptr().add(p0)));
+            let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+            let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+            let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+            let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+            let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+            let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+            let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+            let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+            let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+            let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+            let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+            let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+            let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+            let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+            let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+            let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+            let c = [
+                _mm256_permute2f128_ps::<0x20>(u0, u4),
+                _mm256_permute2f128_ps::<0x20>(u1, u5),
+                _mm256_permute2f128_ps::<0x20>(u2, u6),
+                _mm256_permute2f128_ps::<0x20>(u3, u7),
+                _mm256_permute2f128_ps::<0x31>(u0, u4),
+                _mm256_permute2f128_ps::<0x31>(u1, u5),
+                _mm256_permute2f128_ps::<0x31>(u2, u6),
+                _mm256_permute2f128_ps::<0x31>(u3, u7),
+            ];
+            for (q, c) in c.into_iter().enumerate() {
+                _mm256_storeu_ps(out.add((p0 + q) * 16 + half * 8), c);
+            }
+        }
+    }
+    transpose_panel_scalar(src, full, cols, panel);
+}
+
 /// Lanes of the manual reductions: float sums are not reassociated by the compiler, so eight
 /// independent accumulators make the loops vectorise.
 const LANES: usize = 8;

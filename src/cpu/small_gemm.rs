@@ -1,13 +1,14 @@
-//! A matrix product for the attention kernels' small tiles in f32 (AVX2 + FMA): no packing.
+//! A matrix product for the attention kernels' tiles (AVX2 + FMA, f32 and f64): no packing
+//! inside the product.
 //!
 //! The `gemm` crate packs both operands on every call; for the tiles of the attention kernels
 //! (inner dimension the head dim, 32–128, or a tile of 32–256 keys) that packing and the
 //! call's set-up cost as much as the product: a (32, 32, 32) product ran at 54 GFLOP/s and a
-//! (64, 64, 64) at 100 on one Zen 3 core whose peak is ~125. Here the right-hand operand must
-//! have unit column stride (its rows are read as vectors, as they lie: a head's rows of `v`,
-//! `q`, `k`, `dO`, or a transposed copy made once per head) and the left-hand one is read one
-//! element at a time (broadcast), with any strides: register tiles of up to 6 rows × 16
-//! columns, accumulated over the whole inner dimension.
+//! (64, 64, 64) at 100 on one Zen 3 core whose peak is ~125. Here the right-hand operand is read
+//! by rows of 16 elements, as it lies (unit column stride) or packed once per head in panels
+//! (`super::panels`), and the left-hand one one element at a time (broadcast), with any
+//! strides: register tiles of up to 6 rows × two vectors (16 f32 or 8 f64 columns),
+//! accumulated over the whole inner dimension.
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -15,19 +16,25 @@ use std::arch::x86_64::*;
 /// Rows of the register tile.
 const MR: usize = 6;
 
-/// `c[m×n] = [c +] alpha · a[m×k] · b[k×n]` in f32: `a(i, p)` at `a + i·ars + p·acs`,
-/// `b(p, j)` at `b + p·ldb + j`, `c(i, j)` at `c + i·ldc + j`. Returns `false` (and does
-/// nothing) where the CPU lacks AVX2 or FMA.
+/// Columns of a panel of a packed right operand (and of an f32 register tile).
+pub(crate) const PANEL: usize = 16;
+
+/// `c[m×n] = [c +] alpha · a[m×k] · b[k×n]`: `a(i, p)` at `a + i·ars + p·acs`, `c(i, j)` at
+/// `c + i·ldc + j`, and `b` in panels of [`PANEL`] columns: with `J = j0 + j`, `b(p, j)` at
+/// `b + (J / 16)·bps + p·ldb + J % 16`. A plain row-major `b` is `bps = 16`, `j0 = 0`; a
+/// packed one (see `super::panels`) has `ldb = 16` and a panel stride `bps`, and `j0` says
+/// where in it column 0 is. Returns `false` (and does nothing) where the CPU lacks AVX2 or
+/// FMA.
 ///
 /// # Safety
 /// Every addressed element must be in bounds; `c` must not overlap `a` or `b`.
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn sgemm_small(
+pub(crate) unsafe fn small_gemm<T: Lanes>(
     (m, n, k): (usize, usize, usize),
-    (a, ars, acs): (*const f32, usize, usize),
-    (b, ldb): (*const f32, usize),
-    (c, ldc): (*mut f32, usize),
-    alpha: f32,
+    (a, ars, acs): (*const T, usize, usize),
+    (b, ldb, bps, j0): (*const T, usize, usize, usize),
+    (c, ldc): (*mut T, usize),
+    alpha: T,
     accumulate: bool,
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -38,7 +45,7 @@ pub(crate) unsafe fn sgemm_small(
         avx2::product(
             (m, n, k),
             (a, ars, acs),
-            (b, ldb),
+            (b, ldb, bps, j0),
             (c, ldc),
             alpha,
             accumulate,
@@ -50,7 +57,7 @@ pub(crate) unsafe fn sgemm_small(
         let _ = (
             (m, n, k),
             (a, ars, acs),
-            (b, ldb),
+            (b, ldb, bps, j0),
             (c, ldc),
             alpha,
             accumulate,
@@ -59,50 +66,191 @@ pub(crate) unsafe fn sgemm_small(
     }
 }
 
+/// The element types with a register-tile product: their AVX2 vector and its operations.
+pub(crate) trait Lanes: Copy {
+    /// Elements per vector (8 f32, 4 f64); a register tile is two vectors wide.
+    const W: usize;
+    #[cfg(target_arch = "x86_64")]
+    type V: Copy;
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn zero() -> Self::V;
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn splat(x: Self) -> Self::V;
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn broadcast(p: *const Self) -> Self::V;
+    /// Loads lanes `0..count` (all when `count ≥ W`), zero elsewhere.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load(p: *const Self, count: usize) -> Self::V;
+    /// Stores lanes `0..count`.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn store(p: *mut Self, v: Self::V, count: usize);
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn fmadd(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
+}
+
+/// Lanes `0..count` of eight 32-bit lanes set.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn mask32(count: usize) -> __m256i {
+    let idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    _mm256_cmpgt_epi32(_mm256_set1_epi32(count.min(8) as i32), idx)
+}
+
+/// Lanes `0..count` of four 64-bit lanes set.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn mask64(count: usize) -> __m256i {
+    let idx = _mm256_setr_epi64x(0, 1, 2, 3);
+    _mm256_cmpgt_epi64(_mm256_set1_epi64x(count.min(4) as i64), idx)
+}
+
+impl Lanes for f32 {
+    const W: usize = 8;
+    #[cfg(target_arch = "x86_64")]
+    type V = __m256;
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn zero() -> __m256 {
+        _mm256_setzero_ps()
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> __m256 {
+        _mm256_set1_ps(x)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn broadcast(p: *const f32) -> __m256 {
+        _mm256_broadcast_ss(&*p)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load(p: *const f32, count: usize) -> __m256 {
+        match count >= 8 {
+            true => _mm256_loadu_ps(p),
+            false => _mm256_maskload_ps(p, mask32(count)),
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: __m256, count: usize) {
+        match count >= 8 {
+            true => _mm256_storeu_ps(p, v),
+            false => _mm256_maskstore_ps(p, mask32(count), v),
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn fmadd(a: __m256, b: __m256, c: __m256) -> __m256 {
+        _mm256_fmadd_ps(a, b, c)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn mul(a: __m256, b: __m256) -> __m256 {
+        _mm256_mul_ps(a, b)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn add(a: __m256, b: __m256) -> __m256 {
+        _mm256_add_ps(a, b)
+    }
+}
+
+impl Lanes for f64 {
+    const W: usize = 4;
+    #[cfg(target_arch = "x86_64")]
+    type V = __m256d;
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn zero() -> __m256d {
+        _mm256_setzero_pd()
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn splat(x: f64) -> __m256d {
+        _mm256_set1_pd(x)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn broadcast(p: *const f64) -> __m256d {
+        _mm256_broadcast_sd(&*p)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load(p: *const f64, count: usize) -> __m256d {
+        match count >= 4 {
+            true => _mm256_loadu_pd(p),
+            false => _mm256_maskload_pd(p, mask64(count)),
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn store(p: *mut f64, v: __m256d, count: usize) {
+        match count >= 4 {
+            true => _mm256_storeu_pd(p, v),
+            false => _mm256_maskstore_pd(p, mask64(count), v),
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn fmadd(a: __m256d, b: __m256d, c: __m256d) -> __m256d {
+        _mm256_fmadd_pd(a, b, c)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn mul(a: __m256d, b: __m256d) -> __m256d {
+        _mm256_mul_pd(a, b)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn add(a: __m256d, b: __m256d) -> __m256d {
+        _mm256_add_pd(a, b)
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::*;
 
-    /// Lanes `0..count` (at most 8) set.
-    #[inline(always)]
-    unsafe fn lanes(count: usize) -> __m256i {
-        let idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-        _mm256_cmpgt_epi32(_mm256_set1_epi32(count.min(8) as i32), idx)
-    }
-
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn product(
+    pub(super) unsafe fn product<T: Lanes>(
         (m, n, k): (usize, usize, usize),
-        (a, ars, acs): (*const f32, usize, usize),
-        (b, ldb): (*const f32, usize),
-        (c, ldc): (*mut f32, usize),
-        alpha: f32,
+        (a, ars, acs): (*const T, usize, usize),
+        (b, ldb, bps, j0): (*const T, usize, usize, usize),
+        (c, ldc): (*mut T, usize),
+        alpha: T,
         accumulate: bool,
     ) {
+        // Strips of two vectors; they end at panel boundaries (absolute column `j0 + j`; the
+        // strip width divides the panel's).
+        let strip = 2 * T::W;
         let mut j = 0;
         while j < n {
-            let cols = (n - j).min(16);
-            let (bj, cj) = (b.add(j), c.add(j));
+            let at = j0 + j;
+            let cols = (n - j).min(strip - at % strip);
+            let (bj, cj) = (b.add(at / PANEL * bps + at % PANEL), c.add(j));
             let mut i = 0;
             while i < m {
                 let rows = (m - i).min(MR);
-                let ai = a.add(i * ars);
-                let ci = cj.add(i * ldc);
                 let t = Tile {
                     k,
-                    a: ai,
+                    a: a.add(i * ars),
                     ars,
                     acs,
                     b: bj,
                     ldb,
-                    c: ci,
+                    c: cj.add(i * ldc),
                     ldc,
                     alpha,
                     accumulate,
                     cols,
                 };
-                match (rows, cols == 16) {
+                match (rows, cols == strip) {
                     (6, true) => t.run::<6, false>(),
                     (5, true) => t.run::<5, false>(),
                     (4, true) => t.run::<4, false>(),
@@ -122,63 +270,51 @@ mod avx2 {
         }
     }
 
-    /// One register tile: rows `0..R` (R ≤ 6) × `cols` (≤ 16) columns of `c`.
-    struct Tile {
+    /// One register tile: rows `0..R` (R ≤ 6) × `cols` (≤ two vectors) columns of `c`.
+    struct Tile<T> {
         k: usize,
-        a: *const f32,
+        a: *const T,
         ars: usize,
         acs: usize,
-        b: *const f32,
+        b: *const T,
         ldb: usize,
-        c: *mut f32,
+        c: *mut T,
         ldc: usize,
-        alpha: f32,
+        alpha: T,
         accumulate: bool,
         cols: usize,
     }
 
-    impl Tile {
-        /// `MASKED`: fewer than 16 columns (loads and stores through lane masks).
+    impl<T: Lanes> Tile<T> {
+        /// `MASKED`: fewer columns than two vectors (loads and stores through lane masks).
         #[target_feature(enable = "avx2,fma")]
         unsafe fn run<const R: usize, const MASKED: bool>(&self) {
-            let (m0, m1) = (lanes(self.cols), lanes(self.cols.saturating_sub(8)));
-            let mut acc = [[_mm256_setzero_ps(); 2]; R];
+            let w = T::W;
+            let (n0, n1) = match MASKED {
+                true => (self.cols, self.cols.saturating_sub(w)),
+                false => (w, w),
+            };
+            let mut acc = [[T::zero(); 2]; R];
             for p in 0..self.k {
                 let bp = self.b.add(p * self.ldb);
-                let (b0, b1) = if MASKED {
-                    (
-                        _mm256_maskload_ps(bp, m0),
-                        _mm256_maskload_ps(bp.add(8), m1),
-                    )
-                } else {
-                    (_mm256_loadu_ps(bp), _mm256_loadu_ps(bp.add(8)))
-                };
+                let (b0, b1) = (T::load(bp, n0), T::load(bp.add(w), n1));
                 let ap = self.a.add(p * self.acs);
                 for (r, acc) in acc.iter_mut().enumerate() {
-                    let x = _mm256_broadcast_ss(&*ap.add(r * self.ars));
-                    acc[0] = _mm256_fmadd_ps(x, b0, acc[0]);
-                    acc[1] = _mm256_fmadd_ps(x, b1, acc[1]);
+                    let x = T::broadcast(ap.add(r * self.ars));
+                    acc[0] = T::fmadd(x, b0, acc[0]);
+                    acc[1] = T::fmadd(x, b1, acc[1]);
                 }
             }
-            let alpha = _mm256_set1_ps(self.alpha);
+            let alpha = T::splat(self.alpha);
             for (r, acc) in acc.iter().enumerate() {
                 let cp = self.c.add(r * self.ldc);
-                let (mut x0, mut x1) = (_mm256_mul_ps(acc[0], alpha), _mm256_mul_ps(acc[1], alpha));
-                if MASKED {
-                    if self.accumulate {
-                        x0 = _mm256_add_ps(x0, _mm256_maskload_ps(cp, m0));
-                        x1 = _mm256_add_ps(x1, _mm256_maskload_ps(cp.add(8), m1));
-                    }
-                    _mm256_maskstore_ps(cp, m0, x0);
-                    _mm256_maskstore_ps(cp.add(8), m1, x1);
-                } else {
-                    if self.accumulate {
-                        x0 = _mm256_add_ps(x0, _mm256_loadu_ps(cp));
-                        x1 = _mm256_add_ps(x1, _mm256_loadu_ps(cp.add(8)));
-                    }
-                    _mm256_storeu_ps(cp, x0);
-                    _mm256_storeu_ps(cp.add(8), x1);
+                let (mut x0, mut x1) = (T::mul(acc[0], alpha), T::mul(acc[1], alpha));
+                if self.accumulate {
+                    x0 = T::add(x0, T::load(cp, n0));
+                    x1 = T::add(x1, T::load(cp.add(w), n1));
                 }
+                T::store(cp, x0, n0);
+                T::store(cp.add(w), x1, n1);
             }
         }
     }
@@ -186,7 +322,7 @@ mod avx2 {
 
 #[cfg(test)]
 mod tests {
-    use super::sgemm_small;
+    use super::small_gemm;
 
     /// Against an f64 triple loop: every row and column remainder of the register tile, a
     /// transposed and a strided `a`, a `b` and `c` wider than the product, with and without
@@ -220,10 +356,10 @@ mod tests {
                 let mut c = c0.clone();
                 // SAFETY: the strides and lengths above cover every addressed element.
                 let ran = unsafe {
-                    sgemm_small(
+                    small_gemm::<f32>(
                         (m, n, k),
                         (a.as_ptr(), ars, acs),
-                        (b.as_ptr(), ldb),
+                        (b.as_ptr(), ldb, 16, 0),
                         (c.as_mut_ptr(), ldc),
                         alpha,
                         accumulate,

@@ -4,12 +4,12 @@
 use rayon::prelude::*;
 
 use super::tiles::{
-    drop_of, pack_head_into, packed_map, packed_rows, probs_tile, scores_tile, transpose_into,
-    weight_index, Keys,
+    drop_of, pack_head_into, pack_keys_into, pack_rows_of_head, packed_map, packed_rows,
+    probs_tile, scores_tile, weight_index, Keys,
 };
 use super::{Geom, Masks, Rows, RowsMut};
 use crate::attention::dropout::DropoutMask;
-use crate::cpu::{gemm, Elem, Threads, SMALL_GEMM};
+use crate::cpu::{gemm_panels, Elem, Panels};
 
 /// Query rows and key columns per backward tile without a causal mask: 256 at long sequences
 /// (larger products; about 3% faster than 128 at L = 2048 and 512 on a 2-core Zen 3), 64
@@ -55,11 +55,12 @@ pub(crate) fn backward<T: Elem>(
         true => (causal_tile(g.l), causal_tile(g.l)),
         false => (tile(g.l), tile(g.l)),
     };
-    // Scratch of one rayon job, reused by the heads it runs: packed q, k, v, dO, the packed
-    // gradients, and two tiles.
+    // Scratch of one rayon job, reused by the heads it runs: q and dO packed by rows (the
+    // left operands), kᵀ, vᵀ, k, q and dO in panels (the right operands), the gradients, and
+    // two tiles.
     let init = || {
         (
-            [(); 9].map(|_| Vec::<T>::new()),
+            [(); 10].map(|_| Vec::<T>::new()),
             vec![T::ZERO; bq * bk],
             vec![T::ZERO; bq * bk],
         )
@@ -69,30 +70,25 @@ pub(crate) fn backward<T: Elem>(
         .for_each_init(init, |(bufs, s, dp), bh| {
             let (b, h) = (bh / g.h, bh % g.h);
             let lse = &lse[bh * g.l..(bh + 1) * g.l];
-            // This head's rows of q, k, v and dO packed contiguously (the projections' rows are
-            // 3E apart), and its gradients accumulated likewise, then written out once.
-            let [qb, kb, vb, gb, dqb, dkb, dvb, ktb, vtb] = bufs;
+            // This head's operands packed once (the projections' rows are 3E apart, and each
+            // is read by every tile of the head), and its gradients accumulated locally, then
+            // written out once.
+            let [qb, gb, ktb, vtb, kpb, qpb, gpb, dqb, dkb, dvb] = bufs;
             pack_head_into(&q, (b, h), g.l, d, qb);
-            pack_head_into(&k, (b, h), g.s, d, kb);
-            pack_head_into(&v, (b, h), g.s, d, vb);
             pack_head_into(&d_out, (b, h), g.l, d, gb);
-            // With small tiles kᵀ and vᵀ as well: the right operands of q·kᵀ and dO·vᵀ read by
-            // rows, for the unpacked tile product (see `cpu::gemm`).
-            let small = bq.max(bk) <= SMALL_GEMM;
-            let ldt = match small {
-                true => {
-                    transpose_into(vb, g.s, d, vtb);
-                    transpose_into(kb, g.s, d, ktb)
-                }
-                false => 0,
-            };
-            let packed = packed_map(d);
-            let (q, k, v, d_out) = (
-                packed_rows(qb, d),
-                packed_rows(kb, d),
-                packed_rows(vb, d),
-                packed_rows(gb, d),
+            pack_keys_into(&k, (b, h), g.s, d, ktb);
+            pack_keys_into(&v, (b, h), g.s, d, vtb);
+            pack_rows_of_head(&k, (b, h), g.s, d, kpb);
+            pack_rows_of_head(&q, (b, h), g.l, d, qpb);
+            pack_rows_of_head(&d_out, (b, h), g.l, d, gpb);
+            let (kt, vt) = (Panels::new(ktb, d), Panels::new(vtb, d));
+            let (kp, qp, gp) = (
+                Panels::new(kpb, g.s),
+                Panels::new(qpb, g.l),
+                Panels::new(gpb, g.l),
             );
+            let packed = packed_map(d);
+            let (q, d_out) = (packed_rows(qb, d), packed_rows(gb, d));
             for (buf, len) in [(&mut *dqb, g.l), (&mut *dkb, g.s), (&mut *dvb, g.s)] {
                 buf.clear();
                 buf.resize(len * d, T::ZERO);
@@ -123,29 +119,31 @@ pub(crate) fn backward<T: Elem>(
                     let rows = bq.min(g.l - i0);
                     let check = masked_tile && g.causal && j0 + cols - 1 > i0;
                     let tile = (j0, cols, check);
-                    let keys = match small {
-                        true => Keys::Transposed(ktb, ldt),
-                        false => Keys::Rows(&k),
-                    };
-                    scores_tile(g, (b, h), (i0, rows), tile, &q, keys, &masks, s, bk);
+                    scores_tile(
+                        g,
+                        (b, h),
+                        (i0, rows),
+                        tile,
+                        &q,
+                        Keys::Panels(kt),
+                        &masks,
+                        s,
+                        bk,
+                    );
                     probs_tile(s, bk, rows, cols, &lse[i0..i0 + rows]);
                     // SAFETY: d_out rows i0.. and v rows (vᵀ columns) j0.. exist; dp is bk × bk.
                     unsafe {
-                        gemm(
+                        gemm_panels(
                             (rows, cols, d),
-                            (dp.as_mut_ptr(), bk, 1),
+                            (dp.as_mut_ptr(), bk),
                             false,
                             (
                                 d_out.data.as_ptr().add(d_out.map.at(b, h, i0)),
                                 d_out.map.si,
                                 1,
                             ),
-                            match small {
-                                true => (vtb.as_ptr().add(j0), ldt, 1),
-                                false => (v.data.as_ptr().add(v.map.at(b, h, j0)), 1, v.map.si),
-                            },
+                            (vt, (0, j0)),
                             T::ONE,
-                            Threads::One,
                         );
                     }
                     // s: P → P̃ (what multiplied v); dp: dP̃ → dS = P∘(dP − D).
@@ -179,38 +177,31 @@ pub(crate) fn backward<T: Elem>(
                         debug_assert!(dk.map.at(b, h, j0 + cols - 1) + d <= dk.len);
                         debug_assert!(dq.map.at(b, h, i0 + rows - 1) + d <= dq.len);
                         // dV_j += P̃ᵀ·dO_i
-                        gemm(
+                        gemm_panels(
                             (cols, d, rows),
-                            (dvp, dv.map.si, 1),
+                            (dvp, dv.map.si),
                             true,
                             (s.as_ptr(), 1, bk),
-                            (
-                                d_out.data.as_ptr().add(d_out.map.at(b, h, i0)),
-                                d_out.map.si,
-                                1,
-                            ),
+                            (gp, (i0, 0)),
                             T::ONE,
-                            Threads::One,
                         );
                         // dQ_i += scale·dS·K_j
-                        gemm(
+                        gemm_panels(
                             (rows, d, cols),
-                            (dqp, dq.map.si, 1),
+                            (dqp, dq.map.si),
                             true,
                             (dp.as_ptr(), bk, 1),
-                            (k.data.as_ptr().add(k.map.at(b, h, j0)), k.map.si, 1),
+                            (kp, (j0, 0)),
                             scale,
-                            Threads::One,
                         );
                         // dK_j += scale·dSᵀ·Q_i
-                        gemm(
+                        gemm_panels(
                             (cols, d, rows),
-                            (dkp, dk.map.si, 1),
+                            (dkp, dk.map.si),
                             true,
                             (dp.as_ptr(), 1, bk),
-                            (q.data.as_ptr().add(q.map.at(b, h, i0)), q.map.si, 1),
+                            (qp, (i0, 0)),
                             scale,
-                            Threads::One,
                         );
                     }
                 }

@@ -4,11 +4,11 @@
 use rayon::prelude::*;
 
 use super::tiles::{
-    drop_of, key_tiles, pack_head_into, packed_rows, scores_tile, weight_index, Drop, Keys, BC, BR,
+    drop_of, key_tiles, scores_tile, weight_index, AllHeadsKv, Drop, HeadKv, Keys, BC, BR,
 };
 use super::{Geom, Masks, RowMap, Rows, RowsMut};
 use crate::attention::dropout::DropoutMask;
-use crate::cpu::{gemm, Elem, Threads};
+use crate::cpu::{gemm_panels, Elem};
 
 /// Scratch buffers of the forward tasks, made once per rayon job and reused by every task
 /// (query tile, head) it runs.
@@ -33,41 +33,6 @@ impl<T: Elem> TileBuffers<T> {
     }
 }
 
-/// One head's keys and values packed (the tile products run faster on contiguous rows),
-/// kept across the query tiles of that head that a worker runs one after another: packing
-/// per query tile would copy the whole head `L / BR` times.
-struct HeadCache<T> {
-    head: Option<(usize, usize)>,
-    kb: Vec<T>,
-    vb: Vec<T>,
-}
-
-impl<T: Elem> HeadCache<T> {
-    fn new() -> Self {
-        Self {
-            head: None,
-            kb: Vec::new(),
-            vb: Vec::new(),
-        }
-    }
-
-    /// Head `(b, h)` of k and v, packed (repacked only when the head changes).
-    fn get(
-        &mut self,
-        g: &Geom,
-        (b, h): (usize, usize),
-        k: &Rows<T>,
-        v: &Rows<T>,
-    ) -> (Rows<'_, T>, Rows<'_, T>) {
-        if self.head != Some((b, h)) {
-            pack_head_into(k, (b, h), g.s, g.d, &mut self.kb);
-            pack_head_into(v, (b, h), g.s, g.d, &mut self.vb);
-            self.head = Some((b, h));
-        }
-        (packed_rows(&self.kb, g.d), packed_rows(&self.vb, g.d))
-    }
-}
-
 /// Where [`attend_tile`] leaves what the weights need: the exponentials `exp(s - m_t)` of
 /// every key tile `t` (before dropout; rows `ld` apart) and the shift `m_t` of each row and
 /// tile (`-inf` where the row had no unmasked key yet). The weights are then
@@ -88,7 +53,8 @@ pub(super) fn attend_tile<T: Elem>(
     g: &Geom,
     (b, h): (usize, usize),
     (i0, rows): (usize, usize),
-    (q, k, v): (&Rows<T>, &Rows<T>, &Rows<T>),
+    q: &Rows<T>,
+    kv: HeadKv<'_, T>,
     masks: &Masks<T>,
     drop: Option<&Drop<T>>,
     buf: &mut TileBuffers<T>,
@@ -103,7 +69,17 @@ pub(super) fn attend_tile<T: Elem>(
     l.iter_mut().for_each(|x| *x = T::ZERO);
     for (t, tile) in key_tiles(g, i0, i0 + rows, BC).into_iter().enumerate() {
         let (j0, cols, _) = tile;
-        scores_tile(g, (b, h), (i0, rows), tile, q, Keys::Rows(k), masks, s, BC);
+        scores_tile(
+            g,
+            (b, h),
+            (i0, rows),
+            tile,
+            q,
+            Keys::Panels(kv.kt),
+            masks,
+            s,
+            BC,
+        );
         for r in 0..rows {
             let row = &mut s[r * BC..r * BC + cols];
             let m_new = T::row_max(row);
@@ -139,15 +115,13 @@ pub(super) fn attend_tile<T: Elem>(
         }
         // SAFETY: acc is rows × d, s rows × BC (cols used), v rows j0..j0+cols exist.
         unsafe {
-            let vp = v.data.as_ptr().add(v.map.at(b, h, j0));
-            gemm(
+            gemm_panels(
                 (rows, d, cols),
-                (acc.as_mut_ptr(), d, 1),
+                (acc.as_mut_ptr(), d),
                 true,
                 (s.as_ptr(), BC, 1),
-                (vp, v.map.si, 1),
+                (kv.v, (j0, 0)),
                 T::ONE,
-                Threads::One,
             );
         }
     }
@@ -202,25 +176,28 @@ pub(crate) fn forward<T: Elem>(
     let drop = drop_of::<T>(dropout);
     let q_tiles = g.l.div_ceil(BR);
     let lse_out = lse_rows(g, lse);
-    let init = || (TileBuffers::new(g.d), HeadCache::new());
-    (0..g.n * g.h * q_tiles)
-        .into_par_iter()
-        .for_each_init(init, |(buf, cache), task| {
+    // Every head's keys and values packed once, before the tasks (a per-worker cache of the
+    // last head repacked whenever rayon split or stole work).
+    let kv = AllHeadsKv::new(g, &k, &v);
+    (0..g.n * g.h * q_tiles).into_par_iter().for_each_init(
+        || TileBuffers::new(g.d),
+        |buf, task| {
             let (bh, qt) = (task / q_tiles, task % q_tiles);
             let (b, h) = (bh / g.h, bh % g.h);
             let i0 = qt * BR;
             let rows = BR.min(g.l - i0);
-            let (kh, vh) = cache.get(g, (b, h), &k, &v);
             attend_tile(
                 g,
                 (b, h),
                 (i0, rows),
-                (&q, &kh, &vh),
+                &q,
+                kv.head(bh),
                 &masks,
                 drop.as_ref(),
                 buf,
                 None,
                 (&out, &lse_out),
             );
-        });
+        },
+    );
 }

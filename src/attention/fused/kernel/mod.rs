@@ -2,9 +2,10 @@
 //! backward (probabilities recomputed from the row log-sum-exp) and the weights pass, one file
 //! each, over the tile helpers of `tiles.rs`; this file holds the types they share.
 //!
-//! Tile products go through the crate's one gemm wrapper (`crate::cpu::gemm`, one thread per
-//! call); the parallelism is over batch × heads (× query tiles in the forward and weights
-//! passes) with rayon. Nothing of size `L × S` is ever allocated except the weights the caller
+//! Tile products run on the calling thread, their right operands packed once per head in
+//! panels (`crate::cpu::panels`: the `gemm` crate repacked the same keys and values for every
+//! query tile, 8% of a long forward pass); the parallelism is over batch × heads (× query
+//! tiles in the forward and weights passes) with rayon. Nothing of size `L × S` is ever allocated except the weights the caller
 //! asked for.
 
 mod backward;

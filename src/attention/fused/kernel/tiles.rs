@@ -6,7 +6,10 @@ use rayon::prelude::*;
 use super::{Geom, Masks, RowMap, Rows};
 use crate::attention::dropout::DropoutMask;
 use crate::cpu::workspace::{self, Buf};
-use crate::cpu::{gemm, Elem, Threads};
+use crate::cpu::{
+    gemm, gemm_panels, pack_rows, pack_rows_into, pack_transposed, pack_transposed_into,
+    panels_len, Elem, Panels, Threads,
+};
 
 /// Query rows per forward (and weights) tile.
 pub(super) const BR: usize = 64;
@@ -82,32 +85,36 @@ pub(super) fn key_tiles(g: &Geom, i0: usize, i1: usize, bc: usize) -> Vec<(usize
     tiles
 }
 
-/// The keys of a scores tile: their rows, or (for the unpacked product of `cpu::gemm`, whose
-/// right operand must be read by rows) this head's keys transposed: `kᵀ[p·ld + j]`, row
-/// stride `ld` (see [`transpose_into`]).
+/// The keys of a scores tile: their rows, or this head's keys transposed and packed in panels
+/// (`kᵀ`, `d × S'`; see [`pack_keys_into`]), as the tile products read them fastest.
 #[derive(Clone, Copy)]
 pub(super) enum Keys<'a, T> {
     Rows(&'a Rows<'a, T>),
-    Transposed(&'a [T], usize),
+    Panels(Panels<'a, T>),
 }
 
-/// Rows `0..len` of `x` (one head's, packed: `len × d`) transposed into `buf` (`d` rows of
-/// `len`), returning the row stride: `len` rounded up to 16 elements and then to an odd
-/// multiple of 16, so that consecutive rows start in different L1 cache sets (with a stride of
-/// 2048 floats every row of a tile fell into one set, and the product ran at half speed).
-pub(super) fn transpose_into<T: Elem>(x: &[T], len: usize, d: usize, buf: &mut Vec<T>) -> usize {
-    let mut ld = len.div_ceil(16) * 16;
-    if (ld / 16).is_multiple_of(2) {
-        ld += 16;
-    }
-    buf.clear();
-    buf.resize(ld * d, T::ZERO);
-    for (j, row) in x[..len * d].chunks_exact(d.max(1)).enumerate() {
-        for (p, &v) in row.iter().enumerate() {
-            buf[p * ld + j] = v;
-        }
-    }
-    ld
+/// Rows `0..len` of head `(b, h)` of `x` as panels (`len × d`): the right operand of the
+/// products by `v` (forward), `k`, `q` and `dO` (backward).
+pub(super) fn pack_rows_of_head<T: Elem>(
+    x: &Rows<T>,
+    (b, h): (usize, usize),
+    len: usize,
+    d: usize,
+    buf: &mut Vec<T>,
+) {
+    pack_rows_into(len, d, |i| &x.data[x.map.at(b, h, i)..], buf);
+}
+
+/// Rows `0..len` of head `(b, h)` of `x` transposed, as panels (`d × len`): the keys of
+/// `q·kᵀ` and the values of `dO·vᵀ`.
+pub(super) fn pack_keys_into<T: Elem>(
+    x: &Rows<T>,
+    (b, h): (usize, usize),
+    len: usize,
+    d: usize,
+    buf: &mut Vec<T>,
+) {
+    pack_transposed_into(len, d, |j| &x.data[x.map.at(b, h, j)..], buf);
 }
 
 /// Scores of one tile: `s[r, c] = scale·q_{i0+r}·k_{j0+c}` plus the masks, `-inf` where
@@ -128,19 +135,26 @@ pub(super) fn scores_tile<T: Elem>(
     // elements; s holds rows × ld.
     unsafe {
         let qp = q.data.as_ptr().add(q.map.at(b, h, i0));
-        let rhs = match k {
-            Keys::Rows(k) => (k.data.as_ptr().add(k.map.at(b, h, j0)), 1, k.map.si),
-            Keys::Transposed(kt, len) => (kt.as_ptr().add(j0), len, 1),
-        };
-        gemm(
-            (rows, cols, g.d),
-            (s.as_mut_ptr(), ld, 1),
-            false,
-            (qp, q.map.si, 1),
-            rhs,
-            T::from_f64(g.scale),
-            Threads::One,
-        );
+        let (lhs, alpha) = ((qp, q.map.si, 1), T::from_f64(g.scale));
+        match k {
+            Keys::Rows(k) => gemm(
+                (rows, cols, g.d),
+                (s.as_mut_ptr(), ld, 1),
+                false,
+                lhs,
+                (k.data.as_ptr().add(k.map.at(b, h, j0)), 1, k.map.si),
+                alpha,
+                Threads::One,
+            ),
+            Keys::Panels(kt) => gemm_panels(
+                (rows, cols, g.d),
+                (s.as_mut_ptr(), ld),
+                false,
+                lhs,
+                (kt, (0, j0)),
+                alpha,
+            ),
+        }
     }
     // Columns of this tile that masks apply to.
     let jm = g.s_masked.saturating_sub(j0).min(cols);
@@ -179,33 +193,67 @@ pub(super) fn weight_index(g: &Geom, b: usize, h: usize, i: usize, j: usize) -> 
     (((b * g.h + h) * g.l + i) * g.s + j) as u64
 }
 
-/// Every head of `x` (rows `0..len`) packed into one `(N, H, len, d)` buffer, in parallel:
-/// a pooled one (every element written), back in the pool when dropped.
-pub(super) fn pack_all_heads<T: Elem>(g: &Geom, x: &Rows<T>, len: usize) -> Buf<T> {
-    let d = g.d;
-    let mut buf = workspace::take::<T>(g.n * g.h * len * d);
-    buf.par_chunks_mut((len * d).max(1))
-        .enumerate()
-        .for_each(|(bh, dst)| {
-            let (b, h) = (bh / g.h, bh % g.h);
-            for (i, row) in dst.chunks_exact_mut(d.max(1)).enumerate() {
-                let at = x.map.at(b, h, i);
-                row.copy_from_slice(&x.data[at..at + d]);
-            }
-        });
-    buf
+/// One head's keys and values as the tile products read them: `kᵀ` (`d × S'`) and `v`
+/// (`S' × d`) in panels.
+#[derive(Clone, Copy)]
+pub(super) struct HeadKv<'a, T> {
+    pub kt: Panels<'a, T>,
+    pub v: Panels<'a, T>,
 }
 
-/// A [`pack_all_heads`] buffer as rows.
-pub(super) fn all_heads_rows<'a, T>(g: &Geom, data: &'a [T], len: usize) -> Rows<'a, T> {
-    Rows {
-        data,
-        map: RowMap {
-            off: 0,
-            sb: g.h * len * g.d,
-            sh: len * g.d,
-            si: g.d,
-        },
+/// Every head's keys and values packed as [`HeadKv`]s, in parallel, in pooled buffers (back
+/// in the pool when dropped): for the passes that run the heads inside a task.
+pub(super) struct AllHeadsKv<T: Elem> {
+    kt: Buf<T>,
+    v: Buf<T>,
+    s: usize,
+    d: usize,
+}
+
+impl<T: Elem> AllHeadsKv<T> {
+    pub(super) fn new(g: &Geom, k: &Rows<T>, v: &Rows<T>) -> Self {
+        let (s, d) = (g.s, g.d);
+        let pack = |x: &Rows<T>, transposed: bool| {
+            let len = Self::len(s, d, transposed);
+            let mut buf = workspace::take::<T>(g.n * g.h * len);
+            buf.par_chunks_mut(len.max(1))
+                .enumerate()
+                .for_each(|(bh, dst)| {
+                    let bh = (bh / g.h, bh % g.h);
+                    let row = |j: usize| &x.data[x.map.at(bh.0, bh.1, j)..];
+                    match transposed {
+                        true => pack_transposed(s, d, row, dst),
+                        false => pack_rows(s, d, row, dst),
+                    }
+                });
+            buf
+        };
+        Self {
+            kt: pack(k, true),
+            v: pack(v, false),
+            s,
+            d,
+        }
+    }
+
+    /// Elements of one head's packed `kᵀ` (`transposed`) or `v`.
+    fn len(s: usize, d: usize, transposed: bool) -> usize {
+        match transposed {
+            true => panels_len(d, s),
+            false => panels_len(s, d),
+        }
+    }
+
+    /// Head `b·H + h`.
+    pub(super) fn head(&self, bh: usize) -> HeadKv<'_, T> {
+        let (kl, vl) = (
+            Self::len(self.s, self.d, true),
+            Self::len(self.s, self.d, false),
+        );
+        HeadKv {
+            kt: Panels::new(&self.kt[bh * kl..][..kl], self.d),
+            v: Panels::new(&self.v[bh * vl..][..vl], self.s),
+        }
     }
 }
 

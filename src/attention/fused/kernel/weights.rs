@@ -5,8 +5,7 @@ use rayon::prelude::*;
 
 use super::forward::{attend_tile, lse_rows, Kept, TileBuffers};
 use super::tiles::{
-    all_heads_rows, drop_of, key_tiles, pack_all_heads, probs_tile, scores_tile, weight_index,
-    Drop, Keys, BC, BR,
+    drop_of, key_tiles, probs_tile, scores_tile, weight_index, AllHeadsKv, Drop, Keys, BC, BR,
 };
 use super::{Geom, Masks, RowMap, Rows, RowsMut};
 use crate::attention::dropout::DropoutMask;
@@ -152,8 +151,7 @@ pub(crate) fn forward_with_weights<T: Elem>(
     let w_out = weight_rows(g, weights_out, average);
     let ld = sk.max(1);
     // Heads run inside a task here (for the in-place head mean): pack every head once.
-    let (kp, vp) = (pack_all_heads(g, &k, sk), pack_all_heads(g, &v, sk));
-    let (k, v) = (all_heads_rows(g, &kp, sk), all_heads_rows(g, &vp, sk));
+    let kv = AllHeadsKv::new(g, &k, &v);
     // At most one tile per BC masked keys, plus the bias_k / zero-attention tile.
     let n_tiles = g.s_masked.div_ceil(BC) + (g.s - g.s_masked).div_ceil(BC);
     let init = || {
@@ -181,7 +179,8 @@ pub(crate) fn forward_with_weights<T: Elem>(
                     g,
                     (b, h),
                     (i0, rows),
-                    (&q, &k, &v),
+                    &q,
+                    kv.head(b * g.h + h),
                     &masks,
                     drop.as_ref(),
                     buf,
