@@ -170,3 +170,97 @@ fn backward_overwrites_every_gradient_row() {
         }
     }
 }
+
+/// The forward pass with weights against the forward pass and the weights pass run apart:
+/// the output to the bit, the weights (head mean or per head, with dropout) within rounding,
+/// on 2 threads with several query tiles per task (the heads run inside a task there).
+#[test]
+fn forward_with_weights_matches_the_separate_passes() {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    let (n, h, l, s, d) = (2, 2, 520, 530, 3);
+    let map = |len: usize| RowMap {
+        off: 0,
+        sb: h * len * d,
+        sh: len * d,
+        si: d,
+    };
+    let (q, k, v) = (
+        values(n * h * l * d, 5),
+        values(n * h * s * d, 6),
+        values(n * h * s * d, 7),
+    );
+    let rows = |data, map| Rows { data, map };
+    for (causal, average, p) in [(false, true, Some(0.3)), (true, false, None)] {
+        let g = Geom {
+            n,
+            h,
+            l,
+            s,
+            d,
+            s_masked: s,
+            causal,
+            scale: 0.7,
+        };
+        let mask = p.map(|p| DropoutMask::new(p, 11).unwrap());
+        let w_len = if average { n * l * s } else { n * h * l * s };
+        let (mut out, mut lse, mut w) = (
+            vec![0.0; n * h * l * d],
+            vec![0.0; n * h * l],
+            vec![0.0; w_len],
+        );
+        let (mut out2, mut lse2, mut w2) = (out.clone(), lse.clone(), w.clone());
+        pool.install(|| {
+            forward_with_weights(
+                &g,
+                (rows(&q, map(l)), rows(&k, map(s)), rows(&v, map(s))),
+                Masks::default(),
+                mask.as_ref(),
+                RowsMut::new(&mut out, map(l)),
+                &mut lse,
+                &mut w,
+                average,
+            );
+            forward(
+                &g,
+                rows(&q, map(l)),
+                rows(&k, map(s)),
+                rows(&v, map(s)),
+                Masks::default(),
+                mask.as_ref(),
+                RowsMut::new(&mut out2, map(l)),
+                &mut lse2,
+            );
+            weights(
+                &g,
+                rows(&q, map(l)),
+                rows(&k, map(s)),
+                &lse2,
+                Masks::default(),
+                mask.as_ref(),
+                average,
+                &mut w2,
+            );
+        });
+        assert!(
+            out == out2,
+            "causal {causal}: the output depends on the weights"
+        );
+        assert!(
+            lse == lse2,
+            "causal {causal}: the lse depends on the weights"
+        );
+        let err = w
+            .iter()
+            .zip(&w2)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f64::max);
+        assert!(
+            err < 1e-14,
+            "causal {causal}, average {average}: weights off by {err:e}"
+        );
+        assert!(w.iter().any(|&x| x > 0.0), "no weights written");
+    }
+}

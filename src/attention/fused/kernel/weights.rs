@@ -25,7 +25,7 @@ fn weight_rows<T>(g: &Geom, out: &mut [T], average: bool) -> RowsMut<T> {
     )
 }
 
-/// Stores the probabilities `p` of keys `j0..` of row `(b, h, i)` into the weights: dropped
+/// Stores the probabilities `f·p` of keys `j0..` of row `(b, h, i)` into the weights: dropped
 /// and rescaled as the forward pass dropped them, then written, or added for the head mean.
 ///
 /// # Safety
@@ -35,17 +35,20 @@ unsafe fn store_weights<T: Elem>(
     g: &Geom,
     (b, h, i): (usize, usize, usize),
     j0: usize,
-    p: &[T],
+    (p, f): (&[T], T),
     out: &RowsMut<T>,
     drop: Option<&Drop<T>>,
     average: bool,
 ) {
     let dst = std::slice::from_raw_parts_mut(out.at(b, h, i, j0), p.len());
+    let f_drop = drop.map(|dm| f * dm.scale);
     for (c, (x, p)) in dst.iter_mut().zip(p).enumerate() {
-        let p = match drop {
-            Some(dm) if !dm.mask.keep(weight_index(g, b, h, i, j0 + c)) => T::ZERO,
-            Some(dm) => *p * dm.scale,
-            None => *p,
+        let p = match (drop, f_drop) {
+            (Some(dm), Some(fd)) => match dm.mask.keep(weight_index(g, b, h, i, j0 + c)) {
+                true => *p * fd,
+                false => T::ZERO,
+            },
+            _ => *p * f,
         };
         if average {
             *x += p;
@@ -116,7 +119,15 @@ pub(crate) fn weights<T: Elem>(
                     let p = &s[r * BC..r * BC + cols];
                     // SAFETY: this task is the only writer of rows (b, ·, i0..i0+rows).
                     unsafe {
-                        store_weights(g, (b, h, i0 + r), j0, p, &out, drop.as_ref(), average)
+                        store_weights(
+                            g,
+                            (b, h, i0 + r),
+                            j0,
+                            (p, T::ONE),
+                            &out,
+                            drop.as_ref(),
+                            average,
+                        )
                     };
                 }
             }
@@ -161,52 +172,71 @@ pub(crate) fn forward_with_weights<T: Elem>(
             vec![T::ZERO; BR * n_tiles.max(1)],
         )
     };
-    (0..g.n * q_tiles)
+    // Query tiles per task: the heads run inside a task (for the in-place head mean), so a task
+    // of one tile streamed every head's kᵀ and v through the caches per 64 rows; a few tiles
+    // per head read them once for all (while leaving several tasks per thread).
+    let threads = rayon::current_num_threads().max(1);
+    let per_task = (1..=4)
+        .rev()
+        .find(|&t| g.n * q_tiles.div_ceil(t) >= 4 * threads)
+        .unwrap_or(1);
+    let blocks = q_tiles.div_ceil(per_task);
+    (0..g.n * blocks)
         .into_par_iter()
         .for_each_init(init, |(buf, kept, kept_m), task| {
-            let (b, qt) = (task / q_tiles, task % q_tiles);
-            let i0 = qt * BR;
-            let rows = BR.min(l - i0);
-            let tiles = key_tiles(g, i0, i0 + rows, BC);
+            let (b, block) = (task / blocks, task % blocks);
+            let (qt0, qt1) = (block * per_task, ((block + 1) * per_task).min(q_tiles));
             for h in 0..g.h {
-                let keep = Kept {
-                    p: &mut kept[..],
-                    ld,
-                    m: &mut kept_m[..],
-                    tiles: n_tiles,
-                };
-                attend_tile(
-                    g,
-                    (b, h),
-                    (i0, rows),
-                    &q,
-                    kv.head(b * g.h + h),
-                    &masks,
-                    drop.as_ref(),
-                    buf,
-                    Some(keep),
-                    (&out, &lse_out),
-                );
-                for r in 0..rows {
-                    let i = i0 + r;
-                    // SAFETY: lse (b, h, i) was written above by this task.
-                    let lse_i = unsafe { *lse_out.at(b, h, i, 0) };
-                    let row = &mut kept[r * ld..(r + 1) * ld];
-                    for (t, &(j0, c, _)) in tiles.iter().enumerate() {
-                        let p = &mut row[j0..j0 + c];
-                        // exp(s - m_t) · exp(m_t - lse): 0 for a fully masked row (lse = +inf).
-                        let f = (kept_m[r * n_tiles + t] - lse_i).exp();
-                        p.iter_mut().for_each(|x| *x *= f);
-                        // SAFETY: this task is the only writer of weight rows (b, ·, i).
-                        unsafe {
-                            store_weights(g, (b, h, i), j0, p, &w_out, drop.as_ref(), average)
-                        };
+                for qt in qt0..qt1 {
+                    let i0 = qt * BR;
+                    let rows = BR.min(l - i0);
+                    let keep = Kept {
+                        p: &mut kept[..],
+                        ld,
+                        m: &mut kept_m[..],
+                        tiles: n_tiles,
+                    };
+                    attend_tile(
+                        g,
+                        (b, h),
+                        (i0, rows),
+                        &q,
+                        kv.head(b * g.h + h),
+                        &masks,
+                        drop.as_ref(),
+                        buf,
+                        Some(keep),
+                        (&out, &lse_out),
+                    );
+                    let tiles = key_tiles(g, i0, i0 + rows, BC);
+                    for r in 0..rows {
+                        let i = i0 + r;
+                        // SAFETY: lse (b, h, i) was written above by this task.
+                        let lse_i = unsafe { *lse_out.at(b, h, i, 0) };
+                        let row = &kept[r * ld..(r + 1) * ld];
+                        for (t, &(j0, c, _)) in tiles.iter().enumerate() {
+                            // exp(s - m_t) · exp(m_t - lse): 0 for a fully masked row (lse = +inf).
+                            let f = (kept_m[r * n_tiles + t] - lse_i).exp();
+                            // SAFETY: this task is the only writer of weight rows (b, ·, i).
+                            unsafe {
+                                store_weights(
+                                    g,
+                                    (b, h, i),
+                                    j0,
+                                    (&row[j0..j0 + c], f),
+                                    &w_out,
+                                    drop.as_ref(),
+                                    average,
+                                )
+                            };
+                        }
                     }
                 }
             }
             if average {
+                let i0 = qt0 * BR;
                 // SAFETY: as above.
-                unsafe { finish_head_mean(g, &w_out, b, (i0, rows)) };
+                unsafe { finish_head_mean(g, &w_out, b, (i0, (qt1 * BR).min(l) - i0)) };
             }
         });
 }
