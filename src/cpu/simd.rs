@@ -83,8 +83,10 @@ unsafe fn exp_shift_sum_avx2(row: &mut [f32], shift: f32) -> f32 {
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn exp256(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
     use std::arch::x86_64::*;
-    let lo = _mm256_set1_ps(EXP_LO);
-    let xc = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(EXP_HI));
+    let xc = _mm256_min_ps(
+        _mm256_max_ps(x, _mm256_set1_ps(EXP_LO)),
+        _mm256_set1_ps(EXP_HI),
+    );
     let fx = _mm256_floor_ps(_mm256_fmadd_ps(
         xc,
         _mm256_set1_ps(std::f32::consts::LOG2_E),
@@ -100,17 +102,18 @@ pub(crate) unsafe fn exp256(x: std::arch::x86_64::__m256) -> std::arch::x86_64::
         _mm256_fmadd_ps(_mm256_mul_ps(y, r), r, r),
         _mm256_set1_ps(1.0),
     );
+    // At the lower clamp fx = -127: exponent bits 0, so 2^fx and the result are exactly 0
+    // (no compare and mask for -inf).
     let e = _mm256_slli_epi32(
         _mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)),
         23,
     );
-    let res = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-    // x < LO (and -inf): exactly 0.
-    _mm256_andnot_ps(_mm256_cmp_ps(x, lo, _CMP_LT_OQ), res)
+    _mm256_mul_ps(y, _mm256_castsi256_ps(e))
 }
 
 const EXP_HI: f32 = 88.376_26;
-const EXP_LO: f32 = -87.336_55;
+/// `-127.5·ln 2` rounded toward 0: the clamp where `fx = -127` (an exact 0 result).
+const EXP_LO: f32 = -88.376_2;
 /// ln 2 split in two (Cody–Waite): `C1 + (-C2)`; `C1` has few mantissa bits, so `fx·C1` is exact.
 const EXP_C1: f32 = 0.693_359_4;
 const EXP_C2: f32 = -2.121_944_4e-4;
@@ -258,8 +261,8 @@ fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// `exp(x)` for f32 to about 1 ulp (Cephes' `expf`: range reduction by ln 2, degree-5
-/// polynomial, exponent bits), branch-free so that it vectorises; exactly 0 below the
-/// smallest normal result (so `exp(-inf) = 0`) and exactly 1 at 0.
+/// polynomial, exponent bits), branch-free so that it vectorises; exactly 0 below about
+/// -87.7 (`2^-126.5`; so `exp(-inf) = 0`), subnormal just above it, and exactly 1 at 0.
 #[inline(always)]
 pub(crate) fn exp_f32(x: f32) -> f32 {
     let xc = if x > EXP_HI { EXP_HI } else { x };
@@ -272,12 +275,9 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
         y = y * r + c;
     }
     let y = y * r * r + r + 1.0;
+    // At the lower clamp fx = -127: 2^fx has exponent bits 0, exactly 0.
     let pow2 = f32::from_bits(((fx as i32 + 127) as u32) << 23);
-    if x < EXP_LO {
-        0.0
-    } else {
-        y * pow2
-    }
+    y * pow2
 }
 
 #[cfg(test)]
@@ -294,6 +294,25 @@ mod tests {
             x += 0.0137;
         }
         assert!(worst < 2.5e-7, "worst relative error {worst}");
+        // Exactly 0 far below (masked scores are -inf), positive near the normal range's end.
+        for x in [f32::NEG_INFINITY, -1e30, -100.0, -88.0] {
+            assert_eq!(exp_f32(x), 0.0, "exp({x})");
+        }
+        assert!(exp_f32(-87.3) > 0.0 && exp_f32(0.0) == 1.0);
+        let mut row = [
+            f32::NEG_INFINITY,
+            -100.0,
+            -88.0,
+            -87.3,
+            0.0,
+            -1.0,
+            -2.0,
+            -3.0,
+            -4.0,
+        ];
+        exp_shift_sum(&mut row, 0.0);
+        assert_eq!(&row[..3], &[0.0; 3]);
+        assert!(row[3] > 0.0 && row[4] == 1.0);
         // The row version (AVX2 where available) against std, tails included.
         let xs: Vec<f32> = (0..1003).map(|i| -80.0 + i as f32 * 0.161).collect();
         let mut ys = xs.clone();
