@@ -4,7 +4,8 @@
 use rayon::prelude::*;
 
 use super::tiles::{
-    drop_of, key_tiles, scores_tile, weight_index, AllHeadsKv, Drop, HeadKv, Keys, BC, BR,
+    causal_blocks, drop_of, key_tiles, scores_tile, weight_index, AllHeadsKv, Drop, HeadKv, Keys,
+    BC, BR,
 };
 use super::{Geom, Masks, RowMap, Rows, RowsMut};
 use crate::attention::dropout::DropoutMask;
@@ -113,16 +114,20 @@ pub(super) fn attend_tile<T: Elem>(
                 }
             }
         }
-        // SAFETY: acc is rows × d, s rows × BC (cols used), v rows j0..j0+cols exist.
-        unsafe {
-            gemm_panels(
-                (rows, d, cols),
-                (acc.as_mut_ptr(), d),
-                true,
-                (s.as_ptr(), BC, 1),
-                (kv.v, (j0, 0)),
-                T::ONE,
-            );
+        // Past the diagonal the probabilities are 0: each block of rows multiplies only the
+        // keys it sees.
+        for (r0, r1, needed) in causal_blocks((i0, rows), tile) {
+            // SAFETY: acc is rows × d, s rows × BC (cols used), v rows j0..j0+cols exist.
+            unsafe {
+                gemm_panels(
+                    (r1 - r0, d, needed),
+                    (acc.as_mut_ptr().add(r0 * d), d),
+                    true,
+                    (s.as_ptr().add(r0 * BC), BC, 1),
+                    (kv.v, (j0, 0)),
+                    T::ONE,
+                );
+            }
         }
     }
     for r in 0..rows {

@@ -117,6 +117,32 @@ pub(super) fn pack_keys_into<T: Elem>(
     pack_transposed_into(len, d, |j| &x.data[x.map.at(b, h, j)..], buf);
 }
 
+/// Rows per block of a tile crossing the causal diagonal.
+const CAUSAL_BLOCK: usize = 16;
+
+/// The row blocks `(r0, r1, keys)` of a tile of queries `i0..i0 + rows` and keys
+/// `j0..j0 + cols`: the whole tile when it does not cross the causal diagonal, else blocks of
+/// [`CAUSAL_BLOCK`] rows with the keys their last query sees (`j ≤ i`; none: no block). A
+/// 64-row tile on the diagonal computes 5/8 of its square instead of all of it.
+pub(super) fn causal_blocks(
+    (i0, rows): (usize, usize),
+    (j0, cols, check_causal): (usize, usize, bool),
+) -> impl Iterator<Item = (usize, usize, usize)> {
+    let step = if check_causal {
+        CAUSAL_BLOCK
+    } else {
+        rows.max(1)
+    };
+    (0..rows).step_by(step).filter_map(move |r0| {
+        let r1 = (r0 + step).min(rows);
+        let needed = match check_causal {
+            true => (i0 + r1).saturating_sub(j0).min(cols),
+            false => cols,
+        };
+        (needed > 0).then_some((r0, r1, needed))
+    })
+}
+
 /// Scores of one tile: `s[r, c] = scale·q_{i0+r}·k_{j0+c}` plus the masks, `-inf` where
 /// causal-masked. `s` has row stride `ld`.
 #[allow(clippy::too_many_arguments)]
@@ -131,29 +157,28 @@ pub(super) fn scores_tile<T: Elem>(
     s: &mut [T],
     ld: usize,
 ) {
-    // SAFETY: rows i0..i0+rows of q and keys j0..j0+cols exist (tile bounds), each with d
-    // elements; s holds rows × ld.
-    unsafe {
-        let qp = q.data.as_ptr().add(q.map.at(b, h, i0));
-        let (lhs, alpha) = ((qp, q.map.si, 1), T::from_f64(g.scale));
-        match k {
-            Keys::Rows(k) => gemm(
-                (rows, cols, g.d),
-                (s.as_mut_ptr(), ld, 1),
-                false,
-                lhs,
-                (k.data.as_ptr().add(k.map.at(b, h, j0)), 1, k.map.si),
-                alpha,
-                Threads::One,
-            ),
-            Keys::Panels(kt) => gemm_panels(
-                (rows, cols, g.d),
-                (s.as_mut_ptr(), ld),
-                false,
-                lhs,
-                (kt, (0, j0)),
-                alpha,
-            ),
+    // A tile crossing the diagonal: only the keys each block of rows can see (the rest is set
+    // to -inf below).
+    for (r0, r1, needed) in causal_blocks((i0, rows), (j0, cols, check_causal)) {
+        // SAFETY: rows i0 + r0..i0 + r1 of q and keys j0..j0 + needed exist (tile bounds), each
+        // with d elements; s holds rows × ld.
+        unsafe {
+            let qp = q.data.as_ptr().add(q.map.at(b, h, i0 + r0));
+            let dst = s.as_mut_ptr().add(r0 * ld);
+            let (lhs, alpha) = ((qp, q.map.si, 1), T::from_f64(g.scale));
+            let dims = (r1 - r0, needed, g.d);
+            match k {
+                Keys::Rows(k) => gemm(
+                    dims,
+                    (dst, ld, 1),
+                    false,
+                    lhs,
+                    (k.data.as_ptr().add(k.map.at(b, h, j0)), 1, k.map.si),
+                    alpha,
+                    Threads::One,
+                ),
+                Keys::Panels(kt) => gemm_panels(dims, (dst, ld), false, lhs, (kt, (0, j0)), alpha),
+            }
         }
     }
     // Columns of this tile that masks apply to.
