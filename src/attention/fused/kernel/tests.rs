@@ -172,7 +172,7 @@ fn backward_overwrites_every_gradient_row() {
 }
 
 /// The forward pass with weights against the forward pass and the weights pass run apart:
-/// the output to the bit, the weights (head mean or per head, with dropout) within rounding,
+/// the output to the bit, the weights (head mean or per head, causal, with dropout) within rounding,
 /// on 2 threads with several query tiles per task (the heads run inside a task there).
 #[test]
 fn forward_with_weights_matches_the_separate_passes() {
@@ -193,7 +193,11 @@ fn forward_with_weights_matches_the_separate_passes() {
         values(n * h * s * d, 7),
     );
     let rows = |data, map| Rows { data, map };
-    for (causal, average, p) in [(false, true, Some(0.3)), (true, false, None)] {
+    for (causal, average, p) in [
+        (false, true, Some(0.3)),
+        (true, false, None),
+        (true, true, None),
+    ] {
         let g = Geom {
             n,
             h,
