@@ -23,10 +23,7 @@ pub(crate) use elem::Elem;
 pub(crate) use gelu::{gelu, gelu_grad, gelu_grad_into};
 pub(crate) use gemm::{gemm, Threads};
 pub(crate) use linear::{linear, linear_backward_slice, linear_forward_into, linear_out_len};
-pub(crate) use panels::{
-    gemm_panels, pack_rows, pack_rows_into, pack_transposed, pack_transposed_into, panels_len,
-    Panels,
-};
+pub(crate) use panels::{gemm_panels, pack_rows, pack_transposed, panels_len, Panels};
 pub(crate) use slice::{contiguous, slice};
 pub(crate) use stash::Stash;
 

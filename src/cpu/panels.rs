@@ -38,6 +38,17 @@ pub(crate) fn panels_len(rows: usize, cols: usize) -> usize {
     cols.div_ceil(PANEL) * rows * PANEL
 }
 
+/// Checks `dst`'s length for a packed `rows × cols` operand and zeroes the padding columns of
+/// its last panel, returning the panel stride.
+fn prepare<T: Elem>(dst: &mut [T], rows: usize, cols: usize) -> usize {
+    let ps = rows * PANEL;
+    assert_eq!(dst.len(), panels_len(rows, cols), "packed operand length");
+    if !cols.is_multiple_of(PANEL) {
+        dst[cols / PANEL * ps..].fill(T::ZERO);
+    }
+    ps
+}
+
 /// Packs the `rows × cols` matrix whose row `r` is `row(r)` (at least `cols` elements) into
 /// `dst` ([`panels_len`] elements; every one written).
 pub(crate) fn pack_rows<'a, T: Elem>(
@@ -46,14 +57,7 @@ pub(crate) fn pack_rows<'a, T: Elem>(
     row: impl Fn(usize) -> &'a [T],
     dst: &mut [T],
 ) {
-    let ps = rows * PANEL;
-    assert_eq!(dst.len(), panels_len(rows, cols), "packed operand length");
-    // The padding columns of the last panel.
-    if !cols.is_multiple_of(PANEL) {
-        dst[cols / PANEL * ps..]
-            .iter_mut()
-            .for_each(|x| *x = T::ZERO);
-    }
+    let ps = prepare(dst, rows, cols);
     for r in 0..rows {
         let src = &row(r)[..cols];
         for (t, chunk) in src.chunks(PANEL).enumerate() {
@@ -71,13 +75,7 @@ pub(crate) fn pack_transposed<'a, T: Elem>(
     row: impl Fn(usize) -> &'a [T],
     dst: &mut [T],
 ) {
-    let ps = cols * PANEL;
-    assert_eq!(dst.len(), panels_len(cols, rows), "packed operand length");
-    if !rows.is_multiple_of(PANEL) {
-        dst[rows / PANEL * ps..]
-            .iter_mut()
-            .for_each(|x| *x = T::ZERO);
-    }
+    let ps = prepare(dst, cols, rows);
     // Sixteen source rows at a time: one panel, written contiguously.
     let mut src: [&[T]; PANEL] = [&[]; PANEL];
     for (t, panel) in dst.chunks_exact_mut(ps.max(1)).enumerate() {
@@ -91,28 +89,6 @@ pub(crate) fn pack_transposed<'a, T: Elem>(
         }
         T::transpose_panel(&src[..width], cols, panel);
     }
-}
-
-/// [`pack_rows`] into a reused buffer (large fresh buffers cost page faults).
-pub(crate) fn pack_rows_into<'a, T: Elem>(
-    rows: usize,
-    cols: usize,
-    row: impl Fn(usize) -> &'a [T],
-    buf: &mut Vec<T>,
-) {
-    buf.resize(panels_len(rows, cols), T::ZERO);
-    pack_rows(rows, cols, row, buf);
-}
-
-/// [`pack_transposed`] into a reused buffer.
-pub(crate) fn pack_transposed_into<'a, T: Elem>(
-    rows: usize,
-    cols: usize,
-    row: impl Fn(usize) -> &'a [T],
-    buf: &mut Vec<T>,
-) {
-    buf.resize(panels_len(cols, rows), T::ZERO);
-    pack_transposed(rows, cols, row, buf);
 }
 
 /// `dst[m×n] = [dst +] alpha · lhs[m×k] · B`, where `B(p, j)` is element `(p0 + p, j0 + j)` of
@@ -178,9 +154,13 @@ mod tests {
             let (xr, xc, xs) = (37, 21, 23);
             let x: Vec<T> = (0..xr * xs).map(|i| T::from_f64(val(i, 1))).collect();
             let row = |r: usize| &x[r * xs..r * xs + xc];
-            let (mut rows_buf, mut t_buf) = (Vec::new(), Vec::new());
-            pack_rows_into(xr, xc, row, &mut rows_buf);
-            pack_transposed_into(xr, xc, row, &mut t_buf);
+            // Both packings write every element, the padding included.
+            let nan = T::from_f64(f64::NAN);
+            let mut rows_buf = vec![nan; panels_len(xr, xc)];
+            let mut t_buf = vec![nan; panels_len(xc, xr)];
+            pack_rows(xr, xc, row, &mut rows_buf);
+            pack_transposed(xr, xc, row, &mut t_buf);
+            assert!(rows_buf.iter().chain(&t_buf).all(|&v| v.into().is_finite()));
             let plain = Panels::new(&rows_buf, xr);
             let transposed = Panels::new(&t_buf, xc);
             let at = |r: usize, c: usize| x[r * xs + c].into();

@@ -108,109 +108,96 @@ unsafe fn mask64(count: usize) -> __m256i {
     _mm256_cmpgt_epi64(_mm256_set1_epi64x(count.min(4) as i64), idx)
 }
 
-impl Lanes for f32 {
-    const W: usize = 8;
-    #[cfg(target_arch = "x86_64")]
-    type V = __m256;
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    unsafe fn zero() -> __m256 {
-        _mm256_setzero_ps()
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    unsafe fn splat(x: f32) -> __m256 {
-        _mm256_set1_ps(x)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    unsafe fn broadcast(p: *const f32) -> __m256 {
-        _mm256_broadcast_ss(&*p)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    unsafe fn load(p: *const f32, count: usize) -> __m256 {
-        match count >= 8 {
-            true => _mm256_loadu_ps(p),
-            false => _mm256_maskload_ps(p, mask32(count)),
+/// The f32 and f64 impls: the same operations, other intrinsics and lane counts.
+macro_rules! lanes {
+    ($t:ty, $w:literal, $v:ty, $mask:ident, $zero:ident, $splat:ident, $bcast:ident,
+     $load:ident, $mload:ident, $store:ident, $mstore:ident, $fmadd:ident, $mul:ident, $add:ident) => {
+        impl Lanes for $t {
+            const W: usize = $w;
+            #[cfg(target_arch = "x86_64")]
+            type V = $v;
+            #[cfg(target_arch = "x86_64")]
+            #[inline(always)]
+            unsafe fn zero() -> $v {
+                $zero()
+            }
+            #[cfg(target_arch = "x86_64")]
+            #[inline(always)]
+            unsafe fn splat(x: $t) -> $v {
+                $splat(x)
+            }
+            #[cfg(target_arch = "x86_64")]
+            #[inline(always)]
+            unsafe fn broadcast(p: *const $t) -> $v {
+                $bcast(&*p)
+            }
+            #[cfg(target_arch = "x86_64")]
+            #[inline(always)]
+            unsafe fn load(p: *const $t, count: usize) -> $v {
+                match count >= $w {
+                    true => $load(p),
+                    false => $mload(p, $mask(count)),
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            #[inline(always)]
+            unsafe fn store(p: *mut $t, v: $v, count: usize) {
+                match count >= $w {
+                    true => $store(p, v),
+                    false => $mstore(p, $mask(count), v),
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            #[inline(always)]
+            unsafe fn fmadd(a: $v, b: $v, c: $v) -> $v {
+                $fmadd(a, b, c)
+            }
+            #[cfg(target_arch = "x86_64")]
+            #[inline(always)]
+            unsafe fn mul(a: $v, b: $v) -> $v {
+                $mul(a, b)
+            }
+            #[cfg(target_arch = "x86_64")]
+            #[inline(always)]
+            unsafe fn add(a: $v, b: $v) -> $v {
+                $add(a, b)
+            }
         }
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    unsafe fn store(p: *mut f32, v: __m256, count: usize) {
-        match count >= 8 {
-            true => _mm256_storeu_ps(p, v),
-            false => _mm256_maskstore_ps(p, mask32(count), v),
-        }
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    unsafe fn fmadd(a: __m256, b: __m256, c: __m256) -> __m256 {
-        _mm256_fmadd_ps(a, b, c)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    unsafe fn mul(a: __m256, b: __m256) -> __m256 {
-        _mm256_mul_ps(a, b)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    unsafe fn add(a: __m256, b: __m256) -> __m256 {
-        _mm256_add_ps(a, b)
-    }
+    };
 }
 
-impl Lanes for f64 {
-    const W: usize = 4;
-    #[cfg(target_arch = "x86_64")]
-    type V = __m256d;
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    unsafe fn zero() -> __m256d {
-        _mm256_setzero_pd()
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    unsafe fn splat(x: f64) -> __m256d {
-        _mm256_set1_pd(x)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    unsafe fn broadcast(p: *const f64) -> __m256d {
-        _mm256_broadcast_sd(&*p)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    unsafe fn load(p: *const f64, count: usize) -> __m256d {
-        match count >= 4 {
-            true => _mm256_loadu_pd(p),
-            false => _mm256_maskload_pd(p, mask64(count)),
-        }
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    unsafe fn store(p: *mut f64, v: __m256d, count: usize) {
-        match count >= 4 {
-            true => _mm256_storeu_pd(p, v),
-            false => _mm256_maskstore_pd(p, mask64(count), v),
-        }
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    unsafe fn fmadd(a: __m256d, b: __m256d, c: __m256d) -> __m256d {
-        _mm256_fmadd_pd(a, b, c)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    unsafe fn mul(a: __m256d, b: __m256d) -> __m256d {
-        _mm256_mul_pd(a, b)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    unsafe fn add(a: __m256d, b: __m256d) -> __m256d {
-        _mm256_add_pd(a, b)
-    }
-}
+lanes!(
+    f32,
+    8,
+    __m256,
+    mask32,
+    _mm256_setzero_ps,
+    _mm256_set1_ps,
+    _mm256_broadcast_ss,
+    _mm256_loadu_ps,
+    _mm256_maskload_ps,
+    _mm256_storeu_ps,
+    _mm256_maskstore_ps,
+    _mm256_fmadd_ps,
+    _mm256_mul_ps,
+    _mm256_add_ps
+);
+lanes!(
+    f64,
+    4,
+    __m256d,
+    mask64,
+    _mm256_setzero_pd,
+    _mm256_set1_pd,
+    _mm256_broadcast_sd,
+    _mm256_loadu_pd,
+    _mm256_maskload_pd,
+    _mm256_storeu_pd,
+    _mm256_maskstore_pd,
+    _mm256_fmadd_pd,
+    _mm256_mul_pd,
+    _mm256_add_pd
+);
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {

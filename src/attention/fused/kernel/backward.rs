@@ -4,8 +4,8 @@
 use rayon::prelude::*;
 
 use super::tiles::{
-    drop_of, pack_head_into, pack_keys_into, pack_rows_of_head, packed_map, packed_rows,
-    probs_tile, scores_tile, weight_index, Keys,
+    drop_of, pack_head_into, pack_head_panels, packed_map, packed_rows, probs_tile, scores_tile,
+    weight_index, Keys,
 };
 use super::{Geom, Masks, Rows, RowsMut};
 use crate::attention::dropout::DropoutMask;
@@ -76,11 +76,11 @@ pub(crate) fn backward<T: Elem>(
             let [qb, gb, ktb, vtb, kpb, qpb, gpb, dqb, dkb, dvb] = bufs;
             pack_head_into(&q, (b, h), g.l, d, qb);
             pack_head_into(&d_out, (b, h), g.l, d, gb);
-            pack_keys_into(&k, (b, h), g.s, d, ktb);
-            pack_keys_into(&v, (b, h), g.s, d, vtb);
-            pack_rows_of_head(&k, (b, h), g.s, d, kpb);
-            pack_rows_of_head(&q, (b, h), g.l, d, qpb);
-            pack_rows_of_head(&d_out, (b, h), g.l, d, gpb);
+            pack_head_panels(&k, (b, h), (g.s, d), true, ktb);
+            pack_head_panels(&v, (b, h), (g.s, d), true, vtb);
+            pack_head_panels(&k, (b, h), (g.s, d), false, kpb);
+            pack_head_panels(&q, (b, h), (g.l, d), false, qpb);
+            pack_head_panels(&d_out, (b, h), (g.l, d), false, gpb);
             let (kt, vt) = (Panels::new(ktb, d), Panels::new(vtb, d));
             let (kp, qp, gp) = (
                 Panels::new(kpb, g.s),

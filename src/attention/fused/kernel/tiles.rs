@@ -7,8 +7,7 @@ use super::{Geom, Masks, RowMap, Rows};
 use crate::attention::dropout::DropoutMask;
 use crate::cpu::workspace::{self, Buf};
 use crate::cpu::{
-    gemm, gemm_panels, pack_rows, pack_rows_into, pack_transposed, pack_transposed_into,
-    panels_len, Elem, Panels, Threads,
+    gemm, gemm_panels, pack_rows, pack_transposed, panels_len, Elem, Panels, Threads,
 };
 
 /// Query rows per forward (and weights) tile.
@@ -86,35 +85,35 @@ pub(super) fn key_tiles(g: &Geom, i0: usize, i1: usize, bc: usize) -> Vec<(usize
 }
 
 /// The keys of a scores tile: their rows, or this head's keys transposed and packed in panels
-/// (`kᵀ`, `d × S'`; see [`pack_keys_into`]), as the tile products read them fastest.
+/// (`kᵀ`, `d × S'`; see [`pack_head_panels`]), as the tile products read them fastest.
 #[derive(Clone, Copy)]
 pub(super) enum Keys<'a, T> {
     Rows(&'a Rows<'a, T>),
     Panels(Panels<'a, T>),
 }
 
-/// Rows `0..len` of head `(b, h)` of `x` as panels (`len × d`): the right operand of the
-/// products by `v` (forward), `k`, `q` and `dO` (backward).
-pub(super) fn pack_rows_of_head<T: Elem>(
+/// Rows `0..len` of head `(b, h)` of `x` packed in panels into `buf` (reused: large fresh
+/// buffers cost page faults): as they are (`len × d`: the right operand of the products by
+/// `v` in the forward pass, by `k`, `q` and `dO` in the backward pass) or `transposed`
+/// (`d × len`: the keys of `q·kᵀ`, the values of `dO·vᵀ`).
+pub(super) fn pack_head_panels<T: Elem>(
     x: &Rows<T>,
     (b, h): (usize, usize),
-    len: usize,
-    d: usize,
+    (len, d): (usize, usize),
+    transposed: bool,
     buf: &mut Vec<T>,
 ) {
-    pack_rows_into(len, d, |i| &x.data[x.map.at(b, h, i)..], buf);
-}
-
-/// Rows `0..len` of head `(b, h)` of `x` transposed, as panels (`d × len`): the keys of
-/// `q·kᵀ` and the values of `dO·vᵀ`.
-pub(super) fn pack_keys_into<T: Elem>(
-    x: &Rows<T>,
-    (b, h): (usize, usize),
-    len: usize,
-    d: usize,
-    buf: &mut Vec<T>,
-) {
-    pack_transposed_into(len, d, |j| &x.data[x.map.at(b, h, j)..], buf);
+    let row = |i: usize| &x.data[x.map.at(b, h, i)..];
+    match transposed {
+        true => {
+            buf.resize(panels_len(d, len), T::ZERO);
+            pack_transposed(len, d, row, buf)
+        }
+        false => {
+            buf.resize(panels_len(len, d), T::ZERO);
+            pack_rows(len, d, row, buf)
+        }
+    }
 }
 
 /// Rows per block of a tile crossing the causal diagonal.
