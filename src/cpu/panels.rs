@@ -23,8 +23,8 @@ pub(crate) struct Panels<'a, T> {
 }
 
 impl<'a, T> Panels<'a, T> {
-    /// Panels of a buffer filled by [`pack_rows_into`] or [`pack_transposed_into`] for a
-    /// matrix of `rows` rows.
+    /// Panels of a buffer filled by [`pack_rows`] or [`pack_transposed`] for an operand of
+    /// `rows` rows.
     pub(crate) fn new(data: &'a [T], rows: usize) -> Self {
         Self {
             data,
@@ -143,9 +143,9 @@ pub(crate) unsafe fn gemm_panels<T: Elem>(
 mod tests {
     use super::*;
 
-    /// Both packings and the product against a plain loop, in f32 (register tiles where the
-    /// CPU has them) and f64 (the per-panel fallback): column offsets inside a panel, row
-    /// offsets, widths that are not multiples of 16, accumulation and scaling.
+    /// Both packings and the product against a plain loop, in f32 and f64 (register tiles
+    /// where the CPU has AVX2, else the per-panel fallback): column offsets inside a panel,
+    /// row offsets, widths that are not multiples of 16, accumulation and scaling.
     #[test]
     fn packed_products_match_a_plain_loop() {
         fn check<T: Elem + Into<f64>>(tol: f64) {

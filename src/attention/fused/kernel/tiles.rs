@@ -92,28 +92,42 @@ pub(super) enum Keys<'a, T> {
     Panels(Panels<'a, T>),
 }
 
-/// Rows `0..len` of head `(b, h)` of `x` packed in panels into `buf` (reused: large fresh
-/// buffers cost page faults): as they are (`len × d`: the right operand of the products by
-/// `v` in the forward pass, by `k`, `q` and `dO` in the backward pass) or `transposed`
-/// (`d × len`: the keys of `q·kᵀ`, the values of `dO·vᵀ`).
-pub(super) fn pack_head_panels<T: Elem>(
+/// Elements of one head's `len × d` rows packed in panels, or of their transpose.
+fn head_panels_len(len: usize, d: usize, transposed: bool) -> usize {
+    match transposed {
+        true => panels_len(d, len),
+        false => panels_len(len, d),
+    }
+}
+
+/// Rows `0..len` of head `(b, h)` of `x` packed in panels into `dst` (all
+/// [`head_panels_len`] elements written): as they are (`len × d`: the right operand of the
+/// products by `v` in the forward pass, by `k`, `q` and `dO` in the backward pass) or
+/// `transposed` (`d × len`: the keys of `q·kᵀ`, the values of `dO·vᵀ`).
+fn pack_head<T: Elem>(
     x: &Rows<T>,
     (b, h): (usize, usize),
     (len, d): (usize, usize),
     transposed: bool,
-    buf: &mut Vec<T>,
+    dst: &mut [T],
 ) {
     let row = |i: usize| &x.data[x.map.at(b, h, i)..];
     match transposed {
-        true => {
-            buf.resize(panels_len(d, len), T::ZERO);
-            pack_transposed(len, d, row, buf)
-        }
-        false => {
-            buf.resize(panels_len(len, d), T::ZERO);
-            pack_rows(len, d, row, buf)
-        }
+        true => pack_transposed(len, d, row, dst),
+        false => pack_rows(len, d, row, dst),
     }
+}
+
+/// [`pack_head`] into a reused buffer (large fresh buffers cost page faults).
+pub(super) fn pack_head_panels<T: Elem>(
+    x: &Rows<T>,
+    bh: (usize, usize),
+    (len, d): (usize, usize),
+    transposed: bool,
+    buf: &mut Vec<T>,
+) {
+    buf.resize(head_panels_len(len, d, transposed), T::ZERO);
+    pack_head(x, bh, (len, d), transposed, buf);
 }
 
 /// Rows per block of a tile crossing the causal diagonal.
@@ -238,18 +252,11 @@ impl<T: Elem> AllHeadsKv<T> {
     pub(super) fn new(g: &Geom, k: &Rows<T>, v: &Rows<T>) -> Self {
         let (s, d) = (g.s, g.d);
         let pack = |x: &Rows<T>, transposed: bool| {
-            let len = Self::len(s, d, transposed);
+            let len = head_panels_len(s, d, transposed);
             let mut buf = workspace::take::<T>(g.n * g.h * len);
             buf.par_chunks_mut(len.max(1))
                 .enumerate()
-                .for_each(|(bh, dst)| {
-                    let bh = (bh / g.h, bh % g.h);
-                    let row = |j: usize| &x.data[x.map.at(bh.0, bh.1, j)..];
-                    match transposed {
-                        true => pack_transposed(s, d, row, dst),
-                        false => pack_rows(s, d, row, dst),
-                    }
-                });
+                .for_each(|(bh, dst)| pack_head(x, (bh / g.h, bh % g.h), (s, d), transposed, dst));
             buf
         };
         Self {
@@ -260,19 +267,11 @@ impl<T: Elem> AllHeadsKv<T> {
         }
     }
 
-    /// Elements of one head's packed `kᵀ` (`transposed`) or `v`.
-    fn len(s: usize, d: usize, transposed: bool) -> usize {
-        match transposed {
-            true => panels_len(d, s),
-            false => panels_len(s, d),
-        }
-    }
-
     /// Head `b·H + h`.
     pub(super) fn head(&self, bh: usize) -> HeadKv<'_, T> {
         let (kl, vl) = (
-            Self::len(self.s, self.d, true),
-            Self::len(self.s, self.d, false),
+            head_panels_len(self.s, self.d, true),
+            head_panels_len(self.s, self.d, false),
         );
         HeadKv {
             kt: Panels::new(&self.kt[bh * kl..][..kl], self.d),

@@ -41,14 +41,11 @@ unsafe fn store_weights<T: Elem>(
     average: bool,
 ) {
     let dst = std::slice::from_raw_parts_mut(out.at(b, h, i, j0), p.len());
-    let f_drop = drop.map(|dm| f * dm.scale);
     for (c, (x, p)) in dst.iter_mut().zip(p).enumerate() {
-        let p = match (drop, f_drop) {
-            (Some(dm), Some(fd)) => match dm.mask.keep(weight_index(g, b, h, i, j0 + c)) {
-                true => *p * fd,
-                false => T::ZERO,
-            },
-            _ => *p * f,
+        let p = match drop {
+            Some(dm) if !dm.mask.keep(weight_index(g, b, h, i, j0 + c)) => T::ZERO,
+            Some(dm) => *p * (f * dm.scale),
+            None => *p * f,
         };
         if average {
             *x += p;
