@@ -28,12 +28,11 @@ pub(crate) const PANEL: usize = 16;
 ///
 /// # Safety
 /// Every addressed element must be in bounds; `c` must not overlap `a` or `b`.
-#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn small_gemm<T: Lanes>(
-    (m, n, k): (usize, usize, usize),
-    (a, ars, acs): (*const T, usize, usize),
-    (b, ldb, bps, j0): (*const T, usize, usize, usize),
-    (c, ldc): (*mut T, usize),
+    dims: (usize, usize, usize),
+    a: (*const T, usize, usize),
+    b: (*const T, usize, usize, usize),
+    c: (*mut T, usize),
     alpha: T,
     accumulate: bool,
 ) -> bool {
@@ -42,26 +41,12 @@ pub(crate) unsafe fn small_gemm<T: Lanes>(
         if !super::simd::avx2() {
             return false;
         }
-        avx2::product(
-            (m, n, k),
-            (a, ars, acs),
-            (b, ldb, bps, j0),
-            (c, ldc),
-            alpha,
-            accumulate,
-        );
+        avx2::product(dims, a, b, c, alpha, accumulate);
         true
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (
-            (m, n, k),
-            (a, ars, acs),
-            (b, ldb, bps, j0),
-            (c, ldc),
-            alpha,
-            accumulate,
-        );
+        let _ = (dims, a, b, c, alpha, accumulate);
         false
     }
 }
