@@ -13,12 +13,24 @@ pub(crate) fn avx2() -> bool {
     is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
 }
 
+/// Whether the CPU has AVX-512 (foundation; the register tiles of `super::small_gemm`).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn avx512() -> bool {
+    is_x86_feature_detected!("avx512f") && avx2()
+}
+
 /// The largest element of an f32 row (`-inf` for an empty or fully `-inf` row).
 pub(crate) fn row_max(row: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if avx2() {
-        // SAFETY: the CPU has AVX2 and FMA (checked at run time).
-        return unsafe { row_max_avx2(row) };
+    {
+        if avx512() {
+            // SAFETY: the CPU has AVX-512 (checked at run time).
+            return unsafe { row_max_avx512(row) };
+        }
+        if avx2() {
+            // SAFETY: the CPU has AVX2 and FMA (checked at run time).
+            return unsafe { row_max_avx2(row) };
+        }
     }
     row_max_f32(row)
 }
@@ -26,9 +38,15 @@ pub(crate) fn row_max(row: &[f32]) -> f32 {
 /// `row[j] = exp(row[j] - shift)` (0 where `row[j] = -inf`) on an f32 row, returning the sum.
 pub(crate) fn exp_shift_sum(row: &mut [f32], shift: f32) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if avx2() {
-        // SAFETY: as above.
-        return unsafe { exp_shift_sum_avx2(row, shift) };
+    {
+        if avx512() {
+            // SAFETY: as above.
+            return unsafe { exp_shift_sum_avx512(row, shift) };
+        }
+        if avx2() {
+            // SAFETY: as above.
+            return unsafe { exp_shift_sum_avx2(row, shift) };
+        }
     }
     exp_shift_sum_f32(row, shift)
 }
@@ -36,9 +54,15 @@ pub(crate) fn exp_shift_sum(row: &mut [f32], shift: f32) -> f32 {
 /// `Σ a[j]·b[j]` over f32 rows (the shorter length).
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if avx2() {
-        // SAFETY: as above.
-        return unsafe { dot_avx2(a, b) };
+    {
+        if avx512() {
+            // SAFETY: as above.
+            return unsafe { dot_avx512(a, b) };
+        }
+        if avx2() {
+            // SAFETY: as above.
+            return unsafe { dot_avx2(a, b) };
+        }
     }
     dot_f32(a, b)
 }
@@ -47,6 +71,67 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
 #[target_feature(enable = "avx2,fma")]
 unsafe fn row_max_avx2(row: &[f32]) -> f32 {
     row_max_f32(row)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn row_max_avx512(row: &[f32]) -> f32 {
+    row_max_f32(row)
+}
+
+/// [`exp_shift_sum_avx2`] on sixteen lanes, the tail through a lane mask.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn exp_shift_sum_avx512(row: &mut [f32], shift: f32) -> f32 {
+    use std::arch::x86_64::*;
+    let n = row.len();
+    let p = row.as_mut_ptr();
+    let vshift = _mm512_set1_ps(shift);
+    let mut acc = _mm512_setzero_ps();
+    let mut i = 0;
+    while i < n {
+        let mask = match n - i {
+            r if r >= 16 => u16::MAX,
+            r => ((1u32 << r) - 1) as u16,
+        };
+        let e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, p.add(i)), vshift));
+        _mm512_mask_storeu_ps(p.add(i), mask, e);
+        acc = _mm512_mask_add_ps(acc, mask, acc, e);
+        i += 16;
+    }
+    _mm512_reduce_add_ps(acc)
+}
+
+/// [`exp256`] on sixteen lanes.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(crate) unsafe fn exp512(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    let xc = _mm512_min_ps(
+        _mm512_max_ps(x, _mm512_set1_ps(EXP_LO)),
+        _mm512_set1_ps(EXP_HI),
+    );
+    let fx =
+        _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(_mm512_fmadd_ps(
+            xc,
+            _mm512_set1_ps(std::f32::consts::LOG2_E),
+            _mm512_set1_ps(0.5),
+        ));
+    let r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(EXP_C1), xc);
+    let r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(EXP_C2), r);
+    let mut y = _mm512_set1_ps(EXP_P[0]);
+    for c in &EXP_P[1..] {
+        y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(*c));
+    }
+    let y = _mm512_add_ps(
+        _mm512_fmadd_ps(_mm512_mul_ps(y, r), r, r),
+        _mm512_set1_ps(1.0),
+    );
+    let e = _mm512_slli_epi32::<23>(_mm512_add_epi32(
+        _mm512_cvtps_epi32(fx),
+        _mm512_set1_epi32(127),
+    ));
+    _mm512_mul_ps(y, _mm512_castsi512_ps(e))
 }
 
 /// The AVX2 version of [`exp_shift_sum_f32`], written with intrinsics: LLVM does not
@@ -130,6 +215,12 @@ const EXP_P: [f32; 6] = [
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
+    dot_f32(a, b)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn dot_avx512(a: &[f32], b: &[f32]) -> f32 {
     dot_f32(a, b)
 }
 
@@ -332,6 +423,46 @@ mod tests {
         assert_eq!(exp_f32(0.0), 1.0);
         assert_eq!(exp_f32(f32::NEG_INFINITY), 0.0);
         assert_eq!(exp_f32(-1000.0), 0.0);
+    }
+
+    /// Each instruction set's `exp` row the CPU has (the public entry takes only the best)
+    /// against std: tails of every length, exact zeros for `-inf`, the sum.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn every_exp_row_matches_std() {
+        type Row = unsafe fn(&mut [f32], f32) -> f32;
+        let mut rows: Vec<(&str, Row)> = vec![("scalar", |r, s| exp_shift_sum_f32(r, s))];
+        if avx2() {
+            rows.push(("avx2", exp_shift_sum_avx2));
+        }
+        if avx512() {
+            rows.push(("avx512", exp_shift_sum_avx512));
+        }
+        for (name, f) in rows {
+            for n in [0, 1, 7, 15, 16, 17, 40] {
+                let xs: Vec<f32> = (0..n)
+                    .map(|i| match i % 5 {
+                        4 => f32::NEG_INFINITY,
+                        _ => -20.0 + i as f32 * 0.731,
+                    })
+                    .collect();
+                let mut ys = xs.clone();
+                // SAFETY: the CPU has the instruction set (checked above).
+                let sum = unsafe { f(&mut ys, 0.5) };
+                for (x, y) in xs.iter().zip(&ys) {
+                    let want = (x - 0.5).exp();
+                    assert!(
+                        *y == want || ((y - want) / want).abs() < 2.5e-7,
+                        "{name} n={n}: exp({x} - 0.5) = {y}, want {want}"
+                    );
+                }
+                let want: f64 = xs.iter().map(|x| (f64::from(*x) - 0.5).exp()).sum();
+                assert!(
+                    (f64::from(sum) - want).abs() <= 1e-6 * want,
+                    "{name} n={n}: sum"
+                );
+            }
+        }
     }
 
     #[test]

@@ -1,30 +1,54 @@
-//! A matrix product for the attention kernels' tiles (AVX2 + FMA, f32 and f64): no packing
-//! inside the product.
+//! A matrix product for the attention kernels' tiles (AVX-512 or AVX2 + FMA, f32 and f64): no
+//! packing inside the product.
 //!
 //! The `gemm` crate packs both operands on every call; for the tiles of the attention kernels
 //! (inner dimension the head dim, 32–128, or a tile of 32–256 keys) that packing and the
 //! call's set-up cost as much as the product: a (32, 32, 32) product ran at 54 GFLOP/s and a
 //! (64, 64, 64) at 100 on one Zen 3 core whose peak is ~125. Here the right-hand operand is read
-//! by rows of 16 elements, as it lies (unit column stride) or packed once per head in panels
+//! by rows of vectors, as it lies (unit column stride) or packed once per head in panels
 //! (`super::panels`), and the left-hand one one element at a time (broadcast), with any
-//! strides: register tiles of up to 6 rows × two vectors (16 f32 or 8 f64 columns),
-//! accumulated over the whole inner dimension.
+//! strides: register tiles of up to [`Vector::MR`] rows × two vectors, accumulated over the
+//! whole inner dimension.
+//!
+//! AVX-512 is chosen at run time where the CPU has it (twice the lanes and registers: on the
+//! Zen 5 of `BENCHMARKS.md` the tiles ran 1.6–1.8× faster), else AVX2 + FMA, else the caller's
+//! fallback. The `gemm` crate is built with its `x86-v4` feature for the same reason.
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-/// Rows of the register tile.
-const MR: usize = 6;
-
-/// Columns of a panel of a packed right operand (and of an f32 register tile).
+/// Columns of a panel of a packed right operand.
 pub(crate) const PANEL: usize = 16;
+
+/// The instruction sets of the register tiles, best first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Isa {
+    Avx512,
+    Avx2,
+}
+
+impl Isa {
+    /// The best one this CPU has (`None`: neither).
+    pub(crate) fn detect() -> Option<Isa> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if super::simd::avx512() {
+                return Some(Isa::Avx512);
+            }
+            if super::simd::avx2() {
+                return Some(Isa::Avx2);
+            }
+        }
+        None
+    }
+}
 
 /// `c[m×n] = [c +] alpha · a[m×k] · b[k×n]`: `a(i, p)` at `a + i·ars + p·acs`, `c(i, j)` at
 /// `c + i·ldc + j`, and `b` in panels of [`PANEL`] columns: with `J = j0 + j`, `b(p, j)` at
 /// `b + (J / 16)·bps + p·ldb + J % 16`. A plain row-major `b` is `bps = 16`, `j0 = 0`; a
 /// packed one (see `super::panels`) has `ldb = 16` and a panel stride `bps`, and `j0` says
-/// where in it column 0 is. Returns `false` (and does nothing) where the CPU lacks AVX2 or
-/// FMA.
+/// where in it column 0 is. Uses the best instruction set the CPU has; returns `false` (and
+/// does nothing) where it has neither AVX-512 nor AVX2 with FMA.
 ///
 /// # Safety
 /// Every addressed element must be in bounds; `c` must not overlap `a` or `b`.
@@ -36,44 +60,82 @@ pub(crate) unsafe fn small_gemm<T: Lanes>(
     alpha: T,
     accumulate: bool,
 ) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if !super::simd::avx2() {
-            return false;
+    match Isa::detect() {
+        Some(isa) => {
+            small_gemm_with(isa, dims, a, b, c, alpha, accumulate);
+            true
         }
-        avx2::product(dims, a, b, c, alpha, accumulate);
-        true
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (dims, a, b, c, alpha, accumulate);
-        false
+        None => false,
     }
 }
 
-/// The element types with a register-tile product: their AVX2 vector and its operations.
+/// [`small_gemm`] with a chosen instruction set (the tests run both).
+///
+/// # Safety
+/// As [`small_gemm`]; and the CPU has `isa` (see [`Isa::detect`]).
+pub(crate) unsafe fn small_gemm_with<T: Lanes>(
+    isa: Isa,
+    dims: (usize, usize, usize),
+    a: (*const T, usize, usize),
+    b: (*const T, usize, usize, usize),
+    c: (*mut T, usize),
+    alpha: T,
+    accumulate: bool,
+) {
+    #[cfg(target_arch = "x86_64")]
+    match isa {
+        Isa::Avx512 => tiles::product_avx512(dims, a, b, c, alpha, accumulate),
+        Isa::Avx2 => tiles::product_avx2(dims, a, b, c, alpha, accumulate),
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (isa, dims, a, b, c, alpha, accumulate);
+}
+
+/// The element types with register-tile products: their vector types for each instruction set.
 pub(crate) trait Lanes: Copy {
-    /// Elements per vector (8 f32, 4 f64); a register tile is two vectors wide.
+    #[cfg(target_arch = "x86_64")]
+    type Avx2: Vector<Self>;
+    #[cfg(target_arch = "x86_64")]
+    type Avx512: Vector<Self>;
+}
+
+impl Lanes for f32 {
+    #[cfg(target_arch = "x86_64")]
+    type Avx2 = Avx2;
+    #[cfg(target_arch = "x86_64")]
+    type Avx512 = Avx512;
+}
+
+impl Lanes for f64 {
+    #[cfg(target_arch = "x86_64")]
+    type Avx2 = Avx2;
+    #[cfg(target_arch = "x86_64")]
+    type Avx512 = Avx512;
+}
+
+/// The AVX2 + FMA register tiles (16 registers of 256 bits).
+pub(crate) struct Avx2;
+/// The AVX-512 register tiles (32 registers of 512 bits).
+pub(crate) struct Avx512;
+
+/// One instruction set's vector of `T` and the operations of a register tile.
+#[cfg(target_arch = "x86_64")]
+pub(crate) trait Vector<T> {
+    /// Elements per vector; a register tile is two vectors wide.
     const W: usize;
-    #[cfg(target_arch = "x86_64")]
+    /// Rows of a register tile (its `2·MR` accumulators, two rows of the right operand and a
+    /// broadcast fit in the registers).
+    const MR: usize;
     type V: Copy;
-    #[cfg(target_arch = "x86_64")]
     unsafe fn zero() -> Self::V;
-    #[cfg(target_arch = "x86_64")]
-    unsafe fn splat(x: Self) -> Self::V;
-    #[cfg(target_arch = "x86_64")]
-    unsafe fn broadcast(p: *const Self) -> Self::V;
+    unsafe fn splat(x: T) -> Self::V;
+    unsafe fn broadcast(p: *const T) -> Self::V;
     /// Loads lanes `0..count` (all when `count ≥ W`), zero elsewhere.
-    #[cfg(target_arch = "x86_64")]
-    unsafe fn load(p: *const Self, count: usize) -> Self::V;
+    unsafe fn load(p: *const T, count: usize) -> Self::V;
     /// Stores lanes `0..count`.
-    #[cfg(target_arch = "x86_64")]
-    unsafe fn store(p: *mut Self, v: Self::V, count: usize);
-    #[cfg(target_arch = "x86_64")]
+    unsafe fn store(p: *mut T, v: Self::V, count: usize);
     unsafe fn fmadd(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
-    #[cfg(target_arch = "x86_64")]
     unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
-    #[cfg(target_arch = "x86_64")]
     unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
 }
 
@@ -93,56 +155,87 @@ unsafe fn mask64(count: usize) -> __m256i {
     _mm256_cmpgt_epi64(_mm256_set1_epi64x(count.min(4) as i64), idx)
 }
 
-/// The f32 and f64 impls: the same operations, other intrinsics and lane counts.
-macro_rules! lanes {
-    ($t:ty, $w:literal, $v:ty, $mask:ident, $zero:ident, $splat:ident, $bcast:ident,
+/// The masked loads and stores of lanes `0..count`, one signature for all four vector types.
+#[cfg(target_arch = "x86_64")]
+mod masked {
+    use super::*;
+    #[inline(always)]
+    pub(super) unsafe fn load_ps256(p: *const f32, n: usize) -> __m256 {
+        _mm256_maskload_ps(p, mask32(n))
+    }
+    #[inline(always)]
+    pub(super) unsafe fn store_ps256(p: *mut f32, v: __m256, n: usize) {
+        _mm256_maskstore_ps(p, mask32(n), v)
+    }
+    #[inline(always)]
+    pub(super) unsafe fn load_pd256(p: *const f64, n: usize) -> __m256d {
+        _mm256_maskload_pd(p, mask64(n))
+    }
+    #[inline(always)]
+    pub(super) unsafe fn store_pd256(p: *mut f64, v: __m256d, n: usize) {
+        _mm256_maskstore_pd(p, mask64(n), v)
+    }
+    #[inline(always)]
+    pub(super) unsafe fn load_ps512(p: *const f32, n: usize) -> __m512 {
+        _mm512_maskz_loadu_ps(((1u32 << n.min(16)) - 1) as u16, p)
+    }
+    #[inline(always)]
+    pub(super) unsafe fn store_ps512(p: *mut f32, v: __m512, n: usize) {
+        _mm512_mask_storeu_ps(p, ((1u32 << n.min(16)) - 1) as u16, v)
+    }
+    #[inline(always)]
+    pub(super) unsafe fn load_pd512(p: *const f64, n: usize) -> __m512d {
+        _mm512_maskz_loadu_pd(((1u32 << n.min(8)) - 1) as u8, p)
+    }
+    #[inline(always)]
+    pub(super) unsafe fn store_pd512(p: *mut f64, v: __m512d, n: usize) {
+        _mm512_mask_storeu_pd(p, ((1u32 << n.min(8)) - 1) as u8, v)
+    }
+}
+
+/// The four impls of [`Vector`]: the same operations, other intrinsics and lane counts.
+macro_rules! vector {
+    ($isa:ty, $t:ty, $w:literal, $mr:literal, $v:ty, $zero:ident, $splat:ident,
      $load:ident, $mload:ident, $store:ident, $mstore:ident, $fmadd:ident, $mul:ident, $add:ident) => {
-        impl Lanes for $t {
+        #[cfg(target_arch = "x86_64")]
+        impl Vector<$t> for $isa {
             const W: usize = $w;
-            #[cfg(target_arch = "x86_64")]
+            const MR: usize = $mr;
             type V = $v;
-            #[cfg(target_arch = "x86_64")]
             #[inline(always)]
             unsafe fn zero() -> $v {
                 $zero()
             }
-            #[cfg(target_arch = "x86_64")]
             #[inline(always)]
             unsafe fn splat(x: $t) -> $v {
                 $splat(x)
             }
-            #[cfg(target_arch = "x86_64")]
             #[inline(always)]
             unsafe fn broadcast(p: *const $t) -> $v {
-                $bcast(&*p)
+                $splat(*p)
             }
-            #[cfg(target_arch = "x86_64")]
             #[inline(always)]
             unsafe fn load(p: *const $t, count: usize) -> $v {
                 match count >= $w {
                     true => $load(p),
-                    false => $mload(p, $mask(count)),
+                    false => masked::$mload(p, count),
                 }
             }
-            #[cfg(target_arch = "x86_64")]
             #[inline(always)]
             unsafe fn store(p: *mut $t, v: $v, count: usize) {
                 match count >= $w {
                     true => $store(p, v),
-                    false => $mstore(p, $mask(count), v),
+                    false => masked::$mstore(p, v, count),
                 }
             }
-            #[cfg(target_arch = "x86_64")]
             #[inline(always)]
             unsafe fn fmadd(a: $v, b: $v, c: $v) -> $v {
                 $fmadd(a, b, c)
             }
-            #[cfg(target_arch = "x86_64")]
             #[inline(always)]
             unsafe fn mul(a: $v, b: $v) -> $v {
                 $mul(a, b)
             }
-            #[cfg(target_arch = "x86_64")]
             #[inline(always)]
             unsafe fn add(a: $v, b: $v) -> $v {
                 $add(a, b)
@@ -151,46 +244,104 @@ macro_rules! lanes {
     };
 }
 
-lanes!(
+vector!(
+    Avx2,
     f32,
     8,
+    6,
     __m256,
-    mask32,
     _mm256_setzero_ps,
     _mm256_set1_ps,
-    _mm256_broadcast_ss,
     _mm256_loadu_ps,
-    _mm256_maskload_ps,
+    load_ps256,
     _mm256_storeu_ps,
-    _mm256_maskstore_ps,
+    store_ps256,
     _mm256_fmadd_ps,
     _mm256_mul_ps,
     _mm256_add_ps
 );
-lanes!(
+vector!(
+    Avx2,
     f64,
     4,
+    6,
     __m256d,
-    mask64,
     _mm256_setzero_pd,
     _mm256_set1_pd,
-    _mm256_broadcast_sd,
     _mm256_loadu_pd,
-    _mm256_maskload_pd,
+    load_pd256,
     _mm256_storeu_pd,
-    _mm256_maskstore_pd,
+    store_pd256,
     _mm256_fmadd_pd,
     _mm256_mul_pd,
     _mm256_add_pd
 );
+vector!(
+    Avx512,
+    f32,
+    16,
+    12,
+    __m512,
+    _mm512_setzero_ps,
+    _mm512_set1_ps,
+    _mm512_loadu_ps,
+    load_ps512,
+    _mm512_storeu_ps,
+    store_ps512,
+    _mm512_fmadd_ps,
+    _mm512_mul_ps,
+    _mm512_add_ps
+);
+vector!(
+    Avx512,
+    f64,
+    8,
+    12,
+    __m512d,
+    _mm512_setzero_pd,
+    _mm512_set1_pd,
+    _mm512_loadu_pd,
+    load_pd512,
+    _mm512_storeu_pd,
+    store_pd512,
+    _mm512_fmadd_pd,
+    _mm512_mul_pd,
+    _mm512_add_pd
+);
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+mod tiles {
     use super::*;
 
+    /// The AVX2 entry: the generic body compiled with AVX2 + FMA.
     #[target_feature(enable = "avx2,fma")]
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn product<T: Lanes>(
+    pub(super) unsafe fn product_avx2<T: Lanes>(
+        dims: (usize, usize, usize),
+        a: (*const T, usize, usize),
+        b: (*const T, usize, usize, usize),
+        c: (*mut T, usize),
+        alpha: T,
+        accumulate: bool,
+    ) {
+        product::<T, T::Avx2>(dims, a, b, c, alpha, accumulate)
+    }
+
+    /// The AVX-512 entry.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) unsafe fn product_avx512<T: Lanes>(
+        dims: (usize, usize, usize),
+        a: (*const T, usize, usize),
+        b: (*const T, usize, usize, usize),
+        c: (*mut T, usize),
+        alpha: T,
+        accumulate: bool,
+    ) {
+        product::<T, T::Avx512>(dims, a, b, c, alpha, accumulate)
+    }
+
+    /// Register tiles of `S::MR` rows × two vectors, every one within a panel of `b`.
+    #[inline(always)]
+    unsafe fn product<T: Lanes, S: Vector<T>>(
         (m, n, k): (usize, usize, usize),
         (a, ars, acs): (*const T, usize, usize),
         (b, ldb, bps, j0): (*const T, usize, usize, usize),
@@ -198,23 +349,34 @@ mod avx2 {
         alpha: T,
         accumulate: bool,
     ) {
-        // Strips of two vectors; they end at panel boundaries (absolute column `j0 + j`; the
-        // strip width divides the panel's).
-        let strip = 2 * T::W;
+        let w = S::W;
+        // `b`'s element of row 0 at absolute column `at`.
+        let at_col = |at: usize| b.add(at / PANEL * bps + at % PANEL);
         let mut j = 0;
         while j < n {
+            // A strip of up to two vectors, each starting at a multiple of W (W divides the
+            // panel width, so a vector never crosses a panel); the first one after an
+            // unaligned start is shorter.
             let at = j0 + j;
-            let cols = (n - j).min(strip - at % strip);
-            let (bj, cj) = (b.add(at / PANEL * bps + at % PANEL), c.add(j));
+            let cols = (n - j).min(match at % w {
+                0 => 2 * w,
+                r => w - r,
+            });
+            let b0 = at_col(at);
+            let b1 = match cols > w {
+                true => at_col(at + w),
+                false => b0,
+            };
+            let cj = c.add(j);
             let mut i = 0;
             while i < m {
-                let rows = (m - i).min(MR);
+                let rows = (m - i).min(S::MR);
                 let t = Tile {
                     k,
                     a: a.add(i * ars),
                     ars,
                     acs,
-                    b: bj,
+                    b: (b0, b1),
                     ldb,
                     c: cj.add(i * ldc),
                     ldc,
@@ -222,33 +384,30 @@ mod avx2 {
                     accumulate,
                     cols,
                 };
-                match (rows, cols == strip) {
-                    (6, true) => t.run::<6, false>(),
-                    (5, true) => t.run::<5, false>(),
-                    (4, true) => t.run::<4, false>(),
-                    (3, true) => t.run::<3, false>(),
-                    (2, true) => t.run::<2, false>(),
-                    (1, true) => t.run::<1, false>(),
-                    (6, false) => t.run::<6, true>(),
-                    (5, false) => t.run::<5, true>(),
-                    (4, false) => t.run::<4, true>(),
-                    (3, false) => t.run::<3, true>(),
-                    (2, false) => t.run::<2, true>(),
-                    _ => t.run::<1, true>(),
+                macro_rules! rows {
+                    ($($r:literal)*) => {
+                        match (rows, cols == 2 * w) {
+                            $(($r, true) => t.run::<S, $r, false>(),
+                              ($r, false) => t.run::<S, $r, true>(),)*
+                            _ => unreachable!("tile rows {rows} > {}", S::MR),
+                        }
+                    };
                 }
+                rows!(1 2 3 4 5 6 7 8 9 10 11 12);
                 i += rows;
             }
             j += cols;
         }
     }
 
-    /// One register tile: rows `0..R` (R ≤ 6) × `cols` (≤ two vectors) columns of `c`.
+    /// One register tile: rows `0..R` × `cols` (≤ two vectors) columns of `c`.
     struct Tile<T> {
         k: usize,
         a: *const T,
         ars: usize,
         acs: usize,
-        b: *const T,
+        /// Row 0 of the two vectors' columns.
+        b: (*const T, *const T),
         ldb: usize,
         c: *mut T,
         ldc: usize,
@@ -257,36 +416,52 @@ mod avx2 {
         cols: usize,
     }
 
-    impl<T: Lanes> Tile<T> {
+    impl<T: Copy> Tile<T> {
         /// `MASKED`: fewer columns than two vectors (loads and stores through lane masks).
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn run<const R: usize, const MASKED: bool>(&self) {
-            let w = T::W;
+        #[inline(always)]
+        unsafe fn run<S: Vector<T>, const R: usize, const MASKED: bool>(&self) {
+            let w = S::W;
             let (n0, n1) = match MASKED {
                 true => (self.cols, self.cols.saturating_sub(w)),
                 false => (w, w),
             };
-            let mut acc = [[T::zero(); 2]; R];
+            let two = n1 > 0;
+            let mut acc = [[S::zero(); 2]; R];
             for p in 0..self.k {
-                let bp = self.b.add(p * self.ldb);
-                let (b0, b1) = (T::load(bp, n0), T::load(bp.add(w), n1));
+                let (b0, b1) = (self.b.0.add(p * self.ldb), self.b.1.add(p * self.ldb));
                 let ap = self.a.add(p * self.acs);
-                for (r, acc) in acc.iter_mut().enumerate() {
-                    let x = T::broadcast(ap.add(r * self.ars));
-                    acc[0] = T::fmadd(x, b0, acc[0]);
-                    acc[1] = T::fmadd(x, b1, acc[1]);
+                let v0 = S::load(b0, n0);
+                match two {
+                    true => {
+                        let v1 = S::load(b1, n1);
+                        for (r, acc) in acc.iter_mut().enumerate() {
+                            let x = S::broadcast(ap.add(r * self.ars));
+                            acc[0] = S::fmadd(x, v0, acc[0]);
+                            acc[1] = S::fmadd(x, v1, acc[1]);
+                        }
+                    }
+                    false => {
+                        for (r, acc) in acc.iter_mut().enumerate() {
+                            acc[0] = S::fmadd(S::broadcast(ap.add(r * self.ars)), v0, acc[0]);
+                        }
+                    }
                 }
             }
-            let alpha = T::splat(self.alpha);
+            let alpha = S::splat(self.alpha);
             for (r, acc) in acc.iter().enumerate() {
                 let cp = self.c.add(r * self.ldc);
-                let (mut x0, mut x1) = (T::mul(acc[0], alpha), T::mul(acc[1], alpha));
+                let mut x0 = S::mul(acc[0], alpha);
                 if self.accumulate {
-                    x0 = T::add(x0, T::load(cp, n0));
-                    x1 = T::add(x1, T::load(cp.add(w), n1));
+                    x0 = S::add(x0, S::load(cp, n0));
                 }
-                T::store(cp, x0, n0);
-                T::store(cp.add(w), x1, n1);
+                S::store(cp, x0, n0);
+                if two {
+                    let mut x1 = S::mul(acc[1], alpha);
+                    if self.accumulate {
+                        x1 = S::add(x1, S::load(cp.add(w), n1));
+                    }
+                    S::store(cp.add(w), x1, n1);
+                }
             }
         }
     }
@@ -294,71 +469,100 @@ mod avx2 {
 
 #[cfg(test)]
 mod tests {
-    use super::small_gemm;
+    use super::*;
+    use crate::cpu::Elem;
 
-    /// Against an f64 triple loop: every row and column remainder of the register tile, a
-    /// transposed and a strided `a`, a `b` and `c` wider than the product, with and without
-    /// accumulation and scaling.
+    /// Against an f64 triple loop, for every instruction set this CPU has, in f32 and f64:
+    /// every row and column remainder of the register tiles, a transposed and a strided `a`, a
+    /// plain `b` and `c` wider than the product, a `b` in panels with a gap between them (NaN,
+    /// as every element no product may read) and column offsets inside a panel, with and
+    /// without accumulation and scaling.
     #[test]
     fn matches_a_plain_loop() {
-        let val = |i: usize, s: u64| ((i as u64 * 2654435761 + s) % 1009) as f32 / 251.0 - 2.0;
+        let isas: Vec<Isa> = [Isa::Avx512, Isa::Avx2]
+            .into_iter()
+            .filter(|&isa| Isa::detect().is_some_and(|best| best == isa || isa == Isa::Avx2))
+            .collect();
+        for isa in isas {
+            check::<f32>(isa, 1e-4);
+            check::<f64>(isa, 1e-12);
+        }
+    }
+
+    fn check<T: Elem + Lanes + Into<f64>>(isa: Isa, tol: f64) {
+        let val = |i: usize, s: u64| ((i as u64 * 2654435761 + s) % 1009) as f64 / 251.0 - 2.0;
         for &(m, n, k) in &[
             (1, 1, 1),
             (6, 16, 7),
             (7, 17, 32),
             (13, 40, 64),
+            (12, 32, 5),
+            (25, 33, 9),
             (32, 32, 32),
             (64, 5, 3),
             (5, 64, 128),
         ] {
-            for &(transposed_a, accumulate, alpha) in &[
-                (false, false, 1.0f32),
-                (true, true, 0.125),
-                (false, true, -2.0),
+            for &(transposed_a, panels, j0, accumulate, alpha) in &[
+                (false, false, 0, false, 1.0),
+                (true, false, 0, true, 0.125),
+                (false, true, 0, true, -2.0),
+                (true, true, 3, false, 1.0),
+                (false, true, 13, true, 0.5),
             ] {
                 // a stored m×k with row stride k+3, or k×m (read transposed) with row stride m+2.
                 let (ars, acs, a_len) = match transposed_a {
                     false => (k + 3, 1, m * (k + 3)),
                     true => (1, m + 2, k * (m + 2)),
                 };
-                let (ldb, ldc) = (n + 5, n + 1);
-                let a: Vec<f32> = (0..a_len).map(|i| val(i, 1)).collect();
-                let b: Vec<f32> = (0..k * ldb).map(|i| val(i, 2)).collect();
-                let c0: Vec<f32> = (0..m * ldc).map(|i| val(i, 3)).collect();
+                // b: row-major with row stride n+5, or panels of 16 columns with 5 elements
+                // between them; column j of the product is b's column j0 + j.
+                let (ldb, bps) = match panels {
+                    false => (n + 5, PANEL),
+                    true => (PANEL, k * PANEL + 5),
+                };
+                let b_at = |p: usize, j: usize| (j0 + j) / PANEL * bps + p * ldb + (j0 + j) % PANEL;
+                let b_len = b_at(k - 1, n - 1) + 1;
+                let mut b = vec![T::from_f64(f64::NAN); b_len];
+                for p in 0..k {
+                    for j in 0..n {
+                        b[b_at(p, j)] = T::from_f64(val(p * n + j, 2));
+                    }
+                }
+                let ldc = n + 1;
+                let a: Vec<T> = (0..a_len).map(|i| T::from_f64(val(i, 1))).collect();
+                let c0: Vec<T> = (0..m * ldc).map(|i| T::from_f64(val(i, 3))).collect();
                 let mut c = c0.clone();
-                // SAFETY: the strides and lengths above cover every addressed element.
-                let ran = unsafe {
-                    small_gemm::<f32>(
+                // SAFETY: the strides and lengths above cover every addressed element; the
+                // CPU has `isa`.
+                unsafe {
+                    small_gemm_with(
+                        isa,
                         (m, n, k),
                         (a.as_ptr(), ars, acs),
-                        (b.as_ptr(), ldb, 16, 0),
+                        (b.as_ptr(), ldb, bps, j0),
                         (c.as_mut_ptr(), ldc),
-                        alpha,
+                        T::from_f64(alpha),
                         accumulate,
                     )
                 };
-                if !ran {
-                    return; // no AVX2 here: nothing to compare
-                }
                 for i in 0..m {
                     for j in 0..ldc {
-                        let got = c[i * ldc + j];
+                        let (got, old): (f64, f64) =
+                            (c[i * ldc + j].into(), c0[i * ldc + j].into());
+                        let case = format!(
+                            "{isa:?} ({m},{n},{k}) t={transposed_a} panels={panels} j0={j0}"
+                        );
                         if j >= n {
-                            assert_eq!(got, c0[i * ldc + j], "({m},{n},{k}) wrote past column {n}");
+                            assert_eq!(got, old, "{case} wrote past column {n}");
                             continue;
                         }
                         let dot: f64 = (0..k)
-                            .map(|p| a[i * ars + p * acs] as f64 * b[p * ldb + j] as f64)
+                            .map(|p| a[i * ars + p * acs].into() * b[b_at(p, j)].into())
                             .sum();
-                        let want = alpha as f64 * dot
-                            + if accumulate {
-                                c0[i * ldc + j] as f64
-                            } else {
-                                0.0
-                            };
+                        let want = alpha * dot + if accumulate { old } else { 0.0 };
                         assert!(
-                            (got as f64 - want).abs() <= 1e-4 * (1.0 + want.abs()),
-                            "({m},{n},{k}) t={transposed_a} acc={accumulate}: c[{i}][{j}] = {got}, want {want}"
+                            (got - want).abs() <= tol * (1.0 + want.abs()),
+                            "{case} acc={accumulate}: c[{i}][{j}] = {got}, want {want}"
                         );
                     }
                 }
