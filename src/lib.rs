@@ -69,6 +69,7 @@ pub use attention::{
     multihead_attention, AttentionKernel, AttentionOptions, AttentionOutput, IncrementalOptions,
     KvCache, MemoryCache, MultiheadAttention, MultiheadAttentionConfig,
 };
+pub use cpu::simd::NO_AVX512_ENV;
 pub use init::seeded_var_builder;
 pub use nn::{
     Activation, DecoderOptions, EncoderOptions, Transformer, TransformerConfig, TransformerDecoder,

@@ -81,7 +81,7 @@ pub fn find_torch() -> Option<(String, String)> {
     })
 }
 pub fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
+    let model = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| {
             s.lines()
@@ -89,7 +89,25 @@ pub fn cpu_model() -> String {
                 .and_then(|l| l.split_once(':'))
                 .map(|(_, v)| v.trim().to_string())
         })
-        .unwrap_or_else(|| "unknown CPU".into())
+        .unwrap_or_else(|| "unknown CPU".into());
+    format!("{model} ({})", vector_unit())
+}
+
+/// The vector instructions our CPU kernels take here (see `candle_mha::NO_AVX512_ENV`); the
+/// `gemm` crate's projections choose theirs the same way but ignore that variable.
+pub fn vector_unit() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx512f")
+            && std::env::var_os(candle_mha::NO_AVX512_ENV).is_none()
+        {
+            return "AVX-512";
+        }
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            return "AVX2";
+        }
+    }
+    "no AVX2"
 }
 /// UTC now as `YYYY-MM-DD HH:MM UTC` (civil-from-days, no date crate needed).
 pub fn utc_now() -> String {

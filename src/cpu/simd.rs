@@ -13,10 +13,23 @@ pub(crate) fn avx2() -> bool {
     is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
 }
 
-/// Whether the CPU has AVX-512 (foundation; the register tiles of `super::small_gemm`).
+/// The environment variable that keeps our kernels on AVX2 on a CPU with AVX-512 (any value):
+/// for CPUs that lower their clock under AVX-512, and to test the AVX2 paths on one that has
+/// it. The `gemm` crate's projections choose for themselves.
+///
+/// PyTorch equivalent: `ATEN_CPU_CAPABILITY=avx2`.
+pub const NO_AVX512_ENV: &str = "MHA_NO_AVX512";
+
+/// Whether our kernels use AVX-512 (foundation): the CPU has it (and AVX2 + FMA) and
+/// [`NO_AVX512_ENV`] is not set. Read once.
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn avx512() -> bool {
-    is_x86_feature_detected!("avx512f") && avx2()
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        is_x86_feature_detected!("avx512f")
+            && avx2()
+            && std::env::var_os(NO_AVX512_ENV).is_none()
+    })
 }
 
 /// The largest element of an f32 row (`-inf` for an empty or fully `-inf` row).
@@ -79,7 +92,8 @@ unsafe fn row_max_avx512(row: &[f32]) -> f32 {
     row_max_f32(row)
 }
 
-/// [`exp_shift_sum_avx2`] on sixteen lanes, the tail through a lane mask.
+/// [`exp_shift_sum_avx2`] on sixteen lanes, the tail through a lane mask (only the tail:
+/// masked stores are slow on AMD).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn exp_shift_sum_avx512(row: &mut [f32], shift: f32) -> f32 {
@@ -87,19 +101,25 @@ unsafe fn exp_shift_sum_avx512(row: &mut [f32], shift: f32) -> f32 {
     let n = row.len();
     let p = row.as_mut_ptr();
     let vshift = _mm512_set1_ps(shift);
-    let mut acc = _mm512_setzero_ps();
+    let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
     let mut i = 0;
+    while i + 32 <= n {
+        let e0 = exp512(_mm512_sub_ps(_mm512_loadu_ps(p.add(i)), vshift));
+        let e1 = exp512(_mm512_sub_ps(_mm512_loadu_ps(p.add(i + 16)), vshift));
+        _mm512_storeu_ps(p.add(i), e0);
+        _mm512_storeu_ps(p.add(i + 16), e1);
+        acc0 = _mm512_add_ps(acc0, e0);
+        acc1 = _mm512_add_ps(acc1, e1);
+        i += 32;
+    }
     while i < n {
-        let mask = match n - i {
-            r if r >= 16 => u16::MAX,
-            r => ((1u32 << r) - 1) as u16,
-        };
+        let mask = ((1u32 << (n - i).min(16)) - 1) as u16;
         let e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, p.add(i)), vshift));
         _mm512_mask_storeu_ps(p.add(i), mask, e);
-        acc = _mm512_mask_add_ps(acc, mask, acc, e);
+        acc0 = _mm512_mask_add_ps(acc0, mask, acc0, e);
         i += 16;
     }
-    _mm512_reduce_add_ps(acc)
+    _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1))
 }
 
 /// [`exp256`] on sixteen lanes.
@@ -111,12 +131,13 @@ pub(crate) unsafe fn exp512(x: std::arch::x86_64::__m512) -> std::arch::x86_64::
         _mm512_max_ps(x, _mm512_set1_ps(EXP_LO)),
         _mm512_set1_ps(EXP_HI),
     );
-    let fx =
-        _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(_mm512_fmadd_ps(
+    let fx = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(
+        _mm512_fmadd_ps(
             xc,
             _mm512_set1_ps(std::f32::consts::LOG2_E),
             _mm512_set1_ps(0.5),
-        ));
+        ),
+    );
     let r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(EXP_C1), xc);
     let r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(EXP_C2), r);
     let mut y = _mm512_set1_ps(EXP_P[0]);
@@ -127,6 +148,7 @@ pub(crate) unsafe fn exp512(x: std::arch::x86_64::__m512) -> std::arch::x86_64::
         _mm512_fmadd_ps(_mm512_mul_ps(y, r), r, r),
         _mm512_set1_ps(1.0),
     );
+    // As in `exp256`: at the lower clamp the exponent bits are 0, the result exactly 0.
     let e = _mm512_slli_epi32::<23>(_mm512_add_epi32(
         _mm512_cvtps_epi32(fx),
         _mm512_set1_epi32(127),
