@@ -26,9 +26,7 @@ pub const NO_AVX512_ENV: &str = "MHA_NO_AVX512";
 pub(crate) fn avx512() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
-        is_x86_feature_detected!("avx512f")
-            && avx2()
-            && std::env::var_os(NO_AVX512_ENV).is_none()
+        is_x86_feature_detected!("avx512f") && avx2() && std::env::var_os(NO_AVX512_ENV).is_none()
     })
 }
 
@@ -131,13 +129,12 @@ pub(crate) unsafe fn exp512(x: std::arch::x86_64::__m512) -> std::arch::x86_64::
         _mm512_max_ps(x, _mm512_set1_ps(EXP_LO)),
         _mm512_set1_ps(EXP_HI),
     );
-    let fx = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(
-        _mm512_fmadd_ps(
+    let fx =
+        _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(_mm512_fmadd_ps(
             xc,
             _mm512_set1_ps(std::f32::consts::LOG2_E),
             _mm512_set1_ps(0.5),
-        ),
-    );
+        ));
     let r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(EXP_C1), xc);
     let r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(EXP_C2), r);
     let mut y = _mm512_set1_ps(EXP_P[0]);
