@@ -155,48 +155,12 @@ unsafe fn mask64(count: usize) -> __m256i {
     _mm256_cmpgt_epi64(_mm256_set1_epi64x(count.min(4) as i64), idx)
 }
 
-/// The masked loads and stores of lanes `0..count`, one signature for all four vector types.
-#[cfg(target_arch = "x86_64")]
-mod masked {
-    use super::*;
-    #[inline(always)]
-    pub(super) unsafe fn load_ps256(p: *const f32, n: usize) -> __m256 {
-        _mm256_maskload_ps(p, mask32(n))
-    }
-    #[inline(always)]
-    pub(super) unsafe fn store_ps256(p: *mut f32, v: __m256, n: usize) {
-        _mm256_maskstore_ps(p, mask32(n), v)
-    }
-    #[inline(always)]
-    pub(super) unsafe fn load_pd256(p: *const f64, n: usize) -> __m256d {
-        _mm256_maskload_pd(p, mask64(n))
-    }
-    #[inline(always)]
-    pub(super) unsafe fn store_pd256(p: *mut f64, v: __m256d, n: usize) {
-        _mm256_maskstore_pd(p, mask64(n), v)
-    }
-    #[inline(always)]
-    pub(super) unsafe fn load_ps512(p: *const f32, n: usize) -> __m512 {
-        _mm512_maskz_loadu_ps(((1u32 << n.min(16)) - 1) as u16, p)
-    }
-    #[inline(always)]
-    pub(super) unsafe fn store_ps512(p: *mut f32, v: __m512, n: usize) {
-        _mm512_mask_storeu_ps(p, ((1u32 << n.min(16)) - 1) as u16, v)
-    }
-    #[inline(always)]
-    pub(super) unsafe fn load_pd512(p: *const f64, n: usize) -> __m512d {
-        _mm512_maskz_loadu_pd(((1u32 << n.min(8)) - 1) as u8, p)
-    }
-    #[inline(always)]
-    pub(super) unsafe fn store_pd512(p: *mut f64, v: __m512d, n: usize) {
-        _mm512_mask_storeu_pd(p, ((1u32 << n.min(8)) - 1) as u8, v)
-    }
-}
-
-/// The four impls of [`Vector`]: the same operations, other intrinsics and lane counts.
+/// The four impls of [`Vector`]: the same operations, other intrinsics and lane counts; the
+/// masked load and store (of lanes `0..n`, `n < W`) written out per type.
 macro_rules! vector {
     ($isa:ty, $t:ty, $w:literal, $mr:literal, $v:ty, $zero:ident, $splat:ident,
-     $load:ident, $mload:ident, $store:ident, $mstore:ident, $fmadd:ident, $mul:ident, $add:ident) => {
+     $load:ident, |$lp:ident, $ln:ident| $mload:expr, $store:ident,
+     |$sp:ident, $sv:ident, $sn:ident| $mstore:expr, $fmadd:ident, $mul:ident, $add:ident) => {
         #[cfg(target_arch = "x86_64")]
         impl Vector<$t> for $isa {
             const W: usize = $w;
@@ -215,17 +179,17 @@ macro_rules! vector {
                 $splat(*p)
             }
             #[inline(always)]
-            unsafe fn load(p: *const $t, count: usize) -> $v {
-                match count >= $w {
-                    true => $load(p),
-                    false => masked::$mload(p, count),
+            unsafe fn load($lp: *const $t, $ln: usize) -> $v {
+                match $ln >= $w {
+                    true => $load($lp),
+                    false => $mload,
                 }
             }
             #[inline(always)]
-            unsafe fn store(p: *mut $t, v: $v, count: usize) {
-                match count >= $w {
-                    true => $store(p, v),
-                    false => masked::$mstore(p, v, count),
+            unsafe fn store($sp: *mut $t, $sv: $v, $sn: usize) {
+                match $sn >= $w {
+                    true => $store($sp, $sv),
+                    false => $mstore,
                 }
             }
             #[inline(always)]
@@ -253,9 +217,9 @@ vector!(
     _mm256_setzero_ps,
     _mm256_set1_ps,
     _mm256_loadu_ps,
-    load_ps256,
+    |p, n| _mm256_maskload_ps(p, mask32(n)),
     _mm256_storeu_ps,
-    store_ps256,
+    |p, v, n| _mm256_maskstore_ps(p, mask32(n), v),
     _mm256_fmadd_ps,
     _mm256_mul_ps,
     _mm256_add_ps
@@ -269,9 +233,9 @@ vector!(
     _mm256_setzero_pd,
     _mm256_set1_pd,
     _mm256_loadu_pd,
-    load_pd256,
+    |p, n| _mm256_maskload_pd(p, mask64(n)),
     _mm256_storeu_pd,
-    store_pd256,
+    |p, v, n| _mm256_maskstore_pd(p, mask64(n), v),
     _mm256_fmadd_pd,
     _mm256_mul_pd,
     _mm256_add_pd
@@ -285,9 +249,9 @@ vector!(
     _mm512_setzero_ps,
     _mm512_set1_ps,
     _mm512_loadu_ps,
-    load_ps512,
+    |p, n| _mm512_maskz_loadu_ps(((1u32 << n) - 1) as u16, p),
     _mm512_storeu_ps,
-    store_ps512,
+    |p, v, n| _mm512_mask_storeu_ps(p, ((1u32 << n) - 1) as u16, v),
     _mm512_fmadd_ps,
     _mm512_mul_ps,
     _mm512_add_ps
@@ -301,9 +265,9 @@ vector!(
     _mm512_setzero_pd,
     _mm512_set1_pd,
     _mm512_loadu_pd,
-    load_pd512,
+    |p, n| _mm512_maskz_loadu_pd(((1u32 << n) - 1) as u8, p),
     _mm512_storeu_pd,
-    store_pd512,
+    |p, v, n| _mm512_mask_storeu_pd(p, ((1u32 << n) - 1) as u8, v),
     _mm512_fmadd_pd,
     _mm512_mul_pd,
     _mm512_add_pd
