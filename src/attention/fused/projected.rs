@@ -13,7 +13,8 @@ use std::sync::Arc;
 use candle::backend::BackendStorage;
 use candle::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
 
-use super::op::{FusedAttention, OP};
+use super::op::{FusedAttention, Parts, OP};
+use super::weights_op::FusedWeights;
 use crate::cpu::workspace::{self, AnyBuf};
 use crate::cpu::{
     linear_backward_slice, linear_forward_into, linear_out_len, unsupported_dtype, Elem, Stash,
@@ -30,9 +31,9 @@ pub(crate) struct ProjectedSelfAttention {
 }
 
 impl ProjectedSelfAttention {
-    /// `attn` must be a call without weights (they would need the projection in the graph).
+    /// With `attn.with_weights`, the forward pass also leaves the weights for
+    /// [`ProjectedWeights`].
     pub(crate) fn new(attn: FusedAttention) -> Self {
-        debug_assert!(attn.with_weights.is_none());
         Self {
             attn,
             qkv: Default::default(),
@@ -168,20 +169,135 @@ impl CustomOp3 for ProjectedSelfAttention {
     }
 }
 
+/// The attention weights of a [`ProjectedSelfAttention`] call, as a second op on the same
+/// `x`, weight and bias: its forward pass hands over the weights the attention's forward pass
+/// computed; its backward pass (only when a loss depends on the weights) takes them back to
+/// the packed projection (kept by the attention op) and through the projection to `x`, the
+/// weight and the bias.
+#[derive(Clone, Debug)]
+struct ProjectedWeights {
+    op: ProjectedSelfAttention,
+    /// Head mean `(N, L, S)` rather than `(N, H, L, S)`.
+    average: bool,
+}
+
+impl ProjectedWeights {
+    fn fwd(&self) -> Result<(CpuStorage, Shape)> {
+        match self.op.attn.weights_slot.take() {
+            Some(ready) => Ok(ready),
+            None => candle::bail!("{OP}: the weights were not computed by the forward pass"),
+        }
+    }
+
+    /// Gradients of x, the weight and (with `bias`) the bias from the weights' gradient.
+    fn bwd(&self, x: &Tensor, w: &Tensor, grad: &Tensor, bias: bool) -> Result<Vec<Tensor>> {
+        let (a, b, e) = x.dims3()?;
+        let buf = self.op.qkv.get(OP)?;
+        let shape = (a, b, 3 * e);
+        let qkv = match (f32::of_any(&buf), f64::of_any(&buf)) {
+            (Some(s), _) => Tensor::from_slice(s, shape, x.device())?,
+            (_, Some(s)) => Tensor::from_slice(s, shape, x.device())?,
+            _ => candle::bail!("{OP}: no packed projection of the forward pass"),
+        };
+        let weights = FusedWeights {
+            attn: self.op.attn.clone(),
+            average: self.average,
+        };
+        let (dq, dk) = weights.grads(Parts::Packed, &qkv, &qkv, grad)?;
+        let dqkv = Tensor::cat(&[&dq, &dk, &dq.zeros_like()?], 2)?.reshape((a * b, 3 * e))?;
+        let x2 = x.reshape((a * b, e))?;
+        let mut grads = vec![dqkv.matmul(w)?.reshape((a, b, e))?, dqkv.t()?.matmul(&x2)?];
+        if bias {
+            grads.push(dqkv.sum(0)?);
+        }
+        Ok(grads)
+    }
+}
+
+impl CustomOp2 for ProjectedWeights {
+    fn name(&self) -> &'static str {
+        "fused-self-attention-weights"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        self.fwd()
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let mut g = self.bwd(x, w, grad, false)?.into_iter();
+        Ok((g.next(), g.next()))
+    }
+}
+
+impl CustomOp3 for ProjectedWeights {
+    fn name(&self) -> &'static str {
+        "fused-self-attention-weights-bias"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        self.fwd()
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _b: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let mut g = self.bwd(x, w, grad, true)?.into_iter();
+        Ok((g.next(), g.next(), g.next()))
+    }
+}
+
 /// The attention context of packed self-attention on `x (A, B, E)` (contiguous, CPU, f32 or
-/// f64), projections included: one autograd node.
+/// f64), projections included: one autograd node; and, when `attn` asks for them, the
+/// weights (batch-major), a second node on the same arguments.
 pub(crate) fn projected_self_attention(
     x: &Tensor,
     w: &Tensor,
     b: Option<&Tensor>,
     attn: FusedAttention,
-) -> Result<Tensor> {
+) -> Result<(Tensor, Option<Tensor>)> {
     let x = x.contiguous()?;
+    let average = attn.with_weights;
     let op = ProjectedSelfAttention::new(attn);
-    match b {
-        Some(b) => x.apply_op3(w, b, op),
-        None => x.apply_op2(w, op),
-    }
+    let ctx = match b {
+        Some(b) => x.apply_op3(w, b, op.clone())?,
+        None => x.apply_op2(w, op.clone())?,
+    };
+    let weights = match average {
+        None => None,
+        Some(average) => {
+            let wop = ProjectedWeights { op, average };
+            Some(match b {
+                Some(b) => x.apply_op3(w, b, wop)?,
+                None => x.apply_op2(w, wop)?,
+            })
+        }
+    };
+    Ok((ctx, weights))
 }
 
 #[cfg(test)]

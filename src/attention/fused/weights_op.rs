@@ -79,7 +79,7 @@ impl FusedWeights {
     /// Gradients of q and k (head space `(N, H, ·, d)`) from the weights' gradient, with
     /// materialised `(N, H, L, S')` tensors: the weights are that size already, and this path
     /// runs only when a loss depends on them.
-    fn grads(
+    pub(super) fn grads(
         &self,
         parts: Parts,
         q: &Tensor,

@@ -330,7 +330,7 @@ impl MultiheadAttention {
             (InProjWeight::Packed(w), AttentionPath::FusedWithProjection) => {
                 let op = self.fused_op(&call, 0, dtype)?;
                 let b = self.in_proj_bias.as_ref();
-                (projected_self_attention(&q_in, w, b, op)?, None)
+                projected_self_attention(&q_in, w, b, op)?
             }
             (_, AttentionPath::Reference) => {
                 let projected = self.in_projection(&q_in, &k_in, &v_in, self_attn, kv_same)?;
@@ -445,8 +445,8 @@ enum AttentionPath {
 impl AttentionPath {
     /// The path [`AttentionOptions::kernel`] asks for. `Auto` is the fused kernel on the CPU
     /// and the reference elsewhere. The projection goes inside the fused op only where that
-    /// op covers the whole call: packed self-attention on the CPU in f32/f64, no weights
-    /// asked for, and no extra key rows (`add_bias_kv`, `add_zero_attn`).
+    /// op covers the whole call: packed self-attention on the CPU in f32/f64 and no extra key
+    /// rows (`add_bias_kv`, `add_zero_attn`); with or without weights.
     fn choose(
         opts: &AttentionOptions,
         device: &candle::Device,
@@ -463,7 +463,6 @@ impl AttentionPath {
             return Self::Reference;
         }
         let whole_call = self_attn
-            && !opts.need_weights
             && cfg.qkv_same_embed_dim()
             && !cfg.add_bias_kv
             && !cfg.add_zero_attn
