@@ -10,9 +10,10 @@
 //! strides: register tiles of up to [`Vector::MR`] rows × two vectors, accumulated over the
 //! whole inner dimension.
 //!
-//! AVX-512 is chosen at run time where the CPU has it (twice the lanes and registers: on the
-//! Zen 5 of `BENCHMARKS.md` the tiles ran 1.6–1.8× faster), else AVX2 + FMA, else the caller's
-//! fallback. The `gemm` crate is built with its `x86-v4` feature for the same reason.
+//! AVX-512 is chosen at run time where the CPU has it and `MHA_NO_AVX512` is unset (twice the
+//! lanes and registers: on the Zen 5 of `BENCHMARKS.md` the (1,2048,512,8) forward went from
+//! 54 to 38 ms with these tiles), else AVX2 + FMA, else the caller's fallback. The `gemm` crate
+//! is built with its `x86-v4` feature for the same reason.
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
