@@ -20,6 +20,69 @@ use crate::cpu::{
     linear_backward_slice, linear_forward_into, linear_out_len, unsupported_dtype, Elem, Stash,
 };
 
+/// `CustomOp2` (no bias) and `CustomOp3` (with the bias) for an op on `x`, a weight and an
+/// optional bias, from its `fwd(x, w, b)` and `bwd(x, w, res, grad, bias)`.
+macro_rules! op_with_optional_bias {
+    ($ty:ty, $name:literal) => {
+        impl CustomOp2 for $ty {
+            fn name(&self) -> &'static str {
+                $name
+            }
+
+            fn cpu_fwd(
+                &self,
+                s1: &CpuStorage,
+                l1: &Layout,
+                s2: &CpuStorage,
+                l2: &Layout,
+            ) -> Result<(CpuStorage, Shape)> {
+                self.fwd((s1, l1), (s2, l2), None)
+            }
+
+            fn bwd(
+                &self,
+                x: &Tensor,
+                w: &Tensor,
+                res: &Tensor,
+                grad: &Tensor,
+            ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+                let mut g = self.bwd(x, w, res, grad, false)?.into_iter();
+                Ok((g.next(), g.next()))
+            }
+        }
+
+        impl CustomOp3 for $ty {
+            fn name(&self) -> &'static str {
+                concat!($name, "-bias")
+            }
+
+            fn cpu_fwd(
+                &self,
+                s1: &CpuStorage,
+                l1: &Layout,
+                s2: &CpuStorage,
+                l2: &Layout,
+                s3: &CpuStorage,
+                l3: &Layout,
+            ) -> Result<(CpuStorage, Shape)> {
+                self.fwd((s1, l1), (s2, l2), Some((s3, l3)))
+            }
+
+            fn bwd(
+                &self,
+                x: &Tensor,
+                w: &Tensor,
+                _b: &Tensor,
+                res: &Tensor,
+                grad: &Tensor,
+            ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+                let mut g = self.bwd(x, w, res, grad, true)?.into_iter();
+                Ok((g.next(), g.next(), g.next()))
+            }
+        }
+    };
+}
+
 /// The op on `x (A, B, E)`, the packed `in_proj_weight (3E, E)` and optional
 /// `in_proj_bias (3E)`, giving the attention context `(A, B, E)` (heads merged).
 #[derive(Clone, Debug)]
@@ -112,62 +175,7 @@ impl ProjectedSelfAttention {
     }
 }
 
-impl CustomOp2 for ProjectedSelfAttention {
-    fn name(&self) -> &'static str {
-        "fused-self-attention"
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        self.fwd((s1, l1), (s2, l2), None)
-    }
-
-    fn bwd(
-        &self,
-        x: &Tensor,
-        w: &Tensor,
-        res: &Tensor,
-        grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let mut g = self.bwd(x, w, res, grad, false)?.into_iter();
-        Ok((g.next(), g.next()))
-    }
-}
-
-impl CustomOp3 for ProjectedSelfAttention {
-    fn name(&self) -> &'static str {
-        "fused-self-attention-bias"
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        self.fwd((s1, l1), (s2, l2), Some((s3, l3)))
-    }
-
-    fn bwd(
-        &self,
-        x: &Tensor,
-        w: &Tensor,
-        _b: &Tensor,
-        res: &Tensor,
-        grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let mut g = self.bwd(x, w, res, grad, true)?.into_iter();
-        Ok((g.next(), g.next(), g.next()))
-    }
-}
+op_with_optional_bias!(ProjectedSelfAttention, "fused-self-attention");
 
 /// The attention weights of a [`ProjectedSelfAttention`] call, as a second op on the same
 /// `x`, weight and bias: its forward pass hands over the weights the attention's forward pass
@@ -182,7 +190,13 @@ struct ProjectedWeights {
 }
 
 impl ProjectedWeights {
-    fn fwd(&self) -> Result<(CpuStorage, Shape)> {
+    /// The weights the attention's forward pass left (the arguments are that call's).
+    fn fwd(
+        &self,
+        _x: (&CpuStorage, &Layout),
+        _w: (&CpuStorage, &Layout),
+        _b: Option<(&CpuStorage, &Layout)>,
+    ) -> Result<(CpuStorage, Shape)> {
         match self.op.attn.weights_slot.take() {
             Some(ready) => Ok(ready),
             None => candle::bail!("{OP}: the weights were not computed by the forward pass"),
@@ -190,7 +204,14 @@ impl ProjectedWeights {
     }
 
     /// Gradients of x, the weight and (with `bias`) the bias from the weights' gradient.
-    fn bwd(&self, x: &Tensor, w: &Tensor, grad: &Tensor, bias: bool) -> Result<Vec<Tensor>> {
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+        bias: bool,
+    ) -> Result<Vec<Tensor>> {
         let (a, b, e) = x.dims3()?;
         let buf = self.op.qkv.get(OP)?;
         let shape = (a, b, 3 * e);
@@ -214,62 +235,7 @@ impl ProjectedWeights {
     }
 }
 
-impl CustomOp2 for ProjectedWeights {
-    fn name(&self) -> &'static str {
-        "fused-self-attention-weights"
-    }
-
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        self.fwd()
-    }
-
-    fn bwd(
-        &self,
-        x: &Tensor,
-        w: &Tensor,
-        _res: &Tensor,
-        grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let mut g = self.bwd(x, w, grad, false)?.into_iter();
-        Ok((g.next(), g.next()))
-    }
-}
-
-impl CustomOp3 for ProjectedWeights {
-    fn name(&self) -> &'static str {
-        "fused-self-attention-weights-bias"
-    }
-
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        self.fwd()
-    }
-
-    fn bwd(
-        &self,
-        x: &Tensor,
-        w: &Tensor,
-        _b: &Tensor,
-        _res: &Tensor,
-        grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let mut g = self.bwd(x, w, grad, true)?.into_iter();
-        Ok((g.next(), g.next(), g.next()))
-    }
-}
+op_with_optional_bias!(ProjectedWeights, "fused-self-attention-weights");
 
 /// The attention context of packed self-attention on `x (A, B, E)` (contiguous, CPU, f32 or
 /// f64), projections included: one autograd node; and, when `attn` asks for them, the
