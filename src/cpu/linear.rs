@@ -4,7 +4,7 @@
 //! PyTorch equivalent: `F.linear(x, w, b)` (`addmm`).
 
 use candle::backend::BackendStorage;
-use candle::{CpuStorage, CustomOp2, CustomOp3, Device, Layout, Result, Shape, Storage, Tensor};
+use candle::{CpuStorage, Device, Layout, Result, Shape, Storage, Tensor};
 use rayon::prelude::*;
 
 use super::{contiguous, fused, gemm, slice, unsupported_dtype, Elem, Threads};
@@ -331,19 +331,14 @@ fn column_sums_of<T: Elem>(data: &[T], rows: usize, cols: usize) -> Vec<T> {
     acc
 }
 
-impl CustomOp2 for FusedLinear {
-    fn name(&self) -> &'static str {
-        "fused-linear"
-    }
-
-    fn cpu_fwd(
+impl FusedLinear {
+    fn fwd(
         &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
+        x: (&CpuStorage, &Layout),
+        w: (&CpuStorage, &Layout),
+        b: Option<(&CpuStorage, &Layout)>,
     ) -> Result<(CpuStorage, Shape)> {
-        fwd((s1, l1), (s2, l2), None)
+        fwd(x, w, b)
     }
 
     fn bwd(
@@ -352,41 +347,13 @@ impl CustomOp2 for FusedLinear {
         w: &Tensor,
         _res: &Tensor,
         grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let mut g = linear_backward(x, w, grad, false)?.into_iter();
-        Ok((g.next(), g.next()))
+        bias: bool,
+    ) -> Result<Vec<Tensor>> {
+        linear_backward(x, w, grad, bias)
     }
 }
 
-impl CustomOp3 for FusedLinear {
-    fn name(&self) -> &'static str {
-        "fused-linear-bias"
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        fwd((s1, l1), (s2, l2), Some((s3, l3)))
-    }
-
-    fn bwd(
-        &self,
-        x: &Tensor,
-        w: &Tensor,
-        _b: &Tensor,
-        _res: &Tensor,
-        grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let mut g = linear_backward(x, w, grad, true)?.into_iter();
-        Ok((g.next(), g.next(), g.next()))
-    }
-}
+super::op_with_optional_bias!(FusedLinear, "fused-linear");
 
 /// `x (…, K) @ w (Nout, K).T + b` → `(…, Nout)`: one op on the CPU in f32/f64, candle's
 /// `matmul` + `broadcast_add` elsewhere.

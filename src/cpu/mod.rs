@@ -6,6 +6,7 @@
 //! The lowest layer besides `rng` and `init`: it imports nothing else of the crate, and the
 //! attention core, the `nn` layers and the training loops build on it.
 
+mod custom_op;
 mod dtype;
 mod elem;
 mod gelu;
@@ -18,6 +19,7 @@ mod small_gemm;
 mod stash;
 pub(crate) mod workspace;
 
+pub(crate) use custom_op::op_with_optional_bias;
 pub(crate) use dtype::{fused, unsupported_dtype};
 pub(crate) use elem::Elem;
 pub(crate) use gelu::{gelu, gelu_grad, gelu_grad_into};

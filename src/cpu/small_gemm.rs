@@ -278,31 +278,36 @@ vector!(
 mod tiles {
     use super::*;
 
-    /// The AVX2 entry: the generic body compiled with AVX2 + FMA.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn product_avx2<T: Lanes>(
-        dims: (usize, usize, usize),
-        a: (*const T, usize, usize),
-        b: (*const T, usize, usize, usize),
-        c: (*mut T, usize),
-        alpha: T,
-        accumulate: bool,
-    ) {
-        product::<T, T::Avx2>(dims, a, b, c, alpha, accumulate)
+    /// An entry point: the generic body compiled with `$features` for the vectors `$isa`.
+    macro_rules! entry {
+        ($(#[$doc:meta])* $name:ident, $features:literal, $isa:ident) => {
+            $(#[$doc])*
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn $name<T: Lanes>(
+                dims: (usize, usize, usize),
+                a: (*const T, usize, usize),
+                b: (*const T, usize, usize, usize),
+                c: (*mut T, usize),
+                alpha: T,
+                accumulate: bool,
+            ) {
+                product::<T, T::$isa>(dims, a, b, c, alpha, accumulate)
+            }
+        };
     }
 
-    /// The AVX-512 entry.
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    pub(super) unsafe fn product_avx512<T: Lanes>(
-        dims: (usize, usize, usize),
-        a: (*const T, usize, usize),
-        b: (*const T, usize, usize, usize),
-        c: (*mut T, usize),
-        alpha: T,
-        accumulate: bool,
-    ) {
-        product::<T, T::Avx512>(dims, a, b, c, alpha, accumulate)
-    }
+    entry!(
+        /// The AVX2 entry.
+        product_avx2,
+        "avx2,fma",
+        Avx2
+    );
+    entry!(
+        /// The AVX-512 entry.
+        product_avx512,
+        "avx512f,avx2,fma",
+        Avx512
+    );
 
     /// Register tiles of `S::MR` rows × two vectors, every one within a panel of `b`.
     #[inline(always)]

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use candle::backend::BackendStorage;
-use candle::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
+use candle::{CpuStorage, Layout, Result, Shape, Tensor};
 
 use super::op::{FusedAttention, Parts, OP};
 use super::weights_op::FusedWeights;
@@ -19,69 +19,6 @@ use crate::cpu::workspace::{self, AnyBuf};
 use crate::cpu::{
     linear_backward_slice, linear_forward_into, linear_out_len, unsupported_dtype, Elem, Stash,
 };
-
-/// `CustomOp2` (no bias) and `CustomOp3` (with the bias) for an op on `x`, a weight and an
-/// optional bias, from its `fwd(x, w, b)` and `bwd(x, w, res, grad, bias)`.
-macro_rules! op_with_optional_bias {
-    ($ty:ty, $name:literal) => {
-        impl CustomOp2 for $ty {
-            fn name(&self) -> &'static str {
-                $name
-            }
-
-            fn cpu_fwd(
-                &self,
-                s1: &CpuStorage,
-                l1: &Layout,
-                s2: &CpuStorage,
-                l2: &Layout,
-            ) -> Result<(CpuStorage, Shape)> {
-                self.fwd((s1, l1), (s2, l2), None)
-            }
-
-            fn bwd(
-                &self,
-                x: &Tensor,
-                w: &Tensor,
-                res: &Tensor,
-                grad: &Tensor,
-            ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-                let mut g = self.bwd(x, w, res, grad, false)?.into_iter();
-                Ok((g.next(), g.next()))
-            }
-        }
-
-        impl CustomOp3 for $ty {
-            fn name(&self) -> &'static str {
-                concat!($name, "-bias")
-            }
-
-            fn cpu_fwd(
-                &self,
-                s1: &CpuStorage,
-                l1: &Layout,
-                s2: &CpuStorage,
-                l2: &Layout,
-                s3: &CpuStorage,
-                l3: &Layout,
-            ) -> Result<(CpuStorage, Shape)> {
-                self.fwd((s1, l1), (s2, l2), Some((s3, l3)))
-            }
-
-            fn bwd(
-                &self,
-                x: &Tensor,
-                w: &Tensor,
-                _b: &Tensor,
-                res: &Tensor,
-                grad: &Tensor,
-            ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-                let mut g = self.bwd(x, w, res, grad, true)?.into_iter();
-                Ok((g.next(), g.next(), g.next()))
-            }
-        }
-    };
-}
 
 /// The op on `x (A, B, E)`, the packed `in_proj_weight (3E, E)` and optional
 /// `in_proj_bias (3E)`, giving the attention context `(A, B, E)` (heads merged).
@@ -175,7 +112,7 @@ impl ProjectedSelfAttention {
     }
 }
 
-op_with_optional_bias!(ProjectedSelfAttention, "fused-self-attention");
+crate::cpu::op_with_optional_bias!(ProjectedSelfAttention, "fused-self-attention");
 
 /// The attention weights of a [`ProjectedSelfAttention`] call, as a second op on the same
 /// `x`, weight and bias: its forward pass hands over the weights the attention's forward pass
@@ -235,7 +172,7 @@ impl ProjectedWeights {
     }
 }
 
-op_with_optional_bias!(ProjectedWeights, "fused-self-attention-weights");
+crate::cpu::op_with_optional_bias!(ProjectedWeights, "fused-self-attention-weights");
 
 /// The attention context of packed self-attention on `x (A, B, E)` (contiguous, CPU, f32 or
 /// f64), projections included: one autograd node; and, when `attn` asks for them, the
