@@ -121,7 +121,7 @@ pub(crate) unsafe fn gemm_panels<T: Elem>(
     {
         return;
     }
-    // No register-tile product for this dtype or CPU: one `gemm` per panel.
+    // No register-tile product on this CPU (neither AVX-512 nor AVX2): one `gemm` per panel.
     let mut j = 0;
     while j < n {
         let at = j0 + j;
@@ -144,8 +144,8 @@ mod tests {
     use super::*;
 
     /// Both packings and the product against a plain loop, in f32 and f64 (register tiles
-    /// where the CPU has AVX2, else the per-panel fallback): column offsets inside a panel,
-    /// row offsets, widths that are not multiples of 16, accumulation and scaling.
+    /// where the CPU has AVX-512 or AVX2, else the per-panel fallback): column offsets inside
+    /// a panel, row offsets, widths that are not multiples of 16, accumulation and scaling.
     #[test]
     fn packed_products_match_a_plain_loop() {
         fn check<T: Elem + Into<f64>>(tol: f64) {

@@ -1,10 +1,11 @@
 //! The f32 row primitives of the CPU kernels: row maximum, `exp(x - shift)` with its sum, dot
 //! product, and the polynomial `exp` they share with the GELU.
 //!
-//! The rows are written so that LLVM vectorises them, compiled a second time with AVX2+FMA and
-//! chosen at run time (the crate is built for baseline x86-64); where LLVM does not vectorise
-//! (the `exp` polynomial's saturating casts), AVX2 intrinsics. f64 rows use the standard
-//! library (see [`Elem`](super::Elem)): that path is for precision, not speed.
+//! The rows are written so that LLVM vectorises them, compiled again with AVX2 + FMA and with
+//! AVX-512 and chosen at run time ([`Isa::detect`]; the crate is built for baseline x86-64);
+//! where LLVM does not vectorise (the `exp` polynomial's saturating casts), intrinsics for
+//! each. f64 rows use the standard library (see [`Elem`](super::Elem)): that path is for
+//! precision, not speed.
 
 /// Whether the CPU has AVX2 and FMA (the `*_avx2` paths).
 #[cfg(target_arch = "x86_64")]
@@ -30,52 +31,64 @@ pub(crate) fn avx512() -> bool {
     })
 }
 
+/// The vector instruction sets of the CPU kernels (the rows here, the register tiles of
+/// `super::small_gemm`), best first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Isa {
+    Avx512,
+    Avx2,
+}
+
+impl Isa {
+    /// The best one this CPU has (`None`: neither).
+    pub(crate) fn detect() -> Option<Isa> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if avx512() {
+                return Some(Isa::Avx512);
+            }
+            if avx2() {
+                return Some(Isa::Avx2);
+            }
+        }
+        None
+    }
+}
+
 /// The largest element of an f32 row (`-inf` for an empty or fully `-inf` row).
 pub(crate) fn row_max(row: &[f32]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if avx512() {
-            // SAFETY: the CPU has AVX-512 (checked at run time).
-            return unsafe { row_max_avx512(row) };
-        }
-        if avx2() {
-            // SAFETY: the CPU has AVX2 and FMA (checked at run time).
-            return unsafe { row_max_avx2(row) };
-        }
+    // SAFETY (each arm): the CPU has the instruction set `Isa::detect` returned.
+    match Isa::detect() {
+        #[cfg(target_arch = "x86_64")]
+        Some(Isa::Avx512) => unsafe { row_max_avx512(row) },
+        #[cfg(target_arch = "x86_64")]
+        Some(Isa::Avx2) => unsafe { row_max_avx2(row) },
+        _ => row_max_f32(row),
     }
-    row_max_f32(row)
 }
 
 /// `row[j] = exp(row[j] - shift)` (0 where `row[j] = -inf`) on an f32 row, returning the sum.
 pub(crate) fn exp_shift_sum(row: &mut [f32], shift: f32) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if avx512() {
-            // SAFETY: as above.
-            return unsafe { exp_shift_sum_avx512(row, shift) };
-        }
-        if avx2() {
-            // SAFETY: as above.
-            return unsafe { exp_shift_sum_avx2(row, shift) };
-        }
+    // SAFETY (each arm): as above.
+    match Isa::detect() {
+        #[cfg(target_arch = "x86_64")]
+        Some(Isa::Avx512) => unsafe { exp_shift_sum_avx512(row, shift) },
+        #[cfg(target_arch = "x86_64")]
+        Some(Isa::Avx2) => unsafe { exp_shift_sum_avx2(row, shift) },
+        _ => exp_shift_sum_f32(row, shift),
     }
-    exp_shift_sum_f32(row, shift)
 }
 
 /// `Σ a[j]·b[j]` over f32 rows (the shorter length).
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if avx512() {
-            // SAFETY: as above.
-            return unsafe { dot_avx512(a, b) };
-        }
-        if avx2() {
-            // SAFETY: as above.
-            return unsafe { dot_avx2(a, b) };
-        }
+    // SAFETY (each arm): as above.
+    match Isa::detect() {
+        #[cfg(target_arch = "x86_64")]
+        Some(Isa::Avx512) => unsafe { dot_avx512(a, b) },
+        #[cfg(target_arch = "x86_64")]
+        Some(Isa::Avx2) => unsafe { dot_avx2(a, b) },
+        _ => dot_f32(a, b),
     }
-    dot_f32(a, b)
 }
 
 #[cfg(target_arch = "x86_64")]

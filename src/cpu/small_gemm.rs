@@ -18,31 +18,10 @@
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
+use super::simd::Isa;
+
 /// Columns of a panel of a packed right operand.
 pub(crate) const PANEL: usize = 16;
-
-/// The instruction sets of the register tiles, best first.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Isa {
-    Avx512,
-    Avx2,
-}
-
-impl Isa {
-    /// The best one this CPU has (`None`: neither).
-    pub(crate) fn detect() -> Option<Isa> {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if super::simd::avx512() {
-                return Some(Isa::Avx512);
-            }
-            if super::simd::avx2() {
-                return Some(Isa::Avx2);
-            }
-        }
-        None
-    }
-}
 
 /// `c[m×n] = [c +] alpha · a[m×k] · b[k×n]`: `a(i, p)` at `a + i·ars + p·acs`, `c(i, j)` at
 /// `c + i·ldc + j`, and `b` in panels of [`PANEL`] columns: with `J = j0 + j`, `b(p, j)` at
@@ -115,8 +94,10 @@ impl Lanes for f64 {
 }
 
 /// The AVX2 + FMA register tiles (16 registers of 256 bits).
+#[cfg(target_arch = "x86_64")]
 pub(crate) struct Avx2;
 /// The AVX-512 register tiles (32 registers of 512 bits).
+#[cfg(target_arch = "x86_64")]
 pub(crate) struct Avx512;
 
 /// One instruction set's vector of `T` and the operations of a register tile.

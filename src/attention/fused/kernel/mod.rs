@@ -5,8 +5,8 @@
 //! Tile products run on the calling thread, their right operands packed once per head in
 //! panels (`crate::cpu::panels`: the `gemm` crate repacked the same keys and values for every
 //! query tile, 8% of a long forward pass); the parallelism is over batch × heads (× query
-//! tiles in the forward and weights passes) with rayon. Nothing of size `L × S` is ever allocated except the weights the caller
-//! asked for.
+//! tiles in the forward and weights passes) with rayon. Nothing of size `L × S` is ever
+//! allocated except the weights the caller asked for.
 
 mod backward;
 mod decode;
