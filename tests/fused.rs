@@ -414,3 +414,84 @@ fn fused_dropout_is_reproducible_through_backward() -> Result<()> {
     assert!(common::rel_err(&other.output, &a.output)? > 1e-3);
     Ok(())
 }
+
+/// Arguments no variable leads to get no gradient, and the others the same bits as when
+/// every argument is a variable: packed self-attention with and without weights (the loss
+/// goes through both), batch-first, f32 and f64. First the input is data (not a variable),
+/// then the in-projection is frozen (plain tensors), then the out-projection.
+#[test]
+fn frozen_arguments_get_no_gradient_and_change_no_other() -> Result<()> {
+    for dtype in [DType::F32, DType::F64] {
+        let (n, l, e, h) = (2, 40, 16, 2);
+        let cfg = MultiheadAttentionConfig::new(e, h).with_batch_first(true);
+        let varmap = VarMap::new();
+        let mha = MultiheadAttention::new(
+            cfg.clone(),
+            seeded_var_builder(&varmap, 3, dtype, &Device::Cpu),
+        )?;
+        let params = mha.named_parameters();
+        let x0 = normal(0.0, 1.0, (n, l, e), dtype, &Device::Cpu, 5)?;
+        let opts = AttentionOptions::new().with_train(true);
+        // (x is a variable, frozen parameter prefix or "")
+        let run = |x_var: bool, frozen: &str| -> Result<(Vec<Option<Tensor>>, Option<Tensor>)> {
+            let tensors: Vec<(&str, Tensor)> = params
+                .iter()
+                .map(|(name, t)| {
+                    let t = match name.starts_with(frozen) && !frozen.is_empty() {
+                        true => t.detach().copy()?,
+                        false => Var::from_tensor(t)?.as_tensor().clone(),
+                    };
+                    Ok((name.as_str(), t))
+                })
+                .collect::<Result<_>>()?;
+            let handles: Vec<Tensor> = tensors.iter().map(|(_, t)| t.clone()).collect();
+            let module = MultiheadAttention::from_tensors(cfg.clone(), tensors)?;
+            let x = match x_var {
+                true => Var::from_tensor(&x0)?.as_tensor().clone(),
+                false => x0.clone(),
+            };
+            let out = module.forward(&x, &x, &x, &opts)?;
+            let weights = out.weights.expect("weights");
+            let loss = (out.output.sqr()?.sum_all()? + (weights.sqr()?.sum_all()? * 10.0)?)?;
+            let grads = loss.backward()?;
+            let of = |t: &Tensor| grads.get(t).cloned();
+            Ok((handles.iter().map(of).collect(), of(&x)))
+        };
+        let (all, dx) = run(true, "")?;
+        assert!(dx.is_some(), "{dtype:?}: a variable input has a gradient");
+        assert!(
+            all.iter().all(Option::is_some),
+            "{dtype:?}: every parameter has one"
+        );
+        for (x_var, frozen) in [(false, ""), (true, "in_proj"), (true, "out_proj")] {
+            let (got, got_dx) = run(x_var, frozen)?;
+            assert_eq!(
+                got_dx.is_some(),
+                x_var,
+                "{dtype:?} {frozen}: input gradient"
+            );
+            if let (Some(a), Some(b)) = (&got_dx, &dx) {
+                assert_eq!(
+                    common::rel_err(a, b)?,
+                    0.0,
+                    "{dtype:?} {frozen}: input gradient"
+                );
+            }
+            for ((name, _), (g, want)) in params.iter().zip(got.iter().zip(&all)) {
+                let is_frozen = !frozen.is_empty() && name.starts_with(frozen);
+                match (g, is_frozen) {
+                    (None, true) => {}
+                    (Some(g), false) => {
+                        let want = want.as_ref().expect("checked above");
+                        assert_eq!(common::rel_err(g, want)?, 0.0, "{dtype:?} {frozen}: {name}");
+                    }
+                    (g, _) => bail!(
+                        "{dtype:?} {frozen}: {name} frozen {is_frozen}, gradient {}",
+                        g.is_some()
+                    ),
+                }
+            }
+        }
+    }
+    Ok(())
+}

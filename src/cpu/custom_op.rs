@@ -1,11 +1,38 @@
 //! The `CustomOp2`/`CustomOp3` pair of a CPU op on `x`, a weight and an optional bias
 //! (candle has one trait per arity, so each such op implements both: without and with the
-//! bias).
+//! bias), and which of those arguments a backward pass has to give a gradient.
+
+use candle::Tensor;
+
+/// The gradients of `(x, w, b)` the graph uses: an argument that no variable leads to (data
+/// input, a frozen weight, a detached tensor) gets none, so its product is not computed and
+/// candle does not add it into a fresh zero tensor.
+///
+/// PyTorch equivalent: `ctx.needs_input_grad` of a custom `autograd.Function`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct NeedsGrad {
+    pub(crate) x: bool,
+    pub(crate) w: bool,
+    pub(crate) b: bool,
+}
+
+impl NeedsGrad {
+    /// From the op's arguments (`b`: `None` when the op has no bias).
+    pub(crate) fn of(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Self {
+        Self {
+            x: x.track_op(),
+            w: w.track_op(),
+            b: b.is_some_and(Tensor::track_op),
+        }
+    }
+}
+
+/// The gradients of `(x, w, b)`, `None` where not needed.
+pub(crate) type Grads3 = (Option<Tensor>, Option<Tensor>, Option<Tensor>);
 
 /// `CustomOp2` (no bias) and `CustomOp3` (with the bias, named `"{name}-bias"`) for an op on
 /// `x`, a weight and an optional bias, from its inherent `fwd(x, w, b)` (each a storage and
-/// layout; `b` an `Option`) and `bwd(x, w, res, grad, bias)` (the gradients of x, the weight
-/// and, with `bias`, the bias).
+/// layout; `b` an `Option`) and `bwd(x, w, res, grad, needs: NeedsGrad) -> Result<Grads3>`.
 macro_rules! op_with_optional_bias {
     ($ty:ty, $name:literal) => {
         impl candle::CustomOp2 for $ty {
@@ -30,8 +57,9 @@ macro_rules! op_with_optional_bias {
                 res: &candle::Tensor,
                 grad: &candle::Tensor,
             ) -> candle::Result<(Option<candle::Tensor>, Option<candle::Tensor>)> {
-                let mut g = self.bwd(x, w, res, grad, false)?.into_iter();
-                Ok((g.next(), g.next()))
+                let needs = $crate::cpu::NeedsGrad::of(x, w, None);
+                let (dx, dw, _) = self.bwd(x, w, res, grad, needs)?;
+                Ok((dx, dw))
             }
         }
 
@@ -56,7 +84,7 @@ macro_rules! op_with_optional_bias {
                 &self,
                 x: &candle::Tensor,
                 w: &candle::Tensor,
-                _b: &candle::Tensor,
+                b: &candle::Tensor,
                 res: &candle::Tensor,
                 grad: &candle::Tensor,
             ) -> candle::Result<(
@@ -64,8 +92,8 @@ macro_rules! op_with_optional_bias {
                 Option<candle::Tensor>,
                 Option<candle::Tensor>,
             )> {
-                let mut g = self.bwd(x, w, res, grad, true)?.into_iter();
-                Ok((g.next(), g.next(), g.next()))
+                let needs = $crate::cpu::NeedsGrad::of(x, w, Some(b));
+                self.bwd(x, w, res, grad, needs)
             }
         }
     };

@@ -7,7 +7,7 @@ use candle::backend::BackendStorage;
 use candle::{CpuStorage, Device, Layout, Result, Shape, Storage, Tensor};
 use rayon::prelude::*;
 
-use super::{contiguous, fused, gemm, slice, unsupported_dtype, Elem, Threads};
+use super::{contiguous, fused, gemm, slice, unsupported_dtype, Elem, Grads3, NeedsGrad, Threads};
 
 const OP: &str = "fused linear";
 
@@ -225,32 +225,43 @@ fn mat1<'a, T: Elem>(s: &'a CpuStorage, l: &Layout) -> Result<Mat<'a, T>> {
     })
 }
 
-/// Gradients `[dx, dw]` (and `db` with `bias`) of `x·wᵀ + b` from the output gradient (a
-/// candle tensor): [`linear_backward_slice`] on its data.
-fn linear_backward(x: &Tensor, w: &Tensor, grad: &Tensor, bias: bool) -> Result<Vec<Tensor>> {
+/// Gradients of `x·wᵀ + b` from the output gradient (a candle tensor):
+/// [`linear_backward_slice`] on its data.
+fn linear_backward(x: &Tensor, w: &Tensor, grad: &Tensor, needs: NeedsGrad) -> Result<Grads3> {
     let grad = grad.contiguous()?;
     let (gs, gl) = grad.storage_and_layout();
     match &*gs {
         Storage::Cpu(CpuStorage::F32(_)) => {
-            linear_backward_slice(x, w, contiguous::<f32, _>(OP, &*gs, gl)?, bias)
+            linear_backward_slice(x, w, contiguous::<f32, _>(OP, &*gs, gl)?, needs)
         }
         Storage::Cpu(CpuStorage::F64(_)) => {
-            linear_backward_slice(x, w, contiguous::<f64, _>(OP, &*gs, gl)?, bias)
+            linear_backward_slice(x, w, contiguous::<f64, _>(OP, &*gs, gl)?, needs)
         }
         other => Err(unsupported_dtype(OP, other.dtype())),
     }
 }
 
-/// Gradients `[dx, dw]` (and `db` with `bias`) of `x·wᵀ + b` from the output gradient as a
-/// slice `(M, Nout)` of the kernel's dtype (for the fused ops, a pooled buffer that never
-/// becomes a tensor): `dx = g·w` and `dw = gᵀ·x` as one GEMM each on all threads, `db` the
-/// column sums.
+/// A `len`-element `Vec` written by `fill` (which must write every element; the product of
+/// [`gemm`] without `accumulate` does): no zero fill first, a memory pass as long as the
+/// product's output.
+fn written_by<T: Elem>(len: usize, fill: impl FnOnce(*mut T)) -> Vec<T> {
+    let mut v = Vec::with_capacity(len);
+    fill(v.as_mut_ptr());
+    // SAFETY: `fill` wrote all `len` elements.
+    unsafe { v.set_len(len) };
+    v
+}
+
+/// Gradients `(dx, dw, db)` of `x·wᵀ + b` from the output gradient as a slice `(M, Nout)` of
+/// the kernel's dtype (for the fused ops, a pooled buffer that never becomes a tensor):
+/// `dx = g·w` and `dw = gᵀ·x` as one GEMM each on all threads, `db` the column sums; each
+/// only where `needs` says so.
 pub(crate) fn linear_backward_slice<T: Elem>(
     x: &Tensor,
     w: &Tensor,
     grad: &[T],
-    bias: bool,
-) -> Result<Vec<Tensor>> {
+    needs: NeedsGrad,
+) -> Result<Grads3> {
     let (n, k) = w.dims2()?;
     let m = x.elem_count() / k.max(1);
     if grad.len() != m * n {
@@ -259,48 +270,57 @@ pub(crate) fn linear_backward_slice<T: Elem>(
             grad.len()
         )
     }
-    let (x, w) = (x.contiguous()?, w.contiguous()?);
-    let (xs, xl) = x.storage_and_layout();
-    let (ws, wl) = w.storage_and_layout();
-    let (xd, wd) = (
-        contiguous::<T, _>(OP, &*xs, xl)?,
-        contiguous::<T, _>(OP, &*ws, wl)?,
-    );
-    let mut dx = vec![T::ZERO; m * k];
-    let mut dw = vec![T::ZERO; n * k];
-    // SAFETY: grad is m×n, w n×k, x m×k; dx is m×k and dw n×k.
-    unsafe {
-        gemm(
-            (m, k, n),
-            (dx.as_mut_ptr(), k, 1),
-            false,
-            (grad.as_ptr(), n, 1),
-            (wd.as_ptr(), k, 1),
-            T::ONE,
-            Threads::All,
-        );
-        gemm(
-            (n, k, m),
-            (dw.as_mut_ptr(), k, 1),
-            false,
-            (grad.as_ptr(), 1, n),
-            (xd.as_ptr(), k, 1),
-            T::ONE,
-            Threads::All,
-        );
-    }
-    let mut out = vec![
-        Tensor::from_vec(dx, x.shape(), &Device::Cpu)?,
-        Tensor::from_vec(dw, (n, k), &Device::Cpu)?,
-    ];
-    if bias {
-        out.push(Tensor::from_vec(
+    let dx = match needs.x {
+        false => None,
+        true => {
+            let w = w.contiguous()?;
+            let (ws, wl) = w.storage_and_layout();
+            let wd = contiguous::<T, _>(OP, &*ws, wl)?;
+            // SAFETY: grad is m×n, w n×k; dx is m×k, every element written.
+            let dx = written_by(m * k, |dx| unsafe {
+                gemm(
+                    (m, k, n),
+                    (dx, k, 1),
+                    false,
+                    (grad.as_ptr(), n, 1),
+                    (wd.as_ptr(), k, 1),
+                    T::ONE,
+                    Threads::All,
+                )
+            });
+            Some(Tensor::from_vec(dx, x.shape(), &Device::Cpu)?)
+        }
+    };
+    let dw = match needs.w {
+        false => None,
+        true => {
+            let x = x.contiguous()?;
+            let (xs, xl) = x.storage_and_layout();
+            let xd = contiguous::<T, _>(OP, &*xs, xl)?;
+            // SAFETY: grad is m×n (read transposed), x m×k; dw is n×k, every element written.
+            let dw = written_by(n * k, |dw| unsafe {
+                gemm(
+                    (n, k, m),
+                    (dw, k, 1),
+                    false,
+                    (grad.as_ptr(), 1, n),
+                    (xd.as_ptr(), k, 1),
+                    T::ONE,
+                    Threads::All,
+                )
+            });
+            Some(Tensor::from_vec(dw, (n, k), &Device::Cpu)?)
+        }
+    };
+    let db = match needs.b {
+        false => None,
+        true => Some(Tensor::from_vec(
             column_sums_of(grad, m, n),
             n,
             &Device::Cpu,
-        )?);
-    }
-    Ok(out)
+        )?),
+    };
+    Ok((dx, dw, db))
 }
 
 /// Rows per block of [`column_sums_of`]: fixed, so that the sums do not depend on the
@@ -347,9 +367,9 @@ impl FusedLinear {
         w: &Tensor,
         _res: &Tensor,
         grad: &Tensor,
-        bias: bool,
-    ) -> Result<Vec<Tensor>> {
-        linear_backward(x, w, grad, bias)
+        needs: NeedsGrad,
+    ) -> Result<Grads3> {
+        linear_backward(x, w, grad, needs)
     }
 }
 

@@ -16,7 +16,7 @@ use candle::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
 use crate::cpu::workspace::{self, AnyBuf, Buf};
 use crate::cpu::{
     contiguous, fused, gelu, gelu_grad_into, linear, linear_backward_slice, linear_forward_into,
-    linear_out_len, unsupported_dtype, Elem, Stash,
+    linear_out_len, unsupported_dtype, Elem, Grads3, NeedsGrad, Stash,
 };
 
 const OP: &str = "fused linear_gelu";
@@ -53,7 +53,8 @@ impl LinearGelu {
         pre: &[T],
         (x, w): (&Tensor, &Tensor),
         grad: &Tensor,
-    ) -> Result<Vec<Tensor>> {
+        needs: NeedsGrad,
+    ) -> Result<Grads3> {
         let (gs, gl) = grad.storage_and_layout();
         let g = contiguous::<T, _>(OP, &*gs, gl)?;
         if g.len() != pre.len() {
@@ -65,7 +66,7 @@ impl LinearGelu {
         }
         let mut dpre = workspace::take::<T>(pre.len());
         gelu_grad_into(pre, g, &mut dpre);
-        linear_backward_slice(x, w, &dpre, true)
+        linear_backward_slice(x, w, &dpre, needs)
     }
 }
 
@@ -101,10 +102,11 @@ impl CustomOp3 for LinearGelu {
         &self,
         x: &Tensor,
         w: &Tensor,
-        _b: &Tensor,
+        b: &Tensor,
         _res: &Tensor,
         grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+    ) -> Result<Grads3> {
+        let needs = NeedsGrad::of(x, w, Some(b));
         let pre = self.pre.get(OP)?;
         let grad = grad.contiguous()?;
         let wrong = || {
@@ -113,13 +115,11 @@ impl CustomOp3 for LinearGelu {
                 x.dtype()
             ))
         };
-        let g = match x.dtype() {
-            DType::F32 => self.backward(f32::of_any(&pre).ok_or_else(wrong)?, (x, w), &grad)?,
-            DType::F64 => self.backward(f64::of_any(&pre).ok_or_else(wrong)?, (x, w), &grad)?,
-            dt => return Err(unsupported_dtype(OP, dt)),
-        };
-        let mut g = g.into_iter();
-        Ok((g.next(), g.next(), g.next()))
+        match x.dtype() {
+            DType::F32 => self.backward(f32::of_any(&pre).ok_or_else(wrong)?, (x, w), &grad, needs),
+            DType::F64 => self.backward(f64::of_any(&pre).ok_or_else(wrong)?, (x, w), &grad, needs),
+            dt => Err(unsupported_dtype(OP, dt)),
+        }
     }
 }
 

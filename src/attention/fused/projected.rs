@@ -17,7 +17,8 @@ use super::op::{FusedAttention, Parts, OP};
 use super::weights_op::FusedWeights;
 use crate::cpu::workspace::{self, AnyBuf};
 use crate::cpu::{
-    linear_backward_slice, linear_forward_into, linear_out_len, unsupported_dtype, Elem, Stash,
+    linear_backward_slice, linear_forward_into, linear_out_len, unsupported_dtype, Elem, Grads3,
+    NeedsGrad, Stash,
 };
 
 /// The op on `x (A, B, E)`, the packed `in_proj_weight (3E, E)` and optional
@@ -76,11 +77,11 @@ impl ProjectedSelfAttention {
         qkv: &[T],
         (x, w): (&Tensor, &Tensor),
         (res, grad): (&Tensor, &Tensor),
-        bias: bool,
-    ) -> Result<Vec<Tensor>> {
+        needs: NeedsGrad,
+    ) -> Result<Grads3> {
         let mut dqkv = workspace::take::<T>(qkv.len());
         self.attn.bwd_packed_slice(qkv, res, grad, &mut dqkv)?;
-        linear_backward_slice(x, w, &dqkv, bias)
+        linear_backward_slice(x, w, &dqkv, needs)
     }
 
     fn bwd(
@@ -89,8 +90,8 @@ impl ProjectedSelfAttention {
         w: &Tensor,
         res: &Tensor,
         grad: &Tensor,
-        bias: bool,
-    ) -> Result<Vec<Tensor>> {
+        needs: NeedsGrad,
+    ) -> Result<Grads3> {
         let qkv = self.qkv.get(OP)?;
         let dt = x.dtype();
         let wrong = || {
@@ -101,11 +102,11 @@ impl ProjectedSelfAttention {
         match dt {
             candle::DType::F32 => {
                 let q = f32::of_any(&qkv).ok_or_else(wrong)?;
-                self.bwd_t(q, (x, w), (res, grad), bias)
+                self.bwd_t(q, (x, w), (res, grad), needs)
             }
             candle::DType::F64 => {
                 let q = f64::of_any(&qkv).ok_or_else(wrong)?;
-                self.bwd_t(q, (x, w), (res, grad), bias)
+                self.bwd_t(q, (x, w), (res, grad), needs)
             }
             dt => Err(unsupported_dtype(OP, dt)),
         }
@@ -140,15 +141,16 @@ impl ProjectedWeights {
         }
     }
 
-    /// Gradients of x, the weight and (with `bias`) the bias from the weights' gradient.
+    /// Gradients of x, the weight and the bias (those `needs` names) from the weights'
+    /// gradient.
     fn bwd(
         &self,
         x: &Tensor,
         w: &Tensor,
         _res: &Tensor,
         grad: &Tensor,
-        bias: bool,
-    ) -> Result<Vec<Tensor>> {
+        needs: NeedsGrad,
+    ) -> Result<Grads3> {
         let (a, b, e) = x.dims3()?;
         let buf = self.op.qkv.get(OP)?;
         let shape = (a, b, 3 * e);
@@ -164,11 +166,14 @@ impl ProjectedWeights {
         let (dq, dk) = weights.grads(Parts::Packed, &qkv, &qkv, grad)?;
         let dqkv = Tensor::cat(&[&dq, &dk, &dq.zeros_like()?], 2)?.reshape((a * b, 3 * e))?;
         let x2 = x.reshape((a * b, e))?;
-        let mut grads = vec![dqkv.matmul(w)?.reshape((a, b, e))?, dqkv.t()?.matmul(&x2)?];
-        if bias {
-            grads.push(dqkv.sum(0)?);
-        }
-        Ok(grads)
+        Ok((
+            needs
+                .x
+                .then(|| dqkv.matmul(w)?.reshape((a, b, e)))
+                .transpose()?,
+            needs.w.then(|| dqkv.t()?.matmul(&x2)).transpose()?,
+            needs.b.then(|| dqkv.sum(0)).transpose()?,
+        ))
     }
 }
 

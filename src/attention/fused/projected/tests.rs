@@ -3,7 +3,7 @@
 //! error comes back, and the next good call, on the buffers the failed one returned (filled
 //! with NaNs beforehand), gives the results of fresh buffers to the bit.
 
-use candle::{CustomOp3, DType, Device, Result, Tensor};
+use candle::{CustomOp3, DType, Device, Result, Tensor, Var};
 
 use super::ProjectedSelfAttention;
 use crate::attention::fused::{FusedAttention, Geom};
@@ -52,11 +52,14 @@ struct Io {
     grad: Tensor,
 }
 
+/// x, w and b are variables: the backward pass gives gradients only to what a variable
+/// leads to.
 fn io() -> Result<Io> {
+    let var = |t: Tensor| Ok::<_, candle::Error>(Var::from_tensor(&t)?.as_tensor().clone());
     Ok(Io {
-        x: values(&[N, L, E], 1)?,
-        w: (values(&[3 * E, E], 2)? * 0.3)?,
-        b: values(&[3 * E], 3)?,
+        x: var(values(&[N, L, E], 1)?)?,
+        w: var((values(&[3 * E, E], 2)? * 0.3)?)?,
+        b: var(values(&[3 * E], 3)?)?,
         grad: values(&[N, L, E], 4)?,
     })
 }
@@ -84,7 +87,9 @@ fn good_call(io: &Io) -> Result<Vec<Vec<u32>>> {
 /// Fills the pool with NaN buffers of this call's sizes.
 fn poison(io: &Io) -> Result<()> {
     let nan = Io {
-        x: (io.x.ones_like()? * f64::NAN)?,
+        x: Var::from_tensor(&(io.x.ones_like()? * f64::NAN)?)?
+            .as_tensor()
+            .clone(),
         w: io.w.clone(),
         b: io.b.clone(),
         grad: (io.grad.ones_like()? * f64::NAN)?,
