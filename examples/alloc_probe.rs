@@ -9,9 +9,10 @@
 //! ```
 //!
 //! Per shape `N,L,E,H` (batch_first self-attention, f32, bias on): forward without weights
-//! and with head-mean weights (plain tensors, no graph), and the training step two ways:
+//! and with head-mean weights (plain tensors, no graph), and the training step three ways:
 //! `autograd::backward_with(&out, &r)` and `out.sum_all()?.backward()` (what a plain user
-//! writes). Each line: fastest and median milliseconds and minor page faults per call (Linux:
+//! writes) with `x` a variable, and the latter with `x` plain data (no gradient of `x`, so no
+//! product for it). Each line: fastest and median milliseconds and minor page faults per call (Linux:
 //! `/proc/self/stat`; 0 elsewhere). `model:small|medium|large`: one `NextTokenPredictor`
 //! training step as `benches/train_step` times it (forward_train, masked cross-entropy,
 //! backward, `clip_grad_norm`, AdamW; its shapes), on one fixed batch.
@@ -113,7 +114,7 @@ fn main() -> Result<()> {
         if let Some(name) = shape.strip_prefix("model:") {
             let (t, median, faults) = model_step(name)?;
             println!(
-                "{setting:7} {shape:14} {:19} best {:9.3} ms median {:9.3} ms {faults:9.0} faults/call",
+                "{setting:7} {shape:14} {:20} best {:9.3} ms median {:9.3} ms {faults:9.0} faults/call",
                 "model step",
                 t * 1e3,
                 median * 1e3
@@ -163,10 +164,17 @@ fn main() -> Result<()> {
                     out.sum_all()?.backward().map(drop)
                 })?,
             ),
+            (
+                "step sum_all, data x",
+                probe(|| {
+                    let out = mha.forward(&x, &x, &x, &train)?.output;
+                    out.sum_all()?.backward().map(drop)
+                })?,
+            ),
         ];
         for (what, (best, median, faults)) in rows {
             println!(
-                "{setting:7} {shape:14} {what:19} best {:9.3} ms median {:9.3} ms {faults:9.0} faults/call",
+                "{setting:7} {shape:14} {what:20} best {:9.3} ms median {:9.3} ms {faults:9.0} faults/call",
                 best * 1e3,
                 median * 1e3
             );
