@@ -418,7 +418,8 @@ fn fused_dropout_is_reproducible_through_backward() -> Result<()> {
 /// Arguments no variable leads to get no gradient, and the others the same bits as when
 /// every argument is a variable: packed self-attention with and without weights (the loss
 /// goes through both), batch-first, f32 and f64. First the input is data (not a variable),
-/// then the in-projection is frozen (plain tensors), then the out-projection.
+/// then the in-projection is frozen (plain tensors), then the out-projection, then data
+/// input and a frozen in-projection (no gradient reaches the attention op at all).
 #[test]
 fn frozen_arguments_get_no_gradient_and_change_no_other() -> Result<()> {
     for dtype in [DType::F32, DType::F64] {
@@ -463,7 +464,13 @@ fn frozen_arguments_get_no_gradient_and_change_no_other() -> Result<()> {
             all.iter().all(Option::is_some),
             "{dtype:?}: every parameter has one"
         );
-        for (x_var, frozen) in [(false, ""), (true, "in_proj"), (true, "out_proj")] {
+        let cases = [
+            (false, ""),
+            (true, "in_proj"),
+            (true, "out_proj"),
+            (false, "in_proj"),
+        ];
+        for (x_var, frozen) in cases {
             let (got, got_dx) = run(x_var, frozen)?;
             assert_eq!(
                 got_dx.is_some(),
@@ -492,6 +499,69 @@ fn frozen_arguments_get_no_gradient_and_change_no_other() -> Result<()> {
                 }
             }
         }
+    }
+    Ok(())
+}
+
+/// One forward call's graph, backed up twice (two losses on the same output), gives the
+/// same gradients twice; a loss on the weights alone gives the reference path's gradients
+/// (the output projection's backward pass, which hands the context's gradient to the
+/// attention's, does not run then). Packed self-attention, f32 and f64.
+#[test]
+fn repeated_and_weights_only_backward() -> Result<()> {
+    for (dtype, tol) in [(DType::F32, 1e-5), (DType::F64, 1e-12)] {
+        let (n, l, e, h) = (2, 70, 16, 4);
+        let cfg = MultiheadAttentionConfig::new(e, h).with_batch_first(true);
+        let varmap = VarMap::new();
+        let mha =
+            MultiheadAttention::new(cfg, seeded_var_builder(&varmap, 9, dtype, &Device::Cpu))?;
+        let x = Var::from_tensor(&normal(0.0, 1.0, (n, l, e), dtype, &Device::Cpu, 4)?)?;
+        let params: Vec<Tensor> = mha.named_parameters().into_iter().map(|(_, t)| t).collect();
+        let all = |store: &candle_mha::candle::backprop::GradStore| -> Result<Vec<Tensor>> {
+            params
+                .iter()
+                .chain([x.as_tensor()])
+                .map(|t| match store.get(t) {
+                    Some(g) => Ok(g.clone()),
+                    None => Ok(t.zeros_like()?),
+                })
+                .collect()
+        };
+        let opts = AttentionOptions::new();
+        let out = mha.forward(&x, &x, &x, &opts)?;
+        let loss = out.output.sqr()?.sum_all()?;
+        let (a, b) = (all(&loss.backward()?)?, all(&loss.backward()?)?);
+        for (ga, gb) in a.iter().zip(&b) {
+            assert_eq!(common::rel_err(ga, gb)?, 0.0, "{dtype:?}: second backward");
+        }
+        let weights_only = |kernel| -> Result<Vec<Tensor>> {
+            let out = mha.forward(&x, &x, &x, &opts.clone().with_kernel(kernel))?;
+            let w = out.weights.expect("weights");
+            let r = normal(0.0, 1.0, w.shape(), dtype, &Device::Cpu, 6)?;
+            all(&(w * r)?.sum_all()?.backward()?)
+        };
+        let fused = weights_only(AttentionKernel::Fused)?;
+        let reference = weights_only(AttentionKernel::Reference)?;
+        for (i, (f, r)) in fused.iter().zip(&reference).enumerate() {
+            let err = common::rel_err(f, r)?;
+            assert!(
+                err <= tol,
+                "{dtype:?}: weights-only gradient {i}: {err:.3e}"
+            );
+        }
+        // The output projection gets no gradient from the weights.
+        let out_w = mha.out_proj().weight();
+        let g = &fused[params
+            .iter()
+            .position(|p| p.id() == out_w.id())
+            .expect("out_proj")];
+        assert_eq!(
+            g.abs()?
+                .sum_all()?
+                .to_dtype(DType::F64)?
+                .to_scalar::<f64>()?,
+            0.0
+        );
     }
     Ok(())
 }

@@ -91,8 +91,7 @@ fn repeat_row<T: Elem>(row: &[T], m: usize) -> Vec<T> {
 }
 
 /// `(M, K, Nout)` of `x (…, K)` (M = the product of the leading dims) and `w (Nout, K)`.
-fn dims(x: &Layout, w: &Layout) -> Result<(usize, usize, usize)> {
-    let (xd, wd) = (x.dims(), w.dims());
+fn dims(xd: &[usize], wd: &[usize]) -> Result<(usize, usize, usize)> {
     match (xd.split_last(), wd) {
         (Some((&k, lead)), &[n, wk]) if k == wk && !lead.is_empty() => {
             Ok((lead.iter().product(), k, n))
@@ -125,7 +124,40 @@ pub(crate) fn linear_forward<T: Elem>(
     w: (&CpuStorage, &Layout),
     b: Option<(&CpuStorage, &Layout)>,
 ) -> Result<(Vec<T>, Shape)> {
-    let (m, k, n) = dims(x.1, w.1)?;
+    let mnk = dims(x.1.dims(), w.1.dims())?;
+    let out = linear_vec(rows_of(x.0, x.1)?, w, b, mnk)?;
+    Ok((out, out_shape(x.1.dims(), mnk.2)))
+}
+
+/// [`linear_forward`] on `x` given as a contiguous slice of shape `x_dims (…, K)`.
+pub(crate) fn linear_forward_slice<T: Elem>(
+    (x, x_dims): (&[T], &[usize]),
+    w: (&CpuStorage, &Layout),
+    b: Option<(&CpuStorage, &Layout)>,
+) -> Result<(Vec<T>, Shape)> {
+    let (m, k, n) = dims(x_dims, w.1.dims())?;
+    if x.len() != m * k {
+        candle::bail!(
+            "fused linear: x of {} elements for dims {x_dims:?}",
+            x.len()
+        )
+    }
+    let x = Mat {
+        data: x,
+        rs: k,
+        cs: 1,
+    };
+    let out = linear_vec(x, w, b, (m, k, n))?;
+    Ok((out, out_shape(x_dims, n)))
+}
+
+/// `x (m×k) · w (n×k)ᵀ + b` as a fresh `Vec`.
+fn linear_vec<T: Elem>(
+    x: Mat<T>,
+    w: (&CpuStorage, &Layout),
+    b: Option<(&CpuStorage, &Layout)>,
+    (m, k, n): (usize, usize, usize),
+) -> Result<Vec<T>> {
     let b = b.map(|(s, l)| mat1::<T>(s, l)).transpose()?;
     // The bias rows are the product's starting value, written as the Vec is built (no zero
     // fill first); without a bias, zeros (the product ignores them, but an uninitialised Vec
@@ -134,14 +166,8 @@ pub(crate) fn linear_forward<T: Elem>(
         Some(b) => repeat_row(&bias_row(b, n), m),
         None => vec![T::ZERO; m * n],
     };
-    product(
-        rows_of(x.0, x.1)?,
-        mat(w.0, w.1)?,
-        b.is_some(),
-        (m, k, n),
-        &mut out,
-    );
-    Ok((out, out_shape(x.1, n)))
+    product(x, mat(w.0, w.1)?, b.is_some(), (m, k, n), &mut out);
+    Ok(out)
 }
 
 /// `x (…, K) · w (Nout, K)ᵀ + b` written into `out` (at least `M·Nout` elements, any
@@ -153,7 +179,7 @@ pub(crate) fn linear_forward_into<T: Elem>(
     b: Option<(&CpuStorage, &Layout)>,
     out: &mut [T],
 ) -> Result<Shape> {
-    let (m, k, n) = dims(x.1, w.1)?;
+    let (m, k, n) = dims(x.1.dims(), w.1.dims())?;
     if out.len() < m * n {
         candle::bail!(
             "fused linear: output buffer of {} elements for a ({m}, {n}) product",
@@ -177,12 +203,12 @@ pub(crate) fn linear_forward_into<T: Elem>(
         (m, k, n),
         out,
     );
-    Ok(out_shape(x.1, n))
+    Ok(out_shape(x.1.dims(), n))
 }
 
 /// `(…, Nout)` from `x (…, K)`.
-fn out_shape(x: &Layout, n: usize) -> Shape {
-    let mut shape = x.dims().to_vec();
+fn out_shape(x: &[usize], n: usize) -> Shape {
+    let mut shape = x.to_vec();
     if let Some(last) = shape.last_mut() {
         *last = n;
     }
@@ -191,7 +217,7 @@ fn out_shape(x: &Layout, n: usize) -> Shape {
 
 /// The output-projection size of [`linear_forward_into`]: `M·Nout`.
 pub(crate) fn linear_out_len(x: &Layout, w: &Layout) -> Result<usize> {
-    let (m, _, n) = dims(x, w)?;
+    let (m, _, n) = dims(x.dims(), w.dims())?;
     Ok(m * n)
 }
 
@@ -276,17 +302,9 @@ pub(crate) fn linear_backward_slice<T: Elem>(
             let w = w.contiguous()?;
             let (ws, wl) = w.storage_and_layout();
             let wd = contiguous::<T, _>(OP, &*ws, wl)?;
-            // SAFETY: grad is m×n, w n×k; dx is m×k, every element written.
+            // SAFETY: written_by hands a buffer of m·k elements.
             let dx = written_by(m * k, |dx| unsafe {
-                gemm(
-                    (m, k, n),
-                    (dx, k, 1),
-                    false,
-                    (grad.as_ptr(), n, 1),
-                    (wd.as_ptr(), k, 1),
-                    T::ONE,
-                    Threads::All,
-                )
+                input_grad_into(grad, wd, (m, k, n), dx)
             });
             Some(Tensor::from_vec(dx, x.shape(), &Device::Cpu)?)
         }
@@ -297,19 +315,11 @@ pub(crate) fn linear_backward_slice<T: Elem>(
             let x = x.contiguous()?;
             let (xs, xl) = x.storage_and_layout();
             let xd = contiguous::<T, _>(OP, &*xs, xl)?;
-            // SAFETY: grad is m×n (read transposed), x m×k; dw is n×k, every element written.
-            let dw = written_by(n * k, |dw| unsafe {
-                gemm(
-                    (n, k, m),
-                    (dw, k, 1),
-                    false,
-                    (grad.as_ptr(), 1, n),
-                    (xd.as_ptr(), k, 1),
-                    T::ONE,
-                    Threads::All,
-                )
-            });
-            Some(Tensor::from_vec(dw, (n, k), &Device::Cpu)?)
+            Some(Tensor::from_vec(
+                weight_grad(grad, xd, (m, k, n)),
+                (n, k),
+                &Device::Cpu,
+            )?)
         }
     };
     let db = match needs.b {
@@ -323,6 +333,54 @@ pub(crate) fn linear_backward_slice<T: Elem>(
     Ok((dx, dw, db))
 }
 
+/// `dx (m×k) = g (m×n) · w (n×k)`, every element of `dx` written (all threads).
+///
+/// # Safety
+/// `dx` must be valid for writes of `m·k` elements and not overlap `grad` or `w`.
+pub(crate) unsafe fn input_grad_into<T: Elem>(
+    grad: &[T],
+    w: &[T],
+    (m, k, n): (usize, usize, usize),
+    dx: *mut T,
+) {
+    assert!(grad.len() >= m * n && w.len() >= n * k);
+    // SAFETY: grad is m×n, w n×k (checked above); dx holds m×k elements (the caller's
+    // contract).
+    unsafe {
+        gemm(
+            (m, k, n),
+            (dx, k, 1),
+            false,
+            (grad.as_ptr(), n, 1),
+            (w.as_ptr(), k, 1),
+            T::ONE,
+            Threads::All,
+        )
+    }
+}
+
+/// `dw (n×k) = g (m×n)ᵀ · x (m×k)` (all threads).
+pub(crate) fn weight_grad<T: Elem>(
+    grad: &[T],
+    x: &[T],
+    (m, k, n): (usize, usize, usize),
+) -> Vec<T> {
+    assert!(grad.len() >= m * n && x.len() >= m * k);
+    // SAFETY: grad is m×n (read transposed), x m×k (checked above); dw is n×k, every element
+    // written.
+    written_by(n * k, |dw| unsafe {
+        gemm(
+            (n, k, m),
+            (dw, k, 1),
+            false,
+            (grad.as_ptr(), 1, n),
+            (x.as_ptr(), k, 1),
+            T::ONE,
+            Threads::All,
+        )
+    })
+}
+
 /// Rows per block of [`column_sums_of`]: fixed, so that the sums do not depend on the
 /// thread count.
 const SUM_ROWS: usize = 256;
@@ -330,7 +388,7 @@ const SUM_ROWS: usize = 256;
 /// Rows of a row-major `(rows, cols)` slice added up: blocks of [`SUM_ROWS`] rows in
 /// parallel, each added row by row into its own accumulator, then the blocks' sums in block
 /// order (the same result on any number of threads, so training resumes bit-identically).
-fn column_sums_of<T: Elem>(data: &[T], rows: usize, cols: usize) -> Vec<T> {
+pub(crate) fn column_sums_of<T: Elem>(data: &[T], rows: usize, cols: usize) -> Vec<T> {
     let cols1 = cols.max(1);
     let block_sum = |block: &[T]| {
         let mut acc = vec![T::ZERO; cols];

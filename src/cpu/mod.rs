@@ -24,7 +24,10 @@ pub(crate) use dtype::{fused, unsupported_dtype};
 pub(crate) use elem::Elem;
 pub(crate) use gelu::{gelu, gelu_grad, gelu_grad_into};
 pub(crate) use gemm::{gemm, Threads};
-pub(crate) use linear::{linear, linear_backward_slice, linear_forward_into, linear_out_len};
+pub(crate) use linear::{
+    column_sums_of, input_grad_into, linear, linear_backward_slice, linear_forward_into,
+    linear_forward_slice, linear_out_len, weight_grad,
+};
 pub(crate) use panels::{gemm_panels, pack_rows, pack_transposed, panels_len, Panels};
 pub(crate) use slice::{contiguous, slice};
 pub(crate) use stash::Stash;

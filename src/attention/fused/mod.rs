@@ -25,5 +25,5 @@ pub(crate) use crate::cpu::linear;
 pub(crate) use decode::decode_attention;
 pub(crate) use kernel::Geom;
 pub(crate) use op::FusedAttention;
-pub(crate) use projected::projected_self_attention;
+pub(crate) use projected::{projected_self_attention, projected_self_attention_output};
 pub(crate) use weights_op::FusedWeights;

@@ -171,6 +171,18 @@ impl FusedAttention {
         self.fwd_rows((rows(0)?, rows(1)?, rows(2)?))
     }
 
+    /// [`fwd_packed_slice`](Self::fwd_packed_slice) writing the context into `out` (the
+    /// context's size, any contents: every element is written), returning its shape.
+    pub(super) fn fwd_packed_into<T: Elem>(&self, qkv: &[T], out: &mut [T]) -> Result<Shape> {
+        let rows = |i: usize| self.packed_rows(qkv, i);
+        self.fwd_rows_into((rows(0)?, rows(1)?, rows(2)?), out)
+    }
+
+    /// Elements of the attention context `(·, ·, E)`.
+    pub(super) fn context_len(&self) -> usize {
+        self.geom.n * self.geom.l * self.e()
+    }
+
     /// Part `i` (0: q, 1: k, 2: v) of a contiguous packed `(·, ·, 3E)` buffer as rows.
     fn packed_rows<'a, T: Elem>(&self, qkv: &'a [T], i: usize) -> Result<Rows<'a, T>> {
         let (g, e) = (&self.geom, self.e());
@@ -189,15 +201,30 @@ impl FusedAttention {
         })
     }
 
-    fn fwd_rows<T: Elem>(
+    fn fwd_rows<T: Elem>(&self, qkv: (Rows<T>, Rows<T>, Rows<T>)) -> Result<(CpuStorage, Shape)> {
+        let mut out = vec![T::ZERO; self.context_len()];
+        let shape = self.fwd_rows_into(qkv, &mut out)?;
+        Ok((T::to_cpu_storage_owned(out), shape))
+    }
+
+    /// The forward kernel (with the weights when asked for) writing every element of the
+    /// context `out`; returns its shape.
+    fn fwd_rows_into<T: Elem>(
         &self,
         (q, k, v): (Rows<T>, Rows<T>, Rows<T>),
-    ) -> Result<(CpuStorage, Shape)> {
+        out: &mut [T],
+    ) -> Result<Shape> {
         let g = &self.geom;
         let e = self.e();
-        let mut out = vec![T::ZERO; g.n * g.l * e];
+        if out.len() != self.context_len() {
+            candle::bail!(
+                "fused attention: context buffer of {} elements, expected {}",
+                out.len(),
+                self.context_len()
+            )
+        }
         let mut lse = vec![T::ZERO; g.n * g.h * g.l];
-        let out_rows = RowsMut::new(&mut out, self.contiguous_map(g.l, e, 0));
+        let out_rows = RowsMut::new(out, self.contiguous_map(g.l, e, 0));
         if let Some(average) = self.with_weights {
             let shape = self.weights_shape(average);
             let mut weights = vec![T::ZERO; shape.elem_count()];
@@ -216,15 +243,14 @@ impl FusedAttention {
             })?;
             self.weights_slot
                 .put((T::to_cpu_storage_owned(weights), shape));
-            self.store_lse(lse)?;
-            return Ok((T::to_cpu_storage_owned(out), self.out_shape(g.l, e)));
+        } else {
+            self.with_masks(|masks| {
+                kernel::forward(g, q, k, v, masks, self.dropout.as_ref(), out_rows, &mut lse);
+                Ok(())
+            })?;
         }
-        self.with_masks(|masks| {
-            kernel::forward(g, q, k, v, masks, self.dropout.as_ref(), out_rows, &mut lse);
-            Ok(())
-        })?;
         self.store_lse(lse)?;
-        Ok((T::to_cpu_storage_owned(out), self.out_shape(g.l, e)))
+        Ok(self.out_shape(g.l, e))
     }
 
     fn fwd(&self, parts: Parts, args: [(&CpuStorage, &Layout); 3]) -> Result<(CpuStorage, Shape)> {
@@ -257,6 +283,17 @@ impl FusedAttention {
         grad: &Tensor,
         dqkv: &mut [T],
     ) -> Result<()> {
+        on_output(res, grad, |o| self.bwd_packed_slices(qkv, o, dqkv))
+    }
+
+    /// The backward kernel of packed self-attention on slices: the projection `qkv`, the
+    /// context `o` and its gradient `d_out` (contiguous, the op's layout) into `dqkv`.
+    pub(super) fn bwd_packed_slices<T: Elem>(
+        &self,
+        qkv: &[T],
+        (o, d_out): (&[T], &[T]),
+        dqkv: &mut [T],
+    ) -> Result<()> {
         let rows = |i: usize| self.packed_rows(qkv, i);
         let (q, k, v) = (rows(0)?, rows(1)?, rows(2)?);
         self.packed_rows(dqkv, 0)?;
@@ -267,34 +304,28 @@ impl FusedAttention {
             RowsMut::new(dqkv, at(1)),
             RowsMut::new(dqkv, at(2)),
         );
-        self.bwd_into((q, k, v), res, grad, grads)
+        self.bwd_into((q, k, v), (o, d_out), grads)
     }
 
-    /// The backward kernel from q, k, v rows, the output `res` and its gradient into `grads`.
+    /// The backward kernel from q, k, v rows, the output `o` and its gradient `d_out`
+    /// (contiguous, the op's layout) into `grads`.
     fn bwd_into<T: Elem>(
         &self,
         (q, k, v): (Rows<T>, Rows<T>, Rows<T>),
-        res: &Tensor,
-        grad: &Tensor,
+        (o, d_out): (&[T], &[T]),
         grads: (RowsMut<T>, RowsMut<T>, RowsMut<T>),
     ) -> Result<()> {
         let g = &self.geom;
         let e = self.e();
-        let grad = grad.contiguous()?;
-        let res = res.contiguous()?;
         let lse_t = self.lse.get(OP)?;
-        let (og, gg, lg) = (
-            res.storage_and_layout(),
-            grad.storage_and_layout(),
-            lse_t.storage_and_layout(),
-        );
+        let lg = lse_t.storage_and_layout();
         let out_map = self.contiguous_map(g.l, e, 0);
         let o = Rows {
-            data: contiguous(OP, &*og.0, og.1)?,
+            data: o,
             map: out_map,
         };
         let d_out = Rows {
-            data: contiguous(OP, &*gg.0, gg.1)?,
+            data: d_out,
             map: out_map,
         };
         let lse = contiguous(OP, &*lg.0, lg.1)?;
@@ -346,7 +377,7 @@ impl FusedAttention {
                     RowsMut::new(&mut buf, mk),
                     RowsMut::new(&mut buf, mv),
                 );
-                self.bwd_into((q, k, v), res, grad, grads)?;
+                on_output(res, grad, |o| self.bwd_into((q, k, v), o, grads))?;
                 Ok(vec![Tensor::from_vec(
                     buf,
                     self.out_shape(g.l, 3 * e),
@@ -366,7 +397,7 @@ impl FusedAttention {
                     RowsMut::new(&mut dk, mkv),
                     RowsMut::new(&mut dv, mkv),
                 );
-                self.bwd_into((q, k, v), res, grad, grads)?;
+                on_output(res, grad, |o| self.bwd_into((q, k, v), o, grads))?;
                 Ok(vec![
                     Tensor::from_vec(dq, self.out_shape(g.l, e), &Device::Cpu)?,
                     Tensor::from_vec(dk, self.out_shape(g.s, e), &Device::Cpu)?,
@@ -389,6 +420,17 @@ impl FusedAttention {
             dt => Err(unsupported_dtype(OP, dt)),
         }
     }
+}
+
+/// The output `res` and its gradient as contiguous slices of `T`, for `f`.
+fn on_output<T: Elem, R>(
+    res: &Tensor,
+    grad: &Tensor,
+    f: impl FnOnce((&[T], &[T])) -> Result<R>,
+) -> Result<R> {
+    let (res, grad) = (res.contiguous()?, grad.contiguous()?);
+    let (og, gg) = (res.storage_and_layout(), grad.storage_and_layout());
+    f((contiguous(OP, &*og.0, og.1)?, contiguous(OP, &*gg.0, gg.1)?))
 }
 
 impl CustomOp1 for FusedAttention {

@@ -5,6 +5,15 @@
 //! zero tensor, which for a `3E`-wide projection is a memset, an add and two buffers per
 //! step. The backward pass hands the attention gradient straight to the projection's.
 //!
+//! The module's forward pass (no head mask) also keeps the attention context out of the
+//! graph: the attention op returns a one-element token, and the output projection is a
+//! second op on that token (`output.rs`) that reads the context from a pooled buffer and, in
+//! its backward pass, leaves the context's gradient in another for the attention op. At
+//! (4,1024,1024,16) that removed four fresh 16 MB buffers per training step (the context,
+//! its gradient, and candle's zero tensor and sum for it). Two backward passes of one graph
+//! run one after the other (candle's `backward` is sequential); two at once on the same
+//! graph from two threads are not supported.
+//!
 //! PyTorch equivalent: `_in_projection_packed` followed by the attention of
 //! `F.multi_head_attention_forward`, for `query is key is value`.
 
@@ -20,15 +29,33 @@ use crate::cpu::{
     linear_backward_slice, linear_forward_into, linear_out_len, unsupported_dtype, Elem, Grads3,
     NeedsGrad, Stash,
 };
+use output::ProjectedOutput;
 
 /// The op on `x (A, B, E)`, the packed `in_proj_weight (3E, E)` and optional
-/// `in_proj_bias (3E)`, giving the attention context `(A, B, E)` (heads merged).
+/// `in_proj_bias (3E)`, giving the attention context `(A, B, E)` (heads merged), or, when
+/// the output projection is a [`ProjectedOutput`], a one-element token that only links the
+/// two ops in the graph.
 #[derive(Clone, Debug)]
 pub(crate) struct ProjectedSelfAttention {
     attn: FusedAttention,
     /// The projection of the forward pass, for the backward pass: a pooled buffer (see
     /// `cpu::workspace`), back in the pool when the op (its autograd node) is dropped.
     qkv: Stash<Arc<AnyBuf>>,
+    /// `Some`: the context stays in a pooled buffer for [`ProjectedOutput`].
+    context: Option<Context>,
+}
+
+/// The attention context handed between [`ProjectedSelfAttention`] and its
+/// [`ProjectedOutput`] instead of being a tensor: in the graph it would cost a fresh
+/// `(A, B, E)` buffer in the forward pass, and in the backward pass a fresh gradient that
+/// candle then adds into another fresh zero tensor.
+#[derive(Clone, Debug, Default)]
+struct Context {
+    /// The context (pooled) and its shape, from the attention's forward pass.
+    value: Stash<(Arc<AnyBuf>, Shape)>,
+    /// Its gradient (pooled), from the output projection's backward pass to the
+    /// attention's, which takes it.
+    grad: Stash<AnyBuf>,
 }
 
 impl ProjectedSelfAttention {
@@ -38,6 +65,22 @@ impl ProjectedSelfAttention {
         Self {
             attn,
             qkv: Default::default(),
+            context: None,
+        }
+    }
+
+    /// The op whose result is the token of a [`ProjectedOutput`].
+    fn with_output_op(attn: FusedAttention) -> Self {
+        Self {
+            context: Some(Context::default()),
+            ..Self::new(attn)
+        }
+    }
+
+    fn context(&self) -> Result<&Context> {
+        match &self.context {
+            Some(c) => Ok(c),
+            None => candle::bail!("{OP}: the op keeps no context for an output projection"),
         }
     }
 
@@ -52,7 +95,15 @@ impl ProjectedSelfAttention {
     {
         let mut qkv = workspace::take::<T>(linear_out_len(x.1, w.1)?);
         linear_forward_into::<T>(x, w, b, &mut qkv)?;
-        let out = self.attn.fwd_packed_slice::<T>(&qkv)?;
+        let out = match &self.context {
+            None => self.attn.fwd_packed_slice::<T>(&qkv)?,
+            Some(c) => {
+                let mut ctx = workspace::take::<T>(self.attn.context_len());
+                let shape = self.attn.fwd_packed_into::<T>(&qkv, &mut ctx)?;
+                c.value.put((Arc::new(ctx.into()), shape));
+                (T::to_cpu_storage_owned(vec![T::ZERO]), Shape::from(1))
+            }
+        };
         self.qkv.put(Arc::new(qkv.into()));
         Ok(out)
     }
@@ -80,7 +131,19 @@ impl ProjectedSelfAttention {
         needs: NeedsGrad,
     ) -> Result<Grads3> {
         let mut dqkv = workspace::take::<T>(qkv.len());
-        self.attn.bwd_packed_slice(qkv, res, grad, &mut dqkv)?;
+        match &self.context {
+            None => self.attn.bwd_packed_slice(qkv, res, grad, &mut dqkv)?,
+            Some(c) => {
+                let (ctx, _) = c.value.get(OP)?;
+                let Some(d_ctx) = c.grad.take() else {
+                    candle::bail!("{OP}: the output projection's backward pass has not run")
+                };
+                match (T::of_any(&ctx), T::of_any(&d_ctx)) {
+                    (Some(o), Some(d)) => self.attn.bwd_packed_slices(qkv, (o, d), &mut dqkv)?,
+                    _ => candle::bail!("{OP}: the context is not of the input's dtype"),
+                }
+            }
+        }
         linear_backward_slice(x, w, &dqkv, needs)
     }
 
@@ -189,24 +252,56 @@ pub(crate) fn projected_self_attention(
     attn: FusedAttention,
 ) -> Result<(Tensor, Option<Tensor>)> {
     let x = x.contiguous()?;
-    let average = attn.with_weights;
     let op = ProjectedSelfAttention::new(attn);
-    let ctx = match b {
-        Some(b) => x.apply_op3(w, b, op.clone())?,
-        None => x.apply_op2(w, op.clone())?,
-    };
-    let weights = match average {
-        None => None,
-        Some(average) => {
-            let wop = ProjectedWeights { op, average };
-            Some(match b {
-                Some(b) => x.apply_op3(w, b, wop)?,
-                None => x.apply_op2(w, wop)?,
-            })
-        }
-    };
-    Ok((ctx, weights))
+    let ctx = apply(&x, w, b, op.clone())?;
+    Ok((ctx, weights_of(&x, w, b, op)?))
 }
 
+/// Packed self-attention on `x (A, B, E)` (contiguous, CPU, f32 or f64) through the output
+/// projection `out_w (E_out, E)`, `out_b (E_out)`: the output `(A, B, E_out)` and, when
+/// `attn` asks for them, the weights (batch-major). The context never becomes a tensor: the
+/// attention op hands it to the output projection's op in a pooled buffer, and the
+/// projection's backward pass hands its gradient back the same way.
+pub(crate) fn projected_self_attention_output(
+    x: &Tensor,
+    (w, b): (&Tensor, Option<&Tensor>),
+    (out_w, out_b): (&Tensor, Option<&Tensor>),
+    attn: FusedAttention,
+) -> Result<(Tensor, Option<Tensor>)> {
+    let x = x.contiguous()?;
+    let op = ProjectedSelfAttention::with_output_op(attn);
+    let token = apply(&x, w, b, op.clone())?;
+    let weights = weights_of(&x, w, b, op.clone())?;
+    Ok((
+        apply(&token, out_w, out_b, ProjectedOutput { op })?,
+        weights,
+    ))
+}
+
+/// An op on `(x, w, optional b)` applied as `CustomOp3` with the bias, else `CustomOp2`.
+fn apply<Op>(x: &Tensor, w: &Tensor, b: Option<&Tensor>, op: Op) -> Result<Tensor>
+where
+    Op: candle::CustomOp2 + candle::CustomOp3 + Send + Sync + 'static,
+{
+    match b {
+        Some(b) => x.apply_op3(w, b, op),
+        None => x.apply_op2(w, op),
+    }
+}
+
+/// The weights of the call `op` ran, when it was asked for them.
+fn weights_of(
+    x: &Tensor,
+    w: &Tensor,
+    b: Option<&Tensor>,
+    op: ProjectedSelfAttention,
+) -> Result<Option<Tensor>> {
+    op.attn
+        .with_weights
+        .map(|average| apply(x, w, b, ProjectedWeights { op, average }))
+        .transpose()
+}
+
+mod output;
 #[cfg(test)]
 mod tests;

@@ -7,7 +7,7 @@ use candle::{DType, ModuleT, Result, Tensor};
 use candle_nn::{Init, Linear, VarBuilder};
 
 use super::checks::{check_inputs, Dims};
-use super::fused::{linear, projected_self_attention};
+use super::fused::{linear, projected_self_attention, projected_self_attention_output};
 use super::{AttentionKernel, AttentionOptions, AttentionOutput, MultiheadAttentionConfig};
 use crate::init::{linear_weight, xavier_normal, xavier_uniform};
 use crate::rng::derive_seed;
@@ -327,6 +327,19 @@ impl MultiheadAttention {
         let path = AttentionPath::choose(opts, query.device(), dtype, self_attn, cfg);
         // ctx: (A, B, E) in the caller's layout; weights: batch-major.
         let (ctx, weights) = match (&self.in_proj_weight, path) {
+            // Both projections around the fused op: the context never becomes a tensor.
+            (InProjWeight::Packed(w), AttentionPath::FusedWithProjection)
+                if opts.head_mask.is_none() =>
+            {
+                let op = self.fused_op(&call, 0, dtype)?;
+                let (output, weights) = projected_self_attention_output(
+                    &q_in,
+                    (w, self.in_proj_bias.as_ref()),
+                    (self.out_proj.weight(), self.out_proj.bias()),
+                    op,
+                )?;
+                return in_caller_rank(output, weights, batched);
+            }
             (InProjWeight::Packed(w), AttentionPath::FusedWithProjection) => {
                 let op = self.fused_op(&call, 0, dtype)?;
                 let b = self.in_proj_bias.as_ref();
@@ -352,12 +365,7 @@ impl MultiheadAttention {
             None => ctx,
         };
         let output = linear(&ctx, self.out_proj.weight(), self.out_proj.bias())?;
-        let output = if batched { output } else { output.squeeze(1)? };
-        let weights = match weights {
-            Some(w) if !batched => Some(w.squeeze(0)?),
-            w => w,
-        };
-        Ok(AttentionOutput { output, weights })
+        in_caller_rank(output, weights, batched)
     }
 
     /// The result for an empty batch or query: empty tensors of the right shapes, as PyTorch's
@@ -488,4 +496,18 @@ impl ModuleT for MultiheadAttention {
             .with_train(train);
         MultiheadAttention::forward(self, xs, xs, xs, &opts).map(|out| out.output)
     }
+}
+
+/// The output and weights in the caller's rank (unbatched input: no batch dimension).
+fn in_caller_rank(
+    output: Tensor,
+    weights: Option<Tensor>,
+    batched: bool,
+) -> Result<AttentionOutput> {
+    let output = if batched { output } else { output.squeeze(1)? };
+    let weights = match weights {
+        Some(w) if !batched => Some(w.squeeze(0)?),
+        w => w,
+    };
+    Ok(AttentionOutput { output, weights })
 }

@@ -123,3 +123,34 @@ fn errors_after_taking_buffers_leave_later_calls_exact() -> Result<()> {
     assert_eq!(good_call(&io)?, fresh);
     Ok(())
 }
+
+/// The path with the output projection as an op of its own (the context and its gradient
+/// in pooled buffers): a call after one on NaN inputs (which leaves NaN buffers in the
+/// pool) gives the output and every gradient of fresh buffers to the bit.
+#[test]
+fn output_op_on_reused_buffers_is_exact() -> Result<()> {
+    let io = io()?;
+    let var = |t: Tensor| Ok::<_, candle::Error>(Var::from_tensor(&t)?.as_tensor().clone());
+    let (ow, ob) = (var((values(&[E, E], 6)? * 0.3)?)?, var(values(&[E], 7)?)?);
+    let call = |x: &Tensor, r: &Tensor| -> Result<Vec<Vec<u32>>> {
+        let (out, _) = super::projected_self_attention_output(
+            x,
+            (&io.w, Some(&io.b)),
+            (&ow, Some(&ob)),
+            attn(None),
+        )?;
+        let grads = (&out * r)?.sum_all()?.backward()?;
+        let mut all = vec![out];
+        for t in [x, &io.w, &io.b, &ow, &ob] {
+            all.push(grads.get(t).expect("a gradient").clone());
+        }
+        bits(&all)
+    };
+    workspace::release();
+    let fresh = call(&io.x, &io.grad)?;
+    // NaN input and output gradient: the context, the projection and both gradients NaN.
+    let nan = var((io.x.ones_like()? * f64::NAN)?)?;
+    call(&nan, &(io.grad.ones_like()? * f64::NAN)?)?;
+    assert_eq!(call(&io.x, &io.grad)?, fresh);
+    Ok(())
+}
