@@ -7,7 +7,9 @@ use candle::backend::BackendStorage;
 use candle::{CpuStorage, Device, Layout, Result, Shape, Storage, Tensor};
 use rayon::prelude::*;
 
-use super::{contiguous, fused, gemm, slice, unsupported_dtype, Elem, Grads3, NeedsGrad, Threads};
+use super::{
+    contiguous, fused, gemm, slice, unsupported_dtype, with_slice, Elem, Grads3, NeedsGrad, Threads,
+};
 
 const OP: &str = "fused linear";
 
@@ -296,40 +298,23 @@ pub(crate) fn linear_backward_slice<T: Elem>(
             grad.len()
         )
     }
-    let dx = match needs.x {
-        false => None,
-        true => {
-            let w = w.contiguous()?;
-            let (ws, wl) = w.storage_and_layout();
-            let wd = contiguous::<T, _>(OP, &*ws, wl)?;
-            // SAFETY: written_by hands a buffer of m·k elements.
-            let dx = written_by(m * k, |dx| unsafe {
-                input_grad_into(grad, wd, (m, k, n), dx)
-            });
-            Some(Tensor::from_vec(dx, x.shape(), &Device::Cpu)?)
-        }
-    };
-    let dw = match needs.w {
-        false => None,
-        true => {
-            let x = x.contiguous()?;
-            let (xs, xl) = x.storage_and_layout();
-            let xd = contiguous::<T, _>(OP, &*xs, xl)?;
-            Some(Tensor::from_vec(
-                weight_grad(grad, xd, (m, k, n)),
-                (n, k),
-                &Device::Cpu,
-            )?)
-        }
-    };
-    let db = match needs.b {
-        false => None,
-        true => Some(Tensor::from_vec(
-            column_sums_of(grad, m, n),
-            n,
-            &Device::Cpu,
-        )?),
-    };
+    let dx = needs
+        .x
+        .then(|| {
+            with_slice(OP, w, |wd| {
+                // SAFETY: written_by hands a buffer of m·k elements.
+                let dx = written_by(m * k, |dx| unsafe {
+                    input_grad_into(grad, wd, (m, k, n), dx)
+                });
+                Tensor::from_vec(dx, x.shape(), &Device::Cpu)
+            })
+        })
+        .transpose()?;
+    let dw = needs
+        .w
+        .then(|| with_slice(OP, x, |xd| weight_grad(grad, xd, (m, k, n))))
+        .transpose()?;
+    let db = needs.b.then(|| bias_grad(grad, m, n)).transpose()?;
     Ok((dx, dw, db))
 }
 
@@ -364,11 +349,11 @@ pub(crate) fn weight_grad<T: Elem>(
     grad: &[T],
     x: &[T],
     (m, k, n): (usize, usize, usize),
-) -> Vec<T> {
+) -> Result<Tensor> {
     assert!(grad.len() >= m * n && x.len() >= m * k);
     // SAFETY: grad is m×n (read transposed), x m×k (checked above); dw is n×k, every element
     // written.
-    written_by(n * k, |dw| unsafe {
+    let dw = written_by(n * k, |dw| unsafe {
         gemm(
             (n, k, m),
             (dw, k, 1),
@@ -378,7 +363,13 @@ pub(crate) fn weight_grad<T: Elem>(
             T::ONE,
             Threads::All,
         )
-    })
+    });
+    Tensor::from_vec(dw, (n, k), &Device::Cpu)
+}
+
+/// `db (n)`: the column sums of `g (m×n)`.
+pub(crate) fn bias_grad<T: Elem>(grad: &[T], m: usize, n: usize) -> Result<Tensor> {
+    Tensor::from_vec(column_sums_of(grad, m, n), n, &Device::Cpu)
 }
 
 /// Rows per block of [`column_sums_of`]: fixed, so that the sums do not depend on the
@@ -388,7 +379,7 @@ const SUM_ROWS: usize = 256;
 /// Rows of a row-major `(rows, cols)` slice added up: blocks of [`SUM_ROWS`] rows in
 /// parallel, each added row by row into its own accumulator, then the blocks' sums in block
 /// order (the same result on any number of threads, so training resumes bit-identically).
-pub(crate) fn column_sums_of<T: Elem>(data: &[T], rows: usize, cols: usize) -> Vec<T> {
+fn column_sums_of<T: Elem>(data: &[T], rows: usize, cols: usize) -> Vec<T> {
     let cols1 = cols.max(1);
     let block_sum = |block: &[T]| {
         let mut acc = vec![T::ZERO; cols];

@@ -25,11 +25,11 @@ pub(crate) use elem::Elem;
 pub(crate) use gelu::{gelu, gelu_grad, gelu_grad_into};
 pub(crate) use gemm::{gemm, Threads};
 pub(crate) use linear::{
-    column_sums_of, input_grad_into, linear, linear_backward_slice, linear_forward_into,
+    bias_grad, input_grad_into, linear, linear_backward_slice, linear_forward_into,
     linear_forward_slice, linear_out_len, weight_grad,
 };
 pub(crate) use panels::{gemm_panels, pack_rows, pack_transposed, panels_len, Panels};
-pub(crate) use slice::{contiguous, slice};
+pub(crate) use slice::{contiguous, slice, with_slice};
 pub(crate) use stash::Stash;
 
 /// Rows per rayon task of the row ops. Fixed, not derived from the thread count, so that sums

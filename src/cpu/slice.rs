@@ -75,3 +75,15 @@ pub(crate) fn contiguous<'a, T: WithDType, S: AsCpu + ?Sized>(
     }
     slice(op, storage, layout)
 }
+
+/// `f` on the elements of the tensor `t` as a contiguous slice (a contiguous copy first when
+/// it is strided): how the backward passes read their tensor arguments.
+pub(crate) fn with_slice<T: WithDType, R>(
+    op: &str,
+    t: &candle::Tensor,
+    f: impl FnOnce(&[T]) -> Result<R>,
+) -> Result<R> {
+    let t = t.contiguous()?;
+    let (s, l) = t.storage_and_layout();
+    f(contiguous(op, &*s, l)?)
+}

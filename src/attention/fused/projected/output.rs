@@ -4,12 +4,12 @@
 //!
 //! PyTorch equivalent: the `out_proj` linear of `F.multi_head_attention_forward`.
 
-use candle::{CpuStorage, Device, Layout, Result, Shape, Tensor};
+use candle::{CpuStorage, Layout, Result, Shape, Tensor};
 
 use super::{AnyBuf, ProjectedSelfAttention, OP};
 use crate::cpu::workspace::{self, Buf};
 use crate::cpu::{
-    column_sums_of, contiguous, input_grad_into, linear_forward_slice, weight_grad, Elem, Grads3,
+    bias_grad, input_grad_into, linear_forward_slice, weight_grad, with_slice, Elem, Grads3,
     NeedsGrad,
 };
 
@@ -73,38 +73,33 @@ impl ProjectedOutput {
     {
         let (n, k) = w.dims2()?;
         let m = ctx.len() / k.max(1);
-        let grad = grad.contiguous()?;
-        let (gs, gl) = grad.storage_and_layout();
-        let g = contiguous::<T, _>(OP, &*gs, gl)?;
-        if g.len() != m * n || ctx.len() != m * k {
-            candle::bail!(
-                "{OP}: output gradient of {} elements for a ({m}, {n}) output of a context of {}",
-                g.len(),
-                ctx.len()
-            )
-        }
-        let d_token = match needs.x {
-            false => None,
-            true => {
-                let w = w.contiguous()?;
-                let (ws, wl) = w.storage_and_layout();
-                let wd = contiguous::<T, _>(OP, &*ws, wl)?;
-                let mut d_ctx = workspace::take::<T>(m * k);
-                // SAFETY: d_ctx holds m·k elements and is the op's own buffer.
-                unsafe { input_grad_into(g, wd, (m, k, n), d_ctx.as_mut_ptr()) };
-                self.op.context()?.grad.put(d_ctx.into());
-                Some(token.zeros_like()?)
+        with_slice(OP, grad, |g: &[T]| {
+            if g.len() != m * n || ctx.len() != m * k {
+                candle::bail!(
+                    "{OP}: output gradient of {} elements for a ({m}, {n}) output of a context of {}",
+                    g.len(),
+                    ctx.len()
+                )
             }
-        };
-        let dw = needs
-            .w
-            .then(|| Tensor::from_vec(weight_grad(g, ctx, (m, k, n)), (n, k), &Device::Cpu))
-            .transpose()?;
-        let db = needs
-            .b
-            .then(|| Tensor::from_vec(column_sums_of(g, m, n), n, &Device::Cpu))
-            .transpose()?;
-        Ok((d_token, dw, db))
+            let d_token = needs
+                .x
+                .then(|| {
+                    with_slice(OP, w, |wd| {
+                        let mut d_ctx = workspace::take::<T>(m * k);
+                        // SAFETY: d_ctx holds m·k elements and is the op's own buffer.
+                        unsafe { input_grad_into(g, wd, (m, k, n), d_ctx.as_mut_ptr()) };
+                        self.op.context()?.grad.put(d_ctx.into());
+                        token.zeros_like()
+                    })
+                })
+                .transpose()?;
+            let dw = needs
+                .w
+                .then(|| weight_grad(g, ctx, (m, k, n)))
+                .transpose()?;
+            let db = needs.b.then(|| bias_grad(g, m, n)).transpose()?;
+            Ok((d_token, dw, db))
+        })
     }
 }
 
