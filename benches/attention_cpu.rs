@@ -48,6 +48,8 @@
 //! run (`flops`), and floor / our time.
 //!
 //! Environment: `MHA_BENCH_REPS` / `MHA_BENCH_WARMUP` / `MHA_BENCH_ROUNDS` (default 10 / 3 / 3),
+//! `MHA_BENCH_WARMUP_MS` (default 250: warm-up calls continue until this long has passed, on
+//! both sides),
 //! `MHA_BENCH_SHAPES` (`;`-separated `N,L,E,H`, `N,L,E,H,causal` for a causal one),
 //! `MHA_BENCH_MODE` (`user`, `retained`, or both comma-separated), `MHA_BENCH_REFERENCE`
 //! (`1`/`0`: time the reference path or not), `MHA_BENCH_MEMORY=0` to skip the memory part,
@@ -131,9 +133,19 @@ enum Backward {
     Seeded,
 }
 
+/// Warm-up time per measure at least, in milliseconds (`MHA_BENCH_WARMUP_MS`, default 250):
+/// besides the `warmup` calls, calls continue until this long has passed. Right after the other
+/// side's cell, a 7 ms call ran 5–10% slower for a few calls (both sides get the same rule).
+fn warmup_ms() -> f64 {
+    env_usize("MHA_BENCH_WARMUP_MS").unwrap_or(250) as f64
+}
+
 fn time_it(reps: usize, warmup: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
-    for _ in 0..warmup {
+    let start = Instant::now();
+    let mut calls = 0;
+    while calls < warmup || start.elapsed().as_secs_f64() * 1e3 < warmup_ms() {
         f()?;
+        calls += 1;
     }
     let mut times = Vec::with_capacity(reps);
     for _ in 0..reps {
@@ -253,6 +265,7 @@ fn torch_run(
         },
         "reps": reps,
         "warmup": warmup,
+        "warmup_ms": warmup_ms(),
     }))?;
     Some([
         rec["fwd_nw_s"].as_f64()?,
@@ -389,9 +402,10 @@ fn run_mode(mode: &str) -> Result<()> {
     };
     let threads = candle::utils::get_num_threads();
     println!(
-        "machine: {} | {threads} threads | {} | {rounds} rounds of {reps} timed + {warmup} warmup per cell",
+        "machine: {} | {threads} threads | {} | {rounds} rounds of {reps} timed + {warmup} warmup per cell (warmup at least {} ms)",
         cpu_model(),
-        utc_now()
+        utc_now(),
+        warmup_ms()
     );
     println!("{}", allocator.describe());
     println!(

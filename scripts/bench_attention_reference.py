@@ -23,8 +23,9 @@ training path hands sdpa is_causal instead of the mask); the eval fast path
 Output: one JSON line per shape, {"shape": [N, L, E, H], "fwd_nw_s": ..., ...} (medians).
 
 With --serve (what the bench uses), shapes come one per stdin line as JSON
-{"shape": [N, L, E, H], "reps": R, "warmup": W, "causal": false, "backward": "grad"} (the last
-two optional, these defaults) and each gets its JSON line back, so that the
+{"shape": [N, L, E, H], "reps": R, "warmup": W, "causal": false, "backward": "grad",
+"warmup_ms": 250} (the last three optional; warmup_ms: the warm-up calls go on until this long
+has passed, default 0) and each gets its JSON line back, so that the
 bench can alternate between our side and PyTorch's for several rounds in one process each.
 The module of a shape is built once and reused by later rounds.
 """
@@ -38,9 +39,12 @@ import time
 import torch
 
 
-def median_time(fn, reps, warmup):
-    for _ in range(warmup):
+def median_time(fn, reps, warmup, warmup_ms=0.0):
+    # At least `warmup` calls and `warmup_ms` milliseconds (the Rust side's rule).
+    start, calls = time.perf_counter(), 0
+    while calls < warmup or (time.perf_counter() - start) * 1e3 < warmup_ms:
         fn()
+        calls += 1
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
@@ -52,7 +56,7 @@ def median_time(fn, reps, warmup):
 _MODULES = {}
 
 
-def bench_shape(shape, reps, warmup, causal=False, backward="grad"):
+def bench_shape(shape, reps, warmup, causal=False, backward="grad", warmup_ms=0.0):
     n, l, e, h = shape
     if tuple(shape) not in _MODULES:
         mha = torch.nn.MultiheadAttention(e, h, batch_first=True)
@@ -69,8 +73,8 @@ def bench_shape(shape, reps, warmup, causal=False, backward="grad"):
         with torch.no_grad():
             return call(x, need_weights)
 
-    fwd_nw = median_time(lambda: fwd(False), reps, warmup)
-    fwd_w = median_time(lambda: fwd(True), reps, warmup)
+    fwd_nw = median_time(lambda: fwd(False), reps, warmup, warmup_ms)
+    fwd_w = median_time(lambda: fwd(True), reps, warmup, warmup_ms)
     mha.train()
     xg = x.clone().requires_grad_(True)
 
@@ -84,7 +88,7 @@ def bench_shape(shape, reps, warmup, causal=False, backward="grad"):
         else:
             out.backward(r)
 
-    step_s = median_time(step, reps, warmup)
+    step_s = median_time(step, reps, warmup, warmup_ms)
     rec = {
         "shape": [n, l, e, h],
         "causal": causal,
@@ -102,6 +106,7 @@ def main():
     ap.add_argument("--serve", action="store_true", help="read shapes from stdin")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--warmup-ms", type=float, default=0.0, help="warm up at least this long")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--causal", action="store_true", help="causal attention (--shapes)")
     ap.add_argument("--backward", choices=["grad", "sum"], default="grad", help="(--shapes)")
@@ -119,12 +124,13 @@ def main():
                     req["warmup"],
                     req.get("causal", False),
                     req.get("backward", "grad"),
+                    req.get("warmup_ms", 0.0),
                 )
         return
     if args.shapes is None:
         ap.error("--shapes or --serve is required")
     for shape in json.loads(args.shapes):
-        bench_shape(shape, args.reps, args.warmup, args.causal, args.backward)
+        bench_shape(shape, args.reps, args.warmup, args.causal, args.backward, args.warmup_ms)
 
 
 if __name__ == "__main__":
