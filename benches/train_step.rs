@@ -24,7 +24,8 @@
 //! - `MHA_BENCH_SHAPES`: comma-separated subset of `small,medium,large` (default: all);
 //! - `MHA_BENCH_ROUNDS`: rounds (default 3);
 //! - `MHA_BENCH_STEPS` / `MHA_BENCH_WARMUP`: timed / untimed steps for every shape (default:
-//!   10 + 3 for small and medium, 5 + 2 for large);
+//!   10 + 3 for small and medium, 5 + 2 for large); `MHA_BENCH_WARMUP_MS` (default 250): the
+//!   untimed steps go on until this long has passed, on both sides;
 //! - `MHA_BENCH_PYTHON`: the Python with torch (unset: `python3`, then
 //!   `python`); without torch the PyTorch columns are left out;
 //! - `MHA_BENCH_KERNEL=reference`: our model's attention on the reference ops instead of the
@@ -87,6 +88,7 @@ impl BenchShape {
             "name": self.name, "n": self.n, "l": self.l, "v": self.v, "e": self.e,
             "h": self.h, "layers": self.layers, "ff": self.ff(), "max_len": self.max_len(),
             "steps": self.steps, "warmup": self.warmup,
+            "warmup_ms": env_usize("MHA_BENCH_WARMUP_MS").unwrap_or(250),
         })
     }
 }
@@ -209,7 +211,14 @@ fn bench_ours(shape: &BenchShape) -> Result<Timing> {
     let in_context = std::env::var("MHA_BENCH_CONTEXT").as_deref() != Ok("0");
     let mut times = Vec::with_capacity(shape.steps);
     let mut phases: [Vec<f64>; 4] = Default::default();
-    for step in 0..shape.warmup + shape.steps {
+    // Warm-up: at least `warmup` steps and `MHA_BENCH_WARMUP_MS` (default 250) milliseconds,
+    // on both sides (the small model's 4 ms steps ran slower for a few steps after the other
+    // side's cell).
+    let warmup_ms = env_usize("MHA_BENCH_WARMUP_MS").unwrap_or(250) as f64;
+    let start = Instant::now();
+    let mut step = 0;
+    while times.len() < shape.steps {
+        let timed = step >= shape.warmup && start.elapsed().as_secs_f64() * 1e3 >= warmup_ms;
         let label = format!("bench/{}/{step}", shape.name);
         let (input, targets) = random_batch(shape, derive_seed(1, &label), &dev)?;
         let mut body = || -> Result<_> {
@@ -235,7 +244,7 @@ fn bench_ours(shape: &BenchShape) -> Result<Timing> {
         if !loss_value.is_finite() {
             candle::bail!("{}: loss is {loss_value} at step {step}", shape.name)
         }
-        if step >= shape.warmup {
+        if timed {
             times.push((t4 - t0).as_secs_f64());
             for (k, (a, b)) in [(t0, t1), (t1, t2), (t2, t3), (t3, t4)]
                 .into_iter()
@@ -244,6 +253,7 @@ fn bench_ours(shape: &BenchShape) -> Result<Timing> {
                 phases[k].push((b - a).as_secs_f64());
             }
         }
+        step += 1;
     }
     let median_s = median(&times);
     Ok(Timing {

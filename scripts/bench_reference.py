@@ -10,7 +10,8 @@ script with the same shapes, steps and thread count and prints both in one table
 
 --shapes is a JSON list of objects with keys name, n (batch), l (sequence length), v (vocab),
 e (embed_dim), h (heads), layers, and optionally ff (default 4 e), max_len (default
-max(l, 64)), steps and warmup (override the command-line values for that shape).
+max(l, 64)), steps and warmup (override the command-line values for that shape), and
+warmup_ms (untimed steps go on until this long has passed; default 0).
 
 One step is what `Trainer::train_step` does: model.train(), forward on random tokens
 (N, L) with no padding (key_padding_mask=None), `masked_loss` over every position,
@@ -37,7 +38,7 @@ import torch  # noqa: E402
 from reference_model import NextTokenPredictor, masked_loss  # noqa: E402
 
 
-def bench_shape(shape, steps, warmup, seed=0):
+def bench_shape(shape, steps, warmup, seed=0, warmup_ms=0.0):
     n, l, v = int(shape["n"]), int(shape["l"]), int(shape["v"])
     e, h, layers = int(shape["e"]), int(shape["h"]), int(shape["layers"])
     ff = int(shape.get("ff", 4 * e))
@@ -50,7 +51,11 @@ def bench_shape(shape, steps, warmup, seed=0):
     gen = torch.Generator().manual_seed(seed + 1)
     loss_mask = torch.ones(n, l, dtype=torch.bool)
     times = []
-    for i in range(warmup + steps):
+    # Warm-up: at least `warmup` steps and `warmup_ms` milliseconds (the Rust side's rule).
+    start, i = time.perf_counter(), -1
+    while len(times) < steps:
+        i += 1
+        timed = i >= warmup and (time.perf_counter() - start) * 1e3 >= warmup_ms
         # A fresh batch per step, drawn outside the timed region.
         tokens = torch.randint(0, v, (n, l + 1), generator=gen, dtype=torch.long)
         inp, tgt = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
@@ -65,7 +70,7 @@ def bench_shape(shape, steps, warmup, seed=0):
         dt = time.perf_counter() - t0
         if not (loss_value == loss_value):  # NaN
             raise RuntimeError(f"{shape['name']}: loss is NaN at step {i}")
-        if i >= warmup:
+        if timed:
             times.append(dt)
     median = statistics.median(times)
     return {
@@ -105,7 +110,8 @@ def main(argv=None):
         warmup = int(shape.get("warmup", args.warmup))
         if steps < 1:
             raise ValueError(f"{shape['name']}: steps must be at least 1")
-        print(json.dumps(bench_shape(shape, steps, warmup)), flush=True)
+        warmup_ms = float(shape.get("warmup_ms", 0.0))
+        print(json.dumps(bench_shape(shape, steps, warmup, warmup_ms=warmup_ms)), flush=True)
     return 0
 
 
