@@ -16,7 +16,7 @@ use candle::{CpuStorage, CustomOp1, CustomOp3, DType, Device, Layout, Result, Sh
 
 use super::kernel::{self, Geom, Masks, RowMap, Rows, RowsMut};
 use crate::attention::dropout::DropoutMask;
-use crate::cpu::{contiguous, slice, unsupported_dtype, Elem, Stash};
+use crate::cpu::{contiguous, slice, unsupported_dtype, with_slice, Elem, Stash};
 
 /// The ops' name in errors.
 pub(super) const OP: &str = "fused attention";
@@ -428,9 +428,7 @@ fn on_output<T: Elem, R>(
     grad: &Tensor,
     f: impl FnOnce((&[T], &[T])) -> Result<R>,
 ) -> Result<R> {
-    let (res, grad) = (res.contiguous()?, grad.contiguous()?);
-    let (og, gg) = (res.storage_and_layout(), grad.storage_and_layout());
-    f((contiguous(OP, &*og.0, og.1)?, contiguous(OP, &*gg.0, gg.1)?))
+    with_slice(OP, res, |o| with_slice(OP, grad, |d| f((o, d))))
 }
 
 impl CustomOp1 for FusedAttention {
