@@ -39,6 +39,15 @@ pub(crate) trait Elem:
     fn exp_shift_sum(row: &mut [Self], shift: Self) -> Self;
     /// `Σ a[j]·b[j]`.
     fn dot(a: &[Self], b: &[Self]) -> Self;
+    /// `dst[j] = a·src[j]`, or `dst[j] += a·src[j]` when `add` (the shorter length).
+    fn scale_row(dst: &mut [Self], src: &[Self], a: Self, add: bool) {
+        let pairs = dst.iter_mut().zip(src);
+        if add {
+            pairs.for_each(|(x, p)| *x += a * *p);
+        } else {
+            pairs.for_each(|(x, p)| *x = a * *p);
+        }
+    }
     /// One panel of a transposed pack: `panel[p·16 + t] = src[t][p]` for `t < src.len()`
     /// (≤ 16) and `p < cols` (see `super::panels`).
     fn transpose_panel(src: &[&[Self]], cols: usize, panel: &mut [Self]) {
@@ -133,6 +142,9 @@ impl Elem for f32 {
     }
     fn dot(a: &[Self], b: &[Self]) -> Self {
         simd::dot(a, b)
+    }
+    fn scale_row(dst: &mut [Self], src: &[Self], a: Self, add: bool) {
+        simd::scale_row(dst, src, a, add)
     }
     fn transpose_panel(src: &[&[Self]], cols: usize, panel: &mut [Self]) {
         simd::transpose_panel(src, cols, panel)

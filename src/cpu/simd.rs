@@ -91,6 +91,31 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     }
 }
 
+/// `dst[j] = a·src[j]`, or `dst[j] += a·src[j]` when `add` (the shorter length): the
+/// attention weights written from a tile's exponentials.
+pub(crate) fn scale_row(dst: &mut [f32], src: &[f32], a: f32, add: bool) {
+    // SAFETY (each arm): as above.
+    match Isa::detect() {
+        #[cfg(target_arch = "x86_64")]
+        Some(Isa::Avx512) => unsafe { scale_row_avx512(dst, src, a, add) },
+        #[cfg(target_arch = "x86_64")]
+        Some(Isa::Avx2) => unsafe { scale_row_avx2(dst, src, a, add) },
+        _ => scale_row_f32(dst, src, a, add),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn scale_row_avx2(dst: &mut [f32], src: &[f32], a: f32, add: bool) {
+    scale_row_f32(dst, src, a, add)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn scale_row_avx512(dst: &mut [f32], src: &[f32], a: f32, add: bool) {
+    scale_row_f32(dst, src, a, add)
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn row_max_avx2(row: &[f32]) -> f32 {
@@ -368,6 +393,18 @@ fn exp_shift_sum_f32(row: &mut [f32], shift: f32) -> f32 {
     acc.iter().sum::<f32>() + sum
 }
 
+/// No fused multiply-add in the sum (`x + a·p` rounds twice, as the f64 path and the
+/// scalar fallback do), so every instruction set gives the same bits.
+#[inline(always)]
+fn scale_row_f32(dst: &mut [f32], src: &[f32], a: f32, add: bool) {
+    let pairs = dst.iter_mut().zip(src);
+    if add {
+        pairs.for_each(|(x, p)| *x += a * *p);
+    } else {
+        pairs.for_each(|(x, p)| *x = a * *p);
+    }
+}
+
 #[inline(always)]
 fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; LANES];
@@ -511,5 +548,17 @@ mod tests {
         let dw: f32 = row.iter().zip(&e).map(|(a, b)| a * b).sum();
         assert!((d - dw).abs() < 1e-4 * dw.abs().max(1.0));
         assert_eq!(row_max(&[f32::NEG_INFINITY; 9]), f32::NEG_INFINITY);
+        for add in [false, true] {
+            let mut got = e.clone();
+            scale_row(&mut got[..35], &row, 0.37, add);
+            for (j, (g, (x, p))) in got.iter().zip(e.iter().zip(&row)).enumerate() {
+                let want = match (j < 35, add) {
+                    (false, _) => *x,
+                    (true, true) => *x + 0.37 * *p,
+                    (true, false) => 0.37 * *p,
+                };
+                assert_eq!(g.to_bits(), want.to_bits(), "add {add}, element {j}");
+            }
+        }
     }
 }

@@ -227,7 +227,9 @@ impl FusedAttention {
         let out_rows = RowsMut::new(out, self.contiguous_map(g.l, e, 0));
         if let Some(average) = self.with_weights {
             let shape = self.weights_shape(average);
-            let mut weights = vec![T::ZERO; shape.elem_count()];
+            let len = shape.elem_count();
+            // No zero fill: the kernel writes every element.
+            let mut weights = Vec::with_capacity(len);
             self.with_masks(|masks| {
                 kernel::forward_with_weights(
                     g,
@@ -236,11 +238,13 @@ impl FusedAttention {
                     self.dropout.as_ref(),
                     out_rows,
                     &mut lse,
-                    &mut weights,
+                    &mut weights.spare_capacity_mut()[..len],
                     average,
                 );
                 Ok(())
             })?;
+            // SAFETY: forward_with_weights wrote all `len` elements.
+            unsafe { weights.set_len(len) };
             self.weights_slot
                 .put((T::to_cpu_storage_owned(weights), shape));
         } else {

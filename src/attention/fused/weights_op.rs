@@ -33,7 +33,9 @@ impl FusedAttention {
         let lg = lse_t.storage_and_layout();
         let lse = contiguous(OP, &*lg.0, lg.1)?;
         let shape = self.weights_shape(average);
-        let mut out = vec![T::ZERO; shape.elem_count()];
+        let len = shape.elem_count();
+        // No zero fill: the kernel writes every element.
+        let mut out = Vec::with_capacity(len);
         self.with_masks(|masks| {
             kernel::weights(
                 g,
@@ -43,10 +45,12 @@ impl FusedAttention {
                 masks,
                 self.dropout.as_ref(),
                 average,
-                &mut out,
+                &mut out.spare_capacity_mut()[..len],
             );
             Ok(())
         })?;
+        // SAFETY: kernel::weights wrote all `len` elements.
+        unsafe { out.set_len(len) };
         Ok((T::to_cpu_storage_owned(out), shape))
     }
 

@@ -96,6 +96,16 @@ impl<T> RowsMut<T> {
         }
     }
 
+    /// A buffer that the kernel fills, every element of it (its contents before are never
+    /// read): no zero fill for a large output that is about to be overwritten.
+    pub fn new_uninit(data: &mut [std::mem::MaybeUninit<T>], map: RowMap) -> Self {
+        Self {
+            ptr: data.as_mut_ptr().cast(),
+            len: data.len(),
+            map,
+        }
+    }
+
     /// Pointer to element `col` of row `(b, h, i)`.
     ///
     /// # Safety

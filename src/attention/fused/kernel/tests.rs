@@ -1,5 +1,7 @@
 //! The kernels against textbook attention gradients.
 
+use std::mem::MaybeUninit;
+
 use super::tiles::weight_index;
 use super::*;
 use crate::attention::dropout::DropoutMask;
@@ -210,10 +212,11 @@ fn forward_with_weights_matches_the_separate_passes() {
         };
         let mask = p.map(|p| DropoutMask::new(p, 11).unwrap());
         let w_len = if average { n * l * s } else { n * h * l * s };
+        // The weights buffers start as NaN: an element the kernels leave unwritten fails.
         let (mut out, mut lse, mut w) = (
             vec![0.0; n * h * l * d],
             vec![0.0; n * h * l],
-            vec![0.0; w_len],
+            vec![MaybeUninit::new(f64::NAN); w_len],
         );
         let (mut out2, mut lse2, mut w2) = (out.clone(), lse.clone(), w.clone());
         pool.install(|| {
@@ -255,6 +258,17 @@ fn forward_with_weights_matches_the_separate_passes() {
         assert!(
             lse == lse2,
             "causal {causal}: the lse depends on the weights"
+        );
+        // SAFETY: MaybeUninit::new above initialised every element.
+        let (w, w2) = unsafe {
+            (
+                w.iter().map(|x| x.assume_init()).collect::<Vec<f64>>(),
+                w2.iter().map(|x| x.assume_init()).collect::<Vec<f64>>(),
+            )
+        };
+        assert!(
+            w.iter().chain(&w2).all(|x| x.is_finite()),
+            "causal {causal}, average {average}: a weight left unwritten"
         );
         let err = w
             .iter()

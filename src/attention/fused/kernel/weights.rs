@@ -1,5 +1,12 @@
 //! The attention weights: from the forward's row log-sum-exp in a pass of their own
 //! ([`weights`]), or together with the forward pass ([`forward_with_weights`]).
+//!
+//! Both fill every element of the weights buffer (its contents before are never read, so it
+//! needs no zero fill): the first head of a row writes, the next ones add, with the head
+//! mean's `1/H` folded into each head's factor (no pass over the weights at the end), and
+//! the keys that no tile covers (past a causal query tile) get their zeros written.
+
+use std::mem::MaybeUninit;
 
 use rayon::prelude::*;
 
@@ -12,9 +19,9 @@ use crate::attention::dropout::DropoutMask;
 use crate::cpu::Elem;
 
 /// The weights buffer `(N, H, L, S')`, or `(N, L, S')` for the head mean (h ignored), as rows.
-fn weight_rows<T>(g: &Geom, out: &mut [T], average: bool) -> RowsMut<T> {
+fn weight_rows<T>(g: &Geom, out: &mut [MaybeUninit<T>], average: bool) -> RowsMut<T> {
     let (l, sk) = (g.l, g.s);
-    RowsMut::new(
+    RowsMut::new_uninit(
         out,
         RowMap {
             off: 0,
@@ -25,8 +32,17 @@ fn weight_rows<T>(g: &Geom, out: &mut [T], average: bool) -> RowsMut<T> {
     )
 }
 
+/// The factor of every head's probabilities: `1/H` for the head mean, else 1.
+fn head_factor<T: Elem>(g: &Geom, average: bool) -> T {
+    match average {
+        true => T::from_f64(1.0 / g.h as f64),
+        false => T::ONE,
+    }
+}
+
 /// Stores the probabilities `f·p` of keys `j0..` of row `(b, h, i)` into the weights: dropped
-/// and rescaled as the forward pass dropped them, then written, or added for the head mean.
+/// and rescaled as the forward pass dropped them, then written (the row's first store) or
+/// added (`add`: a later head of the head mean).
 ///
 /// # Safety
 /// The caller's task must be the only writer of weight row `(b, ·, i)`.
@@ -38,16 +54,18 @@ unsafe fn store_weights<T: Elem>(
     (p, f): (&[T], T),
     out: &RowsMut<T>,
     drop: Option<&Drop<T>>,
-    average: bool,
+    add: bool,
 ) {
     let dst = std::slice::from_raw_parts_mut(out.at(b, h, i, j0), p.len());
+    let Some(dm) = drop else {
+        return T::scale_row(dst, p, f, add);
+    };
     for (c, (x, p)) in dst.iter_mut().zip(p).enumerate() {
-        let p = match drop {
-            Some(dm) if !dm.mask.keep(weight_index(g, b, h, i, j0 + c)) => T::ZERO,
-            Some(dm) => *p * (f * dm.scale),
-            None => *p * f,
+        let p = match dm.mask.keep(weight_index(g, b, h, i, j0 + c)) {
+            true => *p * (f * dm.scale),
+            false => T::ZERO,
         };
-        if average {
+        if add {
             *x += p;
         } else {
             *x = p;
@@ -55,27 +73,35 @@ unsafe fn store_weights<T: Elem>(
     }
 }
 
-/// Divides the head sums of weight rows `(b, i0..i0 + rows)` by `H`.
+/// Writes zeros into the keys of weight row `(b, h, i)` that none of `tiles` covers (keys after
+/// a causal query tile's last query): the row's first store, which must leave no element
+/// unwritten.
 ///
 /// # Safety
-/// As [`store_weights`], for these rows.
-unsafe fn finish_head_mean<T: Elem>(
+/// As [`store_weights`].
+unsafe fn zero_uncovered<T: Elem>(
     g: &Geom,
+    (b, h, i): (usize, usize, usize),
+    tiles: &[(usize, usize, bool)],
     out: &RowsMut<T>,
-    b: usize,
-    (i0, rows): (usize, usize),
 ) {
-    let inv_h = T::from_f64(1.0 / g.h as f64);
-    for r in 0..rows {
-        let dst = std::slice::from_raw_parts_mut(out.at(b, 0, i0 + r, 0), g.s);
-        dst.iter_mut().for_each(|x| *x *= inv_h);
+    let zero = |from: usize, to: usize| {
+        if to > from {
+            std::slice::from_raw_parts_mut(out.at(b, h, i, from), to - from).fill(T::ZERO);
+        }
+    };
+    let mut next = 0;
+    for &(j0, cols, _) in tiles {
+        zero(next, j0);
+        next = j0 + cols;
     }
+    zero(next, g.s);
 }
 
 /// The attention weights from the forward's `lse`, written once: `(N, H, L, S')`, or the mean
 /// over heads `(N, L, S')` when `average`, after dropout when `dropout` is given (as PyTorch
-/// returns them). `out` must be zeroed. Parallel over batch × query tiles, heads inside, so
-/// the head mean is accumulated in place.
+/// returns them). Every element of `out` is written. Parallel over batch × query tiles, heads
+/// inside, so the head mean is accumulated in place.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn weights<T: Elem>(
     g: &Geom,
@@ -85,9 +111,10 @@ pub(crate) fn weights<T: Elem>(
     masks: Masks<T>,
     dropout: Option<&DropoutMask>,
     average: bool,
-    out: &mut [T],
+    out: &mut [MaybeUninit<T>],
 ) {
     let drop = drop_of::<T>(dropout);
+    let f = head_factor::<T>(g, average);
     let q_tiles = g.l.div_ceil(BR);
     let l = g.l;
     let out = weight_rows(g, out, average);
@@ -96,9 +123,17 @@ pub(crate) fn weights<T: Elem>(
         let i0 = qt * BR;
         let rows = BR.min(l - i0);
         let mut s = vec![T::ZERO; BR * BC];
+        let tiles = key_tiles(g, i0, i0 + rows, BC);
         for h in 0..g.h {
+            let add = average && h > 0;
+            if !add {
+                for r in 0..rows {
+                    // SAFETY: this task is the only writer of rows (b, ·, i0..i0+rows).
+                    unsafe { zero_uncovered(g, (b, h, i0 + r), &tiles, &out) };
+                }
+            }
             let lse = &lse[(b * g.h + h) * l + i0..][..rows];
-            for tile in key_tiles(g, i0, i0 + rows, BC) {
+            for &tile in &tiles {
                 let (j0, cols, _) = tile;
                 scores_tile(
                     g,
@@ -116,22 +151,10 @@ pub(crate) fn weights<T: Elem>(
                     let p = &s[r * BC..r * BC + cols];
                     // SAFETY: this task is the only writer of rows (b, ·, i0..i0+rows).
                     unsafe {
-                        store_weights(
-                            g,
-                            (b, h, i0 + r),
-                            j0,
-                            (p, T::ONE),
-                            &out,
-                            drop.as_ref(),
-                            average,
-                        )
+                        store_weights(g, (b, h, i0 + r), j0, (p, f), &out, drop.as_ref(), add)
                     };
                 }
             }
-        }
-        if average {
-            // SAFETY: as above.
-            unsafe { finish_head_mean(g, &out, b, (i0, rows)) };
         }
     });
 }
@@ -139,7 +162,7 @@ pub(crate) fn weights<T: Elem>(
 /// Forward and weights together, for calls that return the weights: [`attend_tile`] keeps
 /// the raw scores of its query tile (`BR × S'`, never `L × S'`), from which the weights are
 /// written once with the tile's lse. Compared with [`forward`](super::forward) + [`weights`] it computes
-/// `q·kᵀ` once. Outputs as in both; `weights_out` must be zeroed. Parallel over batch × query
+/// `q·kᵀ` once. Outputs as in both (every element of `weights_out` written). Parallel over batch × query
 /// tiles, heads inside (the head mean is accumulated in place).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn forward_with_weights<T: Elem>(
@@ -149,10 +172,11 @@ pub(crate) fn forward_with_weights<T: Elem>(
     dropout: Option<&DropoutMask>,
     out: RowsMut<T>,
     lse: &mut [T],
-    weights_out: &mut [T],
+    weights_out: &mut [MaybeUninit<T>],
     average: bool,
 ) {
     let drop = drop_of::<T>(dropout);
+    let head_f = head_factor::<T>(g, average);
     let q_tiles = g.l.div_ceil(BR);
     let (l, sk) = (g.l, g.s);
     let lse_out = lse_rows(g, lse);
@@ -184,6 +208,7 @@ pub(crate) fn forward_with_weights<T: Elem>(
             let (b, block) = (task / blocks, task % blocks);
             let (qt0, qt1) = (block * per_task, ((block + 1) * per_task).min(q_tiles));
             for h in 0..g.h {
+                let add = average && h > 0;
                 for qt in qt0..qt1 {
                     let i0 = qt * BR;
                     let rows = BR.min(l - i0);
@@ -208,12 +233,16 @@ pub(crate) fn forward_with_weights<T: Elem>(
                     let tiles = key_tiles(g, i0, i0 + rows, BC);
                     for r in 0..rows {
                         let i = i0 + r;
+                        if !add {
+                            // SAFETY: this task is the only writer of weight rows (b, ·, i).
+                            unsafe { zero_uncovered(g, (b, h, i), &tiles, &w_out) };
+                        }
                         // SAFETY: lse (b, h, i) was written above by this task.
                         let lse_i = unsafe { *lse_out.at(b, h, i, 0) };
                         let row = &kept[r * ld..(r + 1) * ld];
                         for (t, &(j0, c, _)) in tiles.iter().enumerate() {
                             // exp(s - m_t) · exp(m_t - lse): 0 for a fully masked row (lse = +inf).
-                            let f = (kept_m[r * n_tiles + t] - lse_i).exp();
+                            let f = (kept_m[r * n_tiles + t] - lse_i).exp() * head_f;
                             // SAFETY: this task is the only writer of weight rows (b, ·, i).
                             unsafe {
                                 store_weights(
@@ -223,17 +252,12 @@ pub(crate) fn forward_with_weights<T: Elem>(
                                     (&row[j0..j0 + c], f),
                                     &w_out,
                                     drop.as_ref(),
-                                    average,
+                                    add,
                                 )
                             };
                         }
                     }
                 }
-            }
-            if average {
-                let i0 = qt0 * BR;
-                // SAFETY: as above.
-                unsafe { finish_head_mean(g, &w_out, b, (i0, (qt1 * BR).min(l) - i0)) };
             }
         });
 }
