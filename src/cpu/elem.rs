@@ -41,12 +41,7 @@ pub(crate) trait Elem:
     fn dot(a: &[Self], b: &[Self]) -> Self;
     /// `dst[j] = a·src[j]`, or `dst[j] += a·src[j]` when `add` (the shorter length).
     fn scale_row(dst: &mut [Self], src: &[Self], a: Self, add: bool) {
-        let pairs = dst.iter_mut().zip(src);
-        if add {
-            pairs.for_each(|(x, p)| *x += a * *p);
-        } else {
-            pairs.for_each(|(x, p)| *x = a * *p);
-        }
+        simd::scale_row_scalar(dst, src, a, add)
     }
     /// One panel of a transposed pack: `panel[p·16 + t] = src[t][p]` for `t < src.len()`
     /// (≤ 16) and `p < cols` (see `super::panels`).

@@ -100,20 +100,20 @@ pub(crate) fn scale_row(dst: &mut [f32], src: &[f32], a: f32, add: bool) {
         Some(Isa::Avx512) => unsafe { scale_row_avx512(dst, src, a, add) },
         #[cfg(target_arch = "x86_64")]
         Some(Isa::Avx2) => unsafe { scale_row_avx2(dst, src, a, add) },
-        _ => scale_row_f32(dst, src, a, add),
+        _ => scale_row_scalar(dst, src, a, add),
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn scale_row_avx2(dst: &mut [f32], src: &[f32], a: f32, add: bool) {
-    scale_row_f32(dst, src, a, add)
+    scale_row_scalar(dst, src, a, add)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn scale_row_avx512(dst: &mut [f32], src: &[f32], a: f32, add: bool) {
-    scale_row_f32(dst, src, a, add)
+    scale_row_scalar(dst, src, a, add)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -393,10 +393,14 @@ fn exp_shift_sum_f32(row: &mut [f32], shift: f32) -> f32 {
     acc.iter().sum::<f32>() + sum
 }
 
-/// No fused multiply-add in the sum (`x + a·p` rounds twice, as the f64 path and the
-/// scalar fallback do), so every instruction set gives the same bits.
+/// `dst[j] = a·src[j]`, or `dst[j] += a·src[j]` when `add`, for any element type (f64 uses it
+/// as it is, f32 compiled per instruction set). No fused multiply-add in the sum (`x + a·p`
+/// rounds twice), so every instruction set gives the same bits.
 #[inline(always)]
-fn scale_row_f32(dst: &mut [f32], src: &[f32], a: f32, add: bool) {
+pub(crate) fn scale_row_scalar<T>(dst: &mut [T], src: &[T], a: T, add: bool)
+where
+    T: Copy + std::ops::Mul<Output = T> + std::ops::AddAssign,
+{
     let pairs = dst.iter_mut().zip(src);
     if add {
         pairs.for_each(|(x, p)| *x += a * *p);
