@@ -1,4 +1,5 @@
-//! The one way the CPU kernels take the elements out of a candle storage.
+//! The one way the CPU kernels take the elements out of a candle storage, and the one way they
+//! make a large output without a zero fill ([`filled_vec`]).
 
 use candle::{CpuStorage, Layout, Result, Storage, WithDType};
 
@@ -86,4 +87,20 @@ pub(crate) fn with_slice<T: WithDType, R>(
     let t = t.contiguous()?;
     let (s, l) = t.storage_and_layout();
     f(contiguous(op, &*s, l)?)
+}
+
+/// A `len`-element `Vec` filled by `fill`, with no zero fill first (a large output that is
+/// about to be overwritten). An error from `fill` is returned and nothing is exposed.
+///
+/// # Safety
+/// When `fill` returns `Ok`, it must have written every element of the slice it was given.
+pub(crate) unsafe fn filled_vec<T>(
+    len: usize,
+    fill: impl FnOnce(&mut [std::mem::MaybeUninit<T>]) -> Result<()>,
+) -> Result<Vec<T>> {
+    let mut v = Vec::with_capacity(len);
+    fill(&mut v.spare_capacity_mut()[..len])?;
+    // SAFETY: the caller's promise: `fill` wrote all `len` elements.
+    unsafe { v.set_len(len) };
+    Ok(v)
 }

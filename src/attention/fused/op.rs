@@ -16,7 +16,7 @@ use candle::{CpuStorage, CustomOp1, CustomOp3, DType, Device, Layout, Result, Sh
 
 use super::kernel::{self, Geom, Masks, RowMap, Rows, RowsMut};
 use crate::attention::dropout::DropoutMask;
-use crate::cpu::{contiguous, slice, unsupported_dtype, with_slice, Elem, Stash};
+use crate::cpu::{contiguous, filled_vec, slice, unsupported_dtype, with_slice, Elem, Stash};
 
 /// The ops' name in errors.
 pub(super) const OP: &str = "fused attention";
@@ -227,24 +227,24 @@ impl FusedAttention {
         let out_rows = RowsMut::new(out, self.contiguous_map(g.l, e, 0));
         if let Some(average) = self.with_weights {
             let shape = self.weights_shape(average);
-            let len = shape.elem_count();
-            // No zero fill: the kernel writes every element.
-            let mut weights = Vec::with_capacity(len);
-            self.with_masks(|masks| {
-                kernel::forward_with_weights(
-                    g,
-                    (q, k, v),
-                    masks,
-                    self.dropout.as_ref(),
-                    out_rows,
-                    &mut lse,
-                    &mut weights.spare_capacity_mut()[..len],
-                    average,
-                );
-                Ok(())
-            })?;
-            // SAFETY: forward_with_weights wrote all `len` elements.
-            unsafe { weights.set_len(len) };
+            // SAFETY: forward_with_weights writes every element of the weights.
+            let weights = unsafe {
+                filled_vec(shape.elem_count(), |weights| {
+                    self.with_masks(|masks| {
+                        kernel::forward_with_weights(
+                            g,
+                            (q, k, v),
+                            masks,
+                            self.dropout.as_ref(),
+                            out_rows,
+                            &mut lse,
+                            weights,
+                            average,
+                        );
+                        Ok(())
+                    })
+                })?
+            };
             self.weights_slot
                 .put((T::to_cpu_storage_owned(weights), shape));
         } else {

@@ -7,7 +7,7 @@ use candle::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 
 use super::kernel;
 use super::op::{FusedAttention, Parts, OP};
-use crate::cpu::{contiguous, unsupported_dtype, Elem};
+use crate::cpu::{contiguous, filled_vec, unsupported_dtype, Elem};
 
 impl FusedAttention {
     pub(super) fn weights_shape(&self, average: bool) -> Shape {
@@ -33,24 +33,15 @@ impl FusedAttention {
         let lg = lse_t.storage_and_layout();
         let lse = contiguous(OP, &*lg.0, lg.1)?;
         let shape = self.weights_shape(average);
-        let len = shape.elem_count();
-        // No zero fill: the kernel writes every element.
-        let mut out = Vec::with_capacity(len);
-        self.with_masks(|masks| {
-            kernel::weights(
-                g,
-                q,
-                k,
-                lse,
-                masks,
-                self.dropout.as_ref(),
-                average,
-                &mut out.spare_capacity_mut()[..len],
-            );
-            Ok(())
-        })?;
-        // SAFETY: kernel::weights wrote all `len` elements.
-        unsafe { out.set_len(len) };
+        // SAFETY: kernel::weights writes every element of `out`.
+        let out = unsafe {
+            filled_vec(shape.elem_count(), |out| {
+                self.with_masks(|masks| {
+                    kernel::weights(g, q, k, lse, masks, self.dropout.as_ref(), average, out);
+                    Ok(())
+                })
+            })?
+        };
         Ok((T::to_cpu_storage_owned(out), shape))
     }
 

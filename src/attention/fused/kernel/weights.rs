@@ -162,8 +162,8 @@ pub(crate) fn weights<T: Elem>(
 /// Forward and weights together, for calls that return the weights: [`attend_tile`] keeps
 /// the raw scores of its query tile (`BR × S'`, never `L × S'`), from which the weights are
 /// written once with the tile's lse. Compared with [`forward`](super::forward) + [`weights`] it computes
-/// `q·kᵀ` once. Outputs as in both (every element of `weights_out` written). Parallel over batch × query
-/// tiles, heads inside (the head mean is accumulated in place).
+/// `q·kᵀ` once. Outputs as in both (every element of `weights_out` written). Parallel over
+/// batch × query tiles, heads inside (the head mean is accumulated in place).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn forward_with_weights<T: Elem>(
     g: &Geom,
