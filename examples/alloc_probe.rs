@@ -12,8 +12,10 @@
 //! and with head-mean weights (plain tensors, no graph), and the training step three ways:
 //! `autograd::backward_with(&out, &r)` and `out.sum_all()?.backward()` (what a plain user
 //! writes) with `x` a variable, and the latter with `x` plain data (no gradient of `x`, so no
-//! product for it). Each line: fastest and median milliseconds and minor page faults per call (Linux:
-//! `/proc/self/stat`; 0 elsewhere). `model:small|medium|large`: one `NextTokenPredictor`
+//! product for it). Each line: fastest and median milliseconds, minor page faults per call (Linux:
+//! `/proc/self/stat`; 0 elsewhere) and those of the last call: a mean over warming calls
+//! and a last call of 0 is a heap still growing to its steady size, not a cost every call
+//! pays (at (4,1024,1024,16) the forward's heap grows for about 14 calls in either setting). `model:small|medium|large`: one `NextTokenPredictor`
 //! training step as `benches/train_step` times it (forward_train, masked cross-entropy,
 //! backward, `clip_grad_norm`, AdamW; its shapes), on one fixed batch.
 //! `MHA_BENCH_REPS` / `MHA_BENCH_WARMUP` (default 10 / 3).
@@ -41,8 +43,8 @@ fn env_usize(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-/// Fastest and median seconds, and mean minor faults per call.
-fn probe(mut f: impl FnMut() -> Result<()>) -> Result<(f64, f64, f64)> {
+/// Fastest and median seconds, mean minor faults per call and those of the last call.
+fn probe(mut f: impl FnMut() -> Result<()>) -> Result<(f64, f64, f64, u64)> {
     let (reps, warmup) = (
         env_usize("MHA_BENCH_REPS", 10),
         env_usize("MHA_BENCH_WARMUP", 3),
@@ -52,18 +54,20 @@ fn probe(mut f: impl FnMut() -> Result<()>) -> Result<(f64, f64, f64)> {
     }
     let mut times = Vec::with_capacity(reps);
     let f0 = minflt();
+    let mut last = 0;
     for _ in 0..reps {
-        let t = Instant::now();
+        let (t, before) = (Instant::now(), minflt());
         f()?;
         times.push(t.elapsed().as_secs_f64());
+        last = minflt() - before;
     }
     let faults = (minflt() - f0) as f64 / reps.max(1) as f64;
     times.sort_by(f64::total_cmp);
-    Ok((times[0], times[times.len() / 2], faults))
+    Ok((times[0], times[times.len() / 2], faults, last))
 }
 
 /// One `NextTokenPredictor` training step at `benches/train_step`'s shape `name`.
-fn model_step(name: &str) -> Result<(f64, f64, f64)> {
+fn model_step(name: &str) -> Result<(f64, f64, f64, u64)> {
     use candle_mha::models::{masked_cross_entropy, NextTokenPredictor, NextTokenPredictorConfig};
     use candle_mha::training::{clip_grad_norm, AdamW, AdamWConfig};
     // (N, L, vocab, E, H, layers), as in benches/train_step.rs.
@@ -103,6 +107,20 @@ fn model_step(name: &str) -> Result<(f64, f64, f64)> {
     })
 }
 
+/// One line of the table.
+fn report(
+    setting: &str,
+    shape: &str,
+    what: &str,
+    (best, median, faults, last): (f64, f64, f64, u64),
+) {
+    println!(
+        "{setting:7} {shape:14} {what:20} best {:9.3} ms median {:9.3} ms {faults:9.0} faults/call {last:7} in the last",
+        best * 1e3,
+        median * 1e3
+    );
+}
+
 fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
     let setting = args.next().unwrap_or_else(|| "default".into());
@@ -112,13 +130,7 @@ fn main() -> Result<()> {
     let dev = Device::Cpu;
     for shape in args {
         if let Some(name) = shape.strip_prefix("model:") {
-            let (t, median, faults) = model_step(name)?;
-            println!(
-                "{setting:7} {shape:14} {:20} best {:9.3} ms median {:9.3} ms {faults:9.0} faults/call",
-                "model step",
-                t * 1e3,
-                median * 1e3
-            );
+            report(&setting, &shape, "model step", model_step(name)?);
             continue;
         }
         let v: Vec<usize> = shape.split(',').filter_map(|x| x.parse().ok()).collect();
@@ -172,12 +184,8 @@ fn main() -> Result<()> {
                 })?,
             ),
         ];
-        for (what, (best, median, faults)) in rows {
-            println!(
-                "{setting:7} {shape:14} {what:20} best {:9.3} ms median {:9.3} ms {faults:9.0} faults/call",
-                best * 1e3,
-                median * 1e3
-            );
+        for (what, row) in rows {
+            report(&setting, &shape, what, row);
         }
     }
     Ok(())

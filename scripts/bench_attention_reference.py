@@ -20,7 +20,8 @@ A causal shape gives every call attn_mask = the float causal mask (-inf above th
 nn.Transformer.generate_square_subsequent_mask) and is_causal=True (the hint with which the
 training path hands sdpa is_causal instead of the mask); the eval fast path
 (_native_multi_head_attention) takes the mask as given.
-Output: one JSON line per shape, {"shape": [N, L, E, H], "fwd_nw_s": ..., ...} (medians).
+Output: one JSON line per shape, {"shape": [N, L, E, H], "fwd_nw_s": ..., ...} (medians),
+with the fastest call of each measure as "fwd_nw_min_s", "fwd_w_min_s", "step_min_s".
 
 With --serve (what the bench uses), shapes come one per stdin line as JSON
 {"shape": [N, L, E, H], "reps": R, "warmup": W, "causal": false, "backward": "grad",
@@ -40,7 +41,9 @@ import torch
 
 
 def median_time(fn, reps, warmup, warmup_ms=0.0):
-    # At least `warmup` calls and `warmup_ms` milliseconds (the Rust side's rule).
+    """Median and fastest seconds of `reps` calls.
+
+    At least `warmup` calls and `warmup_ms` milliseconds first (the Rust side's rule)."""
     start, calls = time.perf_counter(), 0
     while calls < warmup or (time.perf_counter() - start) * 1e3 < warmup_ms:
         fn()
@@ -50,7 +53,7 @@ def median_time(fn, reps, warmup, warmup_ms=0.0):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return statistics.median(times), min(times)
 
 
 _MODULES = {}
@@ -93,9 +96,12 @@ def bench_shape(shape, reps, warmup, causal=False, backward="grad", warmup_ms=0.
         "shape": [n, l, e, h],
         "causal": causal,
         "backward": backward,
-        "fwd_nw_s": fwd_nw,
-        "fwd_w_s": fwd_w,
-        "step_s": step_s,
+        "fwd_nw_s": fwd_nw[0],
+        "fwd_w_s": fwd_w[0],
+        "step_s": step_s[0],
+        "fwd_nw_min_s": fwd_nw[1],
+        "fwd_w_min_s": fwd_w[1],
+        "step_min_s": step_s[1],
     }
     print(json.dumps(rec), flush=True)
 
