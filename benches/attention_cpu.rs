@@ -72,8 +72,8 @@ use candle_mha::{
 };
 use candle_nn::VarMap;
 use support::{
-    cpu_model, env_usize, find_torch, median, minor_faults, mode_children, print_table, utc_now,
-    Allocator, TorchServer,
+    cpu_model, env_usize, find_torch, median, minor_faults, mode_children, print_table, time_calls,
+    utc_now, Allocator, TorchServer,
 };
 
 /// `(N, L, E, H)` and whether the attention is causal.
@@ -144,23 +144,8 @@ fn warmup_ms() -> f64 {
 }
 
 /// The median and the fastest of `reps` timed calls, in seconds, after the warm-up.
-fn time_it(reps: usize, warmup: usize, mut f: impl FnMut() -> Result<()>) -> Result<(f64, f64)> {
-    let start = Instant::now();
-    let mut calls = 0;
-    while calls < warmup || start.elapsed().as_secs_f64() * 1e3 < warmup_ms() {
-        f()?;
-        calls += 1;
-    }
-    let mut times = Vec::with_capacity(reps);
-    for _ in 0..reps {
-        let t = Instant::now();
-        f()?;
-        times.push(t.elapsed().as_secs_f64());
-    }
-    Ok((
-        median(&times),
-        times.iter().copied().fold(f64::INFINITY, f64::min),
-    ))
+fn time_it(reps: usize, warmup: usize, f: impl FnMut() -> Result<()>) -> Result<(f64, f64)> {
+    time_calls(reps, warmup, warmup_ms(), f)
 }
 
 /// One side's seconds for one shape and round, per measure (forward without weights, forward

@@ -32,10 +32,9 @@
 
 mod support;
 
-use std::time::Instant;
-
 use support::{
-    env_usize, find_torch, median, pin_threads, print_machine, print_table, Allocator, TorchServer,
+    env_usize, find_torch, median, pin_threads, print_machine, print_table, time_calls, Allocator,
+    TorchServer,
 };
 
 /// One product `dst[m×n] = lhs[m×k] · rhs[k×n]`; `lhs_t` / `rhs_t`: that operand is stored
@@ -152,23 +151,17 @@ fn time_ours(p: &Product, reps: usize, threads: usize) -> (f64, f64) {
             )
         }
     };
-    let start = Instant::now();
-    let mut calls = 0;
-    while calls < 3 || start.elapsed().as_secs_f64() < 0.1 {
-        call();
-        calls += 1;
-    }
-    let mut times = Vec::with_capacity(reps);
-    for _ in 0..reps {
-        let t = Instant::now();
-        call();
-        times.push(t.elapsed().as_secs_f64());
-    }
+    let timed = time_calls(
+        reps,
+        3,
+        100.0,
+        || -> Result<(), std::convert::Infallible> {
+            call();
+            Ok(())
+        },
+    );
     std::hint::black_box(&dst);
-    (
-        median(&times),
-        times.iter().copied().fold(f64::INFINITY, f64::min),
-    )
+    timed.unwrap_or_else(|never| match never {})
 }
 
 /// PyTorch's side for a list of products, in the same order.

@@ -33,27 +33,10 @@ The module of a shape is built once and reused by later rounds.
 
 import argparse
 import json
-import statistics
-import sys
-import time
 
 import torch
 
-
-def median_time(fn, reps, warmup, warmup_ms=0.0):
-    """Median and fastest seconds of `reps` calls.
-
-    At least `warmup` calls and `warmup_ms` milliseconds first (the Rust side's rule)."""
-    start, calls = time.perf_counter(), 0
-    while calls < warmup or (time.perf_counter() - start) * 1e3 < warmup_ms:
-        fn()
-        calls += 1
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), min(times)
+from bench_serve import median_time, requests, start
 
 
 _MODULES = {}
@@ -117,21 +100,17 @@ def main():
     ap.add_argument("--causal", action="store_true", help="causal attention (--shapes)")
     ap.add_argument("--backward", choices=["grad", "sum"], default="grad", help="(--shapes)")
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
+    start(args.threads)
     if args.serve:
-        print(json.dumps({"ready": torch.__version__}), flush=True)
-        for line in sys.stdin:
-            if line.strip():
-                req = json.loads(line)
-                bench_shape(
-                    req["shape"],
-                    req["reps"],
-                    req["warmup"],
-                    req.get("causal", False),
-                    req.get("backward", "grad"),
-                    req.get("warmup_ms", 0.0),
-                )
+        for req in requests():
+            bench_shape(
+                req["shape"],
+                req["reps"],
+                req["warmup"],
+                req.get("causal", False),
+                req.get("backward", "grad"),
+                req.get("warmup_ms", 0.0),
+            )
         return
     if args.shapes is None:
         ap.error("--shapes or --serve is required")

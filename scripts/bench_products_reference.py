@@ -17,11 +17,10 @@ By hand: python scripts/bench_products_reference.py --product 2048,2048,512,0,1
 
 import argparse
 import json
-import statistics
-import sys
-import time
 
 import torch
+
+from bench_serve import median_time, requests, start
 
 
 def operands(m, n, k, lhs_t, rhs_t):
@@ -32,16 +31,7 @@ def operands(m, n, k, lhs_t, rhs_t):
 
 def time_product(product, reps, warmup, warmup_ms):
     lhs, rhs, out = operands(*product)
-    start, calls = time.perf_counter(), 0
-    while calls < warmup or (time.perf_counter() - start) * 1e3 < warmup_ms:
-        torch.mm(lhs, rhs, out=out)
-        calls += 1
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        torch.mm(lhs, rhs, out=out)
-        times.append(time.perf_counter() - t0)
-    return [statistics.median(times), min(times)]
+    return list(median_time(lambda: torch.mm(lhs, rhs, out=out), reps, warmup, warmup_ms))
 
 
 def main():
@@ -53,18 +43,14 @@ def main():
     ap.add_argument("--warmup-ms", type=float, default=100.0)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
+    start(args.threads)
     if args.serve:
-        print(json.dumps({"ready": torch.__version__}), flush=True)
-        for line in sys.stdin:
-            if line.strip():
-                req = json.loads(line)
-                times = [
-                    time_product(p, req["reps"], req["warmup"], req.get("warmup_ms", 0.0))
-                    for p in req["products"]
-                ]
-                print(json.dumps({"times": times}), flush=True)
+        for req in requests():
+            times = [
+                time_product(p, req["reps"], req["warmup"], req.get("warmup_ms", 0.0))
+                for p in req["products"]
+            ]
+            print(json.dumps({"times": times}), flush=True)
         return
     if args.product is None:
         ap.error("--product or --serve is required")

@@ -4,7 +4,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 /// Both sides of a bench under the same allocator settings: unless
 /// `MHA_BENCH_ALLOCATOR=default`, this process keeps freed memory
@@ -61,6 +61,30 @@ pub fn median(xs: &[f64]) -> f64 {
     } else {
         v[m]
     }
+}
+
+/// The median and the fastest of `reps` timed calls of `f`, in seconds, after a warm-up of at
+/// least `warmup` calls that goes on until `warmup_ms` milliseconds have passed.
+pub fn time_calls<E>(
+    reps: usize,
+    warmup: usize,
+    warmup_ms: f64,
+    mut f: impl FnMut() -> Result<(), E>,
+) -> Result<(f64, f64), E> {
+    let start = Instant::now();
+    let mut calls = 0;
+    while calls < warmup || start.elapsed().as_secs_f64() * 1e3 < warmup_ms {
+        f()?;
+        calls += 1;
+    }
+    let mut times = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let t = Instant::now();
+        f()?;
+        times.push(t.elapsed().as_secs_f64());
+    }
+    let fastest = times.iter().copied().fold(f64::INFINITY, f64::min);
+    Ok((median(&times), fastest))
 }
 
 /// A Python that imports torch, and torch's version: `MHA_BENCH_PYTHON` when set (e.g. a
