@@ -99,17 +99,12 @@ fn products(t: usize, e: usize, v: usize) -> Vec<Product> {
     .collect()
 }
 
-/// Deterministic values in [0, 1) (a small LCG): the products' speed does not depend on them.
+/// `len` seeded values in [0, 1) (the crate's RNG): the products' speed does not depend on them.
 fn values(len: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
-    (0..len)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (s >> 40) as f32 / (1u64 << 24) as f32
-        })
-        .collect()
+    use candle_mha::candle::{DType, Device};
+    candle_mha::rng::uniform(0.0, 1.0, len, DType::F32, &Device::Cpu, seed)
+        .and_then(|t| t.to_vec1())
+        .expect("a seeded uniform tensor on the CPU")
 }
 
 /// Our side: median and fastest seconds of one product.
