@@ -16,8 +16,8 @@ def median_time(fn, reps, warmup, warmup_ms=0.0):
     """Median and fastest seconds of `reps` calls.
 
     At least `warmup` calls and `warmup_ms` milliseconds first (the Rust side's rule)."""
-    start, calls = time.perf_counter(), 0
-    while calls < warmup or (time.perf_counter() - start) * 1e3 < warmup_ms:
+    began, calls = time.perf_counter(), 0
+    while calls < warmup or (time.perf_counter() - began) * 1e3 < warmup_ms:
         fn()
         calls += 1
     times = []
