@@ -1,9 +1,10 @@
-//! The matrix products of the `train_step` bench's models, alone: the `gemm` crate called as
-//! our CPU linear ops call it (`src/cpu/gemm.rs`: `Parallelism::Rayon(threads)`, the same
-//! strides) against PyTorch's `torch.mm` (MKL) on the same machine and threads, alternating
-//! in rounds. A model's step is mostly these products (75% of CPU time in the `gemm` crate's
-//! micro-kernel for the large model on the Zen 3 of `BENCHMARKS.md`), so this table says how
-//! much of a gap between the two steps is the product library's.
+//! The matrix products of the `train_step` bench's models, alone: our linear ops' product
+//! (`src/cpu/gemm.rs` on all threads, through `candle_mha::bench_hooks`: `par_gemm` where the
+//! work is large enough, the same strides) against PyTorch's `torch.mm` (MKL) on the same
+//! machine and threads, alternating in rounds. A model's step is mostly these products (75%
+//! of CPU time in the `gemm` crate's micro-kernel for the large model on the Zen 3 of
+//! `BENCHMARKS.md`, before `par_gemm`), so this table says how much of a gap between the two
+//! steps is the products'.
 //!
 //! ```sh
 //! cargo bench --bench products
@@ -108,7 +109,7 @@ fn values(len: usize, seed: u64) -> Vec<f32> {
 }
 
 /// Our side: median and fastest seconds of one product.
-fn time_ours(p: &Product, reps: usize, threads: usize) -> (f64, f64) {
+fn time_ours(p: &Product, reps: usize) -> (f64, f64) {
     let (m, n, k) = (p.m, p.n, p.k);
     let lhs = values(m * k, 1);
     let rhs = values(k * n, 2);
@@ -116,33 +117,14 @@ fn time_ours(p: &Product, reps: usize, threads: usize) -> (f64, f64) {
     // (row stride, column stride) of each operand as stored.
     let (lrs, lcs) = if p.lhs_t { (1, m) } else { (k, 1) };
     let (rrs, rcs) = if p.rhs_t { (1, k) } else { (n, 1) };
-    let parallelism = match threads {
-        t if t > 1 => gemm::Parallelism::Rayon(t),
-        _ => gemm::Parallelism::None,
-    };
     let mut call = || {
         // SAFETY: every operand holds the elements its strides address; dst is m×n.
         unsafe {
-            gemm::gemm(
-                m,
-                n,
-                k,
+            candle_mha::bench_hooks::linear_product_f32(
+                (m, n, k),
                 dst.as_mut_ptr(),
-                1,
-                n as isize,
-                false,
-                lhs.as_ptr(),
-                lcs as isize,
-                lrs as isize,
-                rhs.as_ptr(),
-                rcs as isize,
-                rrs as isize,
-                1.0,
-                1.0,
-                false,
-                false,
-                false,
-                parallelism,
+                (lhs.as_ptr(), lrs, lcs),
+                (rhs.as_ptr(), rrs, rcs),
             )
         }
     };
@@ -202,7 +184,7 @@ fn main() {
         for round in 0..rounds {
             eprintln!("{name}: round {}/{rounds}…", round + 1);
             for (i, p) in ps.iter().enumerate() {
-                ours[i].push(time_ours(p, reps, threads));
+                ours[i].push(time_ours(p, reps));
             }
             if let Some(times) = server.as_mut().and_then(|s| time_torch(s, &ps, reps)) {
                 for (i, t) in times.into_iter().enumerate() {
@@ -281,7 +263,7 @@ fn main() {
     }
     println!(
         "\nGFLOP/s and time ratios: medians over the rounds of each round's median call; fastest: \
-         each side's fastest call of all rounds.\nratio < 1: the gemm crate is faster than \
+         each side's fastest call of all rounds.\nratio < 1: our product is faster than \
          PyTorch's mm; > 1: slower."
     );
 }

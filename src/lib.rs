@@ -81,3 +81,29 @@ pub use nn::{
 #[doc = include_str!("../README.md")]
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
+
+/// For `benches/products` only: the CPU matrix product the linear layers use.
+#[doc(hidden)]
+pub mod bench_hooks {
+    /// `dst[m×n] = lhs[m×k] · rhs[k×n]` on all threads, each operand by pointer, row stride
+    /// and column stride; `dst` row-major with row stride `n`.
+    ///
+    /// # Safety
+    /// Every addressed element must be in bounds; `dst` must not overlap the operands.
+    pub unsafe fn linear_product_f32(
+        (m, n, k): (usize, usize, usize),
+        dst: *mut f32,
+        lhs: (*const f32, usize, usize),
+        rhs: (*const f32, usize, usize),
+    ) {
+        crate::cpu::gemm(
+            (m, n, k),
+            (dst, n, 1),
+            false,
+            lhs,
+            rhs,
+            1.0,
+            crate::cpu::Threads::All,
+        )
+    }
+}

@@ -65,12 +65,27 @@ pub(crate) unsafe fn gemm<T: Elem>(
     {
         return;
     }
-    let parallelism = match threads {
-        Threads::All => match num_threads() {
-            t if t > 1 => gemm::Parallelism::Rayon(t),
-            _ => gemm::Parallelism::None,
-        },
-        Threads::One => gemm::Parallelism::None,
+    // On all threads only where the work is worth a fork-join (`par`); then, with the output
+    // read by rows, through `par_gemm` (one packing of the right operand, blocks by work
+    // stealing, no per-call buffer), else the `gemm` crate's own threading.
+    let all = threads == Threads::All && super::par::parallel(m * n * k);
+    if all
+        && dst.2 == 1
+        && super::par_gemm::par_gemm(
+            (m, n, k),
+            (dst.0, dst.1),
+            accumulate,
+            lhs,
+            rhs,
+            alpha,
+            num_threads(),
+        )
+    {
+        return;
+    }
+    let parallelism = match (all, num_threads()) {
+        (true, t) if t > 1 => gemm::Parallelism::Rayon(t),
+        _ => gemm::Parallelism::None,
     };
     // gemm's arguments: column stride before row stride; `dst = 1·dst + alpha·lhs·rhs`.
     gemm::gemm(

@@ -5,10 +5,13 @@
 
 use candle::backend::BackendStorage;
 use candle::{CpuStorage, Device, Layout, Result, Shape, Storage, Tensor};
+use std::mem::MaybeUninit;
+
 use rayon::prelude::*;
 
 use super::{
-    contiguous, fused, gemm, slice, unsupported_dtype, with_slice, Elem, Grads3, NeedsGrad, Threads,
+    contiguous, fused, gemm, par, slice, unsupported_dtype, with_slice, Elem, Grads3, NeedsGrad,
+    Threads,
 };
 
 const OP: &str = "fused linear";
@@ -78,15 +81,21 @@ const FILL_ROWS: usize = 64;
 fn repeat_row<T: Elem>(row: &[T], m: usize) -> Vec<T> {
     let n = row.len();
     let mut out = Vec::with_capacity(m * n);
-    out.spare_capacity_mut()[..m * n]
-        .par_chunks_mut((n * FILL_ROWS).max(1))
-        .for_each(|rows| {
-            for r in rows.chunks_exact_mut(n.max(1)) {
-                for (d, s) in r.iter_mut().zip(row) {
-                    d.write(*s);
-                }
+    let fill = |rows: &mut [MaybeUninit<T>]| {
+        for r in rows.chunks_exact_mut(n.max(1)) {
+            for (d, s) in r.iter_mut().zip(row) {
+                d.write(*s);
             }
-        });
+        }
+    };
+    let (dst, chunk) = (
+        &mut out.spare_capacity_mut()[..m * n],
+        (n * FILL_ROWS).max(1),
+    );
+    match par::parallel(m * n) {
+        true => dst.par_chunks_mut(chunk).for_each(fill),
+        false => dst.chunks_mut(chunk).for_each(fill),
+    }
     // SAFETY: every one of the m·n elements was written above.
     unsafe { out.set_len(m * n) };
     out
@@ -191,12 +200,15 @@ pub(crate) fn linear_forward_into<T: Elem>(
     let b = b.map(|(s, l)| mat1::<T>(s, l)).transpose()?;
     if let Some(b) = &b {
         let row = bias_row(b, n);
-        out[..m * n]
-            .par_chunks_mut((n * FILL_ROWS).max(1))
-            .for_each(|rows| {
-                rows.chunks_exact_mut(n.max(1))
-                    .for_each(|r| r.copy_from_slice(&row))
-            });
+        let fill = |rows: &mut [T]| {
+            rows.chunks_exact_mut(n.max(1))
+                .for_each(|r| r.copy_from_slice(&row))
+        };
+        let (dst, chunk) = (&mut out[..m * n], (n * FILL_ROWS).max(1));
+        match par::parallel(m * n) {
+            true => dst.par_chunks_mut(chunk).for_each(fill),
+            false => dst.chunks_mut(chunk).for_each(fill),
+        }
     }
     product(
         rows_of(x.0, x.1)?,
@@ -388,10 +400,11 @@ fn column_sums_of<T: Elem>(data: &[T], rows: usize, cols: usize) -> Vec<T> {
         }
         acc
     };
-    let blocks: Vec<Vec<T>> = data[..rows * cols]
-        .par_chunks(SUM_ROWS * cols1)
-        .map(block_sum)
-        .collect();
+    let (data, chunk) = (&data[..rows * cols], SUM_ROWS * cols1);
+    let blocks: Vec<Vec<T>> = match par::parallel(rows * cols) {
+        true => data.par_chunks(chunk).map(block_sum).collect(),
+        false => data.chunks(chunk).map(block_sum).collect(),
+    };
     let mut blocks = blocks.into_iter();
     let mut acc = blocks.next().unwrap_or_else(|| vec![T::ZERO; cols]);
     for b in blocks {

@@ -13,6 +13,8 @@ mod gelu;
 mod gemm;
 mod linear;
 mod panels;
+pub(crate) mod par;
+mod par_gemm;
 pub(crate) mod simd;
 mod slice;
 mod small_gemm;

@@ -13,10 +13,6 @@ use crate::cpu::{gemm, Elem, Threads};
 /// Queries per block: the scores scratch is `ROWS × S'`.
 const ROWS: usize = 32;
 
-/// Below this many multiply-adds (`N·H·T·S'·d`) the heads run one after another on the
-/// calling thread: waking the pool costs more than a decoding step of a small model.
-const SERIAL_BELOW: usize = 1 << 18;
-
 /// Sizes of one decoding call.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct DecodeGeom {
@@ -74,7 +70,9 @@ pub(crate) fn decode<T: Elem>(
             );
         }
     };
-    let serial = g.n * g.h * t * s * d < SERIAL_BELOW;
+    // Small work (a decoding step of a small model): the heads one after another on the
+    // calling thread, where waking the pool would cost more (`crate::cpu::par`).
+    let serial = !crate::cpu::par::parallel(g.n * g.h * t * s * d);
     let scratch = || vec![T::ZERO; ROWS.min(t) * s];
     match (probs, serial) {
         (Some(p), true) => out

@@ -1,14 +1,13 @@
 //! The forward pass: online softmax over key tiles per query tile, output rows and the row
 //! log-sum-exp written (FlashAttention-2's order).
 
-use rayon::prelude::*;
-
 use super::tiles::{
     causal_blocks, drop_of, key_tiles, scores_tile, weight_index, AllHeadsKv, Drop, HeadKv, Keys,
     BC, BR,
 };
 use super::{Geom, Masks, RowMap, Rows, RowsMut};
 use crate::attention::dropout::DropoutMask;
+use crate::cpu::par::for_each_init;
 use crate::cpu::{gemm_panels, Elem};
 
 /// Scratch buffers of the forward tasks, made once per rayon job and reused by every task
@@ -184,7 +183,9 @@ pub(crate) fn forward<T: Elem>(
     // Every head's keys and values packed once, before the tasks (a per-worker cache of the
     // last head repacked whenever rayon split or stole work).
     let kv = AllHeadsKv::new(g, &k, &v);
-    (0..g.n * g.h * q_tiles).into_par_iter().for_each_init(
+    for_each_init(
+        g.n * g.h * q_tiles,
+        g.parallel(),
         || TileBuffers::new(g.d),
         |buf, task| {
             let (bh, qt) = (task / q_tiles, task % q_tiles);

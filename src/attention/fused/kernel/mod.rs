@@ -42,6 +42,14 @@ pub(crate) struct Geom {
     pub scale: f64,
 }
 
+impl Geom {
+    /// Whether the kernels' tasks go to rayon's pool: the multiply-adds of one `q·kᵀ`
+    /// (`N·H·L·S'·d`) against [`crate::cpu::par::parallel`]'s threshold.
+    pub(crate) fn parallel(&self) -> bool {
+        crate::cpu::par::parallel(self.n * self.h * self.l * self.s * self.d)
+    }
+}
+
 /// Where the rows of q, k, v, the output or a gradient live: row `(b, h, i)` starts at
 /// `off + b·sb + h·sh + i·si`, and its `d` elements are contiguous.
 #[derive(Clone, Copy, Debug)]

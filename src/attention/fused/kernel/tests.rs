@@ -282,3 +282,114 @@ fn forward_with_weights_matches_the_separate_passes() {
         assert!(w.iter().any(|&x| x > 0.0), "no weights written");
     }
 }
+
+/// The tasks run on the calling thread (small work) or on rayon's threads give the same
+/// bits: forward, backward and both weights passes, causal and with dropout, on 2 threads.
+#[test]
+fn serial_and_parallel_runs_agree_to_the_bit() {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    let (n, h, l, s, d) = (2, 3, 70, 90, 5);
+    let map = |len: usize| RowMap {
+        off: 0,
+        sb: h * len * d,
+        sh: len * d,
+        si: d,
+    };
+    let (q, k, v) = (
+        values(n * h * l * d, 8),
+        values(n * h * s * d, 9),
+        values(n * h * s * d, 10),
+    );
+    let d_out = values(n * h * l * d, 11);
+    for (causal, p) in [(false, Some(0.25)), (true, None)] {
+        let g = Geom {
+            n,
+            h,
+            l,
+            s,
+            d,
+            s_masked: s,
+            causal,
+            scale: 0.6,
+        };
+        let mask = p.map(|p| DropoutMask::new(p, 3).unwrap());
+        let run = |parallel: bool| {
+            pool.install(|| {
+                crate::cpu::par::force(Some(parallel));
+                let rows = |data, map| Rows { data, map };
+                let (mut out, mut lse) = (vec![0.0; n * h * l * d], vec![0.0; n * h * l]);
+                forward(
+                    &g,
+                    rows(&q, map(l)),
+                    rows(&k, map(s)),
+                    rows(&v, map(s)),
+                    Masks::default(),
+                    mask.as_ref(),
+                    RowsMut::new(&mut out, map(l)),
+                    &mut lse,
+                );
+                let (mut dq, mut dk, mut dv) =
+                    (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
+                backward(
+                    &g,
+                    (rows(&q, map(l)), rows(&k, map(s)), rows(&v, map(s))),
+                    rows(&out, map(l)),
+                    rows(&d_out, map(l)),
+                    &lse,
+                    Masks::default(),
+                    mask.as_ref(),
+                    (
+                        RowsMut::new(&mut dq, map(l)),
+                        RowsMut::new(&mut dk, map(s)),
+                        RowsMut::new(&mut dv, map(s)),
+                    ),
+                );
+                let weights_of = |average: bool| {
+                    let len = if average { n * l * s } else { n * h * l * s };
+                    let mut w = vec![MaybeUninit::new(f64::NAN); len];
+                    weights(
+                        &g,
+                        rows(&q, map(l)),
+                        rows(&k, map(s)),
+                        &lse,
+                        Masks::default(),
+                        mask.as_ref(),
+                        average,
+                        &mut w,
+                    );
+                    let (mut o2, mut lse2) = (vec![0.0; out.len()], vec![0.0; lse.len()]);
+                    let mut w2 = vec![MaybeUninit::new(f64::NAN); len];
+                    forward_with_weights(
+                        &g,
+                        (rows(&q, map(l)), rows(&k, map(s)), rows(&v, map(s))),
+                        Masks::default(),
+                        mask.as_ref(),
+                        RowsMut::new(&mut o2, map(l)),
+                        &mut lse2,
+                        &mut w2,
+                        average,
+                    );
+                    // SAFETY: MaybeUninit::new above initialised every element.
+                    let bits = |w: Vec<MaybeUninit<f64>>| -> Vec<u64> {
+                        w.into_iter()
+                            .map(|x| unsafe { x.assume_init() }.to_bits())
+                            .collect()
+                    };
+                    (bits(w), bits(w2), o2)
+                };
+                let (mean, per_head) = (weights_of(true), weights_of(false));
+                crate::cpu::par::force(None);
+                (out, lse, [dq, dk, dv], mean, per_head)
+            })
+        };
+        let (serial, parallel) = (run(false), run(true));
+        assert!(
+            serial == parallel,
+            "causal {causal}: the serial and parallel runs differ"
+        );
+        assert!(serial.0.iter().all(|x| x.is_finite()) && serial.0.iter().any(|&x| x != 0.0));
+    }
+}

@@ -254,9 +254,13 @@ impl<T: Elem> AllHeadsKv<T> {
         let pack = |x: &Rows<T>, transposed: bool| {
             let len = head_panels_len(s, d, transposed);
             let mut buf = workspace::take::<T>(g.n * g.h * len);
-            buf.par_chunks_mut(len.max(1))
-                .enumerate()
-                .for_each(|(bh, dst)| pack_head(x, (bh / g.h, bh % g.h), (s, d), transposed, dst));
+            let one = |(bh, dst): (usize, &mut [T])| {
+                pack_head(x, (bh / g.h, bh % g.h), (s, d), transposed, dst)
+            };
+            match g.parallel() {
+                true => buf.par_chunks_mut(len.max(1)).enumerate().for_each(one),
+                false => buf.chunks_mut(len.max(1)).enumerate().for_each(one),
+            }
             buf
         };
         Self {

@@ -8,14 +8,13 @@
 
 use std::mem::MaybeUninit;
 
-use rayon::prelude::*;
-
 use super::forward::{attend_tile, lse_rows, Kept, TileBuffers};
 use super::tiles::{
     drop_of, key_tiles, probs_tile, scores_tile, weight_index, AllHeadsKv, Drop, Keys, BC, BR,
 };
 use super::{Geom, Masks, RowMap, Rows, RowsMut};
 use crate::attention::dropout::DropoutMask;
+use crate::cpu::par::for_each_init;
 use crate::cpu::Elem;
 
 /// The weights buffer `(N, H, L, S')`, or `(N, L, S')` for the head mean (h ignored), as rows.
@@ -118,45 +117,50 @@ pub(crate) fn weights<T: Elem>(
     let q_tiles = g.l.div_ceil(BR);
     let l = g.l;
     let out = weight_rows(g, out, average);
-    (0..g.n * q_tiles).into_par_iter().for_each(|task| {
-        let (b, qt) = (task / q_tiles, task % q_tiles);
-        let i0 = qt * BR;
-        let rows = BR.min(l - i0);
-        let mut s = vec![T::ZERO; BR * BC];
-        let tiles = key_tiles(g, i0, i0 + rows, BC);
-        for h in 0..g.h {
-            let add = average && h > 0;
-            if !add {
-                for r in 0..rows {
-                    // SAFETY: this task is the only writer of rows (b, ·, i0..i0+rows).
-                    unsafe { zero_uncovered(g, (b, h, i0 + r), &tiles, &out) };
+    for_each_init(
+        g.n * q_tiles,
+        g.parallel(),
+        || (),
+        |_, task| {
+            let (b, qt) = (task / q_tiles, task % q_tiles);
+            let i0 = qt * BR;
+            let rows = BR.min(l - i0);
+            let mut s = vec![T::ZERO; BR * BC];
+            let tiles = key_tiles(g, i0, i0 + rows, BC);
+            for h in 0..g.h {
+                let add = average && h > 0;
+                if !add {
+                    for r in 0..rows {
+                        // SAFETY: this task is the only writer of rows (b, ·, i0..i0+rows).
+                        unsafe { zero_uncovered(g, (b, h, i0 + r), &tiles, &out) };
+                    }
+                }
+                let lse = &lse[(b * g.h + h) * l + i0..][..rows];
+                for &tile in &tiles {
+                    let (j0, cols, _) = tile;
+                    scores_tile(
+                        g,
+                        (b, h),
+                        (i0, rows),
+                        tile,
+                        &q,
+                        Keys::Rows(&k),
+                        &masks,
+                        &mut s,
+                        BC,
+                    );
+                    probs_tile(&mut s, BC, rows, cols, lse);
+                    for r in 0..rows {
+                        let p = &s[r * BC..r * BC + cols];
+                        // SAFETY: this task is the only writer of rows (b, ·, i0..i0+rows).
+                        unsafe {
+                            store_weights(g, (b, h, i0 + r), j0, (p, f), &out, drop.as_ref(), add)
+                        };
+                    }
                 }
             }
-            let lse = &lse[(b * g.h + h) * l + i0..][..rows];
-            for &tile in &tiles {
-                let (j0, cols, _) = tile;
-                scores_tile(
-                    g,
-                    (b, h),
-                    (i0, rows),
-                    tile,
-                    &q,
-                    Keys::Rows(&k),
-                    &masks,
-                    &mut s,
-                    BC,
-                );
-                probs_tile(&mut s, BC, rows, cols, lse);
-                for r in 0..rows {
-                    let p = &s[r * BC..r * BC + cols];
-                    // SAFETY: this task is the only writer of rows (b, ·, i0..i0+rows).
-                    unsafe {
-                        store_weights(g, (b, h, i0 + r), j0, (p, f), &out, drop.as_ref(), add)
-                    };
-                }
-            }
-        }
-    });
+        },
+    );
 }
 
 /// Forward and weights together, for calls that return the weights: [`attend_tile`] keeps
@@ -202,9 +206,11 @@ pub(crate) fn forward_with_weights<T: Elem>(
         .find(|&t| g.n * q_tiles.div_ceil(t) >= 4 * threads)
         .unwrap_or(1);
     let blocks = q_tiles.div_ceil(per_task);
-    (0..g.n * blocks)
-        .into_par_iter()
-        .for_each_init(init, |(buf, kept, kept_m), task| {
+    for_each_init(
+        g.n * blocks,
+        g.parallel(),
+        init,
+        |(buf, kept, kept_m), task| {
             let (b, block) = (task / blocks, task % blocks);
             let (qt0, qt1) = (block * per_task, ((block + 1) * per_task).min(q_tiles));
             for h in 0..g.h {
@@ -259,5 +265,6 @@ pub(crate) fn forward_with_weights<T: Elem>(
                     }
                 }
             }
-        });
+        },
+    );
 }

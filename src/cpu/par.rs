@@ -1,0 +1,63 @@
+//! Parallel loops that stay on the calling thread when the work is small.
+//!
+//! A parallel loop started from outside rayon's pool hands its jobs to the pool's threads and
+//! sleeps until they are done: two thread wake-ups. On the 2-core VM of `BENCHMARKS.md` one
+//! such fork-join cost 27–38 µs when the pool was still awake and 120–320 µs after 1–3 ms of
+//! other work (measured around two 200 µs halves), while a (1,16,64,4) attention forward pass
+//! is about 20 µs of arithmetic. Below [`SERIAL_BELOW`] the kernels run their tasks in order
+//! on the calling thread instead, and with one rayon thread they always do (that thread would
+//! only be woken to run what the caller could). The tasks are the same either way and write
+//! disjoint outputs, so the results are identical.
+
+use rayon::prelude::*;
+
+/// Multiply-adds below which a kernel's tasks run on the calling thread (about 40 µs on one
+/// core at 50 GFLOP/s: a fork-join's cost, as measured above).
+pub(crate) const SERIAL_BELOW: usize = 1 << 21;
+
+/// Whether `work` multiply-adds are worth the pool: at least [`SERIAL_BELOW`], and more
+/// than one rayon thread.
+pub(crate) fn parallel(work: usize) -> bool {
+    #[cfg(test)]
+    if let Some(forced) = FORCED.with(|f| f.get()) {
+        return forced;
+    }
+    work >= serial_below() && rayon::current_num_threads() > 1
+}
+
+#[cfg(test)]
+thread_local! {
+    static FORCED: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Tests only: [`parallel`]'s answer on this thread (`None`: by the work again).
+#[cfg(test)]
+pub(crate) fn force(parallel: Option<bool>) {
+    FORCED.with(|f| f.set(parallel));
+}
+
+fn serial_below() -> usize {
+    static S: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *S.get_or_init(|| {
+        std::env::var("MHA_SERIAL_BELOW")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(SERIAL_BELOW)
+    })
+}
+
+/// `f(state, task)` for every task in `0..count`: on rayon's threads (one `state` from `init`
+/// per job, as `for_each_init`) when `parallel`, else in order on the calling thread with one
+/// `state`.
+pub(crate) fn for_each_init<S, I, F>(count: usize, parallel: bool, init: I, f: F)
+where
+    I: Fn() -> S + Sync + Send,
+    F: Fn(&mut S, usize) + Sync + Send,
+{
+    if parallel {
+        (0..count).into_par_iter().for_each_init(init, f)
+    } else {
+        let mut state = init();
+        (0..count).for_each(|task| f(&mut state, task))
+    }
+}
