@@ -40,6 +40,16 @@ pub(crate) enum Isa {
 }
 
 impl Isa {
+    /// Tests only: every instruction set this CPU has (the best one and AVX2 below it), so
+    /// that a test runs each.
+    #[cfg(test)]
+    pub(crate) fn available() -> Vec<Isa> {
+        [Isa::Avx512, Isa::Avx2]
+            .into_iter()
+            .filter(|&isa| Isa::detect().is_some_and(|best| best == isa || isa == Isa::Avx2))
+            .collect()
+    }
+
     /// The best one this CPU has (`None`: neither).
     pub(crate) fn detect() -> Option<Isa> {
         #[cfg(target_arch = "x86_64")]

@@ -16,6 +16,33 @@ fn values(len: usize, seed: u64) -> Vec<f64> {
         .collect()
 }
 
+/// Where row `(b, h, i)` of a contiguous `(N, H, len, d)` buffer starts.
+fn contiguous(len: usize, h: usize, d: usize) -> RowMap {
+    RowMap {
+        off: 0,
+        sb: h * len * d,
+        sh: len * d,
+        si: d,
+    }
+}
+
+/// Contiguous `q (N, H, L, d)`, `k` and `v (N, H, S, d)` of [`values`] from `seed` on.
+fn qkv((n, h, l, s, d): (usize, usize, usize, usize, usize), seed: u64) -> [Vec<f64>; 3] {
+    [
+        values(n * h * l * d, seed),
+        values(n * h * s * d, seed + 1),
+        values(n * h * s * d, seed + 2),
+    ]
+}
+
+/// A pool of 2 threads (the tests' tasks run on rayon's threads, not one).
+fn two_threads() -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap()
+}
+
 /// Attention gradients the textbook way (whole `L × S` matrices per head), row-major
 /// `(N, H, len, d)` inputs: `[dq, dk, dv]`.
 #[allow(clippy::too_many_arguments)]
@@ -79,12 +106,6 @@ fn naive_grads(
 /// query, no keys).
 #[test]
 fn backward_overwrites_every_gradient_row() {
-    let contiguous = |len: usize, h: usize, d: usize| RowMap {
-        off: 0,
-        sb: h * len * d,
-        sh: len * d,
-        si: d,
-    };
     // (l, s, causal, dropout); tiles of 32 (causal, L ≤ 256), 64 (causal; or L ≤ 128) and
     // 256 (longer): every case spans several tiles in both directions.
     for (l, s, causal, p) in [
@@ -105,11 +126,7 @@ fn backward_overwrites_every_gradient_row() {
             causal,
             scale: 0.5,
         };
-        let (q, k, v) = (
-            values(n * h * l * d, 1),
-            values(n * h * s * d, 2),
-            values(n * h * s * d, 3),
-        );
+        let [q, k, v] = qkv((n, h, l, s, d), 1);
         let (qm, km) = (contiguous(l, h, d), contiguous(s, h, d));
         let rows = |data, map| Rows { data, map };
         let mut out = vec![0.0; n * h * l * d];
@@ -178,22 +195,10 @@ fn backward_overwrites_every_gradient_row() {
 /// on 2 threads with several query tiles per task (the heads run inside a task there).
 #[test]
 fn forward_with_weights_matches_the_separate_passes() {
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(2)
-        .build()
-        .unwrap();
+    let pool = two_threads();
     let (n, h, l, s, d) = (2, 2, 520, 530, 3);
-    let map = |len: usize| RowMap {
-        off: 0,
-        sb: h * len * d,
-        sh: len * d,
-        si: d,
-    };
-    let (q, k, v) = (
-        values(n * h * l * d, 5),
-        values(n * h * s * d, 6),
-        values(n * h * s * d, 7),
-    );
+    let map = |len: usize| contiguous(len, h, d);
+    let [q, k, v] = qkv((n, h, l, s, d), 5);
     let rows = |data, map| Rows { data, map };
     for (causal, average, p) in [
         (false, true, Some(0.3)),
@@ -287,22 +292,10 @@ fn forward_with_weights_matches_the_separate_passes() {
 /// bits: forward, backward and both weights passes, causal and with dropout, on 2 threads.
 #[test]
 fn serial_and_parallel_runs_agree_to_the_bit() {
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(2)
-        .build()
-        .unwrap();
+    let pool = two_threads();
     let (n, h, l, s, d) = (2, 3, 70, 90, 5);
-    let map = |len: usize| RowMap {
-        off: 0,
-        sb: h * len * d,
-        sh: len * d,
-        si: d,
-    };
-    let (q, k, v) = (
-        values(n * h * l * d, 8),
-        values(n * h * s * d, 9),
-        values(n * h * s * d, 10),
-    );
+    let map = |len: usize| contiguous(len, h, d);
+    let [q, k, v] = qkv((n, h, l, s, d), 8);
     let d_out = values(n * h * l * d, 11);
     for (causal, p) in [(false, Some(0.25)), (true, None)] {
         let g = Geom {
