@@ -92,7 +92,7 @@ fn repeat_row<T: Elem>(row: &[T], m: usize) -> Vec<T> {
         &mut out.spare_capacity_mut()[..m * n],
         (n * FILL_ROWS).max(1),
     );
-    match par::parallel(m * n) {
+    match par::parallel_pass(m * n) {
         true => dst.par_chunks_mut(chunk).for_each(fill),
         false => dst.chunks_mut(chunk).for_each(fill),
     }
@@ -205,7 +205,7 @@ pub(crate) fn linear_forward_into<T: Elem>(
                 .for_each(|r| r.copy_from_slice(&row))
         };
         let (dst, chunk) = (&mut out[..m * n], (n * FILL_ROWS).max(1));
-        match par::parallel(m * n) {
+        match par::parallel_pass(m * n) {
             true => dst.par_chunks_mut(chunk).for_each(fill),
             false => dst.chunks_mut(chunk).for_each(fill),
         }
@@ -401,7 +401,7 @@ fn column_sums_of<T: Elem>(data: &[T], rows: usize, cols: usize) -> Vec<T> {
         acc
     };
     let (data, chunk) = (&data[..rows * cols], SUM_ROWS * cols1);
-    let blocks: Vec<Vec<T>> = match par::parallel(rows * cols) {
+    let blocks: Vec<Vec<T>> = match par::parallel_pass(rows * cols) {
         true => data.par_chunks(chunk).map(block_sum).collect(),
         false => data.chunks(chunk).map(block_sum).collect(),
     };

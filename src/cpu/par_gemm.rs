@@ -1,14 +1,18 @@
 //! The linear layers' products on all threads: the right operand packed once (in parallel) into
-//! panels, then row × column blocks of the output handed to rayon's threads by work stealing,
-//! each block a loop of the register-tile product of `small_gemm` over blocks of the inner
-//! dimension.
+//! panels, a left operand stored transposed turned into rows once, then row × column blocks
+//! of the output handed to rayon's threads by work stealing, each block a loop of the
+//! register-tile product of `small_gemm` over blocks of the inner dimension.
 //!
 //! Why not the `gemm` crate's own threading: per block of its inner dimension it packs and
-//! then computes, two fork-joins each, with the blocks split evenly between the threads in
-//! advance. On a 2-core AVX2 host its two-thread rate on the `(2048, 256, 2048)`-like products
-//! of a model's training step was 89–115 GFLOP/s against MKL's 121–140, while one thread was
-//! at MKL's rate (`benches/products`). Here one product is two fork-joins in all, and a thread
-//! slowed by the host takes fewer blocks instead of holding up the other.
+//! then computes, two fork-joins each, with the work split evenly between the threads in
+//! advance, and it allocates an 8 MiB packing buffer per call (at (4,1024,1024,16) the
+//! forward's heap grew for its first ~14 calls). On the 2-core AVX2 host of `BENCHMARKS.md`
+//! its two-thread rate on the products of a model's training step was 89–115 GFLOP/s against
+//! MKL's 121–140 (`benches/products`). Here a product is three fork-joins at most, the
+//! buffers come from the pool, and a thread slowed by the host takes fewer blocks instead of
+//! holding up the other. Measured there, the rates are the `gemm` crate's within the noise,
+//! the weight gradients (a transposed left operand) a little higher; MKL stays ahead on two
+//! threads (1.10–1.18× its time summed over a model's products).
 
 use rayon::prelude::*;
 
@@ -85,6 +89,21 @@ pub(crate) unsafe fn par_gemm_with<T: Elem>(
         .enumerate()
         .for_each(|(t, panel)| pack_panel(src, (rhs.1, rhs.2), (k, n), t, panel));
 
+    // A left operand stored transposed (unit row stride: a weight gradient's `gᵀ`) is
+    // transposed once into rows: read in place, a register tile's rows lie side by side and
+    // each inner index is a new cache line (one L2 line per step, against one per 16 steps
+    // for rows), and the weight gradients ran at 82–121 GFLOP/s against 138–145 for the
+    // other products here.
+    let mut by_rows = None;
+    let lhs = match lhs.1 == 1 && lhs.2 != 1 {
+        true => {
+            let buf = by_rows.insert(workspace::take::<T>(m * k));
+            transpose_into(lhs, (m, k), buf);
+            (buf.as_ptr(), k, 1)
+        }
+        false => lhs,
+    };
+
     // Output blocks: BLOCK_ROWS rows, columns split until there are enough blocks.
     let row_blocks = m.div_ceil(BLOCK_ROWS);
     let want = BLOCKS_PER_THREAD * threads.max(1);
@@ -108,31 +127,16 @@ pub(crate) unsafe fn par_gemm_with<T: Elem>(
         .for_each(|b| {
             let (i0, j0) = (b / col_blocks * BLOCK_ROWS, b % col_blocks * block_cols);
             let (rows, cols) = ((m - i0).min(BLOCK_ROWS), (n - j0).min(block_cols));
-            // A left operand read transposed (unit row stride) is copied, block by block,
-            // into `rows`-wide rows: read in place, successive inner indices lie a whole
-            // column apart (a page apart for m ≥ 1024), one TLB entry per element.
-            let mut copy = (lhs.1 == 1 && lhs.2 != 1).then(|| workspace::take::<T>(rows * kc));
             let mut p0 = 0;
             while p0 < k {
                 let depth = kc.min(k - p0);
                 // SAFETY: rows i0.., columns j0.. and inner indices p0.. lie in the operands
                 // (the caller's contract); blocks write disjoint parts of dst.
                 unsafe {
-                    let at = a.get().add(i0 * lhs.1 + p0 * lhs.2);
-                    let a_block = match copy.as_mut() {
-                        Some(buf) => {
-                            for p in 0..depth {
-                                let src = std::slice::from_raw_parts(at.add(p * lhs.2), rows);
-                                buf[p * rows..(p + 1) * rows].copy_from_slice(src);
-                            }
-                            (buf.as_ptr(), 1, rows)
-                        }
-                        None => (at, lhs.1, lhs.2),
-                    };
                     small_gemm_with(
                         isa,
                         (rows, cols, depth),
-                        a_block,
+                        (a.get().add(i0 * lhs.1 + p0 * lhs.2), lhs.1, lhs.2),
                         (packed.get().add(p0 * PANEL), PANEL, ps, j0),
                         (dst.get().cast_mut().add(i0 * ld + j0), ld),
                         alpha,
@@ -143,6 +147,34 @@ pub(crate) unsafe fn par_gemm_with<T: Elem>(
             }
         });
     true
+}
+
+/// Writes the `m × k` operand `lhs` (unit row stride: column `p` is `m` contiguous elements)
+/// into `dst` by rows (`dst[i·k + p]`), 16 columns per task.
+fn transpose_into<T: Elem>(lhs: Operand<T>, (m, k): (usize, usize), dst: &mut [T]) {
+    let (src, cs) = (SendPtr(lhs.0), lhs.2);
+    let out = SendPtr(dst.as_ptr());
+    (0..k.div_ceil(PANEL)).into_par_iter().for_each_init(
+        || vec![T::ZERO; m * PANEL],
+        |panel, t| {
+            let p0 = t * PANEL;
+            let width = PANEL.min(k - p0);
+            // SAFETY: columns p0..p0 + width of the operand, m elements each.
+            let cols: Vec<&[T]> = (p0..p0 + width)
+                .map(|p| unsafe { std::slice::from_raw_parts(src.get().add(p * cs), m) })
+                .collect();
+            // panel[i·16 + c] = column p0 + c's element i.
+            T::transpose_panel(&cols, m, panel);
+            for i in 0..m {
+                // SAFETY: row i, columns p0..p0 + width of the m × k dst; tasks write
+                // disjoint columns.
+                let row = unsafe {
+                    std::slice::from_raw_parts_mut(out.get().cast_mut().add(i * k + p0), width)
+                };
+                row.copy_from_slice(&panel[i * PANEL..i * PANEL + width]);
+            }
+        },
+    );
 }
 
 /// Writes panel `t` of the `k × n` operand at `src` (row stride `rs`, column stride `cs`, one
@@ -200,8 +232,8 @@ mod tests {
     /// Against an f64 triple loop, for every instruction set this CPU has, in f32 and f64, on
     /// 1–3 threads: row blocks with remainders (96-row blocks, 6- and 12-row tiles), column
     /// blocks and panels with remainders, several inner-dimension blocks (256 in f32, 128 in
-    /// f64), a left operand read in place or transposed (the copied path), a right one by rows
-    /// or transposed (the two packings), with and without accumulation and scaling; every
+    /// f64), a left operand read in place or transposed (turned into rows first), a right one
+    /// by rows or transposed (the two packings), with and without accumulation and scaling; every
     /// output element written (NaN on entry where not accumulating), none past column `n`.
     #[test]
     fn matches_a_plain_loop() {
