@@ -5,8 +5,6 @@
 
 use candle::backend::BackendStorage;
 use candle::{CpuStorage, Device, Layout, Result, Shape, Storage, Tensor};
-use std::mem::MaybeUninit;
-
 use rayon::prelude::*;
 
 use super::{
@@ -81,21 +79,18 @@ const FILL_ROWS: usize = 64;
 fn repeat_row<T: Elem>(row: &[T], m: usize) -> Vec<T> {
     let n = row.len();
     let mut out = Vec::with_capacity(m * n);
-    let fill = |rows: &mut [MaybeUninit<T>]| {
-        for r in rows.chunks_exact_mut(n.max(1)) {
-            for (d, s) in r.iter_mut().zip(row) {
-                d.write(*s);
-            }
-        }
-    };
-    let (dst, chunk) = (
+    par::for_each_chunk_mut(
         &mut out.spare_capacity_mut()[..m * n],
         (n * FILL_ROWS).max(1),
+        par::parallel_pass(m * n),
+        |_, rows| {
+            for r in rows.chunks_exact_mut(n.max(1)) {
+                for (d, s) in r.iter_mut().zip(row) {
+                    d.write(*s);
+                }
+            }
+        },
     );
-    match par::parallel_pass(m * n) {
-        true => dst.par_chunks_mut(chunk).for_each(fill),
-        false => dst.chunks_mut(chunk).for_each(fill),
-    }
     // SAFETY: every one of the m·n elements was written above.
     unsafe { out.set_len(m * n) };
     out
@@ -200,15 +195,15 @@ pub(crate) fn linear_forward_into<T: Elem>(
     let b = b.map(|(s, l)| mat1::<T>(s, l)).transpose()?;
     if let Some(b) = &b {
         let row = bias_row(b, n);
-        let fill = |rows: &mut [T]| {
-            rows.chunks_exact_mut(n.max(1))
-                .for_each(|r| r.copy_from_slice(&row))
-        };
-        let (dst, chunk) = (&mut out[..m * n], (n * FILL_ROWS).max(1));
-        match par::parallel_pass(m * n) {
-            true => dst.par_chunks_mut(chunk).for_each(fill),
-            false => dst.chunks_mut(chunk).for_each(fill),
-        }
+        par::for_each_chunk_mut(
+            &mut out[..m * n],
+            (n * FILL_ROWS).max(1),
+            par::parallel_pass(m * n),
+            |_, rows| {
+                rows.chunks_exact_mut(n.max(1))
+                    .for_each(|r| r.copy_from_slice(&row))
+            },
+        );
     }
     product(
         rows_of(x.0, x.1)?,

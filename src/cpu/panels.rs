@@ -38,17 +38,6 @@ pub(crate) fn panels_len(rows: usize, cols: usize) -> usize {
     cols.div_ceil(PANEL) * rows * PANEL
 }
 
-/// Checks `dst`'s length for a packed `rows × cols` operand and zeroes the padding columns of
-/// its last panel, returning the panel stride.
-fn prepare<T: Elem>(dst: &mut [T], rows: usize, cols: usize) -> usize {
-    let ps = rows * PANEL;
-    assert_eq!(dst.len(), panels_len(rows, cols), "packed operand length");
-    if !cols.is_multiple_of(PANEL) {
-        dst[cols / PANEL * ps..].fill(T::ZERO);
-    }
-    ps
-}
-
 /// Packs the `rows × cols` matrix whose row `r` is `row(r)` (at least `cols` elements) into
 /// `dst` ([`panels_len`] elements; every one written).
 pub(crate) fn pack_rows<'a, T: Elem>(
@@ -57,12 +46,26 @@ pub(crate) fn pack_rows<'a, T: Elem>(
     row: impl Fn(usize) -> &'a [T],
     dst: &mut [T],
 ) {
-    let ps = prepare(dst, rows, cols);
-    for r in 0..rows {
-        let src = &row(r)[..cols];
-        for (t, chunk) in src.chunks(PANEL).enumerate() {
-            dst[t * ps + r * PANEL..][..chunk.len()].copy_from_slice(chunk);
-        }
+    assert_eq!(dst.len(), panels_len(rows, cols), "packed operand length");
+    for (t, panel) in dst.chunks_exact_mut((rows * PANEL).max(1)).enumerate() {
+        pack_rows_panel(rows, cols, &row, t, panel);
+    }
+}
+
+/// Panel `t` of [`pack_rows`] into `panel` (`rows·16` elements, every one written: zero past
+/// column `cols`). Panels are independent: the threaded product packs them in parallel.
+pub(crate) fn pack_rows_panel<'a, T: Elem>(
+    rows: usize,
+    cols: usize,
+    row: impl Fn(usize) -> &'a [T],
+    t: usize,
+    panel: &mut [T],
+) {
+    let j0 = t * PANEL;
+    let width = PANEL.min(cols - j0);
+    for (r, out) in panel.chunks_exact_mut(PANEL).take(rows).enumerate() {
+        out[..width].copy_from_slice(&row(r)[j0..j0 + width]);
+        out[width..].fill(T::ZERO);
     }
 }
 
@@ -75,20 +78,31 @@ pub(crate) fn pack_transposed<'a, T: Elem>(
     row: impl Fn(usize) -> &'a [T],
     dst: &mut [T],
 ) {
-    let ps = prepare(dst, cols, rows);
-    // Sixteen source rows at a time: one panel, written contiguously.
-    let mut src: [&[T]; PANEL] = [&[]; PANEL];
-    for (t, panel) in dst.chunks_exact_mut(ps.max(1)).enumerate() {
-        let j0 = t * PANEL;
-        let width = PANEL.min(rows.saturating_sub(j0));
-        if width == 0 {
-            break;
-        }
-        for (c, s) in src.iter_mut().enumerate().take(width) {
-            *s = &row(j0 + c)[..cols];
-        }
-        T::transpose_panel(&src[..width], cols, panel);
+    assert_eq!(dst.len(), panels_len(cols, rows), "packed operand length");
+    for (t, panel) in dst.chunks_exact_mut((cols * PANEL).max(1)).enumerate() {
+        pack_transposed_panel(rows, cols, &row, t, panel);
     }
+}
+
+/// Panel `t` of [`pack_transposed`] into `panel` (`cols·16` elements, every one written:
+/// zero past source row `rows`): sixteen source rows, written contiguously.
+pub(crate) fn pack_transposed_panel<'a, T: Elem>(
+    rows: usize,
+    cols: usize,
+    row: impl Fn(usize) -> &'a [T],
+    t: usize,
+    panel: &mut [T],
+) {
+    let j0 = t * PANEL;
+    let width = PANEL.min(rows - j0);
+    let mut src: [&[T]; PANEL] = [&[]; PANEL];
+    for (c, s) in src.iter_mut().enumerate().take(width) {
+        *s = &row(j0 + c)[..cols];
+    }
+    if width < PANEL {
+        panel.fill(T::ZERO);
+    }
+    T::transpose_panel(&src[..width], cols, panel);
 }
 
 /// `dst[m×n] = [dst +] alpha · lhs[m×k] · B`, where `B(p, j)` is element `(p0 + p, j0 + j)` of

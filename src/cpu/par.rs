@@ -69,3 +69,22 @@ where
         (0..count).for_each(|task| f(&mut state, task))
     }
 }
+
+/// `f(index, piece)` for every `chunk`-element piece of `data` (the last may be shorter): on
+/// rayon's threads when `parallel`, else in order on the calling thread.
+pub(crate) fn for_each_chunk_mut<T, F>(data: &mut [T], chunk: usize, parallel: bool, f: F)
+where
+    T: Send,
+    F: Fn(usize, &mut [T]) + Sync + Send,
+{
+    match parallel {
+        true => data
+            .par_chunks_mut(chunk)
+            .enumerate()
+            .for_each(|(i, piece)| f(i, piece)),
+        false => data
+            .chunks_mut(chunk)
+            .enumerate()
+            .for_each(|(i, piece)| f(i, piece)),
+    }
+}

@@ -17,7 +17,7 @@
 use rayon::prelude::*;
 
 use super::gemm::Operand;
-use super::panels::{panels_len, PANEL};
+use super::panels::{pack_rows_panel, pack_transposed_panel, panels_len, PANEL};
 use super::simd::Isa;
 use super::small_gemm::small_gemm_with;
 use super::{workspace, Elem};
@@ -83,11 +83,30 @@ pub(crate) unsafe fn par_gemm_with<T: Elem>(
     // elements per row (zero past column n).
     let ps = k * PANEL;
     let mut packed = workspace::take::<T>(panels_len(k, n));
-    let src = SendPtr(rhs.0);
+    let (src, (rs, cs)) = (SendPtr(rhs.0), (rhs.1, rhs.2));
     packed
         .par_chunks_mut(ps)
         .enumerate()
-        .for_each(|(t, panel)| pack_panel(src, (rhs.1, rhs.2), (k, n), t, panel));
+        .for_each(|(t, panel)| {
+            // SAFETY (both closures): the caller's operand holds k rows of n elements (column
+            // stride 1) or n columns of k elements (row stride 1).
+            match cs == 1 {
+                true => pack_rows_panel(
+                    k,
+                    n,
+                    |p| unsafe { std::slice::from_raw_parts(src.get().add(p * rs), n) },
+                    t,
+                    panel,
+                ),
+                false => pack_transposed_panel(
+                    n,
+                    k,
+                    |j| unsafe { std::slice::from_raw_parts(src.get().add(j * cs), k) },
+                    t,
+                    panel,
+                ),
+            }
+        });
 
     // A left operand stored transposed (unit row stride: a weight gradient's `gᵀ`) is
     // transposed once into rows: read in place, a register tile's rows lie side by side and
@@ -175,38 +194,6 @@ fn transpose_into<T: Elem>(lhs: Operand<T>, (m, k): (usize, usize), dst: &mut [T
             }
         },
     );
-}
-
-/// Writes panel `t` of the `k × n` operand at `src` (row stride `rs`, column stride `cs`, one
-/// of them 1) into `panel` (`k·16` elements).
-fn pack_panel<T: Elem>(
-    src: SendPtr<T>,
-    (rs, cs): (usize, usize),
-    (k, n): (usize, usize),
-    t: usize,
-    panel: &mut [T],
-) {
-    let j0 = t * PANEL;
-    let width = PANEL.min(n - j0);
-    if cs == 1 {
-        for p in 0..k {
-            // SAFETY: row p, columns j0..j0 + width lie in the operand.
-            let row = unsafe { std::slice::from_raw_parts(src.get().add(p * rs + j0), width) };
-            let out = &mut panel[p * PANEL..(p + 1) * PANEL];
-            out[..width].copy_from_slice(row);
-            out[width..].fill(T::ZERO);
-        }
-    } else {
-        // Column j of the operand is a contiguous run of k elements (row stride 1).
-        let cols: Vec<&[T]> = (j0..j0 + width)
-            // SAFETY: column j, rows 0..k lie in the operand.
-            .map(|j| unsafe { std::slice::from_raw_parts(src.get().add(j * cs), k) })
-            .collect();
-        if width < PANEL {
-            panel.fill(T::ZERO);
-        }
-        T::transpose_panel(&cols, k, panel);
-    }
 }
 
 /// A raw pointer that rayon's tasks may share: every task reads, or writes a part no other

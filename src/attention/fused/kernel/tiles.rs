@@ -1,10 +1,9 @@
 //! What the forward, backward and weights passes share: tile sizes, packed heads, the dropout
 //! in the kernel's dtype, the key tiles of a query tile, a scores tile and its probabilities.
 
-use rayon::prelude::*;
-
 use super::{Geom, Masks, RowMap, Rows};
 use crate::attention::dropout::DropoutMask;
+use crate::cpu::par::for_each_chunk_mut;
 use crate::cpu::workspace::{self, Buf};
 use crate::cpu::{
     gemm, gemm_panels, pack_rows, pack_transposed, panels_len, Elem, Panels, Threads,
@@ -254,13 +253,9 @@ impl<T: Elem> AllHeadsKv<T> {
         let pack = |x: &Rows<T>, transposed: bool| {
             let len = head_panels_len(s, d, transposed);
             let mut buf = workspace::take::<T>(g.n * g.h * len);
-            let one = |(bh, dst): (usize, &mut [T])| {
+            for_each_chunk_mut(&mut buf, len.max(1), g.parallel(), |bh, dst| {
                 pack_head(x, (bh / g.h, bh % g.h), (s, d), transposed, dst)
-            };
-            match g.parallel() {
-                true => buf.par_chunks_mut(len.max(1)).enumerate().for_each(one),
-                false => buf.chunks_mut(len.max(1)).enumerate().for_each(one),
-            }
+            });
             buf
         };
         Self {
