@@ -1,7 +1,7 @@
 //! The linear layers' products on all threads: the right operand packed once (in parallel) into
-//! panels, a left operand stored transposed turned into rows once, then row × column blocks
-//! of the output handed to rayon's threads by work stealing, each block a loop of the
-//! register-tile product of `small_gemm` over blocks of the inner dimension.
+//! panels, then row × column blocks of the output handed to rayon's threads by work stealing,
+//! each block a loop of the register-tile product of `small_gemm` over blocks of the inner
+//! dimension (a left operand stored transposed packed there into register tiles).
 //!
 //! Why not the `gemm` crate's own threading: per block of its inner dimension it packs and
 //! then computes, two fork-joins each, with the work split evenly between the threads in
@@ -19,7 +19,7 @@ use rayon::prelude::*;
 use super::gemm::Operand;
 use super::panels::{pack_rows_panel, pack_transposed_panel, panels_len, PANEL};
 use super::simd::Isa;
-use super::small_gemm::small_gemm_with;
+use super::small_gemm::{small_gemm_packed_with, small_gemm_with, tile_rows};
 use super::{workspace, Elem};
 
 /// Bytes of the right operand's part a register-tile strip reads (`kc` rows × 16 columns):
@@ -108,21 +108,11 @@ pub(crate) unsafe fn par_gemm_with<T: Elem>(
             }
         });
 
-    // A left operand stored transposed (unit row stride: a weight gradient's `gᵀ`) is
-    // transposed once into rows: read in place, a register tile's rows lie side by side and
-    // each inner index is a new cache line (one L2 line per step, against one per 16 steps
-    // for rows), and the weight gradients ran at 82–121 GFLOP/s against 138–145 for the
-    // other products here.
-    let mut by_rows = None;
-    let lhs = match lhs.1 == 1 && lhs.2 != 1 {
-        true => {
-            let buf = by_rows.insert(workspace::take::<T>(m * k));
-            transpose_into(lhs, (m, k), buf);
-            (buf.as_ptr(), k, 1)
-        }
-        false => lhs,
-    };
-
+    // A left operand stored transposed (unit row stride: a weight gradient's `gᵀ`) is packed
+    // per block and inner block into register tiles (`small_gemm_packed_with`): read in place,
+    // a tile's rows lie side by side and each inner index is a new cache line.
+    let lhs_by_columns = lhs.1 == 1 && lhs.2 != 1;
+    let tr = tile_rows::<T>(isa);
     // Output blocks: BLOCK_ROWS rows, columns split until there are enough blocks.
     let row_blocks = m.div_ceil(BLOCK_ROWS);
     let want = BLOCKS_PER_THREAD * threads.max(1);
@@ -143,57 +133,131 @@ pub(crate) unsafe fn par_gemm_with<T: Elem>(
     (0..row_blocks * col_blocks)
         .into_par_iter()
         .with_max_len(1)
-        .for_each(|b| {
-            let (i0, j0) = (b / col_blocks * BLOCK_ROWS, b % col_blocks * block_cols);
-            let (rows, cols) = ((m - i0).min(BLOCK_ROWS), (n - j0).min(block_cols));
-            let mut p0 = 0;
-            while p0 < k {
-                let depth = kc.min(k - p0);
-                // SAFETY: rows i0.., columns j0.. and inner indices p0.. lie in the operands
-                // (the caller's contract); blocks write disjoint parts of dst.
-                unsafe {
-                    small_gemm_with(
-                        isa,
-                        (rows, cols, depth),
-                        (a.get().add(i0 * lhs.1 + p0 * lhs.2), lhs.1, lhs.2),
-                        (packed.get().add(p0 * PANEL), PANEL, ps, j0),
-                        (dst.get().cast_mut().add(i0 * ld + j0), ld),
-                        alpha,
-                        accumulate || p0 > 0,
-                    )
-                };
-                p0 += depth;
-            }
-        });
+        .for_each_init(
+            || match lhs_by_columns {
+                true => Some(workspace::take::<T>(BLOCK_ROWS.next_multiple_of(tr) * kc)),
+                false => None,
+            },
+            |tiles, b| {
+                let (i0, j0) = (b / col_blocks * BLOCK_ROWS, b % col_blocks * block_cols);
+                let (rows, cols) = ((m - i0).min(BLOCK_ROWS), (n - j0).min(block_cols));
+                let mut p0 = 0;
+                while p0 < k {
+                    let depth = kc.min(k - p0);
+                    let accumulate = accumulate || p0 > 0;
+                    // SAFETY: rows i0.., columns j0.. and inner indices p0.. lie in the
+                    // operands (the caller's contract); blocks write disjoint parts of dst.
+                    unsafe {
+                        let a0 = a.get().add(i0 * lhs.1 + p0 * lhs.2);
+                        let rhs = |j: usize| (packed.get().add(p0 * PANEL), PANEL, ps, j0 + j);
+                        let c = |j: usize| (dst.get().cast_mut().add(i0 * ld + j0 + j), ld);
+                        match tiles {
+                            None => small_gemm_with(
+                                isa,
+                                (rows, cols, depth),
+                                (a0, lhs.1, lhs.2),
+                                rhs(0),
+                                c(0),
+                                alpha,
+                                accumulate,
+                            ),
+                            Some(tiles) => {
+                                pack_tiles(a0, lhs.2, (rows, depth), tr, tiles);
+                                // Packing reads the operand from memory without computing: the
+                                // next inner block's part is prefetched, a share before each
+                                // 16-column strip, while this one computes.
+                                let next = (k - p0 - depth).min(kc);
+                                let strips = cols.div_ceil(PANEL);
+                                let per = next.div_ceil(strips);
+                                for s in 0..strips {
+                                    for p in (s * per).min(next)..((s + 1) * per).min(next) {
+                                        prefetch(a0.add((depth + p) * lhs.2), rows);
+                                    }
+                                    let j = s * PANEL;
+                                    small_gemm_packed_with(
+                                        isa,
+                                        (rows, PANEL.min(cols - j), depth),
+                                        (tiles.as_ptr(), tr * depth),
+                                        rhs(j),
+                                        c(j),
+                                        alpha,
+                                        accumulate,
+                                    )
+                                }
+                            }
+                        }
+                    };
+                    p0 += depth;
+                }
+            },
+        );
     true
 }
 
-/// Writes the `m × k` operand `lhs` (unit row stride: column `p` is `m` contiguous elements)
-/// into `dst` by rows (`dst[i·k + p]`), 16 columns per task.
-fn transpose_into<T: Elem>(lhs: Operand<T>, (m, k): (usize, usize), dst: &mut [T]) {
-    let (src, cs) = (SendPtr(lhs.0), lhs.2);
-    let out = SendPtr(dst.as_ptr());
-    (0..k.div_ceil(PANEL)).into_par_iter().for_each_init(
-        || vec![T::ZERO; m * PANEL],
-        |panel, t| {
-            let p0 = t * PANEL;
-            let width = PANEL.min(k - p0);
-            // SAFETY: columns p0..p0 + width of the operand, m elements each.
-            let cols: Vec<&[T]> = (p0..p0 + width)
-                .map(|p| unsafe { std::slice::from_raw_parts(src.get().add(p * cs), m) })
-                .collect();
-            // panel[i·16 + c] = column p0 + c's element i.
-            T::transpose_panel(&cols, m, panel);
-            for i in 0..m {
-                // SAFETY: row i, columns p0..p0 + width of the m × k dst; tasks write
-                // disjoint columns.
-                let row = unsafe {
-                    std::slice::from_raw_parts_mut(out.get().cast_mut().add(i * k + p0), width)
-                };
-                row.copy_from_slice(&panel[i * PANEL..i * PANEL + width]);
-            }
-        },
-    );
+/// Packs `rows × depth` of a left operand stored by columns (`a(i, p)` at `a + i + p·cs`)
+/// into tiles of `tr` rows: `tiles[(i / tr)·tr·depth + p·tr + i % tr]`.
+///
+/// # Safety
+/// Every addressed element of `a` must be in bounds.
+unsafe fn pack_tiles<T: Elem>(
+    a: *const T,
+    cs: usize,
+    (rows, depth): (usize, usize),
+    tr: usize,
+    tiles: &mut [T],
+) {
+    match tr {
+        6 => pack_tiles_of::<T, 6>(a, cs, (rows, depth), tiles),
+        _ => pack_tiles_of::<T, 12>(a, cs, (rows, depth), tiles),
+    }
+}
+
+/// [`pack_tiles`] with the tile rows known to the compiler (whole tiles copied as arrays,
+/// not by `memcpy` calls).
+#[inline(always)]
+unsafe fn pack_tiles_of<T: Elem, const R: usize>(
+    a: *const T,
+    cs: usize,
+    (rows, depth): (usize, usize),
+    tiles: &mut [T],
+) {
+    let whole = rows / R;
+    for p in 0..depth {
+        // SAFETY: column p's rows 0..rows (the caller's contract).
+        let col = unsafe { std::slice::from_raw_parts(a.add(p * cs), rows) };
+        for t in 0..whole {
+            let at = t * R * depth + p * R;
+            let src: &[T; R] = col[t * R..t * R + R].try_into().unwrap();
+            let dst: &mut [T; R] = (&mut tiles[at..at + R]).try_into().unwrap();
+            *dst = *src;
+        }
+        let rest = &col[whole * R..];
+        if !rest.is_empty() {
+            let at = whole * R * depth + p * R;
+            tiles[at..at + rest.len()].copy_from_slice(rest);
+        }
+    }
+}
+
+/// Asks for the cache lines of `len` elements from `p` into L2.
+#[inline(always)]
+fn prefetch<T>(p: *const T, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let (start, end) = (p as usize, p as usize + len * std::mem::size_of::<T>());
+        let mut line = start & !63;
+        while line < end {
+            // SAFETY: a prefetch never faults.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
+                    line as *const i8,
+                )
+            };
+            line += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (p, len);
 }
 
 /// A raw pointer that rayon's tasks may share: every task reads, or writes a part no other
@@ -219,7 +283,7 @@ mod tests {
     /// Against an f64 triple loop, for every instruction set this CPU has, in f32 and f64, on
     /// 1–3 threads: row blocks with remainders (96-row blocks, 6- and 12-row tiles), column
     /// blocks and panels with remainders, several inner-dimension blocks (256 in f32, 128 in
-    /// f64), a left operand read in place or transposed (turned into rows first), a right one
+    /// f64), a left operand read in place or transposed (packed into tiles), a right one
     /// by rows or transposed (the two packings), with and without accumulation and scaling; every
     /// output element written (NaN on entry where not accumulating), none past column `n`.
     #[test]
@@ -309,6 +373,29 @@ mod tests {
                         );
                     }
                 }
+            }
+        }
+    }
+
+    /// `pack_tiles` for both instruction sets' tile rows, with a last partial tile: every
+    /// element at its place, nothing else written.
+    #[test]
+    fn packs_tiles_of_either_height() {
+        let (rows, depth, cs): (usize, usize, usize) = (29, 7, 31);
+        let a: Vec<f32> = (0..depth * cs).map(|i| i as f32).collect();
+        for tr in [6, 12] {
+            let len = rows.next_multiple_of(tr) * depth;
+            let mut tiles = vec![-1f32; len + 1];
+            // SAFETY: column p's rows 0..29 lie at p·31.. within `a`.
+            unsafe { pack_tiles(a.as_ptr(), cs, (rows, depth), tr, &mut tiles) };
+            for (at, &got) in tiles.iter().enumerate() {
+                let (t, p, r) = (at / (tr * depth), at % (tr * depth) / tr, at % tr);
+                let i = t * tr + r;
+                let want = match at < len && i < rows {
+                    true => (i + p * cs) as f32,
+                    false => -1.0,
+                };
+                assert_eq!(got, want, "tr {tr}: tiles[{at}] (row {i}, inner {p})");
             }
         }
     }

@@ -62,6 +62,62 @@ pub(crate) unsafe fn small_gemm_with<T: Lanes>(
     alpha: T,
     accumulate: bool,
 ) {
+    product_with(isa, dims, (a.0, a.1, a.2, None), b, c, alpha, accumulate)
+}
+
+/// Rows of a register tile of `T` with `isa`: the row count of the left operand's packed
+/// tiles of [`small_gemm_packed_with`].
+pub(crate) fn tile_rows<T: Lanes>(isa: Isa) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    return match isa {
+        Isa::Avx512 => <T::Avx512 as Vector<T>>::MR,
+        Isa::Avx2 => <T::Avx2 as Vector<T>>::MR,
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = isa;
+        1
+    }
+}
+
+/// [`small_gemm_with`] with the left operand packed in tiles of [`tile_rows`] rows: `a(i, p)`
+/// at `a + (i / R)·tile_stride + p·R + i % R` (`R = tile_rows(isa)`), so that a register
+/// tile reads its left operand in one sequential stream.
+///
+/// # Safety
+/// As [`small_gemm_with`].
+pub(crate) unsafe fn small_gemm_packed_with<T: Lanes>(
+    isa: Isa,
+    dims: (usize, usize, usize),
+    (a, tile_stride): (*const T, usize),
+    b: (*const T, usize, usize, usize),
+    c: (*mut T, usize),
+    alpha: T,
+    accumulate: bool,
+) {
+    let r = tile_rows::<T>(isa);
+    product_with(
+        isa,
+        dims,
+        (a, 1, r, Some(tile_stride)),
+        b,
+        c,
+        alpha,
+        accumulate,
+    )
+}
+
+/// The dispatch of both entries: `a` with its strides and, for a packed one, its tile stride.
+#[allow(clippy::type_complexity)]
+unsafe fn product_with<T: Lanes>(
+    isa: Isa,
+    dims: (usize, usize, usize),
+    a: (*const T, usize, usize, Option<usize>),
+    b: (*const T, usize, usize, usize),
+    c: (*mut T, usize),
+    alpha: T,
+    accumulate: bool,
+) {
     #[cfg(target_arch = "x86_64")]
     match isa {
         Isa::Avx512 => tiles::product_avx512(dims, a, b, c, alpha, accumulate),
@@ -266,7 +322,7 @@ mod tiles {
             #[target_feature(enable = $features)]
             pub(super) unsafe fn $name<T: Lanes>(
                 dims: (usize, usize, usize),
-                a: (*const T, usize, usize),
+                a: (*const T, usize, usize, Option<usize>),
                 b: (*const T, usize, usize, usize),
                 c: (*mut T, usize),
                 alpha: T,
@@ -294,13 +350,15 @@ mod tiles {
     #[inline(always)]
     unsafe fn product<T: Lanes, S: Vector<T>>(
         (m, n, k): (usize, usize, usize),
-        (a, ars, acs): (*const T, usize, usize),
+        (a, ars, acs, tile_stride): (*const T, usize, usize, Option<usize>),
         (b, ldb, bps, j0): (*const T, usize, usize, usize),
         (c, ldc): (*mut T, usize),
         alpha: T,
         accumulate: bool,
     ) {
         let w = S::W;
+        // From one tile's first row of `a` to the next's: packed, or MR rows down.
+        let ats = tile_stride.unwrap_or(S::MR * ars);
         // `b`'s element of row 0 at absolute column `at`.
         let at_col = |at: usize| b.add(at / PANEL * bps + at % PANEL);
         let mut j = 0;
@@ -324,7 +382,7 @@ mod tiles {
                 let rows = (m - i).min(S::MR);
                 let t = Tile {
                     k,
-                    a: a.add(i * ars),
+                    a: a.add(i / S::MR * ats),
                     ars,
                     acs,
                     b: (b0, b1),
