@@ -5,8 +5,9 @@
 //! large ones are `mmap`ed or sit at the top of the heap, and are returned to the operating
 //! system when freed; the next step then page-faults the same megabytes in again (before the
 //! fused ops pooled their scratch buffers this cost up to a third of a small training step on
-//! a 2-core machine, see `BENCHMARKS.md`; now it is candle's own buffers, a few percent of a
-//! model's step at most).
+//! a 2-core machine, see `BENCHMARKS.md`; now it is candle's own buffers: 23.7k faults and
+//! 80 ms of system time per step of the `train_step` bench's medium model under glibc's
+//! defaults, 1.2k and 28 ms with [`retain_freed_memory`], against PyTorch's 3.3k faults).
 //! [`retain_freed_memory`] tells glibc to keep such memory for reuse.
 //!
 //! The fused CPU ops do not depend on the setting for their own large scratch buffers (the
