@@ -46,9 +46,17 @@ pub(crate) fn pack_rows<'a, T: Elem>(
     row: impl Fn(usize) -> &'a [T],
     dst: &mut [T],
 ) {
-    assert_eq!(dst.len(), panels_len(rows, cols), "packed operand length");
-    for (t, panel) in dst.chunks_exact_mut((rows * PANEL).max(1)).enumerate() {
-        pack_rows_panel(rows, cols, &row, t, panel);
+    for_each_panel(dst, rows, cols, |t, panel| {
+        pack_rows_panel(rows, cols, &row, t, panel)
+    });
+}
+
+/// Calls `pack(t, panel)` for every panel `t` of `dst`, the packed `depth × width` operand
+/// ([`panels_len`] elements, checked).
+fn for_each_panel<T>(dst: &mut [T], depth: usize, width: usize, pack: impl Fn(usize, &mut [T])) {
+    assert_eq!(dst.len(), panels_len(depth, width), "packed operand length");
+    for (t, panel) in dst.chunks_exact_mut((depth * PANEL).max(1)).enumerate() {
+        pack(t, panel);
     }
 }
 
@@ -78,10 +86,9 @@ pub(crate) fn pack_transposed<'a, T: Elem>(
     row: impl Fn(usize) -> &'a [T],
     dst: &mut [T],
 ) {
-    assert_eq!(dst.len(), panels_len(cols, rows), "packed operand length");
-    for (t, panel) in dst.chunks_exact_mut((cols * PANEL).max(1)).enumerate() {
-        pack_transposed_panel(rows, cols, &row, t, panel);
-    }
+    for_each_panel(dst, cols, rows, |t, panel| {
+        pack_transposed_panel(rows, cols, &row, t, panel)
+    });
 }
 
 /// Panel `t` of [`pack_transposed`] into `panel` (`cols·16` elements, every one written:
