@@ -281,7 +281,7 @@ impl NextTokenPredictor {
 ///
 /// PyTorch equivalent: `F.cross_entropy(logits[mask], targets[mask])`.
 pub fn masked_cross_entropy(logits: &Tensor, targets: &Tensor, mask: &Tensor) -> Result<Tensor> {
-    let (n, l, v) = logits.dims3()?;
+    let (n, l, _) = logits.dims3()?;
     if targets.dims() != [n, l] || mask.dims() != [n, l] {
         candle::bail!(
             "targets {:?} and mask {:?} must be (N, L) = {:?}",
@@ -290,9 +290,7 @@ pub fn masked_cross_entropy(logits: &Tensor, targets: &Tensor, mask: &Tensor) ->
             [n, l]
         )
     }
-    crate::nn::cross_entropy_rows(
-        &logits.reshape((n * l, v))?,
-        &targets.reshape(n * l)?,
-        &mask.reshape(n * l)?,
-    )
+    // The logits go in as they are: a reshape would be one more autograd node (a zero tensor
+    // and a sum as large as the logits in the backward pass).
+    crate::nn::cross_entropy_rows(logits, &targets.reshape(n * l)?, &mask.reshape(n * l)?)
 }

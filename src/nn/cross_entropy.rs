@@ -11,7 +11,9 @@ use crate::cpu::{contiguous, fused, unsupported_dtype, Elem, ROWS_PER_TASK as RO
 
 const OP: &str = "fused cross-entropy";
 
-/// The op over `logits (R, V)`: the targets and which rows count are data of the op (they
+/// The op over `logits (…, V)` (R rows of V in memory order, any leading dims: a reshape to
+/// `(R, V)` would be one more autograd node, whose gradient candle adds into a fresh zero
+/// tensor as large as the logits): the targets and which rows count are data of the op (they
 /// have no gradient).
 struct CrossEntropy {
     targets: Vec<u32>,
@@ -79,7 +81,7 @@ impl CustomOp1 for CrossEntropy {
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let (_, v) = l.shape().dims2()?;
+        let v = last_dim(l.dims())?;
         let loss = match s {
             CpuStorage::F32(_) => CpuStorage::F32(vec![
                 (self.forward(contiguous::<f32, _>(OP, s, l)?, v) / self.count) as f32,
@@ -94,7 +96,7 @@ impl CustomOp1 for CrossEntropy {
 
     fn bwd(&self, x: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
         let g = grad.to_dtype(DType::F64)?.to_scalar::<f64>()?;
-        let (_, v) = x.dims2()?;
+        let v = last_dim(x.dims())?;
         let (xs, xl) = x.storage_and_layout();
         let dx = match x.dtype() {
             DType::F32 => {
@@ -111,8 +113,17 @@ impl CustomOp1 for CrossEntropy {
     }
 }
 
+/// The row length `V` of `(…, V)`.
+fn last_dim(dims: &[usize]) -> Result<usize> {
+    match dims {
+        [_, .., v] => Ok(*v),
+        _ => candle::bail!("{OP}: expected logits (…, V) of rank 2 or more, got dims {dims:?}"),
+    }
+}
+
 /// Mean of `−log softmax(logits[r])[targets[r]]` over the rows `r` where `mask[r] != 0`, for
-/// `logits (R, V)`, `targets (R)` (u32/i64), `mask (R)` (u8): one op on the CPU in f32/f64,
+/// `logits (…, V)` (`R` rows: the product of the leading dims), `targets (R)` (u32/i64),
+/// `mask (R)` (u8): one op on the CPU in f32/f64,
 /// candle's `log_softmax` + `gather` elsewhere. Errors when no row counts or a counted target is
 /// outside `[0, V)`.
 ///
@@ -122,7 +133,8 @@ pub(crate) fn cross_entropy_rows(
     targets: &Tensor,
     mask: &Tensor,
 ) -> Result<Tensor> {
-    let (r, v) = logits.dims2()?;
+    let v = last_dim(logits.dims())?;
+    let r: usize = logits.dims()[..logits.rank() - 1].iter().product();
     let keep: Vec<bool> = mask
         .ne(0u8)?
         .to_vec1::<u8>()?
@@ -157,7 +169,7 @@ pub(crate) fn cross_entropy_rows(
             .map(|(&t, &k)| if k { t } else { 0 })
             .collect();
         let ids = Tensor::from_vec(ids, (r, 1), logits.device())?;
-        let logp = candle_nn::ops::log_softmax(logits, candle::D::Minus1)?;
+        let logp = candle_nn::ops::log_softmax(&logits.reshape((r, v))?, candle::D::Minus1)?;
         let picked = logp.gather(&ids, 1)?.squeeze(1)?;
         let weights = mask.ne(0u8)?.to_dtype(logits.dtype())?;
         return ((picked * weights)?.sum_all()? / -(count as f64))?.to_dtype(logits.dtype());

@@ -271,6 +271,34 @@ fn cross_entropy_errors_name_the_problem() -> Result<()> {
     Ok(())
 }
 
+/// Logits `(N, L, V)` go in without a reshape (no extra autograd node): the same loss and
+/// gradient as the `(N·L, V)` form, and rank-1 logits are an error naming the dims.
+#[test]
+fn cross_entropy_takes_logits_of_any_rank() -> Result<()> {
+    let dev = Device::Cpu;
+    let x = Var::from_tensor(&normal(0.0, 3.0, (3, 5, 11), DType::F64, &dev, 31)?)?;
+    let targets: Vec<u32> = (0..15).map(|i| (i * 4) % 11).collect();
+    let keep: Vec<u8> = (0..15).map(|i| u8::from(i % 4 != 2)).collect();
+    let t = Tensor::from_vec(targets.clone(), 15, &dev)?;
+    let m = Tensor::from_vec(keep.clone(), 15, &dev)?;
+    let loss = cross_entropy_rows(&x, &t, &m)?;
+    // The op's input is `x` itself: the graph is the op and its variable.
+    assert_eq!(loss.sorted_nodes().len(), 2);
+    let reference = reference_cross_entropy(&x.reshape((15, 11))?, &targets, &keep)?;
+    check("3-D loss", &loss, &reference, 1e-12)?;
+    let (g, gr) = (loss.backward()?, reference.backward()?);
+    let dx = g.get(&x).expect("fused");
+    assert_eq!(dx.dims(), [3, 5, 11]);
+    check("3-D dx", dx, gr.get(&x).expect("ref"), 1e-12)?;
+    let e = cross_entropy_rows(&Tensor::zeros(4, DType::F32, &dev)?, &t, &m).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("expected logits (…, V) of rank 2 or more, got dims [4]"),
+        "{e}"
+    );
+    Ok(())
+}
+
 /// Bit-identical results with 1 and 2 threads (f64, where a changed order of the partial sums
 /// shows in the last bits): the reductions over row chunks (layer norm's
 /// weight and bias gradients, the cross-entropy sum) must not depend on scheduling, or a
