@@ -7,7 +7,9 @@ use candle::backend::BackendStorage;
 use candle::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
-use crate::cpu::{contiguous, fused, unsupported_dtype, Elem, ROWS_PER_TASK as ROWS};
+use std::mem::MaybeUninit;
+
+use crate::cpu::{contiguous, filled_vec, fused, unsupported_dtype, Elem, ROWS_PER_TASK as ROWS};
 
 const OP: &str = "fused cross-entropy";
 
@@ -50,28 +52,41 @@ impl CrossEntropy {
     }
 
     /// `g/count · (softmax(row) − onehot(target))` on kept rows, zeros elsewhere.
-    fn backward<T: Elem>(&self, x: &[T], v: usize, g: f64) -> Vec<T> {
-        let mut dx = vec![T::ZERO; x.len()];
+    fn backward<T: Elem>(&self, x: &[T], v: usize, g: f64) -> Result<Vec<T>> {
         let scale = g / self.count;
-        dx.par_chunks_mut(v * ROWS)
-            .zip(x.par_chunks(v * ROWS))
-            .enumerate()
-            .for_each(|(k, (dx, rows))| {
-                for (i, (d, row)) in dx.chunks_exact_mut(v).zip(rows.chunks_exact(v)).enumerate() {
-                    let r = k * ROWS + i;
-                    if !self.keep[r] {
-                        continue;
-                    }
-                    let m = T::row_max(row);
-                    d.copy_from_slice(row);
-                    let s = T::exp_shift_sum(d, m).to_f64();
-                    let f = T::from_f64(scale / s);
-                    d.iter_mut().for_each(|p| *p *= f);
-                    let t = self.targets[r] as usize;
-                    d[t] = T::from_f64(d[t].to_f64() - scale);
-                }
-            });
-        dx
+        // SAFETY: every row is written whole (a copy of the logits, or zeros) before it is
+        // read as initialised. No zero fill first: a pass over a buffer as large as the logits.
+        unsafe {
+            filled_vec(x.len(), |dx| {
+                dx.par_chunks_mut(v * ROWS)
+                    .zip(x.par_chunks(v * ROWS))
+                    .enumerate()
+                    .for_each(|(k, (dx, rows))| {
+                        for (i, (d, row)) in
+                            dx.chunks_exact_mut(v).zip(rows.chunks_exact(v)).enumerate()
+                        {
+                            let r = k * ROWS + i;
+                            let keep = self.keep[r];
+                            for (o, x) in d.iter_mut().zip(row) {
+                                o.write(if keep { *x } else { T::ZERO });
+                            }
+                            // SAFETY (in the call's unsafe block): all v elements were just
+                            // written.
+                            let d = &mut *(d as *mut [MaybeUninit<T>] as *mut [T]);
+                            if !keep {
+                                continue;
+                            }
+                            let m = T::row_max(row);
+                            let s = T::exp_shift_sum(d, m).to_f64();
+                            let f = T::from_f64(scale / s);
+                            d.iter_mut().for_each(|p| *p *= f);
+                            let t = self.targets[r] as usize;
+                            d[t] = T::from_f64(d[t].to_f64() - scale);
+                        }
+                    });
+                Ok(())
+            })
+        }
     }
 }
 
@@ -100,11 +115,11 @@ impl CustomOp1 for CrossEntropy {
         let (xs, xl) = x.storage_and_layout();
         let dx = match x.dtype() {
             DType::F32 => {
-                let dx = self.backward(contiguous::<f32, _>(OP, &*xs, xl)?, v, g);
+                let dx = self.backward(contiguous::<f32, _>(OP, &*xs, xl)?, v, g)?;
                 Tensor::from_vec(dx, x.shape(), x.device())?
             }
             DType::F64 => {
-                let dx = self.backward(contiguous::<f64, _>(OP, &*xs, xl)?, v, g);
+                let dx = self.backward(contiguous::<f64, _>(OP, &*xs, xl)?, v, g)?;
                 Tensor::from_vec(dx, x.shape(), x.device())?
             }
             dt => return Err(unsupported_dtype(OP, dt)),
