@@ -71,7 +71,18 @@ pub(crate) fn pack_rows_panel<'a, T: Elem>(
 ) {
     let j0 = t * PANEL;
     let width = PANEL.min(cols - j0);
-    for (r, out) in panel.chunks_exact_mut(PANEL).take(rows).enumerate() {
+    let rows_out = panel.chunks_exact_mut(PANEL).take(rows).enumerate();
+    if width == PANEL {
+        // Whole rows as fixed-size arrays: a `copy_from_slice` of a runtime length is a
+        // `memcpy` call per 16 elements (3% of a forward pass at (32, 128, 256, 8)).
+        for (r, out) in rows_out {
+            let src: &[T; PANEL] = row(r)[j0..j0 + PANEL].try_into().unwrap();
+            let out: &mut [T; PANEL] = out.try_into().unwrap();
+            *out = *src;
+        }
+        return;
+    }
+    for (r, out) in rows_out {
         out[..width].copy_from_slice(&row(r)[j0..j0 + width]);
         out[width..].fill(T::ZERO);
     }

@@ -53,41 +53,61 @@ impl<T> Pool<T> {
 
 /// A pooled buffer of `len` elements with unspecified contents; back to the pool on drop.
 pub(crate) struct Buf<T: Elem> {
+    /// Initialised as far as any user of the buffer ever needed (never truncated, so a
+    /// buffer that goes from a short use to a longer one is not filled again).
     data: Vec<T>,
+    len: usize,
+    /// Where it goes back.
+    pool: &'static Pool<T>,
 }
 
 /// A buffer of `len` elements from the pool of `T` (the smallest kept one that is large
 /// enough), or a new one. Its contents are whatever was there: the caller writes before it
 /// reads.
 pub(crate) fn take<T: Elem>(len: usize) -> Buf<T> {
-    let found = {
-        let mut free = T::pool().free();
-        let fit = free
-            .iter()
-            .enumerate()
-            .filter(|(_, b)| b.capacity() >= len)
-            .min_by_key(|(_, b)| b.capacity())
-            .map(|(i, _)| i);
-        match fit {
-            Some(i) => Some(free.swap_remove(i)),
-            None => {
-                // None is large enough: drop the largest (outgrown) one rather than keep
-                // buffers the calls have outgrown.
-                let largest = (0..free.len()).max_by_key(|&i| free[i].capacity());
-                largest.map(|i| free.swap_remove(i));
-                None
+    T::pool().take(len)
+}
+
+impl<T: Elem> Pool<T> {
+    /// [`take`] from this pool.
+    fn take(&'static self, len: usize) -> Buf<T> {
+        let found = {
+            let mut free = self.free();
+            let fit = free
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| b.capacity() >= len)
+                .min_by_key(|(_, b)| b.capacity())
+                .map(|(i, _)| i);
+            match fit {
+                Some(i) => Some(free.swap_remove(i)),
+                None => {
+                    // None is large enough: drop the largest (outgrown) one rather than keep
+                    // buffers the calls have outgrown.
+                    let largest = (0..free.len()).max_by_key(|&i| free[i].capacity());
+                    largest.map(|i| free.swap_remove(i));
+                    None
+                }
             }
+        };
+        let data = match found {
+            // Keep the initialised part as it is (no pass over memory that will be
+            // overwritten); only a tail never used before is filled.
+            Some(mut data) => {
+                if data.len() < len {
+                    data.resize(len, T::ZERO);
+                }
+                data
+            }
+            // Zeroed by the allocator (fresh pages need no pass).
+            None => vec![T::ZERO; len],
+        };
+        Buf {
+            data,
+            len,
+            pool: self,
         }
-    };
-    let mut data = found.unwrap_or_default();
-    // Keep the initialised prefix as it is (no pass over memory that will be overwritten);
-    // only a grown tail is filled.
-    if data.len() >= len {
-        data.truncate(len);
-    } else {
-        data.resize(len, T::ZERO);
     }
-    Buf { data }
 }
 
 impl<T: Elem> Drop for Buf<T> {
@@ -96,7 +116,7 @@ impl<T: Elem> Drop for Buf<T> {
         if data.capacity() == 0 {
             return;
         }
-        let mut free = T::pool().free();
+        let mut free = self.pool.free();
         free.push(data);
         if free.len() > KEPT {
             let smallest = (0..free.len()).min_by_key(|&i| free[i].capacity());
@@ -110,19 +130,19 @@ impl<T: Elem> Drop for Buf<T> {
 impl<T: Elem> Deref for Buf<T> {
     type Target = [T];
     fn deref(&self) -> &[T] {
-        &self.data
+        &self.data[..self.len]
     }
 }
 
 impl<T: Elem> DerefMut for Buf<T> {
     fn deref_mut(&mut self) -> &mut [T] {
-        &mut self.data
+        &mut self.data[..self.len]
     }
 }
 
 impl<T: Elem> std::fmt::Debug for Buf<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Buf({} x {:?})", self.data.len(), T::DTYPE)
+        write!(f, "Buf({} x {:?})", self.len, T::DTYPE)
     }
 }
 
@@ -153,4 +173,29 @@ pub(crate) fn release() -> usize {
 /// Bytes held by the kept buffers of both dtypes.
 pub(crate) fn bytes() -> usize {
     <f32 as Elem>::pool().bytes() + <f64 as Elem>::pool().bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Pool;
+
+    /// A buffer taken short and then long again keeps what its longer use wrote (no second
+    /// fill of memory every user overwrites anyway); a new buffer starts zeroed.
+    #[test]
+    fn a_kept_buffer_is_not_filled_again() {
+        let pool: &'static Pool<f32> = Box::leak(Box::new(Pool::new()));
+        {
+            let mut b = pool.take(10);
+            assert!(b.iter().all(|&x| x == 0.0));
+            b.fill(7.0);
+        }
+        {
+            let b = pool.take(4);
+            assert_eq!(b.len(), 4);
+        }
+        let b = pool.take(10);
+        assert_eq!(&b[..], [7.0; 10], "the kept buffer was filled again");
+        drop(b);
+        assert_eq!(pool.bytes(), 40);
+    }
 }
