@@ -9,7 +9,7 @@ use candle::cpu::erf::erf_f64;
 use rayon::prelude::*;
 
 use super::simd::exp_f32;
-use super::Elem;
+use super::{written_vec, Elem};
 
 /// `1/√(2π)`.
 const INV_SQRT_2PI: f64 = 0.5 * std::f64::consts::FRAC_2_SQRT_PI * std::f64::consts::FRAC_1_SQRT_2;
@@ -144,18 +144,21 @@ mod avx2 {
 
 /// `x·Φ(x)` elementwise, in parallel.
 pub(crate) fn gelu<T: Elem>(x: &[T]) -> Vec<T> {
-    let mut y = vec![T::ZERO; x.len()];
-    y.par_chunks_mut(CHUNK)
-        .zip(x.par_chunks(CHUNK))
-        .for_each(|(y, x)| T::gelu_row(x, y));
-    y
+    // SAFETY: the row function writes every element of its output (no zero fill first: a
+    // pass over a buffer as large as the hidden layer).
+    unsafe {
+        written_vec(x.len(), |y| {
+            y.par_chunks_mut(CHUNK)
+                .zip(x.par_chunks(CHUNK))
+                .for_each(|(y, x)| T::gelu_row(x, y))
+        })
+    }
 }
 
 /// `g·(Φ(x) + x·φ(x))` elementwise (the GELU's input gradient), in parallel.
 pub(crate) fn gelu_grad<T: Elem>(x: &[T], g: &[T]) -> Vec<T> {
-    let mut dx = vec![T::ZERO; x.len()];
-    gelu_grad_into(x, g, &mut dx);
-    dx
+    // SAFETY: as in `gelu`.
+    unsafe { written_vec(x.len(), |dx| gelu_grad_into(x, g, dx)) }
 }
 
 /// [`gelu_grad`] written into `dx` (as long as `x`; any contents on entry).

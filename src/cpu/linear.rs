@@ -8,8 +8,8 @@ use candle::{CpuStorage, Device, Layout, Result, Shape, Storage, Tensor};
 use rayon::prelude::*;
 
 use super::{
-    contiguous, fused, gemm, par, slice, unsupported_dtype, with_slice, Elem, Grads3, NeedsGrad,
-    Threads,
+    contiguous, fused, gemm, par, slice, unsupported_dtype, with_slice, written_vec, Elem, Grads3,
+    NeedsGrad, Threads,
 };
 
 const OP: &str = "fused linear";
@@ -276,17 +276,6 @@ fn linear_backward(x: &Tensor, w: &Tensor, grad: &Tensor, needs: NeedsGrad) -> R
     }
 }
 
-/// A `len`-element `Vec` written by `fill` (which must write every element; the product of
-/// [`gemm`] without `accumulate` does): no zero fill first, a memory pass as long as the
-/// product's output.
-fn written_by<T: Elem>(len: usize, fill: impl FnOnce(*mut T)) -> Vec<T> {
-    let mut v = Vec::with_capacity(len);
-    fill(v.as_mut_ptr());
-    // SAFETY: `fill` wrote all `len` elements.
-    unsafe { v.set_len(len) };
-    v
-}
-
 /// Gradients `(dx, dw, db)` of `x·wᵀ + b` from the output gradient as a slice `(M, Nout)` of
 /// the kernel's dtype (for the fused ops, a pooled buffer that never becomes a tensor):
 /// `dx = g·w` and `dw = gᵀ·x` as one GEMM each on all threads, `db` the column sums; each
@@ -309,10 +298,13 @@ pub(crate) fn linear_backward_slice<T: Elem>(
         .x
         .then(|| {
             with_slice(OP, w, |wd| {
-                // SAFETY: written_by hands a buffer of m·k elements.
-                let dx = written_by(m * k, |dx| unsafe {
-                    input_grad_into(grad, wd, (m, k, n), dx)
-                });
+                // SAFETY: dx is m·k elements, every one written by the product (no zero fill
+                // first, a memory pass as long as the product's output).
+                let dx = unsafe {
+                    written_vec(m * k, |dx| {
+                        input_grad_into(grad, wd, (m, k, n), dx.as_mut_ptr())
+                    })
+                };
                 Tensor::from_vec(dx, x.shape(), &Device::Cpu)
             })
         })
@@ -360,17 +352,19 @@ pub(crate) fn weight_grad<T: Elem>(
     assert!(grad.len() >= m * n && x.len() >= m * k);
     // SAFETY: grad is m×n (read transposed), x m×k (checked above); dw is n×k, every element
     // written.
-    let dw = written_by(n * k, |dw| unsafe {
-        gemm(
-            (n, k, m),
-            (dw, k, 1),
-            false,
-            (grad.as_ptr(), 1, n),
-            (x.as_ptr(), k, 1),
-            T::ONE,
-            Threads::All,
-        )
-    });
+    let dw = unsafe {
+        written_vec(n * k, |dw| {
+            gemm(
+                (n, k, m),
+                (dw.as_mut_ptr(), k, 1),
+                false,
+                (grad.as_ptr(), 1, n),
+                (x.as_ptr(), k, 1),
+                T::ONE,
+                Threads::All,
+            )
+        })
+    };
     Tensor::from_vec(dw, (n, k), &Device::Cpu)
 }
 

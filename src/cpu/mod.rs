@@ -31,7 +31,7 @@ pub(crate) use linear::{
     linear_forward_slice, linear_out_len, weight_grad,
 };
 pub(crate) use panels::{gemm_panels, pack_rows, pack_transposed, panels_len, Panels};
-pub(crate) use slice::{contiguous, filled_vec, slice, with_slice};
+pub(crate) use slice::{contiguous, filled_vec, slice, with_slice, written_vec};
 pub(crate) use stash::Stash;
 
 /// Rows per rayon task of the row ops. Fixed, not derived from the thread count, so that sums

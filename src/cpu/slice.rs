@@ -104,3 +104,20 @@ pub(crate) unsafe fn filled_vec<T>(
     unsafe { v.set_len(len) };
     Ok(v)
 }
+
+/// A `len`-element `Vec` handed to `fill` as a slice before any element is written, for
+/// kernels that write every element of the slice they are given (the SIMD row functions):
+/// no zero fill first.
+///
+/// # Safety
+/// `fill` must write every element before reading it.
+pub(crate) unsafe fn written_vec<T: Copy>(len: usize, fill: impl FnOnce(&mut [T])) -> Vec<T> {
+    let mut v = Vec::with_capacity(len);
+    // SAFETY: the capacity holds `len` elements; the caller's promise: `fill` writes each
+    // before any is read, so the Vec holds only written elements when its length is set.
+    unsafe {
+        fill(std::slice::from_raw_parts_mut(v.as_mut_ptr(), len));
+        v.set_len(len);
+    }
+    v
+}

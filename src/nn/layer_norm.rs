@@ -10,7 +10,7 @@ use candle::{CpuStorage, CustomOp3, DType, Layout, Module, Result, Shape, Tensor
 use candle_nn::{Init, VarBuilder};
 use rayon::prelude::*;
 
-use crate::cpu::{contiguous, fused, unsupported_dtype, ROWS_PER_TASK};
+use crate::cpu::{contiguous, filled_vec, fused, unsupported_dtype, ROWS_PER_TASK};
 
 /// Mean and `1/√(var + eps)` of a row (biased variance, as PyTorch).
 fn stats<T: WithDType>(row: &[T], eps: f64) -> (f64, f64) {
@@ -27,73 +27,107 @@ fn stats<T: WithDType>(row: &[T], eps: f64) -> (f64, f64) {
     (mean, 1.0 / (var + eps).sqrt())
 }
 
-fn forward<T: WithDType>(x: &[T], w: &[T], b: &[T], eps: f64) -> Vec<T> {
+fn forward<T: WithDType>(x: &[T], w: &[T], b: &[T], eps: f64) -> Result<Vec<T>> {
+    let d = whole_rows(x, w)?;
+    if b.len() != d {
+        candle::bail!("{OP}: bias of {} elements for a weight of {d}", b.len())
+    }
+    let chunk = (ROWS_PER_TASK * d).max(1);
+    // SAFETY: x is whole rows of d (checked), and every row of y is written whole (no zero
+    // fill first: a pass over a buffer as large as the activations).
+    unsafe {
+        filled_vec(x.len(), |y| {
+            y.par_chunks_mut(chunk)
+                .zip(x.par_chunks(chunk))
+                .for_each(|(y, x)| {
+                    for (y, x) in y.chunks_exact_mut(d).zip(x.chunks_exact(d)) {
+                        let (mean, rstd) = stats(x, eps);
+                        for (((y, &x), &w), &b) in y.iter_mut().zip(x).zip(w).zip(b) {
+                            let xhat = (x.to_f64() - mean) * rstd;
+                            y.write(T::from_f64(xhat * w.to_f64() + b.to_f64()));
+                        }
+                    }
+                });
+            Ok(())
+        })
+    }
+}
+
+/// The row length `d` (= `w.len()`), checking that `x` is whole rows of it (the output is
+/// written row by row, so a remainder would be left unwritten).
+fn whole_rows<T>(x: &[T], w: &[T]) -> Result<usize> {
     let d = w.len();
-    let mut y = vec![T::from_f64(0.0); x.len()];
-    let chunk = ROWS_PER_TASK * d;
-    y.par_chunks_mut(chunk.max(1))
-        .zip(x.par_chunks(chunk.max(1)))
-        .for_each(|(y, x)| {
-            for (y, x) in y.chunks_exact_mut(d).zip(x.chunks_exact(d)) {
-                let (mean, rstd) = stats(x, eps);
-                for (((y, &x), &w), &b) in y.iter_mut().zip(x).zip(w).zip(b) {
-                    let xhat = (x.to_f64() - mean) * rstd;
-                    *y = T::from_f64(xhat * w.to_f64() + b.to_f64());
-                }
-            }
-        });
-    y
+    if !x.len().is_multiple_of(d) {
+        candle::bail!(
+            "{OP}: {} elements are not whole rows of the weight's {d}",
+            x.len()
+        )
+    }
+    Ok(d)
 }
 
 /// `(dx, dw, db)`: per row `dx = rstd·(g∘w − mean(g∘w) − x̂·mean(g∘w∘x̂))`; `dw = Σ g∘x̂`,
 /// `db = Σ g` over the rows.
-fn backward<T: WithDType>(x: &[T], w: &[T], g: &[T], eps: f64) -> (Vec<T>, Vec<T>, Vec<T>) {
-    let d = w.len();
-    let mut dx = vec![T::from_f64(0.0); x.len()];
+fn backward<T: WithDType>(x: &[T], w: &[T], g: &[T], eps: f64) -> Result<(Vec<T>, Vec<T>, Vec<T>)> {
+    let d = whole_rows(x, w)?;
+    if g.len() != x.len() {
+        candle::bail!(
+            "{OP}: gradient of {} elements for an input of {}",
+            g.len(),
+            x.len()
+        )
+    }
     let chunk = (ROWS_PER_TASK * d).max(1);
-    let (dw, db) = dx
-        .par_chunks_mut(chunk)
-        .zip(x.par_chunks(chunk).zip(g.par_chunks(chunk)))
-        .map(|(dx, (x, g))| {
-            let (mut dw, mut db) = (vec![0f64; d], vec![0f64; d]);
-            let mut xhat = vec![0f64; d];
-            for ((dx, x), g) in dx
-                .chunks_exact_mut(d)
-                .zip(x.chunks_exact(d))
-                .zip(g.chunks_exact(d))
-            {
-                let (mean, rstd) = stats(x, eps);
-                let (mut c1, mut c2) = (0f64, 0f64);
-                for j in 0..d {
-                    xhat[j] = (x[j].to_f64() - mean) * rstd;
-                    let (gj, gw) = (g[j].to_f64(), g[j].to_f64() * w[j].to_f64());
-                    c1 += gw;
-                    c2 += gw * xhat[j];
-                    dw[j] += gj * xhat[j];
-                    db[j] += gj;
-                }
-                let (c1, c2) = (c1 / d as f64, c2 / d as f64);
-                for j in 0..d {
-                    let gw = g[j].to_f64() * w[j].to_f64();
-                    dx[j] = T::from_f64(rstd * (gw - c1 - xhat[j] * c2));
-                }
-            }
-            (dw, db)
+    let mut parts = Vec::new();
+    // SAFETY: x and g are whole rows of d (checked), and every row of dx is written whole (no
+    // zero fill first).
+    let dx = unsafe {
+        filled_vec(x.len(), |dx| {
+            parts = dx
+                .par_chunks_mut(chunk)
+                .zip(x.par_chunks(chunk).zip(g.par_chunks(chunk)))
+                .map(|(dx, (x, g))| {
+                    let (mut dw, mut db) = (vec![0f64; d], vec![0f64; d]);
+                    let mut xhat = vec![0f64; d];
+                    for ((dx, x), g) in dx
+                        .chunks_exact_mut(d)
+                        .zip(x.chunks_exact(d))
+                        .zip(g.chunks_exact(d))
+                    {
+                        let (mean, rstd) = stats(x, eps);
+                        let (mut c1, mut c2) = (0f64, 0f64);
+                        for j in 0..d {
+                            xhat[j] = (x[j].to_f64() - mean) * rstd;
+                            let (gj, gw) = (g[j].to_f64(), g[j].to_f64() * w[j].to_f64());
+                            c1 += gw;
+                            c2 += gw * xhat[j];
+                            dw[j] += gj * xhat[j];
+                            db[j] += gj;
+                        }
+                        let (c1, c2) = (c1 / d as f64, c2 / d as f64);
+                        for j in 0..d {
+                            let gw = g[j].to_f64() * w[j].to_f64();
+                            dx[j].write(T::from_f64(rstd * (gw - c1 - xhat[j] * c2)));
+                        }
+                    }
+                    (dw, db)
+                })
+                // Partial sums collected in chunk order and added in that order: the same dw
+                // and db whichever thread ran which chunk, so training resumes bit-identically.
+                .collect::<Vec<_>>();
+            Ok(())
         })
-        // Partial sums collected in chunk order and added in that order: the same dw and db
-        // whichever thread ran which chunk, so training resumes bit-identically.
-        .collect::<Vec<_>>()
-        .into_iter()
-        .fold(
-            (vec![0f64; d], vec![0f64; d]),
-            |(mut aw, mut ab), (bw, bb)| {
-                aw.iter_mut().zip(&bw).for_each(|(a, b)| *a += b);
-                ab.iter_mut().zip(&bb).for_each(|(a, b)| *a += b);
-                (aw, ab)
-            },
-        );
+    }?;
+    let (dw, db) = parts.into_iter().fold(
+        (vec![0f64; d], vec![0f64; d]),
+        |(mut aw, mut ab), (bw, bb)| {
+            aw.iter_mut().zip(&bw).for_each(|(a, b)| *a += b);
+            ab.iter_mut().zip(&bb).for_each(|(a, b)| *a += b);
+            (aw, ab)
+        },
+    );
     let cast = |v: Vec<f64>| v.into_iter().map(T::from_f64).collect();
-    (dx, cast(dw), cast(db))
+    Ok((dx, cast(dw), cast(db)))
 }
 
 struct LayerNormOp {
@@ -109,12 +143,12 @@ impl LayerNormOp {
         w: (&CpuStorage, &Layout),
         b: (&CpuStorage, &Layout),
     ) -> Result<Vec<T>> {
-        Ok(forward::<T>(
+        forward::<T>(
             contiguous(OP, x.0, x.1)?,
             contiguous(OP, w.0, w.1)?,
             contiguous(OP, b.0, b.1)?,
             self.eps,
-        ))
+        )
     }
 
     /// `(dx, dw, db)` as tensors shaped like `x` and `w`.
@@ -132,7 +166,7 @@ impl LayerNormOp {
             contiguous(OP, &*ws, wl)?,
             contiguous(OP, &*gs, gl)?,
             self.eps,
-        );
+        )?;
         let dev = x.device();
         Ok((
             Tensor::from_vec(dx, x.shape(), dev)?,
