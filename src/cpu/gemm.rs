@@ -1,7 +1,7 @@
 //! The one matrix product of the CPU kernels, over the `gemm` crate (run-time dispatched SIMD
 //! micro-kernels).
 
-use super::small_gemm::{small_gemm, PANEL};
+use super::small_gemm::{small_gemm, Start, PANEL};
 use super::Elem;
 
 /// A matrix operand: pointer to its first element, row stride, column stride (in elements).
@@ -24,9 +24,27 @@ pub(crate) enum Threads {
 /// Every addressed element must be in bounds; `dst` must not overlap the operands.
 #[inline]
 pub(crate) unsafe fn gemm<T: Elem>(
-    (m, n, k): (usize, usize, usize),
+    dims: (usize, usize, usize),
     dst: (*mut T, usize, usize),
     accumulate: bool,
+    lhs: Operand<T>,
+    rhs: Operand<T>,
+    alpha: T,
+    threads: Threads,
+) {
+    gemm_from(dims, dst, accumulate.into(), lhs, rhs, alpha, threads)
+}
+
+/// [`gemm`] from any [`Start`]: `dst = start + alpha · lhs · rhs`, where a [`Start::Row`]
+/// (a linear layer's bias, `n` elements) is added as the register tiles are stored, not
+/// filled into `dst` first (a pass over the output, which the product then read back).
+///
+/// # Safety
+/// As [`gemm`]; a [`Start::Row`] covers `n` elements.
+pub(crate) unsafe fn gemm_from<T: Elem>(
+    (m, n, k): (usize, usize, usize),
+    dst: (*mut T, usize, usize),
+    start: Start<T>,
     lhs: Operand<T>,
     rhs: Operand<T>,
     alpha: T,
@@ -35,11 +53,14 @@ pub(crate) unsafe fn gemm<T: Elem>(
     if m == 0 || n == 0 {
         return;
     }
+    let at = |r: usize, c: usize| dst.0.add(r * dst.1 + c * dst.2);
     if k == 0 {
-        if !accumulate {
-            for r in 0..m {
-                for c in 0..n {
-                    *dst.0.add(r * dst.1 + c * dst.2) = T::ZERO;
+        for r in 0..m {
+            for c in 0..n {
+                match start {
+                    Start::Zero => *at(r, c) = T::ZERO,
+                    Start::Dst => {}
+                    Start::Row(row) => *at(r, c) = *row.add(c),
                 }
             }
         }
@@ -60,7 +81,7 @@ pub(crate) unsafe fn gemm<T: Elem>(
             (rhs.0, rhs.1, PANEL, 0),
             (dst.0, dst.1),
             alpha,
-            accumulate,
+            start,
         )
     {
         return;
@@ -74,7 +95,7 @@ pub(crate) unsafe fn gemm<T: Elem>(
         && super::par_gemm::par_gemm(
             (m, n, k),
             (dst.0, dst.1),
-            accumulate,
+            start,
             lhs,
             rhs,
             alpha,
@@ -83,6 +104,19 @@ pub(crate) unsafe fn gemm<T: Elem>(
     {
         return;
     }
+    // The `gemm` crate has no row start: the row is filled in first.
+    let accumulate = match start {
+        Start::Zero => false,
+        Start::Dst => true,
+        Start::Row(row) => {
+            for r in 0..m {
+                for c in 0..n {
+                    *at(r, c) = *row.add(c);
+                }
+            }
+            true
+        }
+    };
     let parallelism = match (all, num_threads()) {
         (true, t) if t > 1 => gemm::Parallelism::Rayon(t),
         _ => gemm::Parallelism::None,

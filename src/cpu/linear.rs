@@ -8,8 +8,8 @@ use candle::{CpuStorage, Device, Layout, Result, Shape, Storage, Tensor};
 use rayon::prelude::*;
 
 use super::{
-    contiguous, fused, gemm, par, slice, unsupported_dtype, with_slice, written_vec, Elem, Grads3,
-    NeedsGrad, Threads,
+    contiguous, fused, gemm, gemm_from, par, slice, unsupported_dtype, with_slice, written_vec,
+    Elem, Grads3, NeedsGrad, Start, Threads,
 };
 
 const OP: &str = "fused linear";
@@ -42,22 +42,30 @@ fn mat<'a, T: Elem>(s: &'a CpuStorage, l: &Layout) -> Result<Mat<'a, T>> {
     })
 }
 
-/// `out (m×n) = x·wᵀ + out` (`accumulate`: `out` holds the bias rows) or `x·wᵀ` (what `out`
-/// holds is ignored).
+/// `out (m×n) = x·wᵀ + bias` (each output row starting from `bias`, added as the register
+/// tiles are stored: no pass over the output to fill it in first) or `x·wᵀ`; what `out` holds
+/// on entry is ignored and every element written.
 fn product<T: Elem>(
     x: Mat<T>,
     w: Mat<T>,
-    accumulate: bool,
+    bias: Option<&[T]>,
     (m, k, n): (usize, usize, usize),
     out: &mut [T],
 ) {
     let out = &mut out[..m * n];
-    // SAFETY: x is m×k, w is n×k (read transposed), out is m×n.
+    let start = match bias {
+        Some(row) => {
+            assert_eq!(row.len(), n, "bias row length");
+            Start::Row(row.as_ptr())
+        }
+        None => Start::Zero,
+    };
+    // SAFETY: x is m×k, w is n×k (read transposed), out is m×n, the bias row n elements.
     unsafe {
-        gemm(
+        gemm_from(
             (m, n, k),
             (out.as_mut_ptr(), n, 1),
-            accumulate,
+            start,
             (x.data.as_ptr(), x.rs, x.cs),
             (w.data.as_ptr(), w.cs, w.rs),
             T::ONE,
@@ -69,31 +77,6 @@ fn product<T: Elem>(
 /// The bias as one row.
 fn bias_row<T: Elem>(b: &Mat<T>, n: usize) -> Vec<T> {
     (0..n).map(|j| b.data[j * b.cs]).collect()
-}
-
-/// Rows per task of the parallel bias fill.
-const FILL_ROWS: usize = 64;
-
-/// `m` copies of `row`, written by all threads: one thread writing (and page-faulting) the
-/// whole output took 5% of a small shape's forward pass while the other cores waited.
-fn repeat_row<T: Elem>(row: &[T], m: usize) -> Vec<T> {
-    let n = row.len();
-    let mut out = Vec::with_capacity(m * n);
-    par::for_each_chunk_mut(
-        &mut out.spare_capacity_mut()[..m * n],
-        (n * FILL_ROWS).max(1),
-        par::parallel_pass(m * n),
-        |_, rows| {
-            for r in rows.chunks_exact_mut(n.max(1)) {
-                for (d, s) in r.iter_mut().zip(row) {
-                    d.write(*s);
-                }
-            }
-        },
-    );
-    // SAFETY: every one of the m·n elements was written above.
-    unsafe { out.set_len(m * n) };
-    out
 }
 
 /// `(M, K, Nout)` of `x (…, K)` (M = the product of the leading dims) and `w (Nout, K)`.
@@ -157,23 +140,19 @@ pub(crate) fn linear_forward_slice<T: Elem>(
     Ok((out, out_shape(x_dims, n)))
 }
 
-/// `x (m×k) · w (n×k)ᵀ + b` as a fresh `Vec`.
+/// `x (m×k) · w (n×k)ᵀ + b` as a fresh `Vec` (every element written by the product).
 fn linear_vec<T: Elem>(
     x: Mat<T>,
     w: (&CpuStorage, &Layout),
     b: Option<(&CpuStorage, &Layout)>,
     (m, k, n): (usize, usize, usize),
 ) -> Result<Vec<T>> {
-    let b = b.map(|(s, l)| mat1::<T>(s, l)).transpose()?;
-    // The bias rows are the product's starting value, written as the Vec is built (no zero
-    // fill first); without a bias, zeros (the product ignores them, but an uninitialised Vec
-    // must not be exposed).
-    let mut out = match &b {
-        Some(b) => repeat_row(&bias_row(b, n), m),
-        None => vec![T::ZERO; m * n],
-    };
-    product(x, mat(w.0, w.1)?, b.is_some(), (m, k, n), &mut out);
-    Ok(out)
+    let bias = b
+        .map(|(s, l)| Ok::<_, candle::Error>(bias_row(&mat1::<T>(s, l)?, n)))
+        .transpose()?;
+    let w = mat(w.0, w.1)?;
+    // SAFETY: the product writes every element (no zero fill first).
+    Ok(unsafe { written_vec(m * n, |out| product(x, w, bias.as_deref(), (m, k, n), out)) })
 }
 
 /// `x (…, K) · w (Nout, K)ᵀ + b` written into `out` (at least `M·Nout` elements, any
@@ -192,23 +171,13 @@ pub(crate) fn linear_forward_into<T: Elem>(
             out.len()
         )
     }
-    let b = b.map(|(s, l)| mat1::<T>(s, l)).transpose()?;
-    if let Some(b) = &b {
-        let row = bias_row(b, n);
-        par::for_each_chunk_mut(
-            &mut out[..m * n],
-            (n * FILL_ROWS).max(1),
-            par::parallel_pass(m * n),
-            |_, rows| {
-                rows.chunks_exact_mut(n.max(1))
-                    .for_each(|r| r.copy_from_slice(&row))
-            },
-        );
-    }
+    let bias = b
+        .map(|(s, l)| Ok::<_, candle::Error>(bias_row(&mat1::<T>(s, l)?, n)))
+        .transpose()?;
     product(
         rows_of(x.0, x.1)?,
         mat(w.0, w.1)?,
-        b.is_some(),
+        bias.as_deref(),
         (m, k, n),
         out,
     );

@@ -25,13 +25,14 @@ pub(crate) use custom_op::{op_with_optional_bias, Grads3, NeedsGrad};
 pub(crate) use dtype::{fused, unsupported_dtype};
 pub(crate) use elem::Elem;
 pub(crate) use gelu::{gelu, gelu_grad, gelu_grad_into};
-pub(crate) use gemm::{gemm, Threads};
+pub(crate) use gemm::{gemm, gemm_from, Threads};
 pub(crate) use linear::{
     bias_grad, input_grad_into, linear, linear_backward_slice, linear_forward_into,
     linear_forward_slice, linear_out_len, weight_grad,
 };
 pub(crate) use panels::{gemm_panels, pack_rows, pack_transposed, panels_len, Panels};
 pub(crate) use slice::{contiguous, filled_vec, slice, with_slice, written_vec};
+pub(crate) use small_gemm::Start;
 pub(crate) use stash::Stash;
 
 /// Rows per rayon task of the row ops. Fixed, not derived from the thread count, so that sums

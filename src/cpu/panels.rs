@@ -148,7 +148,7 @@ pub(crate) unsafe fn gemm_panels<T: Elem>(
             (b, PANEL, rhs.ps, j0),
             (dst, ld),
             alpha,
-            accumulate,
+            accumulate.into(),
         )
     {
         return;

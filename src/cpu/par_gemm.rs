@@ -19,7 +19,7 @@ use rayon::prelude::*;
 use super::gemm::Operand;
 use super::panels::{pack_rows_panel, pack_transposed_panel, panels_len, PANEL};
 use super::simd::Isa;
-use super::small_gemm::{small_gemm_packed_with, small_gemm_with, tile_rows};
+use super::small_gemm::{small_gemm_packed_with, small_gemm_with, tile_rows, Start};
 use super::{workspace, Elem};
 
 /// Bytes of the right operand's part a register-tile strip reads (`kc` rows × 16 columns):
@@ -38,25 +38,26 @@ const BLOCKS_PER_THREAD: usize = 4;
 /// The narrowest column block (four register-tile strips).
 const MIN_BLOCK_COLS: usize = 4 * PANEL;
 
-/// `dst[m×n] = [dst +] alpha · lhs[m×k] · rhs[k×n]` on rayon's threads (`threads`: how many,
-/// for the block count), `dst` given by pointer and row stride, `rhs` with unit row or column
-/// stride. Returns `false` (and does nothing) where the CPU has no register-tile product
+/// `dst[m×n] = start + alpha · lhs[m×k] · rhs[k×n]` on rayon's threads (`threads`: how many,
+/// for the block count; `start`: nothing, `dst` itself or a bias row), `dst` given by pointer
+/// and row stride, `rhs` with unit row or column stride. Returns `false` (and does nothing) where the CPU has no register-tile product
 /// (neither AVX-512 nor AVX2 with FMA), `rhs` has neither unit stride or a dimension is 0:
 /// the caller falls back to the `gemm` crate.
 ///
 /// # Safety
-/// Every addressed element must be in bounds; `dst` must not overlap the operands.
+/// Every addressed element must be in bounds (a [`Start::Row`] covers `n` elements); `dst`
+/// must not overlap the operands.
 pub(crate) unsafe fn par_gemm<T: Elem>(
     dims: (usize, usize, usize),
     dst: (*mut T, usize),
-    accumulate: bool,
+    start: Start<T>,
     lhs: Operand<T>,
     rhs: Operand<T>,
     alpha: T,
     threads: usize,
 ) -> bool {
     match Isa::detect() {
-        Some(isa) => par_gemm_with(isa, dims, dst, accumulate, lhs, rhs, alpha, threads),
+        Some(isa) => par_gemm_with(isa, dims, dst, start, lhs, rhs, alpha, threads),
         None => false,
     }
 }
@@ -70,7 +71,7 @@ pub(crate) unsafe fn par_gemm_with<T: Elem>(
     isa: Isa,
     (m, n, k): (usize, usize, usize),
     (dst, ld): (*mut T, usize),
-    accumulate: bool,
+    start: Start<T>,
     lhs: Operand<T>,
     rhs: Operand<T>,
     alpha: T,
@@ -130,6 +131,12 @@ pub(crate) unsafe fn par_gemm_with<T: Elem>(
         SendPtr(dst as *const T),
         SendPtr(lhs.0),
     );
+    // The start as something rayon's tasks may share (a bias row is only read).
+    let (start_kind, start_row) = match start {
+        Start::Zero => (0, SendPtr(std::ptr::null())),
+        Start::Dst => (1, SendPtr(std::ptr::null())),
+        Start::Row(r) => (2, SendPtr(r)),
+    };
     (0..row_blocks * col_blocks)
         .into_par_iter()
         .with_max_len(1)
@@ -144,7 +151,12 @@ pub(crate) unsafe fn par_gemm_with<T: Elem>(
                 let mut p0 = 0;
                 while p0 < k {
                     let depth = kc.min(k - p0);
-                    let accumulate = accumulate || p0 > 0;
+                    // Later inner blocks add to what the first one stored.
+                    let start = match (p0 > 0, start_kind) {
+                        (true, _) | (false, 1) => Start::Dst,
+                        (false, 0) => Start::Zero,
+                        _ => Start::Row(start_row.get().wrapping_add(j0)),
+                    };
                     // SAFETY: rows i0.., columns j0.. and inner indices p0.. lie in the
                     // operands (the caller's contract); blocks write disjoint parts of dst.
                     unsafe {
@@ -159,7 +171,7 @@ pub(crate) unsafe fn par_gemm_with<T: Elem>(
                                 rhs(0),
                                 c(0),
                                 alpha,
-                                accumulate,
+                                start,
                             ),
                             Some(tiles) => {
                                 pack_tiles(a0, lhs.2, (rows, depth), tr, tiles);
@@ -181,7 +193,7 @@ pub(crate) unsafe fn par_gemm_with<T: Elem>(
                                         rhs(j),
                                         c(j),
                                         alpha,
-                                        accumulate,
+                                        start.shifted(j),
                                     )
                                 }
                             }
@@ -284,8 +296,9 @@ mod tests {
     /// 1–3 threads: row blocks with remainders (96-row blocks, 6- and 12-row tiles), column
     /// blocks and panels with remainders, several inner-dimension blocks (256 in f32, 128 in
     /// f64), a left operand read in place or transposed (packed into tiles), a right one
-    /// by rows or transposed (the two packings), with and without accumulation and scaling; every
-    /// output element written (NaN on entry where not accumulating), none past column `n`.
+    /// by rows or transposed (the two packings), starting from nothing, from `dst` or from a
+    /// bias row, with and without scaling; every output element written (NaN on entry where
+    /// not accumulating), none past column `n`.
     #[test]
     fn matches_a_plain_loop() {
         let isas = Isa::available();
@@ -313,11 +326,14 @@ mod tests {
             (13, 100, 1),
             (250, 17, 129),
         ] {
-            for &(lhs_t, rhs_t, accumulate, alpha) in &[
-                (false, false, false, 1.0),
-                (true, false, true, 0.5),
-                (false, true, true, -2.0),
-                (true, true, false, 1.0),
+            // start: 0 overwrite, 1 accumulate, 2 from a row (a bias).
+            for &(lhs_t, rhs_t, start, alpha) in &[
+                (false, false, 0, 1.0),
+                (true, false, 1, 0.5),
+                (false, true, 1, -2.0),
+                (true, true, 0, 1.0),
+                (false, true, 2, 1.0),
+                (true, false, 2, -0.5),
             ] {
                 // lhs stored m×k (row stride k+3) or k×m (row stride m+2, read transposed);
                 // rhs k×n (row stride n+5) or n×k (row stride k+1, read transposed).
@@ -333,12 +349,18 @@ mod tests {
                 let b: Vec<T> = (0..b_len).map(|i| T::from_f64(val(i, 2))).collect();
                 let ld = n + 1;
                 let c0: Vec<T> = (0..m * ld)
-                    .map(|i| match accumulate || i % ld == n {
+                    .map(|i| match start == 1 || i % ld == n {
                         true => T::from_f64(val(i, 3)),
                         false => T::from_f64(f64::NAN),
                     })
                     .collect();
                 let mut c = c0.clone();
+                let row: Vec<T> = (0..n).map(|j| T::from_f64(val(j, 4))).collect();
+                let from = match start {
+                    0 => Start::Zero,
+                    1 => Start::Dst,
+                    _ => Start::Row(row.as_ptr()),
+                };
                 // SAFETY: the strides and lengths above cover every addressed element; the
                 // CPU has `isa`.
                 let done = unsafe {
@@ -346,7 +368,7 @@ mod tests {
                         isa,
                         (m, n, k),
                         (c.as_mut_ptr(), ld),
-                        accumulate,
+                        from,
                         (a.as_ptr(), ars, acs),
                         (b.as_ptr(), brs, bcs),
                         T::from_f64(alpha),
@@ -366,10 +388,15 @@ mod tests {
                         let dot: f64 = (0..k)
                             .map(|p| a[i * ars + p * acs].into() * b[p * brs + j * bcs].into())
                             .sum();
-                        let want = alpha * dot + if accumulate { old } else { 0.0 };
+                        let want = alpha * dot
+                            + match start {
+                                0 => 0.0,
+                                1 => old,
+                                _ => row[j].into(),
+                            };
                         assert!(
                             (got - want).abs() <= tol * (1.0 + want.abs()),
-                            "{case} acc={accumulate}: c[{i}][{j}] = {got}, want {want}"
+                            "{case} start={start}: c[{i}][{j}] = {got}, want {want}"
                         );
                     }
                 }
@@ -414,7 +441,7 @@ mod tests {
                 isa,
                 (4, 4, 4),
                 (c.as_mut_ptr(), 4),
-                false,
+                Start::Zero,
                 (a.as_ptr(), 4, 1),
                 (b.as_ptr(), 8, 2),
                 1.0,

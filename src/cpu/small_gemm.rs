@@ -23,7 +23,42 @@ use super::simd::Isa;
 /// Columns of a panel of a packed right operand.
 pub(crate) const PANEL: usize = 16;
 
-/// `c[m×n] = [c +] alpha · a[m×k] · b[k×n]`: `a(i, p)` at `a + i·ars + p·acs`, `c(i, j)` at
+/// What an output element holds before the product is added to it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Start<T> {
+    /// Nothing: the output is overwritten (its contents may be uninitialised).
+    Zero,
+    /// Its current value (`c += …`).
+    Dst,
+    /// Element `j` of a row, the same for every output row (a linear layer's bias, added
+    /// as the tile is stored: no pass over the output to fill it in first). The pointer is
+    /// the row's element for the call's output column 0.
+    Row(*const T),
+}
+
+impl<T> Start<T> {
+    /// The same start for the part of the output from column `j` on.
+    pub(crate) fn shifted(self, j: usize) -> Self {
+        match self {
+            // SAFETY (of the pointer arithmetic): the row covers the output's columns.
+            Start::Row(r) => Start::Row(r.wrapping_add(j)),
+            other => other,
+        }
+    }
+}
+
+impl<T> From<bool> for Start<T> {
+    /// `accumulate`: `true` is [`Start::Dst`], `false` [`Start::Zero`].
+    fn from(accumulate: bool) -> Self {
+        match accumulate {
+            true => Start::Dst,
+            false => Start::Zero,
+        }
+    }
+}
+
+/// `c[m×n] = start + alpha · a[m×k] · b[k×n]` (`start`: nothing, `c` itself or a row, see
+/// [`Start`]): `a(i, p)` at `a + i·ars + p·acs`, `c(i, j)` at
 /// `c + i·ldc + j`, and `b` in panels of [`PANEL`] columns: with `J = j0 + j`, `b(p, j)` at
 /// `b + (J / 16)·bps + p·ldb + J % 16`. A plain row-major `b` is `bps = 16`, `j0 = 0`; a
 /// packed one (see `super::panels`) has `ldb = 16` and a panel stride `bps`, and `j0` says
@@ -38,21 +73,23 @@ pub(crate) unsafe fn small_gemm<T: Lanes>(
     b: (*const T, usize, usize, usize),
     c: (*mut T, usize),
     alpha: T,
-    accumulate: bool,
+    start: Start<T>,
 ) -> bool {
     match Isa::detect() {
         Some(isa) => {
-            small_gemm_with(isa, dims, a, b, c, alpha, accumulate);
+            small_gemm_with(isa, dims, a, b, c, alpha, start);
             true
         }
         None => false,
     }
 }
 
-/// [`small_gemm`] with a chosen instruction set (the tests run both).
+/// [`small_gemm`] with a chosen instruction set (the tests run both) and any [`Start`]:
+/// `c = start + alpha · a · b`.
 ///
 /// # Safety
-/// As [`small_gemm`]; and the CPU has `isa` (see [`Isa::detect`]).
+/// As [`small_gemm`]; and the CPU has `isa` (see [`Isa::detect`]); a [`Start::Row`] covers
+/// `n` elements.
 pub(crate) unsafe fn small_gemm_with<T: Lanes>(
     isa: Isa,
     dims: (usize, usize, usize),
@@ -60,9 +97,9 @@ pub(crate) unsafe fn small_gemm_with<T: Lanes>(
     b: (*const T, usize, usize, usize),
     c: (*mut T, usize),
     alpha: T,
-    accumulate: bool,
+    start: Start<T>,
 ) {
-    product_with(isa, dims, (a.0, a.1, a.2, None), b, c, alpha, accumulate)
+    product_with(isa, dims, (a.0, a.1, a.2, None), b, c, alpha, start)
 }
 
 /// Rows of a register tile of `T` with `isa`: the row count of the left operand's packed
@@ -93,18 +130,10 @@ pub(crate) unsafe fn small_gemm_packed_with<T: Lanes>(
     b: (*const T, usize, usize, usize),
     c: (*mut T, usize),
     alpha: T,
-    accumulate: bool,
+    start: Start<T>,
 ) {
     let r = tile_rows::<T>(isa);
-    product_with(
-        isa,
-        dims,
-        (a, 1, r, Some(tile_stride)),
-        b,
-        c,
-        alpha,
-        accumulate,
-    )
+    product_with(isa, dims, (a, 1, r, Some(tile_stride)), b, c, alpha, start)
 }
 
 /// The dispatch of both entries: `a` with its strides and, for a packed one, its tile stride.
@@ -116,15 +145,15 @@ unsafe fn product_with<T: Lanes>(
     b: (*const T, usize, usize, usize),
     c: (*mut T, usize),
     alpha: T,
-    accumulate: bool,
+    start: Start<T>,
 ) {
     #[cfg(target_arch = "x86_64")]
     match isa {
-        Isa::Avx512 => tiles::product_avx512(dims, a, b, c, alpha, accumulate),
-        Isa::Avx2 => tiles::product_avx2(dims, a, b, c, alpha, accumulate),
+        Isa::Avx512 => tiles::product_avx512(dims, a, b, c, alpha, start),
+        Isa::Avx2 => tiles::product_avx2(dims, a, b, c, alpha, start),
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (isa, dims, a, b, c, alpha, accumulate);
+    let _ = (isa, dims, a, b, c, alpha, start);
 }
 
 /// The element types with register-tile products: their vector types for each instruction set.
@@ -326,9 +355,9 @@ mod tiles {
                 b: (*const T, usize, usize, usize),
                 c: (*mut T, usize),
                 alpha: T,
-                accumulate: bool,
+                start: Start<T>,
             ) {
-                product::<T, T::$isa>(dims, a, b, c, alpha, accumulate)
+                product::<T, T::$isa>(dims, a, b, c, alpha, start)
             }
         };
     }
@@ -354,7 +383,7 @@ mod tiles {
         (b, ldb, bps, j0): (*const T, usize, usize, usize),
         (c, ldc): (*mut T, usize),
         alpha: T,
-        accumulate: bool,
+        start: Start<T>,
     ) {
         let w = S::W;
         // From one tile's first row of `a` to the next's: packed, or MR rows down.
@@ -377,6 +406,7 @@ mod tiles {
                 false => b0,
             };
             let cj = c.add(j);
+            let start = start.shifted(j);
             let mut i = 0;
             while i < m {
                 let rows = (m - i).min(S::MR);
@@ -390,7 +420,7 @@ mod tiles {
                     c: cj.add(i * ldc),
                     ldc,
                     alpha,
-                    accumulate,
+                    start,
                     cols,
                 };
                 macro_rules! rows {
@@ -421,7 +451,7 @@ mod tiles {
         c: *mut T,
         ldc: usize,
         alpha: T,
-        accumulate: bool,
+        start: Start<T>,
         cols: usize,
     }
 
@@ -459,15 +489,21 @@ mod tiles {
             let alpha = S::splat(self.alpha);
             for (r, acc) in acc.iter().enumerate() {
                 let cp = self.c.add(r * self.ldc);
+                // What the tile's row starts from: c itself, the bias row or nothing.
+                let from = match self.start {
+                    Start::Zero => None,
+                    Start::Dst => Some(cp.cast_const()),
+                    Start::Row(row) => Some(row),
+                };
                 let mut x0 = S::mul(acc[0], alpha);
-                if self.accumulate {
-                    x0 = S::add(x0, S::load(cp, n0));
+                if let Some(from) = from {
+                    x0 = S::add(x0, S::load(from, n0));
                 }
                 S::store(cp, x0, n0);
                 if two {
                     let mut x1 = S::mul(acc[1], alpha);
-                    if self.accumulate {
-                        x1 = S::add(x1, S::load(cp.add(w), n1));
+                    if let Some(from) = from {
+                        x1 = S::add(x1, S::load(from.add(w), n1));
                     }
                     S::store(cp.add(w), x1, n1);
                 }
@@ -484,8 +520,8 @@ mod tests {
     /// Against an f64 triple loop, for every instruction set this CPU has, in f32 and f64:
     /// every row and column remainder of the register tiles, a transposed and a strided `a`, a
     /// plain `b` and `c` wider than the product, a `b` in panels with a gap between them (NaN,
-    /// as every element no product may read) and column offsets inside a panel, with and
-    /// without accumulation and scaling.
+    /// as every element no product may read) and column offsets inside a panel, starting from
+    /// nothing, from `c` (accumulating) or from a row (a bias), with and without scaling.
     #[test]
     fn matches_a_plain_loop() {
         let isas = Isa::available();
@@ -508,12 +544,15 @@ mod tests {
             (64, 5, 3),
             (5, 64, 128),
         ] {
-            for &(transposed_a, panels, j0, accumulate, alpha) in &[
-                (false, false, 0, false, 1.0),
-                (true, false, 0, true, 0.125),
-                (false, true, 0, true, -2.0),
-                (true, true, 3, false, 1.0),
-                (false, true, 13, true, 0.5),
+            // start: 0 overwrite, 1 accumulate, 2 from a row (a bias).
+            for &(transposed_a, panels, j0, start, alpha) in &[
+                (false, false, 0, 0, 1.0),
+                (true, false, 0, 1, 0.125),
+                (false, true, 0, 1, -2.0),
+                (true, true, 3, 0, 1.0),
+                (false, true, 13, 1, 0.5),
+                (true, false, 0, 2, 1.0),
+                (false, true, 13, 2, -0.5),
             ] {
                 // a stored m×k with row stride k+3, or k×m (read transposed) with row stride m+2.
                 let (ars, acs, a_len) = match transposed_a {
@@ -538,6 +577,12 @@ mod tests {
                 let a: Vec<T> = (0..a_len).map(|i| T::from_f64(val(i, 1))).collect();
                 let c0: Vec<T> = (0..m * ldc).map(|i| T::from_f64(val(i, 3))).collect();
                 let mut c = c0.clone();
+                let row: Vec<T> = (0..n).map(|j| T::from_f64(val(j, 4))).collect();
+                let from = match start {
+                    0 => Start::Zero,
+                    1 => Start::Dst,
+                    _ => Start::Row(row.as_ptr()),
+                };
                 // SAFETY: the strides and lengths above cover every addressed element; the
                 // CPU has `isa`.
                 unsafe {
@@ -548,7 +593,7 @@ mod tests {
                         (b.as_ptr(), ldb, bps, j0),
                         (c.as_mut_ptr(), ldc),
                         T::from_f64(alpha),
-                        accumulate,
+                        from,
                     )
                 };
                 for i in 0..m {
@@ -565,10 +610,15 @@ mod tests {
                         let dot: f64 = (0..k)
                             .map(|p| a[i * ars + p * acs].into() * b[b_at(p, j)].into())
                             .sum();
-                        let want = alpha * dot + if accumulate { old } else { 0.0 };
+                        let want = alpha * dot
+                            + match start {
+                                0 => 0.0,
+                                1 => old,
+                                _ => row[j].into(),
+                            };
                         assert!(
                             (got - want).abs() <= tol * (1.0 + want.abs()),
-                            "{case} acc={accumulate}: c[{i}][{j}] = {got}, want {want}"
+                            "{case} start={start}: c[{i}][{j}] = {got}, want {want}"
                         );
                     }
                 }
