@@ -1,5 +1,6 @@
-//! `x @ w.T + b` as one CPU op: the bias is the product's starting value (no separate
-//! broadcast add, which costs candle as much as half the product), backward included.
+//! `x @ w.T + b` as one CPU op: the bias is the product's starting value, added to each
+//! register tile as it is stored (no separate broadcast add, which costs candle as much as
+//! half the product, and no fill of the output first), backward included.
 //!
 //! PyTorch equivalent: `F.linear(x, w, b)` (`addmm`).
 
