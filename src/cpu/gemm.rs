@@ -157,3 +157,73 @@ fn num_threads() -> usize {
     static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *THREADS.get_or_init(candle::utils::get_num_threads)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `gemm_from` with a bias row against a plain loop on each of its paths: the one-thread
+    /// register tiles, `par_gemm` (forced parallel), the `gemm` crate (a right operand with
+    /// no unit stride, which `par_gemm` declines: the row is filled in first) and `k = 0` (the
+    /// row alone); f32 and f64. Nothing past column `n` is written.
+    #[test]
+    fn starts_from_a_row_on_every_path() {
+        fn check<T: Elem + Into<f64>>(tol: f64) {
+            let val = |i: usize, s: u64| ((i as u64 * 2654435761 + s) % 1009) as f64 / 251.0 - 2.0;
+            // (dims, threads, rhs column stride: 1 or 2 (neither stride unit))
+            let cases = [
+                ((9, 21, 13), Threads::One, 1),
+                ((70, 37, 300), Threads::All, 1),
+                ((70, 37, 300), Threads::All, 2),
+                ((5, 7, 0), Threads::All, 1),
+            ];
+            for ((m, n, k), threads, bcs) in cases {
+                let a: Vec<T> = (0..m * k).map(|i| T::from_f64(val(i, 1))).collect();
+                let brs = bcs * n + 1;
+                let b: Vec<T> = (0..k.max(1) * brs)
+                    .map(|i| T::from_f64(val(i, 2)))
+                    .collect();
+                let row: Vec<T> = (0..n).map(|j| T::from_f64(val(j, 4))).collect();
+                let ld = n + 1;
+                let mut c = vec![T::from_f64(f64::NAN); m * ld];
+                for i in 0..m {
+                    c[i * ld + n] = T::from_f64(7.0);
+                }
+                crate::cpu::par::force(Some(threads == Threads::All));
+                // SAFETY: a is m×k, b k rows of stride brs with n columns of stride bcs, c m
+                // rows of stride ld, the row n elements.
+                unsafe {
+                    gemm_from(
+                        (m, n, k),
+                        (c.as_mut_ptr(), ld, 1),
+                        Start::Row(row.as_ptr()),
+                        (a.as_ptr(), k, 1),
+                        (b.as_ptr(), brs, bcs),
+                        T::from_f64(0.5),
+                        threads,
+                    )
+                };
+                crate::cpu::par::force(None);
+                for i in 0..m {
+                    assert_eq!(
+                        c[i * ld + n].into(),
+                        7.0,
+                        "({m},{n},{k}) wrote past column {n}"
+                    );
+                    for j in 0..n {
+                        let dot: f64 = (0..k)
+                            .map(|p| a[i * k + p].into() * b[p * brs + j * bcs].into())
+                            .sum();
+                        let (got, want) = (c[i * ld + j].into(), row[j].into() + 0.5 * dot);
+                        assert!(
+                            (got - want).abs() <= tol * (1.0 + want.abs()),
+                            "({m},{n},{k}) bcs={bcs}: c[{i}][{j}] = {got}, want {want}"
+                        );
+                    }
+                }
+            }
+        }
+        check::<f32>(1e-4);
+        check::<f64>(1e-12);
+    }
+}
