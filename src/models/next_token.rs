@@ -196,8 +196,13 @@ impl NextTokenPredictor {
         let offset = (first_row * l * self.config.embed_dim) as u64;
         let dev = tokens.device();
         let positions = Tensor::arange(0u32, l as u32, dev)?;
-        let x = self.token_embedding.forward(tokens)?;
-        let mut x = x.broadcast_add(&self.position_embedding.forward(&positions)?)?;
+        // One op for both lookups and their sum (one autograd node instead of six).
+        let mut x = crate::nn::embedding_sum(
+            &self.token_embedding,
+            tokens,
+            &self.position_embedding,
+            &positions,
+        )?;
         let p = self.config.resid_dropout;
         if let (Some(seed), true) = (dropout_seed, p > 0.0) {
             x = seeded_dropout_at(&x, p, derive_seed(seed, "embedding"), offset)?;

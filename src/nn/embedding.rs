@@ -1,7 +1,13 @@
 //! `nn.Embedding`: a lookup table initialised N(0, 1).
 
-use candle::{Module, Result, Tensor};
+use candle::backend::BackendStorage;
+use candle::{
+    CpuStorage, CustomOp2, DType, Device, Layout, Module, Result, Shape, Storage, Tensor,
+};
 use candle_nn::{Init, VarBuilder};
+use rayon::prelude::*;
+
+use crate::cpu::{contiguous, fused, unsupported_dtype, written_vec, Elem, ROWS_PER_TASK};
 
 /// A lookup table of `num_embeddings` vectors.
 ///
@@ -38,5 +44,177 @@ impl Module for Embedding {
         self.weight
             .index_select(&ids.flatten_all()?, 0)?
             .reshape(dims)
+    }
+}
+
+/// `tokens[ids] + positions[pos]` as one CPU op (f32/f64) with its backward: `ids (N, L)`
+/// (u32/i64), `pos (L)` (u32) → `(N, L, dim)`. candle's lookups and broadcast add are six
+/// autograd nodes here, three of them as large as the output, each of which candle's
+/// backward pass adds into a fresh zero tensor; this is one. Elsewhere (other devices and
+/// dtypes) the same sum of candle's ops.
+///
+/// PyTorch equivalent: `tok_emb(ids) + pos_emb(pos)`.
+pub(crate) fn embedding_sum(
+    tokens: &Embedding,
+    ids: &Tensor,
+    positions: &Embedding,
+    pos: &Tensor,
+) -> Result<Tensor> {
+    let (tw, pw) = (tokens.weight(), positions.weight());
+    if !fused(tw) || tw.dtype() != pw.dtype() || !fused(pw) || ids.rank() != 2 {
+        return tokens.forward(ids)?.broadcast_add(&positions.forward(pos)?);
+    }
+    let (n, l) = ids.dims2()?;
+    let ((v, e), (p, pe)) = (tw.dims2()?, pw.dims2()?);
+    if pe != e || pos.dims() != [l] {
+        candle::bail!(
+            "embedding sum: token table (V, E) = {:?}, position table {:?} and positions {:?} \
+             do not fit ids (N, L) = {:?}",
+            [v, e],
+            [p, pe],
+            pos.dims(),
+            [n, l]
+        )
+    }
+    let ids = ids.flatten_all()?.to_dtype(DType::I64)?.to_vec1::<i64>()?;
+    let pos = pos.to_dtype(DType::I64)?.to_vec1::<i64>()?;
+    for (what, list, rows) in [("ids", &ids, v), ("positions", &pos, p)] {
+        if let Some(bad) = list.iter().find(|&&i| i < 0 || i as usize >= rows) {
+            candle::bail!("embedding sum: {what} must be in [0, {rows}), got {bad}")
+        }
+    }
+    let op = EmbeddingSum {
+        ids: ids.into_iter().map(|i| i as usize).collect(),
+        pos: pos.into_iter().map(|i| i as usize).collect(),
+        shape: (n, l, e),
+    };
+    tw.apply_op2(pw, op)
+}
+
+/// The op of [`embedding_sum`] on `(tokens table, positions table)`; the indices are data.
+struct EmbeddingSum {
+    /// `N·L` token ids, row-major.
+    ids: Vec<usize>,
+    /// `L` positions.
+    pos: Vec<usize>,
+    shape: (usize, usize, usize),
+}
+
+const OP: &str = "embedding sum";
+
+impl EmbeddingSum {
+    fn forward<T: Elem>(&self, tok: &[T], pos: &[T]) -> Vec<T> {
+        let (_, l, e) = self.shape;
+        let rows = (ROWS_PER_TASK * e).max(1);
+        // SAFETY: every row of the output is written whole (`e` elements from each table).
+        unsafe {
+            written_vec(self.ids.len() * e, |out| {
+                out.par_chunks_mut(rows).enumerate().for_each(|(c, out)| {
+                    for (i, o) in out.chunks_exact_mut(e.max(1)).enumerate() {
+                        let r = c * ROWS_PER_TASK + i;
+                        let t = &tok[self.ids[r] * e..][..e];
+                        let p = &pos[self.pos[r % l] * e..][..e];
+                        for ((o, &t), &p) in o.iter_mut().zip(t).zip(p) {
+                            *o = t + p;
+                        }
+                    }
+                })
+            })
+        }
+    }
+
+    /// The tables' gradients: each output row's gradient added into its token's and its
+    /// position's row, in row order (the same sums whatever the thread count).
+    fn backward<T: Elem>(
+        &self,
+        g: &[T],
+        tables: (usize, usize),
+        needs: (bool, bool),
+    ) -> (Vec<T>, Vec<T>) {
+        let (_, l, e) = self.shape;
+        let scatter = |rows: usize, index: &dyn Fn(usize) -> usize| {
+            let mut d = vec![T::ZERO; rows * e];
+            for (r, g) in g.chunks_exact(e.max(1)).enumerate() {
+                for (d, &g) in d[index(r) * e..][..e].iter_mut().zip(g) {
+                    *d += g;
+                }
+            }
+            d
+        };
+        let dt = match needs.0 {
+            true => scatter(tables.0, &|r| self.ids[r]),
+            false => Vec::new(),
+        };
+        let dp = match needs.1 {
+            true => scatter(tables.1, &|r| self.pos[r % l]),
+            false => Vec::new(),
+        };
+        (dt, dp)
+    }
+}
+
+impl CustomOp2 for EmbeddingSum {
+    fn name(&self) -> &'static str {
+        "embedding-sum"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (n, l, e) = self.shape;
+        let out = match (s1, s2) {
+            (CpuStorage::F32(_), CpuStorage::F32(_)) => CpuStorage::F32(
+                self.forward(contiguous::<f32, _>(OP, s1, l1)?, contiguous(OP, s2, l2)?),
+            ),
+            (CpuStorage::F64(_), CpuStorage::F64(_)) => CpuStorage::F64(
+                self.forward(contiguous::<f64, _>(OP, s1, l1)?, contiguous(OP, s2, l2)?),
+            ),
+            (other, _) => return Err(unsupported_dtype(OP, other.dtype())),
+        };
+        Ok((out, Shape::from((n, l, e))))
+    }
+
+    fn bwd(
+        &self,
+        tok: &Tensor,
+        pos: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let needs = (tok.track_op(), pos.track_op());
+        let tables = (tok.dim(0)?, pos.dim(0)?);
+        let grad = grad.contiguous()?;
+        let (gs, gl) = grad.storage_and_layout();
+        match &*gs {
+            Storage::Cpu(CpuStorage::F32(_)) => {
+                self.grads(contiguous::<f32, _>(OP, &*gs, gl)?, tables, needs)
+            }
+            Storage::Cpu(CpuStorage::F64(_)) => {
+                self.grads(contiguous::<f64, _>(OP, &*gs, gl)?, tables, needs)
+            }
+            other => Err(unsupported_dtype(OP, other.dtype())),
+        }
+    }
+}
+
+impl EmbeddingSum {
+    /// [`EmbeddingSum::backward`] as tensors, `None` where not needed.
+    fn grads<T: Elem>(
+        &self,
+        g: &[T],
+        tables: (usize, usize),
+        needs: (bool, bool),
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let e = self.shape.2;
+        let (dt, dp) = self.backward(g, tables, needs);
+        let tensor = |d: Vec<T>, rows: usize| Tensor::from_vec(d, (rows, e), &Device::Cpu);
+        Ok((
+            needs.0.then(|| tensor(dt, tables.0)).transpose()?,
+            needs.1.then(|| tensor(dp, tables.1)).transpose()?,
+        ))
     }
 }

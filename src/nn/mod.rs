@@ -24,6 +24,7 @@ mod linear_gelu;
 pub mod transformer;
 
 pub(crate) use cross_entropy::cross_entropy_rows;
+pub(crate) use embedding::embedding_sum;
 pub use embedding::Embedding;
 pub(crate) use gelu::gelu_erf;
 pub(crate) use layer_norm::layer_norm;

@@ -332,3 +332,92 @@ fn reductions_do_not_depend_on_the_thread_count() -> Result<()> {
     assert_eq!(one, two);
     Ok(())
 }
+
+/// The embedding sum against candle's lookups and broadcast add: output and both tables'
+/// gradients (a loss weighting every element differently, repeated ids and positions), f32
+/// and f64, u32 and i64 ids; a frozen table gets no gradient; out-of-range ids are errors.
+#[test]
+fn embedding_sum_matches_generic_ops() -> Result<()> {
+    use super::embedding::{embedding_sum, Embedding};
+    use candle::Module;
+    let dev = Device::Cpu;
+    for (dtype, tol) in [(DType::F32, 1e-6), (DType::F64, 1e-12)] {
+        let vm = candle_nn::VarMap::new();
+        let vb = crate::seeded_var_builder(&vm, 3, dtype, &dev);
+        let (tok, pos) = (
+            Embedding::new(11, 6, vb.pp("tok"))?,
+            Embedding::new(9, 6, vb.pp("pos"))?,
+        );
+        let ids = Tensor::new(&[[1u32, 4, 4, 10], [0, 1, 7, 1], [10, 10, 2, 3]], &dev)?;
+        let positions = Tensor::new(&[2u32, 0, 8, 2], &dev)?;
+        let w = normal(0.0, 1.0, (3, 4, 6), dtype, &dev, 5)?;
+        let fused = embedding_sum(&tok, &ids, &pos, &positions)?;
+        let reference = tok
+            .forward(&ids)?
+            .broadcast_add(&pos.forward(&positions)?)?;
+        check(&format!("{dtype:?} output"), &fused, &reference, tol)?;
+        let gf = (&fused * &w)?.sum_all()?.backward()?;
+        let gr = (&reference * &w)?.sum_all()?.backward()?;
+        for (name, t) in [("tok", tok.weight()), ("pos", pos.weight())] {
+            check(
+                &format!("{dtype:?} d{name}"),
+                gf.get(t).expect("fused grad"),
+                gr.get(t).expect("reference grad"),
+                tol,
+            )?;
+        }
+        let ids64 = ids.to_dtype(DType::I64)?;
+        check(
+            "i64 ids",
+            &embedding_sum(&tok, &ids64, &pos, &positions)?,
+            &reference,
+            tol,
+        )?;
+        // A frozen position table (a plain tensor, not a variable): only the token table gets
+        // a gradient.
+        let table = normal(0.0, 1.0, (9, 6), dtype, &dev, 6)?;
+        let frozen = Embedding::new(
+            9,
+            6,
+            candle_nn::VarBuilder::from_tensors(
+                [("weight".to_string(), table)].into_iter().collect(),
+                dtype,
+                &dev,
+            ),
+        )?;
+        assert!(!frozen.weight().track_op());
+        let y = embedding_sum(&tok, &ids, &frozen, &positions)?;
+        let g = (&y * &w)?.sum_all()?.backward()?;
+        assert!(g.get(tok.weight()).is_some());
+        assert!(g.get(frozen.weight()).is_none());
+    }
+    let vm = candle_nn::VarMap::new();
+    let vb = crate::seeded_var_builder(&vm, 3, DType::F32, &dev);
+    let (tok, pos) = (
+        Embedding::new(5, 2, vb.pp("t"))?,
+        Embedding::new(3, 2, vb.pp("p"))?,
+    );
+    let e = embedding_sum(
+        &tok,
+        &Tensor::new(&[[0u32, 5]], &dev)?,
+        &pos,
+        &Tensor::new(&[0u32, 1], &dev)?,
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("ids must be in [0, 5), got 5"),
+        "{e}"
+    );
+    let e = embedding_sum(
+        &tok,
+        &Tensor::new(&[[0u32, 1]], &dev)?,
+        &pos,
+        &Tensor::new(&[0u32, 3], &dev)?,
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("positions must be in [0, 3), got 3"),
+        "{e}"
+    );
+    Ok(())
+}
