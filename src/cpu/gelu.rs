@@ -146,13 +146,14 @@ mod avx2 {
 pub(crate) fn gelu<T: Elem>(x: &[T]) -> Vec<T> {
     // SAFETY: the row function writes every element of its output (no zero fill first: a
     // pass over a buffer as large as the hidden layer).
-    unsafe {
-        written_vec(x.len(), |y| {
-            y.par_chunks_mut(CHUNK)
-                .zip(x.par_chunks(CHUNK))
-                .for_each(|(y, x)| T::gelu_row(x, y))
-        })
-    }
+    unsafe { written_vec(x.len(), |y| gelu_into(x, y)) }
+}
+
+/// [`gelu`] written into `y` (as long as `x`; any contents on entry).
+pub(crate) fn gelu_into<T: Elem>(x: &[T], y: &mut [T]) {
+    y.par_chunks_mut(CHUNK)
+        .zip(x.par_chunks(CHUNK))
+        .for_each(|(y, x)| T::gelu_row(x, y))
 }
 
 /// `g·(Φ(x) + x·φ(x))` elementwise (the GELU's input gradient), in parallel.

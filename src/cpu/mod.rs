@@ -24,7 +24,7 @@ pub(crate) mod workspace;
 pub(crate) use custom_op::{op_with_optional_bias, Grads3, NeedsGrad};
 pub(crate) use dtype::{fused, unsupported_dtype};
 pub(crate) use elem::Elem;
-pub(crate) use gelu::{gelu, gelu_grad, gelu_grad_into};
+pub(crate) use gelu::{gelu, gelu_grad, gelu_grad_into, gelu_into};
 pub(crate) use gemm::{gemm, gemm_from, Threads};
 pub(crate) use linear::{
     bias_grad, input_grad_into, linear, linear_backward_slice, linear_forward_into,

@@ -65,9 +65,14 @@ impl Block {
         let h = self.ln1.forward(x)?;
         let attn = self.attn.forward(&h, &h, &h, opts)?;
         let x = (x + drop(attn.output, "attn")?)?;
-        let fc1 = &self.fc1;
-        let h = crate::nn::linear_gelu(&self.ln2.forward(&x)?, fc1.weight(), fc1.bias())?;
-        let m = drop(self.fc2.forward(&h)?, "mlp")?;
+        // The feed-forward part as two ops whose hidden activation never becomes a tensor.
+        let (fc1, fc2) = (&self.fc1, &self.fc2);
+        let m = crate::nn::mlp(
+            &self.ln2.forward(&x)?,
+            (fc1.weight(), fc1.bias()),
+            (fc2.weight(), fc2.bias()),
+        )?;
+        let m = drop(m, "mlp")?;
         Ok(((x + m)?, attn.weights))
     }
 }

@@ -15,8 +15,9 @@ use candle::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
 
 use crate::cpu::workspace::{self, AnyBuf, Buf};
 use crate::cpu::{
-    contiguous, fused, gelu, gelu_grad_into, linear, linear_backward_slice, linear_forward_into,
-    linear_out_len, unsupported_dtype, Elem, Grads3, NeedsGrad, Stash,
+    bias_grad, contiguous, fused, gelu, gelu_grad_into, gelu_into, input_grad_into, linear,
+    linear_backward_slice, linear_forward_into, linear_forward_slice, linear_out_len,
+    unsupported_dtype, weight_grad, with_slice, Elem, Grads3, NeedsGrad, Stash,
 };
 
 const OP: &str = "fused linear_gelu";
@@ -24,9 +25,24 @@ const OP: &str = "fused linear_gelu";
 /// The op; `pre` holds `x Wᵀ + b` from the forward pass for the backward pass, in a pooled
 /// buffer (`cpu::workspace`) that goes back to the pool when the op (its autograd node) is
 /// dropped.
-#[derive(Default)]
+#[derive(Clone, Default)]
 struct LinearGelu {
     pre: Stash<Arc<AnyBuf>>,
+    /// `Some`: the activation stays in a pooled buffer for an [`MlpOutput`] (the op returns
+    /// a one-element token that only links the two ops in the graph).
+    hidden: Option<Hidden>,
+}
+
+/// The MLP's hidden activation handed from [`LinearGelu`] to its [`MlpOutput`] instead of
+/// being a tensor: in the graph it would cost a fresh `(…, ff_dim)` buffer in the forward
+/// pass, and in the backward pass a fresh gradient that candle adds into another fresh zero
+/// tensor (three buffers as wide as the widest activation of a block, per step).
+#[derive(Clone, Debug, Default)]
+struct Hidden {
+    /// `gelu(x Wᵀ + b)` (pooled) and its shape.
+    value: Stash<(Arc<AnyBuf>, Shape)>,
+    /// Its gradient (pooled), from the second layer's backward pass to the first's.
+    grad: Stash<AnyBuf>,
 }
 
 impl LinearGelu {
@@ -41,9 +57,17 @@ impl LinearGelu {
     {
         let mut pre = workspace::take::<T>(linear_out_len(x.1, w.1)?);
         let shape = linear_forward_into::<T>(x, w, Some(b), &mut pre)?;
-        let y = gelu(&pre);
+        let out = match &self.hidden {
+            None => (gelu(&pre), shape),
+            Some(hidden) => {
+                let mut h = workspace::take::<T>(pre.len());
+                gelu_into(&pre, &mut h);
+                hidden.value.put((Arc::new(h.into()), shape));
+                (vec![T::ZERO], Shape::from(1))
+            }
+        };
         self.pre.put(Arc::new(pre.into()));
-        Ok((y, shape))
+        Ok(out)
     }
 
     /// The gradients of x, w and b: `dL/d pre = g · gelu'(pre)` in a pooled buffer, straight
@@ -55,8 +79,23 @@ impl LinearGelu {
         grad: &Tensor,
         needs: NeedsGrad,
     ) -> Result<Grads3> {
+        // With an `MlpOutput`, the gradient is the one its backward pass left (`grad` is the
+        // token's).
+        let kept = match &self.hidden {
+            Some(hidden) => Some(hidden.grad.take().ok_or_else(|| {
+                candle::Error::Msg(format!("{OP}: the second layer left no gradient"))
+            })?),
+            None => None,
+        };
         let (gs, gl) = grad.storage_and_layout();
-        let g = contiguous::<T, _>(OP, &*gs, gl)?;
+        let g = match &kept {
+            Some(buf) => T::of_any(buf).ok_or_else(|| {
+                candle::Error::Msg(format!(
+                    "{OP}: the second layer's gradient has another dtype"
+                ))
+            })?,
+            None => contiguous::<T, _>(OP, &*gs, gl)?,
+        };
         if g.len() != pre.len() {
             candle::bail!(
                 "{OP}: output gradient of {} elements for {} outputs",
@@ -137,5 +176,134 @@ pub(crate) fn linear_gelu(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<
             x.apply_op3(w, b, LinearGelu::default())
         }
         _ => super::gelu_erf(&linear(x, w, b)?),
+    }
+}
+
+/// The MLP's second layer as an op on its first layer's token: `h · w2ᵀ + b2`, with `h` read
+/// from the first layer's pooled buffer and its gradient written into another, for the
+/// first layer's backward pass.
+///
+/// PyTorch equivalent: `linear2(F.gelu(linear1(x)))`'s second linear.
+#[derive(Clone)]
+struct MlpOutput {
+    /// The first layer's op of the same call (sharing its stashes).
+    first: LinearGelu,
+}
+
+impl MlpOutput {
+    fn hidden(&self) -> Result<&Hidden> {
+        match &self.first.hidden {
+            Some(h) => Ok(h),
+            None => candle::bail!("{OP}: the first layer keeps no activation"),
+        }
+    }
+
+    fn fwd(
+        &self,
+        _token: (&CpuStorage, &Layout),
+        w: (&CpuStorage, &Layout),
+        b: Option<(&CpuStorage, &Layout)>,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (h, shape) = self.hidden()?.value.get(OP)?;
+        match &*h {
+            AnyBuf::F32(h) => {
+                let (v, s) = linear_forward_slice::<f32>((h, shape.dims()), w, b)?;
+                Ok((CpuStorage::F32(v), s))
+            }
+            AnyBuf::F64(h) => {
+                let (v, s) = linear_forward_slice::<f64>((h, shape.dims()), w, b)?;
+                Ok((CpuStorage::F64(v), s))
+            }
+        }
+    }
+
+    fn bwd(
+        &self,
+        token: &Tensor,
+        w: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+        needs: NeedsGrad,
+    ) -> Result<Grads3> {
+        let (h, _) = self.hidden()?.value.get(OP)?;
+        match &*h {
+            AnyBuf::F32(h) => self.bwd_t::<f32>(h, token, w, grad, needs),
+            AnyBuf::F64(h) => self.bwd_t::<f64>(h, token, w, grad, needs),
+        }
+    }
+
+    /// `d h = g · w2` (into a pooled buffer for the first layer, when the token needs a
+    /// gradient), `d w2 = gᵀ · h`, `d b2` the column sums of `g`.
+    fn bwd_t<T: Elem>(
+        &self,
+        h: &[T],
+        token: &Tensor,
+        w: &Tensor,
+        grad: &Tensor,
+        needs: NeedsGrad,
+    ) -> Result<Grads3>
+    where
+        AnyBuf: From<Buf<T>>,
+    {
+        let (n, k) = w.dims2()?;
+        let m = h.len() / k.max(1);
+        with_slice(OP, grad, |g: &[T]| {
+            if g.len() != m * n || h.len() != m * k {
+                candle::bail!(
+                    "{OP}: output gradient of {} elements for a ({m}, {n}) output of an activation of {}",
+                    g.len(),
+                    h.len()
+                )
+            }
+            let d_token = needs
+                .x
+                .then(|| {
+                    with_slice(OP, w, |wd| {
+                        let mut dh = workspace::take::<T>(m * k);
+                        // SAFETY: dh holds m·k elements and is the op's own buffer.
+                        unsafe { input_grad_into(g, wd, (m, k, n), dh.as_mut_ptr()) };
+                        self.hidden()?.grad.put(dh.into());
+                        token.zeros_like()
+                    })
+                })
+                .transpose()?;
+            let dw = needs.w.then(|| weight_grad(g, h, (m, k, n))).transpose()?;
+            let db = needs.b.then(|| bias_grad(g, m, n)).transpose()?;
+            Ok((d_token, dw, db))
+        })
+    }
+}
+
+crate::cpu::op_with_optional_bias!(MlpOutput, "fused-mlp-output");
+
+/// `gelu(x Wᵢᵀ + bᵢ) W₂ᵀ + b₂` (a Transformer block's feed-forward part): on the CPU in
+/// f32/f64 with a first-layer bias two ops whose hidden activation `(…, ff_dim)` never
+/// becomes a tensor (kept in the scratch pool between the passes); [`linear_gelu`] and a
+/// linear otherwise.
+///
+/// PyTorch equivalent: `linear2(F.gelu(linear1(x)))`.
+pub(crate) fn mlp(
+    x: &Tensor,
+    (w1, b1): (&Tensor, Option<&Tensor>),
+    (w2, b2): (&Tensor, Option<&Tensor>),
+) -> Result<Tensor> {
+    match b1 {
+        Some(b1) if fused(x) && x.rank() >= 2 => {
+            let x = match x.rank() {
+                2 => x.clone(),
+                _ => x.contiguous()?,
+            };
+            let first = LinearGelu {
+                pre: Stash::default(),
+                hidden: Some(Hidden::default()),
+            };
+            let token = x.apply_op3(w1, b1, first.clone())?;
+            let out = MlpOutput { first };
+            match b2 {
+                Some(b2) => token.apply_op3(w2, b2, out),
+                None => token.apply_op2(w2, out),
+            }
+        }
+        _ => linear(&linear_gelu(x, w1, b1)?, w2, b2),
     }
 }

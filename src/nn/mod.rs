@@ -30,7 +30,7 @@ pub(crate) use gelu::gelu_erf;
 pub(crate) use layer_norm::layer_norm;
 pub use layer_norm::LayerNorm;
 pub use linear::Linear;
-pub(crate) use linear_gelu::linear_gelu;
+pub(crate) use linear_gelu::{linear_gelu, mlp};
 pub use transformer::{
     load_transformer, load_transformer_decoder, load_transformer_decoder_file,
     load_transformer_decoder_layer, load_transformer_decoder_layer_file, load_transformer_encoder,

@@ -4,7 +4,7 @@
 use candle::{DType, Device, Result, Tensor, Var, D};
 
 use super::layer_norm::layer_norm;
-use super::{cross_entropy_rows, gelu_erf, linear_gelu};
+use super::{cross_entropy_rows, gelu_erf, linear_gelu, mlp};
 use crate::rng::normal;
 
 fn rel_err(a: &Tensor, b: &Tensor) -> Result<f64> {
@@ -419,5 +419,56 @@ fn embedding_sum_matches_generic_ops() -> Result<()> {
         e.to_string().contains("positions must be in [0, 3), got 3"),
         "{e}"
     );
+    Ok(())
+}
+
+/// The MLP pair (the first layer's activation handed over through the pool, not the graph)
+/// against the linear+GELU and a linear as separate ops: output and the gradients of x and
+/// all four parameters, every case of `CASES` (f32/f64, transposed inputs), with and without
+/// the second bias; the MLP applied twice in one graph (two calls' activations must not
+/// mix); the same graph backpropagated twice.
+#[test]
+fn mlp_matches_separate_layers_forward_and_gradients() -> Result<()> {
+    use crate::cpu::linear;
+    let dev = Device::Cpu;
+    for (case, &(lead, k, dtype, transpose)) in CASES.iter().enumerate() {
+        let seed = 700 + 10 * case as u64;
+        let (f, n) = (2 * k + 3, k + 2);
+        let shape: Vec<usize> = lead.iter().copied().chain([k]).collect();
+        let x = Var::from_tensor(&normal(0.0, 1.0, shape.clone(), dtype, &dev, seed)?)?;
+        let var = |s: (usize, usize), i| -> Result<Var> {
+            Var::from_tensor(&normal(0.0, 0.5, s, dtype, &dev, seed + i)?)
+        };
+        let (w1, w2) = (var((f, k), 1)?, var((n, f), 2)?);
+        let b1 = Var::from_tensor(&normal(0.0, 0.5, f, dtype, &dev, seed + 3)?)?;
+        let b2 = Var::from_tensor(&normal(0.0, 0.5, n, dtype, &dev, seed + 4)?)?;
+        let input = match transpose {
+            true => x.as_tensor().transpose(0, 1)?,
+            false => x.as_tensor().clone(),
+        };
+        let b2v = b2;
+        for with_b2 in [true, false] {
+            let b2 = with_b2.then_some(b2v.as_tensor());
+            let w2h = (w2.as_tensor() * 0.5)?;
+            let fused = (mlp(&input, (&w1, Some(&b1)), (&w2, b2))?
+                + mlp(&input, (&w1, Some(&b1)), (&w2h, b2))?)?;
+            let separate = |w2: &Tensor| linear(&linear_gelu(&input, &w1, Some(&b1))?, w2, b2);
+            let reference = (separate(&w2)? + separate(&w2h)?)?;
+            let what = format!("case {case} {shape:?} {dtype:?} b2={with_b2}");
+            let r = normal(0.0, 1.0, fused.shape(), dtype, &dev, seed + 5)?;
+            // The same graph backpropagated twice: the pool hand-over works for each pass.
+            let loss = (&fused * &r)?.sum_all()?;
+            let (g1, g2) = (loss.backward()?, loss.backward()?);
+            for v in [&x, &w1] {
+                let (a, b) = (g1.get(v).expect("grad"), g2.get(v).expect("grad"));
+                assert_eq!(rel_err(a, b)?, 0.0, "{what}: a second backward differs");
+            }
+            let mut vars = vec![("dx", &x), ("dw1", &w1), ("db1", &b1), ("dw2", &w2)];
+            if with_b2 {
+                vars.push(("db2", &b2v));
+            }
+            check_op(&what, fused, reference, &r, &vars)?;
+        }
+    }
     Ok(())
 }
