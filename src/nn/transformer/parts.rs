@@ -102,6 +102,12 @@ impl FeedForward {
     }
 
     pub(crate) fn forward(&self, x: &Tensor, drop: &Dropout) -> Result<Tensor> {
+        // Without dropout between the layers: the two-op MLP whose hidden activation never
+        // becomes a tensor (`nn::mlp`).
+        if let (Activation::Gelu, None) = (self.activation, drop.seed) {
+            let (l1, l2) = (&self.linear1, &self.linear2);
+            return crate::nn::mlp(x, (l1.weight(), l1.bias()), (l2.weight(), l2.bias()));
+        }
         let h = match self.activation {
             // One fused op (linear + GELU, with backward) where the CPU has it.
             Activation::Gelu => {
