@@ -8,6 +8,7 @@ use candle::backend::BackendStorage;
 use candle::{CpuStorage, Device, Layout, Result, Shape, Storage, Tensor};
 use rayon::prelude::*;
 
+use super::workspace::{self, AnyBuf, Buf};
 use super::{
     contiguous, fused, gemm, gemm_from, par, slice, unsupported_dtype, with_slice, written_vec,
     Elem, Grads3, NeedsGrad, Start, Threads,
@@ -424,6 +425,81 @@ pub(crate) fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tenso
         Some(b) => x.apply_op3(w, b, FusedLinear),
         None => x.apply_op2(w, FusedLinear),
     }
+}
+
+/// The forward pass of a linear layer whose input `(…, K)` is a pooled buffer of either dtype
+/// rather than a tensor (the attention context, the MLP's hidden activation: kept out of
+/// candle's graph and linked to it by a one-element token).
+pub(crate) fn linear_forward_kept(
+    (x, shape): (&AnyBuf, &Shape),
+    w: (&CpuStorage, &Layout),
+    b: Option<(&CpuStorage, &Layout)>,
+) -> Result<(CpuStorage, Shape)> {
+    match x {
+        AnyBuf::F32(x) => {
+            let (v, s) = linear_forward_slice::<f32>((x, shape.dims()), w, b)?;
+            Ok((CpuStorage::F32(v), s))
+        }
+        AnyBuf::F64(x) => {
+            let (v, s) = linear_forward_slice::<f64>((x, shape.dims()), w, b)?;
+            Ok((CpuStorage::F64(v), s))
+        }
+    }
+}
+
+/// The backward pass of [`linear_forward_kept`]'s layer from its output gradient: `d x = g·w`
+/// into a pooled buffer handed to `keep` (for the op that made `x`) when the token needs a
+/// gradient, the token then a zero one (what links the two backward passes in candle's
+/// graph); `d w = gᵀ·x` and `d b` the column sums of `g`, as `needs` says.
+pub(crate) fn linear_backward_kept(
+    op: &str,
+    x: &AnyBuf,
+    (token, w, grad): (&Tensor, &Tensor, &Tensor),
+    needs: NeedsGrad,
+    keep: impl FnOnce(AnyBuf) -> Result<()>,
+) -> Result<Grads3> {
+    match x {
+        AnyBuf::F32(x) => backward_kept::<f32>(op, x, (token, w, grad), needs, keep),
+        AnyBuf::F64(x) => backward_kept::<f64>(op, x, (token, w, grad), needs, keep),
+    }
+}
+
+fn backward_kept<T: Elem>(
+    op: &str,
+    x: &[T],
+    (token, w, grad): (&Tensor, &Tensor, &Tensor),
+    needs: NeedsGrad,
+    keep: impl FnOnce(AnyBuf) -> Result<()>,
+) -> Result<Grads3>
+where
+    AnyBuf: From<Buf<T>>,
+{
+    let (n, k) = w.dims2()?;
+    let m = x.len() / k.max(1);
+    with_slice(op, grad, |g: &[T]| {
+        if g.len() != m * n || x.len() != m * k {
+            candle::bail!(
+                "{op}: output gradient of {} elements for a ({m}, {n}) output of an input of {}",
+                g.len(),
+                x.len()
+            )
+        }
+        let d_token = needs
+            .x
+            .then(|| {
+                with_slice(op, w, |wd| {
+                    let mut dx = workspace::take::<T>(m * k);
+                    // SAFETY: dx holds m·k elements and is this call's own buffer.
+                    unsafe { input_grad_into(g, wd, (m, k, n), dx.as_mut_ptr()) };
+                    keep(dx.into())?;
+                    token.zeros_like()
+                })
+            })
+            .transpose()?;
+        let dw = needs.w.then(|| weight_grad(g, x, (m, k, n))).transpose()?;
+        let db = needs.b.then(|| bias_grad(g, m, n)).transpose()?;
+        Ok((d_token, dw, db))
+    })
 }
 
 #[cfg(test)]

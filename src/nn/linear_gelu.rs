@@ -15,9 +15,9 @@ use candle::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
 
 use crate::cpu::workspace::{self, AnyBuf, Buf};
 use crate::cpu::{
-    bias_grad, contiguous, fused, gelu, gelu_grad_into, gelu_into, input_grad_into, linear,
-    linear_backward_slice, linear_forward_into, linear_forward_slice, linear_out_len,
-    unsupported_dtype, weight_grad, with_slice, Elem, Grads3, NeedsGrad, Stash,
+    contiguous, fused, gelu, gelu_grad_into, gelu_into, linear, linear_backward_kept,
+    linear_backward_slice, linear_forward_into, linear_forward_kept, linear_out_len,
+    unsupported_dtype, Elem, Grads3, NeedsGrad, Stash,
 };
 
 const OP: &str = "fused linear_gelu";
@@ -205,18 +205,11 @@ impl MlpOutput {
         b: Option<(&CpuStorage, &Layout)>,
     ) -> Result<(CpuStorage, Shape)> {
         let (h, shape) = self.hidden()?.value.get(OP)?;
-        match &*h {
-            AnyBuf::F32(h) => {
-                let (v, s) = linear_forward_slice::<f32>((h, shape.dims()), w, b)?;
-                Ok((CpuStorage::F32(v), s))
-            }
-            AnyBuf::F64(h) => {
-                let (v, s) = linear_forward_slice::<f64>((h, shape.dims()), w, b)?;
-                Ok((CpuStorage::F64(v), s))
-            }
-        }
+        linear_forward_kept((&h, &shape), w, b)
     }
 
+    /// `d h = g · w2` (into a pooled buffer for the first layer, when the token needs a
+    /// gradient), `d w2 = gᵀ · h`, `d b2` the column sums of `g`.
     fn bwd(
         &self,
         token: &Tensor,
@@ -226,50 +219,9 @@ impl MlpOutput {
         needs: NeedsGrad,
     ) -> Result<Grads3> {
         let (h, _) = self.hidden()?.value.get(OP)?;
-        match &*h {
-            AnyBuf::F32(h) => self.bwd_t::<f32>(h, token, w, grad, needs),
-            AnyBuf::F64(h) => self.bwd_t::<f64>(h, token, w, grad, needs),
-        }
-    }
-
-    /// `d h = g · w2` (into a pooled buffer for the first layer, when the token needs a
-    /// gradient), `d w2 = gᵀ · h`, `d b2` the column sums of `g`.
-    fn bwd_t<T: Elem>(
-        &self,
-        h: &[T],
-        token: &Tensor,
-        w: &Tensor,
-        grad: &Tensor,
-        needs: NeedsGrad,
-    ) -> Result<Grads3>
-    where
-        AnyBuf: From<Buf<T>>,
-    {
-        let (n, k) = w.dims2()?;
-        let m = h.len() / k.max(1);
-        with_slice(OP, grad, |g: &[T]| {
-            if g.len() != m * n || h.len() != m * k {
-                candle::bail!(
-                    "{OP}: output gradient of {} elements for a ({m}, {n}) output of an activation of {}",
-                    g.len(),
-                    h.len()
-                )
-            }
-            let d_token = needs
-                .x
-                .then(|| {
-                    with_slice(OP, w, |wd| {
-                        let mut dh = workspace::take::<T>(m * k);
-                        // SAFETY: dh holds m·k elements and is the op's own buffer.
-                        unsafe { input_grad_into(g, wd, (m, k, n), dh.as_mut_ptr()) };
-                        self.hidden()?.grad.put(dh.into());
-                        token.zeros_like()
-                    })
-                })
-                .transpose()?;
-            let dw = needs.w.then(|| weight_grad(g, h, (m, k, n))).transpose()?;
-            let db = needs.b.then(|| bias_grad(g, m, n)).transpose()?;
-            Ok((d_token, dw, db))
+        linear_backward_kept(OP, &h, (token, w, grad), needs, |dh| {
+            self.hidden()?.grad.put(dh);
+            Ok(())
         })
     }
 }
