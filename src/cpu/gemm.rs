@@ -53,16 +53,20 @@ pub(crate) unsafe fn gemm_from<T: Elem>(
     if m == 0 || n == 0 {
         return;
     }
-    let at = |r: usize, c: usize| dst.0.add(r * dst.1 + c * dst.2);
-    if k == 0 {
+    // Every row of dst set to element c of `value(c)` (the gemm crate has no row start, and
+    // with k = 0 the start is the result).
+    let fill = |value: &dyn Fn(usize) -> T| {
         for r in 0..m {
             for c in 0..n {
-                match start {
-                    Start::Zero => *at(r, c) = T::ZERO,
-                    Start::Dst => {}
-                    Start::Row(row) => *at(r, c) = *row.add(c),
-                }
+                *dst.0.add(r * dst.1 + c * dst.2) = value(c);
             }
+        }
+    };
+    if k == 0 {
+        match start {
+            Start::Zero => fill(&|_| T::ZERO),
+            Start::Dst => {}
+            Start::Row(row) => fill(&|c| *row.add(c)),
         }
         return;
     }
@@ -109,11 +113,7 @@ pub(crate) unsafe fn gemm_from<T: Elem>(
         Start::Zero => false,
         Start::Dst => true,
         Start::Row(row) => {
-            for r in 0..m {
-                for c in 0..n {
-                    *at(r, c) = *row.add(c);
-                }
-            }
+            fill(&|c| *row.add(c));
             true
         }
     };

@@ -76,9 +76,10 @@ fn product<T: Elem>(
     }
 }
 
-/// The bias as one row.
-fn bias_row<T: Elem>(b: &Mat<T>, n: usize) -> Vec<T> {
-    (0..n).map(|j| b.data[j * b.cs]).collect()
+/// The bias `(n)` (any stride) as one contiguous row.
+fn bias_row<T: Elem>((s, l): (&CpuStorage, &Layout), n: usize) -> Result<Vec<T>> {
+    let b = mat1::<T>(s, l)?;
+    Ok((0..n).map(|j| b.data[j * b.cs]).collect())
 }
 
 /// `(M, K, Nout)` of `x (…, K)` (M = the product of the leading dims) and `w (Nout, K)`.
@@ -149,9 +150,7 @@ fn linear_vec<T: Elem>(
     b: Option<(&CpuStorage, &Layout)>,
     (m, k, n): (usize, usize, usize),
 ) -> Result<Vec<T>> {
-    let bias = b
-        .map(|(s, l)| Ok::<_, candle::Error>(bias_row(&mat1::<T>(s, l)?, n)))
-        .transpose()?;
+    let bias = b.map(|b| bias_row::<T>(b, n)).transpose()?;
     let w = mat(w.0, w.1)?;
     // SAFETY: the product writes every element (no zero fill first).
     Ok(unsafe { written_vec(m * n, |out| product(x, w, bias.as_deref(), (m, k, n), out)) })
@@ -173,9 +172,7 @@ pub(crate) fn linear_forward_into<T: Elem>(
             out.len()
         )
     }
-    let bias = b
-        .map(|(s, l)| Ok::<_, candle::Error>(bias_row(&mat1::<T>(s, l)?, n)))
-        .transpose()?;
+    let bias = b.map(|b| bias_row::<T>(b, n)).transpose()?;
     product(
         rows_of(x.0, x.1)?,
         mat(w.0, w.1)?,

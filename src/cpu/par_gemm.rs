@@ -131,12 +131,6 @@ pub(crate) unsafe fn par_gemm_with<T: Elem>(
         SendPtr(dst as *const T),
         SendPtr(lhs.0),
     );
-    // The start as something rayon's tasks may share (a bias row is only read).
-    let (start_kind, start_row) = match start {
-        Start::Zero => (0, SendPtr(std::ptr::null())),
-        Start::Dst => (1, SendPtr(std::ptr::null())),
-        Start::Row(r) => (2, SendPtr(r)),
-    };
     (0..row_blocks * col_blocks)
         .into_par_iter()
         .with_max_len(1)
@@ -152,10 +146,9 @@ pub(crate) unsafe fn par_gemm_with<T: Elem>(
                 while p0 < k {
                     let depth = kc.min(k - p0);
                     // Later inner blocks add to what the first one stored.
-                    let start = match (p0 > 0, start_kind) {
-                        (true, _) | (false, 1) => Start::Dst,
-                        (false, 0) => Start::Zero,
-                        _ => Start::Row(start_row.get().wrapping_add(j0)),
+                    let start = match p0 > 0 {
+                        true => Start::Dst,
+                        false => start.shifted(j0),
                     };
                     // SAFETY: rows i0.., columns j0.. and inner indices p0.. lie in the
                     // operands (the caller's contract); blocks write disjoint parts of dst.

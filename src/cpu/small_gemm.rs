@@ -36,6 +36,12 @@ pub(crate) enum Start<T> {
     Row(*const T),
 }
 
+// SAFETY: a `Row` is only ever read (a bias row the caller keeps alive for the product), so
+// the threads of one product may share it as they share `&[T]`.
+unsafe impl<T: Sync> Send for Start<T> {}
+// SAFETY: as above.
+unsafe impl<T: Sync> Sync for Start<T> {}
+
 impl<T> Start<T> {
     /// The same start for the part of the output from column `j` on.
     pub(crate) fn shifted(self, j: usize) -> Self {

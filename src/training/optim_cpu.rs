@@ -5,7 +5,7 @@
 use candle::{CpuStorage, Device, Layout, Result, Storage, Tensor, WithDType};
 use rayon::prelude::*;
 
-use crate::cpu::{contiguous, written_vec, Elem};
+use crate::cpu::{contiguous, Elem};
 
 /// Elements per rayon task.
 const CHUNK: usize = 1 << 14;
@@ -33,36 +33,20 @@ fn update<T: Elem>(u: &Update, p: &[T], g: &[T], m: &[T], v: &[T]) -> (Vec<T>, V
     let (decay, b1, b2) = (c(u.decay), c(1.0 - u.beta1), c(u.beta2));
     let (nb2, step_size, bias2_sqrt, eps) =
         (c(1.0 - u.beta2), c(u.step_size), c(u.bias2_sqrt), c(u.eps));
-    let consts = (decay, b1, b2, nb2, step_size, bias2_sqrt, eps);
     let n = p.len();
-    let (mut m2, mut v2) = (Vec::new(), Vec::new());
-    // SAFETY: the loop writes every element of the three outputs (all of length n, as are
-    // the inputs: the caller checked the shapes), none read before (no zero fill first:
-    // three passes as large as the parameters).
-    let p2 = unsafe {
-        written_vec(n, |p2| {
-            m2 = written_vec(n, |m2| {
-                v2 = written_vec(n, |v2| write_update(p2, m2, v2, (p, g, m, v), consts))
-            })
-        })
-    };
-    (p2, m2, v2)
-}
-
-/// AdamW's scalars in the parameter's dtype: decay, 1 − β1, β2, 1 − β2, step size, √(1 − β2ᵗ),
-/// eps.
-type Consts<T> = (T, T, T, T, T, T, T);
-
-/// The update loop of [`update`] into `p2`, `m2`, `v2` (every element written).
-fn write_update<T: Elem>(
-    p2: &mut [T],
-    m2: &mut [T],
-    v2: &mut [T],
-    (p, g, m, v): (&[T], &[T], &[T], &[T]),
-    (decay, b1, b2, nb2, step_size, bias2_sqrt, eps): Consts<T>,
-) {
-    p2.par_chunks_mut(CHUNK)
-        .zip(m2.par_chunks_mut(CHUNK).zip(v2.par_chunks_mut(CHUNK)))
+    // Written in place of a zero fill (three passes as large as the parameters).
+    let (mut p2, mut m2, mut v2) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    p2.spare_capacity_mut()[..n]
+        .par_chunks_mut(CHUNK)
+        .zip(
+            m2.spare_capacity_mut()[..n]
+                .par_chunks_mut(CHUNK)
+                .zip(v2.spare_capacity_mut()[..n].par_chunks_mut(CHUNK)),
+        )
         .enumerate()
         .for_each(|(k, (p2, (m2, v2)))| {
             let r = k * CHUNK..(k * CHUNK + p2.len());
@@ -72,11 +56,19 @@ fn write_update<T: Elem>(
                 let mi = m[i] + (g[i] - m[i]) * b1;
                 let vi = v[i] * b2 + g[i] * g[i] * nb2;
                 let denom = vi.sqrt() / bias2_sqrt + eps;
-                p2[i] = p[i] * decay - mi / denom * step_size;
-                m2[i] = mi;
-                v2[i] = vi;
+                p2[i].write(p[i] * decay - mi / denom * step_size);
+                m2[i].write(mi);
+                v2[i].write(vi);
             }
         });
+    // SAFETY: the loop wrote all n elements of each (the inputs are n long: the caller
+    // checked the shapes).
+    unsafe {
+        p2.set_len(n);
+        m2.set_len(n);
+        v2.set_len(n);
+    }
+    (p2, m2, v2)
 }
 
 /// `(new parameter, new exp_avg, new exp_avg_sq)` in one pass, or `None` where the loop does
