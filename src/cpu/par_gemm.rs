@@ -1,7 +1,16 @@
-//! The linear layers' products on all threads: the right operand packed once (in parallel) into
-//! panels, then row × column blocks of the output handed to rayon's threads by work stealing,
-//! each block a loop of the register-tile product of `small_gemm` over blocks of the inner
-//! dimension (a left operand stored transposed packed there into register tiles).
+//! The linear layers' products on all threads, by rayon's work stealing, each unit of work a
+//! loop of the register-tile product of `small_gemm` over blocks of the inner dimension (a
+//! left operand stored transposed packed there into register tiles). Two ways to split a
+//! product (`Grid`):
+//! - row × column blocks of the output, after the right operand is packed once into panels
+//!   by all threads;
+//! - for a weight gradient `gᵀ·x` (a left operand stored transposed) with up to ~3000 output
+//!   rows and a deep inner dimension (the tokens): slices of the inner dimension, each packing its own part of the right operand and computing every output
+//!   row block over it (as jobs any idle thread may take) into its own output, then summed.
+//!   Packing a left operand once per row block and inner block for all columns, and no
+//!   separate packing pass: paired against column blocks on the 2-core Zen 3 of
+//!   `BENCHMARKS.md`, 0.85–0.91× the time at 256–1024 rows, 0.97× at 1536–2048. Sliced the
+//!   same way, forward and input-gradient products were 0–4% slower: they keep blocks.
 //!
 //! Why not the `gemm` crate's own threading: per block of its inner dimension it packs and
 //! then computes, two fork-joins each, with the work split evenly between the threads in
@@ -9,15 +18,13 @@
 //! forward's heap grew for its first ~14 calls). On the 2-core AVX2 host of `BENCHMARKS.md`
 //! its two-thread rate on the products of a model's training step was 89–115 GFLOP/s against
 //! MKL's 121–140 (`benches/products`). Here a product is three fork-joins at most, the
-//! buffers come from the pool, and a thread slowed by the host takes fewer blocks instead of
-//! holding up the other. Measured there, the rates are the `gemm` crate's within the noise,
-//! the weight gradients (a transposed left operand) a little higher; MKL stays ahead on two
-//! threads (1.10–1.18× its time summed over a model's products).
+//! buffers come from the pool, and a thread slowed by the host takes fewer units instead of
+//! holding up the other.
 
 use rayon::prelude::*;
 
 use super::gemm::Operand;
-use super::panels::{pack_rows_panel, pack_transposed_panel, panels_len, PANEL};
+use super::panels::{pack_transposed_panel, panels_len, PANEL};
 use super::simd::Isa;
 use super::small_gemm::{small_gemm_packed_with, small_gemm_with, tile_rows, Start};
 use super::{workspace, Elem};
@@ -35,14 +42,23 @@ const BLOCK_ROWS: usize = 96;
 /// Blocks per thread at least, so that work stealing can even out a slow thread.
 const BLOCKS_PER_THREAD: usize = 4;
 
+/// Products with fewer row blocks than this are split along the inner dimension (see
+/// `Grid::new`), into at most [`MAX_SLICES`] slices. Paired on the 2-core Zen 3 of
+/// `BENCHMARKS.md`: four slices beat two (0.86× against 0.92× of column blocks' time at
+/// 256×256×2048) and eight (0.91–1.03×); weight gradients of 8–22 row blocks gained 3–10%
+/// sliced.
+const SLICED_BELOW_ROW_BLOCKS: usize = 32;
+const MAX_SLICES: usize = 4;
+
 /// The narrowest column block (four register-tile strips).
 const MIN_BLOCK_COLS: usize = 4 * PANEL;
 
 /// `dst[m×n] = start + alpha · lhs[m×k] · rhs[k×n]` on rayon's threads (`threads`: how many,
-/// for the block count; `start`: nothing, `dst` itself or a bias row), `dst` given by pointer
-/// and row stride, `rhs` with unit row or column stride. Returns `false` (and does nothing) where the CPU has no register-tile product
-/// (neither AVX-512 nor AVX2 with FMA), `rhs` has neither unit stride or a dimension is 0:
-/// the caller falls back to the `gemm` crate.
+/// for the block count; the sums do not depend on it; `start`: nothing, `dst` itself or a
+/// bias row), `dst` given by pointer and row stride, `rhs` with unit row or column stride.
+/// Returns `false` (and does nothing) where the CPU has no register-tile product (neither
+/// AVX-512 nor AVX2 with FMA), `rhs` has neither unit stride or a dimension is 0: the caller
+/// falls back to the `gemm` crate.
 ///
 /// # Safety
 /// Every addressed element must be in bounds (a [`Start::Row`] covers `n` elements); `dst`
@@ -80,123 +96,347 @@ pub(crate) unsafe fn par_gemm_with<T: Elem>(
     if (rhs.1 != 1 && rhs.2 != 1) || m == 0 || n == 0 || k == 0 {
         return false;
     }
-    // Pack the right operand: panel t holds columns 16t..16t + 16 of every row, 16 contiguous
-    // elements per row (zero past column n).
-    let ps = k * PANEL;
-    let mut packed = workspace::take::<T>(panels_len(k, n));
-    let (src, (rs, cs)) = (SendPtr(rhs.0), (rhs.1, rhs.2));
-    packed
-        .par_chunks_mut(ps)
-        .enumerate()
-        .for_each(|(t, panel)| {
-            // SAFETY (both closures): the caller's operand holds k rows of n elements (column
-            // stride 1) or n columns of k elements (row stride 1).
-            match cs == 1 {
-                true => pack_rows_panel(
-                    k,
-                    n,
-                    |p| unsafe { std::slice::from_raw_parts(src.get().add(p * rs), n) },
-                    t,
-                    panel,
-                ),
-                false => pack_transposed_panel(
-                    n,
-                    k,
-                    |j| unsafe { std::slice::from_raw_parts(src.get().add(j * cs), k) },
-                    t,
-                    panel,
-                ),
-            }
-        });
-
-    // A left operand stored transposed (unit row stride: a weight gradient's `gᵀ`) is packed
-    // per block and inner block into register tiles (`small_gemm_packed_with`): read in place,
-    // a tile's rows lie side by side and each inner index is a new cache line.
-    let lhs_by_columns = lhs.1 == 1 && lhs.2 != 1;
     let tr = tile_rows::<T>(isa);
-    // Output blocks: BLOCK_ROWS rows, columns split until there are enough blocks.
-    let row_blocks = m.div_ceil(BLOCK_ROWS);
-    let want = BLOCKS_PER_THREAD * threads.max(1);
-    let col_blocks = want
-        .div_ceil(row_blocks)
-        .clamp(1, n.div_ceil(MIN_BLOCK_COLS).max(1));
-    let block_cols = n.div_ceil(col_blocks).next_multiple_of(PANEL);
-    let col_blocks = n.div_ceil(block_cols);
-    // Inner-dimension blocks of at most STRIP_BYTES / (16 elements) rows, of equal size.
-    let kc_max = (STRIP_BYTES / (PANEL * std::mem::size_of::<T>())).max(1);
-    let kc = k.div_ceil(k.div_ceil(kc_max));
-
-    let (packed, dst, a) = (
-        SendPtr(packed.as_ptr()),
-        SendPtr(dst as *const T),
-        SendPtr(lhs.0),
-    );
-    (0..row_blocks * col_blocks)
+    let lhs_packed = lhs_packed(lhs.1, lhs.2);
+    let grid = Grid::new((m, n, k), tr, threads, std::mem::size_of::<T>(), lhs_packed);
+    let blocks = Blocks {
+        isa,
+        lhs: (SendPtr(lhs.0), lhs.1, lhs.2),
+        alpha,
+        tr,
+        kc: grid.kc,
+    };
+    let rhs = Rhs {
+        src: SendPtr(rhs.0),
+        rs: rhs.1,
+        cs: rhs.2,
+        n,
+    };
+    // Scratch for a left operand stored transposed (see `Blocks::run`).
+    let tiles = || match blocks.packs_lhs() {
+        true => Some(workspace::take::<T>(
+            grid.block_rows.next_multiple_of(tr) * grid.kc,
+        )),
+        false => None,
+    };
+    let dst = SendPtr(dst as *const T);
+    if grid.slices == 1 {
+        // The right operand packed once, on all threads; then blocks of the output.
+        let mut packed = workspace::take::<T>(panels_len(k, n));
+        rhs.pack(0..k, &mut packed, true);
+        let packed = (SendPtr(packed.as_ptr()), k * PANEL, 0);
+        (0..grid.row_blocks * grid.col_blocks)
+            .into_par_iter()
+            .with_max_len(1)
+            .for_each_init(tiles, |tiles, b| {
+                let (i0, j0) = (
+                    b / grid.col_blocks * grid.block_rows,
+                    b % grid.col_blocks * grid.block_cols,
+                );
+                let rows = i0..(i0 + grid.block_rows).min(m);
+                let cols = j0..(j0 + grid.block_cols).min(n);
+                // SAFETY: the caller's contract; blocks write disjoint parts of dst.
+                unsafe { blocks.run((rows, cols, 0..k), packed, (dst, ld), start, tiles) }
+            });
+        return true;
+    }
+    // Slices of the inner dimension: each packs its part of the right operand itself (in
+    // its thread's caches, no pass of all threads first), then its row blocks run as jobs
+    // of their own (taken by any idle thread). The first slice writes dst from the caller's
+    // start, the others scratch outputs from nothing, which are then added to dst in slice
+    // order.
+    let partial = workspace::take::<T>((grid.slices - 1) * m * n);
+    let part = SendPtr(partial.as_ptr());
+    (0..grid.slices)
         .into_par_iter()
         .with_max_len(1)
-        .for_each_init(
-            || match lhs_by_columns {
-                true => Some(workspace::take::<T>(BLOCK_ROWS.next_multiple_of(tr) * kc)),
-                false => None,
-            },
-            |tiles, b| {
-                let (i0, j0) = (b / col_blocks * BLOCK_ROWS, b % col_blocks * block_cols);
-                let (rows, cols) = ((m - i0).min(BLOCK_ROWS), (n - j0).min(block_cols));
-                let mut p0 = 0;
-                while p0 < k {
-                    let depth = kc.min(k - p0);
-                    // Later inner blocks add to what the first one stored.
-                    let start = match p0 > 0 {
-                        true => Start::Dst,
-                        false => start.shifted(j0),
-                    };
-                    // SAFETY: rows i0.., columns j0.. and inner indices p0.. lie in the
-                    // operands (the caller's contract); blocks write disjoint parts of dst.
-                    unsafe {
-                        let a0 = a.get().add(i0 * lhs.1 + p0 * lhs.2);
-                        let rhs = |j: usize| (packed.get().add(p0 * PANEL), PANEL, ps, j0 + j);
-                        let c = |j: usize| (dst.get().cast_mut().add(i0 * ld + j0 + j), ld);
-                        match tiles {
-                            None => small_gemm_with(
-                                isa,
-                                (rows, cols, depth),
-                                (a0, lhs.1, lhs.2),
-                                rhs(0),
-                                c(0),
-                                alpha,
-                                start,
-                            ),
-                            Some(tiles) => {
-                                pack_tiles(a0, lhs.2, (rows, depth), tr, tiles);
-                                // Packing reads the operand from memory without computing: the
-                                // next inner block's part is prefetched, a share before each
-                                // 16-column strip, while this one computes.
-                                let next = (k - p0 - depth).min(kc);
-                                let strips = cols.div_ceil(PANEL);
-                                let per = next.div_ceil(strips);
-                                for s in 0..strips {
-                                    for p in (s * per).min(next)..((s + 1) * per).min(next) {
-                                        prefetch(a0.add((depth + p) * lhs.2), rows);
-                                    }
-                                    let j = s * PANEL;
-                                    small_gemm_packed_with(
-                                        isa,
-                                        (rows, PANEL.min(cols - j), depth),
-                                        (tiles.as_ptr(), tr * depth),
-                                        rhs(j),
-                                        c(j),
-                                        alpha,
-                                        start.shifted(j),
-                                    )
+        .for_each(|s| {
+            let (k0, k1) = (s * grid.slice, ((s + 1) * grid.slice).min(k));
+            let mut packed = workspace::take::<T>(panels_len(k1 - k0, n));
+            rhs.pack(k0..k1, &mut packed, false);
+            let packed = (SendPtr(packed.as_ptr()), (k1 - k0) * PANEL, k0);
+            let (out, start) = match s {
+                0 => ((dst, ld), start),
+                _ => (
+                    (SendPtr(part.get().wrapping_add((s - 1) * m * n)), n),
+                    Start::Zero,
+                ),
+            };
+            (0..grid.row_blocks)
+                .into_par_iter()
+                .with_max_len(1)
+                .for_each_init(tiles, |tiles, b| {
+                    let i0 = b * grid.block_rows;
+                    let rows = i0..(i0 + grid.block_rows).min(m);
+                    // SAFETY: the caller's contract; each slice writes its own output, each of its
+                    // jobs its own rows.
+                    unsafe { blocks.run((rows, 0..n, k0..k1), packed, out, start, tiles) }
+                });
+        });
+    let rows_per = (m * n)
+        .div_ceil(threads.max(1) * BLOCKS_PER_THREAD)
+        .div_ceil(n)
+        .max(1);
+    (0..m.div_ceil(rows_per)).into_par_iter().for_each(|c| {
+        for i in c * rows_per..((c + 1) * rows_per).min(m) {
+            // SAFETY: row i of dst (this task's alone) and of each scratch output.
+            let d = unsafe { std::slice::from_raw_parts_mut(dst.get().cast_mut().add(i * ld), n) };
+            for s in 0..grid.slices - 1 {
+                let p = unsafe { std::slice::from_raw_parts(part.get().add(s * m * n + i * n), n) };
+                d.iter_mut().zip(p).for_each(|(d, &p)| *d += p);
+            }
+        }
+    });
+    true
+}
+
+/// The right operand as the caller gave it: `(p, j)` at `src + p·rs + j·cs`, `n` columns,
+/// with unit column stride (stored by rows) or unit row stride (stored transposed).
+#[derive(Clone, Copy)]
+struct Rhs<T> {
+    src: SendPtr<T>,
+    rs: usize,
+    cs: usize,
+    n: usize,
+}
+
+impl<T: Elem> Rhs<T> {
+    /// Packs rows `rows` into `dst` (`panels_len(rows.len(), n)` elements): panel `t` holds
+    /// columns `16t..16t + 16` of every row, 16 contiguous elements per row, zero past column
+    /// `n`. `parallel`: on all threads.
+    fn pack(self, rows: std::ops::Range<usize>, dst: &mut [T], parallel: bool) {
+        let (k0, depth, n) = (rows.start, rows.len(), self.n);
+        let ps = depth * PANEL;
+        if self.cs != 1 {
+            // Stored transposed: sixteen source rows (columns of the operand) per panel.
+            // SAFETY: the caller's operand holds n columns of k elements (row stride 1).
+            let col = |j: usize| unsafe {
+                std::slice::from_raw_parts(self.src.get().add(j * self.cs + k0), depth)
+            };
+            super::par::for_each_chunk_mut(dst, ps, parallel, |t, panel| {
+                pack_transposed_panel(n, depth, col, t, panel)
+            });
+            return;
+        }
+        // Stored by rows: groups of 8 rows, then panel by panel, so that the reads are whole
+        // rows in order and every panel gets 8 consecutive lines (panel by panel over all
+        // rows read one line per row at the row stride: 7 GB/s at n = 256).
+        const GROUP: usize = 8;
+        let out = SendPtr(dst.as_ptr());
+        let per_task = match parallel {
+            true => 8 * GROUP,
+            false => depth,
+        };
+        super::par::for_each_init(
+            depth.div_ceil(per_task),
+            parallel,
+            || (),
+            |_, c| {
+                let (c0, c1) = (c * per_task, ((c + 1) * per_task).min(depth));
+                for g0 in (c0..c1).step_by(GROUP) {
+                    let g1 = (g0 + GROUP).min(c1);
+                    for t in 0..n.div_ceil(PANEL) {
+                        let j0 = t * PANEL;
+                        let width = PANEL.min(n - j0);
+                        for p in g0..g1 {
+                            // SAFETY: row k0 + p holds n elements; the panel's row p lies in dst,
+                            // and tasks write disjoint rows of every panel.
+                            let (src, panel_row) = unsafe {
+                                (
+                                    std::slice::from_raw_parts(
+                                        self.src.get().add((k0 + p) * self.rs + j0),
+                                        width,
+                                    ),
+                                    std::slice::from_raw_parts_mut(
+                                        out.get().cast_mut().add(t * ps + p * PANEL),
+                                        PANEL,
+                                    ),
+                                )
+                            };
+                            match <&[T; PANEL]>::try_from(src) {
+                                // Whole rows as fixed-size arrays (not `memcpy` calls).
+                                Ok(src) => *<&mut [T; PANEL]>::try_from(panel_row).unwrap() = *src,
+                                Err(_) => {
+                                    panel_row[..width].copy_from_slice(src);
+                                    panel_row[width..].fill(T::ZERO);
                                 }
                             }
                         }
-                    };
-                    p0 += depth;
+                    }
                 }
             },
         );
-    true
+    }
+}
+
+/// Whether a left operand of these (row, column) strides is stored transposed, and so packed
+/// into register tiles (see [`Blocks::packs_lhs`]).
+fn lhs_packed(rs: usize, cs: usize) -> bool {
+    rs == 1 && cs != 1
+}
+
+/// The part of a product one thread computes at a time: rows × columns of the output over a
+/// range of the inner dimension, in inner blocks of `kc`.
+#[derive(Clone, Copy)]
+struct Blocks<T> {
+    isa: Isa,
+    lhs: (SendPtr<T>, usize, usize),
+    alpha: T,
+    tr: usize,
+    kc: usize,
+}
+
+impl<T: Elem> Blocks<T> {
+    /// A left operand stored transposed (unit row stride: a weight gradient's `gᵀ`) is packed
+    /// per block and inner block into register tiles (`small_gemm_packed_with`): read in
+    /// place, a tile's rows lie side by side and each inner index is a new cache line.
+    fn packs_lhs(&self) -> bool {
+        lhs_packed(self.lhs.1, self.lhs.2)
+    }
+
+    /// `out[rows, cols] = start + alpha · lhs[rows, inner] · rhs[inner, cols]`, the right
+    /// operand packed (`(data, panel stride, first packed inner index)`), `out` by pointer and
+    /// row stride (column 0 of the product's output), `tiles` the scratch of
+    /// [`Self::packs_lhs`].
+    ///
+    /// # Safety
+    /// Every addressed element is in bounds; no other thread writes these rows and columns
+    /// of `out`.
+    #[allow(clippy::type_complexity)]
+    unsafe fn run(
+        &self,
+        (rows, cols, inner): (
+            std::ops::Range<usize>,
+            std::ops::Range<usize>,
+            std::ops::Range<usize>,
+        ),
+        (packed, ps, base): (SendPtr<T>, usize, usize),
+        (out, ld): (SendPtr<T>, usize),
+        start: Start<T>,
+        tiles: &mut Option<workspace::Buf<T>>,
+    ) {
+        let (isa, tr, (a, ars, acs)) = (self.isa, self.tr, self.lhs);
+        let (i0, j0, (m, n)) = (rows.start, cols.start, (rows.len(), cols.len()));
+        let mut p0 = inner.start;
+        while p0 < inner.end {
+            let depth = self.kc.min(inner.end - p0);
+            // Later inner blocks add to what the first one stored.
+            let start = match p0 > inner.start {
+                true => Start::Dst,
+                false => start.shifted(j0),
+            };
+            let a0 = a.get().add(i0 * ars + p0 * acs);
+            let rhs = |j: usize| (packed.get().add((p0 - base) * PANEL), PANEL, ps, j0 + j);
+            let c = |j: usize| (out.get().cast_mut().add(i0 * ld + j0 + j), ld);
+            match tiles {
+                None => small_gemm_with(
+                    isa,
+                    (m, n, depth),
+                    (a0, ars, acs),
+                    rhs(0),
+                    c(0),
+                    self.alpha,
+                    start,
+                ),
+                Some(tiles) => {
+                    pack_tiles(a0, acs, (m, depth), tr, tiles);
+                    // Packing reads the operand from memory without computing: the next inner
+                    // block's part is prefetched, a share before each 16-column strip, while
+                    // this one computes.
+                    let next = (inner.end - p0 - depth).min(self.kc);
+                    let strips = n.div_ceil(PANEL);
+                    let per = next.div_ceil(strips);
+                    for s in 0..strips {
+                        for p in (s * per).min(next)..((s + 1) * per).min(next) {
+                            prefetch(a0.add((depth + p) * acs), m);
+                        }
+                        let j = s * PANEL;
+                        small_gemm_packed_with(
+                            isa,
+                            (m, PANEL.min(n - j), depth),
+                            (tiles.as_ptr(), tr * depth),
+                            rhs(j),
+                            c(j),
+                            self.alpha,
+                            start.shifted(j),
+                        )
+                    }
+                }
+            }
+            p0 += depth;
+        }
+    }
+}
+
+/// How `par_gemm` splits a product into units of work: blocks of the output, or, for an
+/// output too small to give every thread several blocks of rows (a weight gradient `gᵀ·x`:
+/// out × in over thousands of tokens), slices of the inner dimension, each computing the
+/// whole output into its own buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Grid {
+    block_rows: usize,
+    row_blocks: usize,
+    block_cols: usize,
+    col_blocks: usize,
+    /// Inner-dimension slices (1: none), and the length of each but the last.
+    slices: usize,
+    slice: usize,
+    /// Inner-dimension block: the depth of one register-tile pass.
+    kc: usize,
+}
+
+impl Grid {
+    /// `lhs_packed`: the left operand is stored transposed (see `Blocks::packs_lhs`).
+    fn new(
+        (m, n, k): (usize, usize, usize),
+        tr: usize,
+        threads: usize,
+        elem: usize,
+        lhs_packed: bool,
+    ) -> Self {
+        let threads = threads.max(1);
+        let want = BLOCKS_PER_THREAD * threads;
+        // Inner-dimension blocks of at most STRIP_BYTES / (16 elements) rows.
+        let kc_max = (STRIP_BYTES / (PANEL * elem)).max(1);
+        // Row blocks of at most BLOCK_ROWS rows, of equal size (whole tiles).
+        let row_blocks = m.div_ceil(BLOCK_ROWS);
+        let block_rows = m.div_ceil(row_blocks).next_multiple_of(tr);
+        let row_blocks = m.div_ceil(block_rows);
+        // A packed left operand (a weight gradient `gᵀ·x`: out × in over thousands of
+        // tokens) and few row blocks: slices of the inner dimension, each at least two inner blocks deep, where
+        // splitting the columns would pack every block's left operand once per column block
+        // and leave two threads few blocks to share. Each slice but the first costs an m·n
+        // pass at the end. Decided by the shape alone, so that the sums are the same on any
+        // number of threads.
+        let deepest = k / (2 * kc_max);
+        if lhs_packed && row_blocks < SLICED_BELOW_ROW_BLOCKS && deepest >= 2 {
+            let slices = deepest.min(MAX_SLICES);
+            let slice = k.div_ceil(slices);
+            return Self {
+                block_rows,
+                row_blocks,
+                block_cols: n,
+                col_blocks: 1,
+                slices: k.div_ceil(slice),
+                slice,
+                kc: slice.div_ceil(slice.div_ceil(kc_max)),
+            };
+        }
+        // Else columns are split until there are enough blocks.
+        let col_blocks = want
+            .div_ceil(row_blocks)
+            .clamp(1, n.div_ceil(MIN_BLOCK_COLS).max(1));
+        let block_cols = n.div_ceil(col_blocks).next_multiple_of(PANEL);
+        Self {
+            block_rows,
+            row_blocks,
+            block_cols,
+            col_blocks: n.div_ceil(block_cols),
+            slices: 1,
+            slice: k,
+            kc: k.div_ceil(k.div_ceil(kc_max)),
+        }
+    }
 }
 
 /// Packs `rows × depth` of a left operand stored by columns (`a(i, p)` at `a + i + p·cs`)
@@ -227,19 +467,32 @@ unsafe fn pack_tiles_of<T: Elem, const R: usize>(
     tiles: &mut [T],
 ) {
     let whole = rows / R;
-    for p in 0..depth {
-        // SAFETY: column p's rows 0..rows (the caller's contract).
-        let col = unsafe { std::slice::from_raw_parts(a.add(p * cs), rows) };
+    // Eight inner indices at a time, tile by tile: a tile's part is then three whole cache
+    // lines, where one index at a time wrote 24 bytes into each of the block's tiles, which
+    // lie `R·depth` elements apart (6 KiB in f32 at depth 256) and so fall into two of L1's
+    // sets: the stores stalled (14% of a 256×256×2048 weight gradient).
+    const P: usize = 8;
+    for p0 in (0..depth).step_by(P) {
+        let pn = P.min(depth - p0);
+        // SAFETY: columns p0..p0 + pn, rows 0..rows (the caller's contract).
+        let cols: [&[T]; P] = std::array::from_fn(|q| match q < pn {
+            true => unsafe { std::slice::from_raw_parts(a.add((p0 + q) * cs), rows) },
+            false => &[],
+        });
         for t in 0..whole {
-            let at = t * R * depth + p * R;
-            let src: &[T; R] = col[t * R..t * R + R].try_into().unwrap();
-            let dst: &mut [T; R] = (&mut tiles[at..at + R]).try_into().unwrap();
-            *dst = *src;
+            for (q, col) in cols.iter().enumerate().take(pn) {
+                let at = t * R * depth + (p0 + q) * R;
+                let src: &[T; R] = col[t * R..t * R + R].try_into().unwrap();
+                let dst: &mut [T; R] = (&mut tiles[at..at + R]).try_into().unwrap();
+                *dst = *src;
+            }
         }
-        let rest = &col[whole * R..];
-        if !rest.is_empty() {
-            let at = whole * R * depth + p * R;
-            tiles[at..at + rest.len()].copy_from_slice(rest);
+        for (q, col) in cols.iter().enumerate().take(pn) {
+            let rest = &col[whole * R..];
+            if !rest.is_empty() {
+                let at = whole * R * depth + (p0 + q) * R;
+                tiles[at..at + rest.len()].copy_from_slice(rest);
+            }
         }
     }
 }
@@ -318,6 +571,7 @@ mod tests {
             (193, 70, 520),
             (13, 100, 1),
             (250, 17, 129),
+            (40, 50, 1100),
         ] {
             // start: 0 overwrite, 1 accumulate, 2 from a row (a bias).
             for &(lhs_t, rhs_t, start, alpha) in &[
@@ -395,6 +649,65 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The same bits on 2, 3 and 4 threads (and with one thread forced through the pool's
+    /// code), for products split into blocks and into inner-dimension slices, f32 and f64:
+    /// how a product is split depends on its shape only, so training on another machine's
+    /// thread count resumes bit-identically.
+    #[test]
+    fn sums_do_not_depend_on_the_thread_count() {
+        let isa = match Isa::detect() {
+            Some(isa) => isa,
+            None => return,
+        };
+        fn run<T: Elem>(isa: Isa, threads: usize, (m, n, k): (usize, usize, usize)) -> Vec<T> {
+            let val = |i: usize, s: u64| ((i as u64 * 2654435761 + s) % 1009) as f64 / 251.0 - 2.0;
+            let a: Vec<T> = (0..m * k).map(|i| T::from_f64(val(i, 1))).collect();
+            let b: Vec<T> = (0..k * n).map(|i| T::from_f64(val(i, 2))).collect();
+            let mut c = vec![T::ZERO; m * n];
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            // SAFETY: a is k×m read transposed, b k×n by rows, c m×n.
+            let done = pool.install(|| unsafe {
+                par_gemm_with(
+                    isa,
+                    (m, n, k),
+                    (c.as_mut_ptr(), n),
+                    Start::Zero,
+                    (a.as_ptr(), 1, m),
+                    (b.as_ptr(), n, 1),
+                    T::ONE,
+                    threads,
+                )
+            });
+            assert!(done);
+            c
+        }
+        // (50, 40, 2100): one row block, four slices in f32 and f64; (200, 90, 300): blocks.
+        for dims in [(50, 40, 2100), (200, 90, 300)] {
+            let (f, d) = (run::<f32>(isa, 2, dims), run::<f64>(isa, 2, dims));
+            for threads in [1, 3, 4] {
+                assert!(
+                    run::<f32>(isa, threads, dims)
+                        .iter()
+                        .zip(&f)
+                        .all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "f32 {dims:?} on {threads} threads"
+                );
+                assert!(
+                    run::<f64>(isa, threads, dims)
+                        .iter()
+                        .zip(&d)
+                        .all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "f64 {dims:?} on {threads} threads"
+                );
+            }
+        }
+        assert_eq!(Grid::new((50, 40, 2100), 6, 2, 4, true).slices, 4);
+        assert_eq!(Grid::new((200, 90, 300), 6, 2, 4, true).slices, 1);
     }
 
     /// `pack_tiles` for both instruction sets' tile rows, with a last partial tile: every
