@@ -9,8 +9,8 @@
 //!   row block over it (as jobs any idle thread may take) into its own output, then summed.
 //!   Packing a left operand once per row block and inner block for all columns, and no
 //!   separate packing pass: paired against column blocks on the 2-core Zen 3 of
-//!   `BENCHMARKS.md`, 0.85–0.91× the time at 256–1024 rows, 0.97× at 1536–2048. Sliced the
-//!   same way, forward and input-gradient products were 0–4% slower: they keep blocks.
+//!   `BENCHMARKS.md`, 0.84–0.93× the time at 256–1024 rows, 0.90–0.98× at 1536–2048. Sliced
+//!   the same way, forward and input-gradient products gained nothing: they keep blocks.
 //!
 //! Why not the `gemm` crate's own threading: per block of its inner dimension it packs and
 //! then computes, two fork-joins each, with the work split evenly between the threads in
@@ -45,7 +45,7 @@ const BLOCKS_PER_THREAD: usize = 4;
 /// Products with fewer row blocks than this are split along the inner dimension (see
 /// `Grid::new`), into at most [`MAX_SLICES`] slices. Paired on the 2-core Zen 3 of
 /// `BENCHMARKS.md`: four slices beat two (0.86× against 0.92× of column blocks' time at
-/// 256×256×2048) and eight (0.91–1.03×); weight gradients of 8–22 row blocks gained 3–10%
+/// 256×256×2048) and eight (0.91–1.03×); weight gradients of 8–22 row blocks gained 2–8%
 /// sliced.
 const SLICED_BELOW_ROW_BLOCKS: usize = 32;
 const MAX_SLICES: usize = 4;
