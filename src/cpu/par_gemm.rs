@@ -5,12 +5,13 @@
 //! - row × column blocks of the output, after the right operand is packed once into panels
 //!   by all threads;
 //! - for a weight gradient `gᵀ·x` (a left operand stored transposed) with up to ~3000 output
-//!   rows and a deep inner dimension (the tokens): slices of the inner dimension, each packing its own part of the right operand and computing every output
-//!   row block over it (as jobs any idle thread may take) into its own output, then summed.
-//!   Packing a left operand once per row block and inner block for all columns, and no
-//!   separate packing pass: paired against column blocks on the 2-core Zen 3 of
-//!   `BENCHMARKS.md`, 0.84–0.93× the time at 256–1024 rows, 0.90–0.98× at 1536–2048. Sliced
-//!   the same way, forward and input-gradient products gained nothing: they keep blocks.
+//!   rows and a deep inner dimension (the tokens): slices of the inner dimension, each
+//!   packing its own part of the right operand and computing every output row block over it
+//!   (as jobs any idle thread may take) into its own output, then summed. The left operand is
+//!   packed once per row block and inner block for all columns, and there is no separate
+//!   packing pass: paired against column blocks on the 2-core Zen 3 of `BENCHMARKS.md`,
+//!   0.84–0.93× the time at 256–1024 rows, 0.90–0.98× at 1536–2048. Sliced the same way,
+//!   forward and input-gradient products gained nothing: they keep blocks.
 //!
 //! Why not the `gemm` crate's own threading: per block of its inner dimension it packs and
 //! then computes, two fork-joins each, with the work split evenly between the threads in
@@ -97,8 +98,8 @@ pub(crate) unsafe fn par_gemm_with<T: Elem>(
         return false;
     }
     let tr = tile_rows::<T>(isa);
-    let lhs_packed = lhs_packed(lhs.1, lhs.2);
-    let grid = Grid::new((m, n, k), tr, threads, std::mem::size_of::<T>(), lhs_packed);
+    let packs_lhs = lhs_packed(lhs.1, lhs.2);
+    let grid = Grid::new((m, n, k), tr, threads, std::mem::size_of::<T>(), packs_lhs);
     let blocks = Blocks {
         isa,
         lhs: (SendPtr(lhs.0), lhs.1, lhs.2),
@@ -403,11 +404,11 @@ impl Grid {
         let block_rows = m.div_ceil(row_blocks).next_multiple_of(tr);
         let row_blocks = m.div_ceil(block_rows);
         // A packed left operand (a weight gradient `gᵀ·x`: out × in over thousands of
-        // tokens) and few row blocks: slices of the inner dimension, each at least two inner blocks deep, where
-        // splitting the columns would pack every block's left operand once per column block
-        // and leave two threads few blocks to share. Each slice but the first costs an m·n
-        // pass at the end. Decided by the shape alone, so that the sums are the same on any
-        // number of threads.
+        // tokens) and few row blocks: slices of the inner dimension, each at least two inner
+        // blocks deep, where splitting the columns would pack every block's left operand once
+        // per column block and leave two threads few blocks to share. Each slice but the
+        // first costs an m·n pass at the end. Decided by the shape alone, so that the sums
+        // are the same on any number of threads.
         let deepest = k / (2 * kc_max);
         if lhs_packed && row_blocks < SLICED_BELOW_ROW_BLOCKS && deepest >= 2 {
             let slices = deepest.min(MAX_SLICES);
@@ -690,19 +691,16 @@ mod tests {
         for dims in [(50, 40, 2100), (200, 90, 300)] {
             let (f, d) = (run::<f32>(isa, 2, dims), run::<f64>(isa, 2, dims));
             for threads in [1, 3, 4] {
-                assert!(
-                    run::<f32>(isa, threads, dims)
-                        .iter()
-                        .zip(&f)
-                        .all(|(x, y)| x.to_bits() == y.to_bits()),
-                    "f32 {dims:?} on {threads} threads"
+                // Finite values: equal means the same bits (up to the sign of a zero).
+                assert_eq!(
+                    run::<f32>(isa, threads, dims),
+                    f,
+                    "f32 {dims:?}, {threads} threads"
                 );
-                assert!(
-                    run::<f64>(isa, threads, dims)
-                        .iter()
-                        .zip(&d)
-                        .all(|(x, y)| x.to_bits() == y.to_bits()),
-                    "f64 {dims:?} on {threads} threads"
+                assert_eq!(
+                    run::<f64>(isa, threads, dims),
+                    d,
+                    "f64 {dims:?}, {threads} threads"
                 );
             }
         }
