@@ -122,9 +122,12 @@ pub(crate) unsafe fn par_gemm_with<T: Elem>(
     };
     let dst = SendPtr(dst as *const T);
     if grid.slices == 1 {
-        // The right operand packed once, on all threads; then blocks of the output.
+        // The right operand packed once (on all threads only where it is large: a fork-join
+        // wakes the pool's sleeping thread, 30–300 µs on the VM of `BENCHMARKS.md`, longer
+        // than packing a small weight; paired, the small model's 704×64×64 and 64×64×704
+        // products took 0.73× the time); then blocks of the output.
         let mut packed = workspace::take::<T>(panels_len(k, n));
-        rhs.pack(0..k, &mut packed, true);
+        rhs.pack(0..k, &mut packed, super::par::parallel_pass(k * n));
         let packed = (SendPtr(packed.as_ptr()), k * PANEL, 0);
         (0..grid.row_blocks * grid.col_blocks)
             .into_par_iter()
@@ -178,16 +181,24 @@ pub(crate) unsafe fn par_gemm_with<T: Elem>(
         .div_ceil(threads.max(1) * BLOCKS_PER_THREAD)
         .div_ceil(n)
         .max(1);
-    (0..m.div_ceil(rows_per)).into_par_iter().for_each(|c| {
-        for i in c * rows_per..((c + 1) * rows_per).min(m) {
-            // SAFETY: row i of dst (this task's alone) and of each scratch output.
-            let d = unsafe { std::slice::from_raw_parts_mut(dst.get().cast_mut().add(i * ld), n) };
-            for s in 0..grid.slices - 1 {
-                let p = unsafe { std::slice::from_raw_parts(part.get().add(s * m * n + i * n), n) };
-                d.iter_mut().zip(p).for_each(|(d, &p)| *d += p);
+    let sum = super::par::parallel_pass((grid.slices - 1) * m * n);
+    super::par::for_each_init(
+        m.div_ceil(rows_per),
+        sum,
+        || (),
+        |_, c| {
+            for i in c * rows_per..((c + 1) * rows_per).min(m) {
+                // SAFETY: row i of dst (this task's alone) and of each scratch output.
+                let d =
+                    unsafe { std::slice::from_raw_parts_mut(dst.get().cast_mut().add(i * ld), n) };
+                for s in 0..grid.slices - 1 {
+                    let p =
+                        unsafe { std::slice::from_raw_parts(part.get().add(s * m * n + i * n), n) };
+                    d.iter_mut().zip(p).for_each(|(d, &p)| *d += p);
+                }
             }
-        }
-    });
+        },
+    );
     true
 }
 
