@@ -51,6 +51,20 @@ const BLOCKS_PER_THREAD: usize = 4;
 const SLICED_BELOW_ROW_BLOCKS: usize = 32;
 const MAX_SLICES: usize = 4;
 
+/// Elements from which packing a right operand or summing the slices goes to the pool:
+/// below, a fork-join (which wakes the pool's sleeping thread, 30–300 µs on the VM of
+/// `BENCHMARKS.md`) costs more than the pass. Paired there against always parallel: the
+/// small model's 704×64×64 and 64×64×704 products took 0.73× the time, 2048×256×256 (a
+/// 2¹⁶-element weight packed on one thread) 1.01×; at 2¹⁸ elements (2048×512×512) one thread
+/// cost 1–2%.
+const PARALLEL_PASS_FROM: usize = 1 << 17;
+
+/// Whether a pass over `elements` (packing, summing) runs on all threads.
+fn parallel_pass(elements: usize) -> bool {
+    // `par::parallel` counts multiply-adds (its tests' forcing and `MHA_SERIAL_BELOW` apply).
+    super::par::parallel(elements.saturating_mul(super::par::SERIAL_BELOW / PARALLEL_PASS_FROM))
+}
+
 /// The narrowest column block (four register-tile strips).
 const MIN_BLOCK_COLS: usize = 4 * PANEL;
 
@@ -122,12 +136,10 @@ pub(crate) unsafe fn par_gemm_with<T: Elem>(
     };
     let dst = SendPtr(dst as *const T);
     if grid.slices == 1 {
-        // The right operand packed once (on all threads only where it is large: a fork-join
-        // wakes the pool's sleeping thread, 30–300 µs on the VM of `BENCHMARKS.md`, longer
-        // than packing a small weight; paired, the small model's 704×64×64 and 64×64×704
-        // products took 0.73× the time); then blocks of the output.
+        // The right operand packed once (on all threads where it is large, see
+        // `PARALLEL_PASS_FROM`); then blocks of the output.
         let mut packed = workspace::take::<T>(panels_len(k, n));
-        rhs.pack(0..k, &mut packed, super::par::parallel_pass(k * n));
+        rhs.pack(0..k, &mut packed, parallel_pass(k * n));
         let packed = (SendPtr(packed.as_ptr()), k * PANEL, 0);
         (0..grid.row_blocks * grid.col_blocks)
             .into_par_iter()
@@ -181,7 +193,7 @@ pub(crate) unsafe fn par_gemm_with<T: Elem>(
         .div_ceil(threads.max(1) * BLOCKS_PER_THREAD)
         .div_ceil(n)
         .max(1);
-    let sum = super::par::parallel_pass((grid.slices - 1) * m * n);
+    let sum = parallel_pass((grid.slices - 1) * m * n);
     super::par::for_each_init(
         m.div_ceil(rows_per),
         sum,
