@@ -127,11 +127,10 @@ pub(crate) unsafe fn par_gemm_with<T: Elem>(
         cs: rhs.2,
         n,
     };
-    // Scratch for a left operand stored transposed (see `Blocks::run`).
+    // Scratch for a left operand stored transposed (see `Blocks::run`; a block's rows are
+    // whole tiles).
     let tiles = || match blocks.packs_lhs() {
-        true => Some(workspace::take::<T>(
-            grid.block_rows.next_multiple_of(tr) * grid.kc,
-        )),
+        true => Some(workspace::take::<T>(grid.block_rows * grid.kc)),
         false => None,
     };
     let dst = SendPtr(dst as *const T);
@@ -161,8 +160,8 @@ pub(crate) unsafe fn par_gemm_with<T: Elem>(
     // of their own (taken by any idle thread). The first slice writes dst from the caller's
     // start, the others scratch outputs from nothing, which are then added to dst in slice
     // order.
-    let partial = workspace::take::<T>((grid.slices - 1) * m * n);
-    let part = SendPtr(partial.as_ptr());
+    let mut partial = workspace::take::<T>((grid.slices - 1) * m * n);
+    let part = SendPtr(partial.as_mut_ptr().cast_const());
     (0..grid.slices)
         .into_par_iter()
         .with_max_len(1)
@@ -246,7 +245,7 @@ impl<T: Elem> Rhs<T> {
         // rows in order and every panel gets 8 consecutive lines (panel by panel over all
         // rows read one line per row at the row stride: 7 GB/s at n = 256).
         const GROUP: usize = 8;
-        let out = SendPtr(dst.as_ptr());
+        let out = SendPtr(dst.as_mut_ptr().cast_const());
         let per_task = match parallel {
             true => 8 * GROUP,
             false => depth,
