@@ -129,7 +129,7 @@ pub(crate) unsafe fn par_gemm_with<T: Elem>(
     };
     // Scratch for a left operand stored transposed (see `Blocks::run`; a block's rows are
     // whole tiles).
-    let tiles = || match blocks.packs_lhs() {
+    let tiles = || match packs_lhs {
         true => Some(workspace::take::<T>(grid.block_rows * grid.kc)),
         false => None,
     };
@@ -292,8 +292,10 @@ impl<T: Elem> Rhs<T> {
     }
 }
 
-/// Whether a left operand of these (row, column) strides is stored transposed, and so packed
-/// into register tiles (see [`Blocks::packs_lhs`]).
+/// Whether a left operand of these (row, column) strides is stored transposed (unit row
+/// stride: a weight gradient's `gᵀ`), and so packed per block and inner block into register
+/// tiles (`small_gemm_packed_with`): read in place, a tile's rows lie side by side and each
+/// inner index is a new cache line.
 fn lhs_packed(rs: usize, cs: usize) -> bool {
     rs == 1 && cs != 1
 }
@@ -310,17 +312,10 @@ struct Blocks<T> {
 }
 
 impl<T: Elem> Blocks<T> {
-    /// A left operand stored transposed (unit row stride: a weight gradient's `gᵀ`) is packed
-    /// per block and inner block into register tiles (`small_gemm_packed_with`): read in
-    /// place, a tile's rows lie side by side and each inner index is a new cache line.
-    fn packs_lhs(&self) -> bool {
-        lhs_packed(self.lhs.1, self.lhs.2)
-    }
-
     /// `out[rows, cols] = start + alpha · lhs[rows, inner] · rhs[inner, cols]`, the right
     /// operand packed (`(data, panel stride, first packed inner index)`), `out` by pointer and
-    /// row stride (column 0 of the product's output), `tiles` the scratch of
-    /// [`Self::packs_lhs`].
+    /// row stride (column 0 of the product's output), `tiles` the scratch of a packed left
+    /// operand ([`lhs_packed`]).
     ///
     /// # Safety
     /// Every addressed element is in bounds; no other thread writes these rows and columns
@@ -409,7 +404,7 @@ struct Grid {
 }
 
 impl Grid {
-    /// `lhs_packed`: the left operand is stored transposed (see `Blocks::packs_lhs`).
+    /// `lhs_packed`: the left operand is stored transposed (see [`lhs_packed`]).
     fn new(
         (m, n, k): (usize, usize, usize),
         tr: usize,
