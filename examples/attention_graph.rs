@@ -43,7 +43,8 @@ fn main() -> Result<()> {
             .unwrap_or_else(|| "target/attention_graph".into()),
     );
     std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
-    let device = Device::Cpu;
+    let (device, notice) = candle_mha::device::device_from_env()?;
+    eprintln!("{notice}");
 
     // "the" appears twice: the same word gets the same embedding (a seeded table).
     let words: Vec<String> = "the cat sat on the mat"

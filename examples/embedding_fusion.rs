@@ -95,9 +95,15 @@ impl Model {
     fn forward(&self, x: &Tensor, opts: &AttentionOptions) -> Result<(Tensor, Tensor)> {
         let t = self.tokens(x)?;
         let out = self.attn.forward(&t, &t, &t, opts)?;
-        let first = out.output.narrow(1, 0, 1)?.squeeze(1)?; // output[:, 0]
         let weights = out.weights.context("need_weights is on")?;
-        Ok((self.head.forward(&first)?, weights))
+        Ok((self.logits(&out.output)?, weights))
+    }
+
+    /// `head(output[:, 0])`. The row is copied out first: CUDA's matmul takes only contiguous
+    /// rows (the CPU's takes strided ones).
+    fn logits(&self, output: &Tensor) -> Result<Tensor> {
+        let first = output.narrow(1, 0, 1)?.squeeze(1)?.contiguous()?;
+        Ok(self.head.forward(&first)?)
     }
 }
 
@@ -140,7 +146,8 @@ fn source_table(model: &Model, nodes: &Nodes, title: &str) -> Result<String> {
 }
 
 fn main() -> Result<()> {
-    let dev = Device::Cpu;
+    let (dev, notice) = candle_mha::device::device_from_env()?;
+    eprintln!("{notice}");
     let train = make_nodes(4000, 1, &dev)?;
     let test = make_nodes(1000, 2, &dev)?;
     let varmap = VarMap::new();
@@ -188,7 +195,7 @@ fn main() -> Result<()> {
         );
         let t = model.tokens(&x)?;
         let out = model.attn.forward(&t, &t, &t, &opts)?.output;
-        let logits = model.head.forward(&out.narrow(1, 0, 1)?.squeeze(1)?)?;
+        let logits = model.logits(&out)?;
         let loss = candle_nn::loss::cross_entropy(&logits, &y)?;
         opt.step(&loss.backward()?)?;
         if step % 100 == 0 {

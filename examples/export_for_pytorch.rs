@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use candle_mha::candle::{DType, Device, Tensor};
+use candle_mha::candle::{DType, Tensor};
 use candle_mha::checkpoint::{save_modules, StateDict};
 use candle_mha::{
     seeded_var_builder, AttentionOptions, MultiheadAttention, MultiheadAttentionConfig,
@@ -26,7 +26,8 @@ fn main() -> Result<()> {
             .context("usage: export_for_pytorch DIR [self|cross]")?,
     );
     let case = args.next().unwrap_or_else(|| "self".into());
-    let dev = Device::Cpu;
+    let (dev, notice) = candle_mha::device::device_from_env()?;
+    eprintln!("{notice}");
     let (cfg, dtype) = match case.as_str() {
         "self" => (MultiheadAttentionConfig::new(16, 4), DType::F32),
         "cross" => (

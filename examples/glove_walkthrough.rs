@@ -15,7 +15,7 @@ use anyhow::{bail, Context, Result};
 use candle_mha::analysis::heatmap::{heatmap_png, heatmap_svg, save, HeatmapOptions};
 use candle_mha::analysis::table::{format_table, TableOptions};
 use candle_mha::analysis::word_vectors::{cosine_attention, load_glove, self_attention};
-use candle_mha::candle::{DType, Device, Tensor};
+use candle_mha::candle::{DType, Tensor};
 use candle_mha::{AttentionOptions, MultiheadAttention, MultiheadAttentionConfig};
 use candle_nn::VarBuilder;
 
@@ -47,7 +47,9 @@ fn main() -> Result<()> {
         );
     }
     let labels: Vec<String> = words.iter().map(|w| w.to_string()).collect();
-    let x = wv.stack(&words)?; // (L, d)
+    let (device, notice) = candle_mha::device::device_from_env()?;
+    eprintln!("{notice}");
+    let x = wv.stack(&words)?.to_device(&device)?; // (L, d)
     let (l, d) = x.dims2()?;
     println!("\n2. The sentence {:?} as X: ({l}, {d})", words.join(" "));
 
@@ -85,7 +87,7 @@ fn main() -> Result<()> {
 
     println!("\n6. The same through MultiheadAttention: 1 head, bias=False,");
     println!("   in_proj_weight = [I; I; I], out_proj.weight = I");
-    let eye = Tensor::eye(d, DType::F32, &Device::Cpu)?;
+    let eye = Tensor::eye(d, DType::F32, &device)?;
     let params: HashMap<String, Tensor> = HashMap::from([
         (
             "in_proj_weight".to_string(),
@@ -95,7 +97,7 @@ fn main() -> Result<()> {
     ]);
     let mha = MultiheadAttention::new(
         MultiheadAttentionConfig::new(d, 1).with_bias(false),
-        VarBuilder::from_tensors(params, DType::F32, &Device::Cpu),
+        VarBuilder::from_tensors(params, DType::F32, &device),
     )?;
     let mha_out = mha.forward(&x, &x, &x, &AttentionOptions::new())?;
     let mha_w = mha_out.weights.context("need_weights is on by default")?;

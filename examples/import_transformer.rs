@@ -19,7 +19,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use candle_mha::candle::{DType, Device};
+use candle_mha::candle::DType;
 use candle_mha::checkpoint::{find_transformer_modules, StateDict};
 use candle_mha::nn::EncoderOptions;
 use candle_mha::nn::{load_transformer_encoder_file, TransformerLoadOptions};
@@ -51,17 +51,19 @@ fn main() -> Result<()> {
     let nhead: usize = meta("num_heads")?.parse()?;
     let batch_first = meta("batch_first")? == "true";
     let opts = TransformerLoadOptions::new(nhead).with_batch_first(batch_first);
+    let (device, notice) = candle_mha::device::device_from_env()?;
+    eprintln!("{notice}");
     let (encoder, report) =
-        load_transformer_encoder_file(&checkpoint, "", &opts, DType::F32, &Device::Cpu)?;
+        load_transformer_encoder_file(&checkpoint, "", &opts, DType::F32, &device)?;
     print!("{report}");
 
     let tensor = |k: &str| {
         exp.get(k)
             .with_context(|| format!("{}: no tensor {k}", expected.display()))
     };
-    let input = tensor("input")?;
+    let input = &tensor("input")?.to_device(&device)?;
     let output = encoder.forward(input, &EncoderOptions::new())?;
-    let reference = tensor("output")?;
+    let reference = &tensor("output")?.to_device(&device)?;
     let max_diff = (&output - reference)?
         .abs()?
         .flatten_all()?

@@ -8,7 +8,7 @@
 
 use anyhow::{Context, Result};
 use candle_mha::attention::mask::causal_mask;
-use candle_mha::candle::{DType, Device, Tensor, D};
+use candle_mha::candle::{DType, Tensor, D};
 use candle_mha::{
     seeded_var_builder, AttentionOptions, MultiheadAttention, MultiheadAttentionConfig,
 };
@@ -27,7 +27,8 @@ fn main() -> Result<()> {
         [e, h, l] => (*e, *h, *l),
         _ => anyhow::bail!("arguments are: embed_dim num_heads seq_len"),
     };
-    let device = Device::Cpu;
+    let (device, notice) = candle_mha::device::device_from_env()?;
+    eprintln!("{notice}");
     let batch = 2;
 
     // torch.nn.MultiheadAttention(embed_dim, num_heads, batch_first=True), seeded.

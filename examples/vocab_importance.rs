@@ -55,7 +55,8 @@ fn main() -> Result<()> {
             .unwrap_or_else(|| "target/vocab_importance".into()),
     );
     std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
-    let device = Device::Cpu;
+    let (device, notice) = candle_mha::device::device_from_env()?;
+    eprintln!("{notice}");
 
     let mut rng = rng_from_seed(7);
     let sessions: Vec<Vec<String>> = (0..2000).map(|_| session(&mut rng)).collect();

@@ -7,7 +7,9 @@
 #                                         #  `cuda` alone when Open MPI, which `nccl` needs, is missing)
 #
 # On the GPU machine (CUDA 13 driver; no Rust needed):
-#   tar xf gpu-pack.tar.xz && cd gpu-pack && ./run-on-gpu.sh tests      # every packed test
+#   tar xf gpu-pack.tar.xz && gpu-pack/gpu-check.sh OUT_DIR [TEXT]     # the whole check (tests,
+#                                                  examples on CPU and CUDA compared, CLI, bench)
+#   cd gpu-pack && ./run-on-gpu.sh tests                                 # every packed test
 #   ./run-on-gpu.sh mha train --device cuda                              # any packed binary
 #
 # Why: the toolkit comes from PyPI wheels via scripts/prepare-cuda-toolkit.sh (nvcc 13.0 and
@@ -39,7 +41,8 @@ if [ "${1:-}" = "--check" ]; then
 fi
 
 TESTS=${GPU_TESTS:-"cuda_parity pytorch_parity golden model training"}
-EXAMPLES=${GPU_EXAMPLES:-"quickstart"}
+# The examples that take their device from MHA_DEVICE (gpu-check.sh runs each on both).
+EXAMPLES=${GPU_EXAMPLES:-"quickstart attention_graph embedding_fusion export_for_pytorch glove_walkthrough import_transformer vocab_importance"}
 cargo build --release --features cuda --bin mha
 for e in $EXAMPLES; do cargo build --release --features cuda --example "$e"; done
 cargo build --release --features cuda --bench gpu_attention
@@ -61,6 +64,8 @@ for line in sys.stdin:
 ' "$PACK/tests"
 strip "$PACK"/bin/* "$PACK"/tests/*
 cp -r tests/fixtures/. "$PACK/fixtures/"
-cp scripts/run-on-gpu.sh scripts/bench_gpu_reference.py scripts/reference_model.py "$PACK/"
+cp weights/wordllama_l2_1500w_64d.txt "$PACK/fixtures/"
+cp scripts/run-on-gpu.sh scripts/gpu-check.sh scripts/compare_outputs.py scripts/verify_roundtrip.py \
+  scripts/bench_gpu_reference.py scripts/reference_model.py "$PACK/"
 tar -C "$CARGO_TARGET_DIR" -cJf target/gpu-pack.tar.xz gpu-pack
 ls -l target/gpu-pack.tar.xz

@@ -47,6 +47,23 @@ pub fn select_device(spec: &str) -> Result<(Device, String)> {
     }
 }
 
+/// The environment variable [`device_from_env`] reads.
+pub const DEVICE_ENV: &str = "MHA_DEVICE";
+
+/// The device named by the `MHA_DEVICE` environment variable (`auto` when unset), as
+/// [`select_device`] reads it: how the examples pick a device without a command-line flag.
+///
+/// PyTorch equivalent: none (scripts usually read their own flag or variable).
+pub fn device_from_env() -> Result<(Device, String)> {
+    device_from_var(std::env::var(DEVICE_ENV).ok().as_deref())
+}
+
+/// [`device_from_env`] given the variable's value (`None`: unset).
+fn device_from_var(value: Option<&str>) -> Result<(Device, String)> {
+    let spec = value.unwrap_or("auto");
+    select_device(spec.trim()).map_err(|e| candle::Error::Msg(format!("{DEVICE_ENV}={spec}: {e}")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -71,5 +88,17 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("expected auto, cpu, cuda or cuda:N"));
+    }
+
+    #[test]
+    fn the_variable_defaults_to_auto_and_is_named_in_errors() {
+        let (_, unset) = device_from_var(None).unwrap();
+        assert_eq!(unset, select_device("auto").unwrap().1);
+        assert!(device_from_var(Some(" cpu ")).unwrap().0.is_cpu());
+        let e = device_from_var(Some("tpu")).unwrap_err().to_string();
+        assert!(
+            e.contains("MHA_DEVICE=tpu") && e.contains("expected auto, cpu"),
+            "{e}"
+        );
     }
 }

@@ -14,26 +14,7 @@ use anyhow::{Context, Result};
 use candle_mha::candle::{DType, Device, Tensor, Var};
 use candle_mha::{AttentionOptions, MultiheadAttention, MultiheadAttentionConfig};
 use candle_nn::VarBuilder;
-use common::{assert_close, fixture_paths, Fixture};
-
-/// The first CUDA device, or the reason there is none.
-fn gpu() -> Option<Device> {
-    if !cfg!(feature = "cuda") {
-        println!("skipped: built without the `cuda` feature (scripts/build-cuda.sh builds it)");
-        return None;
-    }
-    match Device::new_cuda(0) {
-        Ok(d) => {
-            // Full f32 precision in cuBLAS (no TF32) for these comparisons.
-            candle_mha::candle::cuda::set_gemm_reduced_precision_f32(false);
-            Some(d)
-        }
-        Err(e) => {
-            println!("skipped: no CUDA device ({e})");
-            None
-        }
-    }
-}
+use common::{assert_close, fixture_paths, gpu, Fixture};
 
 /// Output, weights and every gradient of one fixture on `dev`, as CPU tensors by name.
 fn run(f: &Fixture, dtype: DType, dev: &Device) -> Result<HashMap<String, Tensor>> {

@@ -297,19 +297,26 @@ fn build(f: &Fixture, vb: VarBuilder) -> Result<Module> {
     })
 }
 
-fn forward(f: &Fixture, m: &Module, inputs: &HashMap<String, Tensor>) -> Result<Tensor> {
-    let mask = |k: &str| f.tensors.get(k).cloned();
+fn forward(
+    f: &Fixture,
+    m: &Module,
+    inputs: &HashMap<String, Tensor>,
+    dev: &Device,
+) -> Result<Tensor> {
+    let mask = |k: &str| -> Result<Option<Tensor>> {
+        Ok(f.tensors.get(k).map(|t| t.to_device(dev)).transpose()?)
+    };
     let input = |k: &str| inputs[k].clone();
     let mut enc = EncoderOptions::new().with_is_causal(f.flag("is_causal")?);
-    enc.mask = mask("mask").or_else(|| mask("src_mask"));
-    enc.src_key_padding_mask = mask("src_key_padding_mask");
+    enc.mask = mask("mask")?.or(mask("src_mask")?);
+    enc.src_key_padding_mask = mask("src_key_padding_mask")?;
     let mut dec = DecoderOptions::new()
         .with_tgt_is_causal(f.flag("tgt_is_causal")?)
         .with_memory_is_causal(f.flag("memory_is_causal")?);
-    dec.tgt_mask = mask("tgt_mask");
-    dec.memory_mask = mask("memory_mask");
-    dec.tgt_key_padding_mask = mask("tgt_key_padding_mask");
-    dec.memory_key_padding_mask = mask("memory_key_padding_mask");
+    dec.tgt_mask = mask("tgt_mask")?;
+    dec.memory_mask = mask("memory_mask")?;
+    dec.tgt_key_padding_mask = mask("tgt_key_padding_mask")?;
+    dec.memory_key_padding_mask = mask("memory_key_padding_mask")?;
     Ok(match m {
         Module::EncoderLayer(l) => l.forward(&input("src"), &enc)?,
         Module::Encoder(e) => e.forward(&input("src"), &enc)?,
@@ -319,8 +326,8 @@ fn forward(f: &Fixture, m: &Module, inputs: &HashMap<String, Tensor>) -> Result<
             let mut o = TransformerOptions::new()
                 .with_tgt_is_causal(dec.tgt_is_causal)
                 .with_memory_is_causal(dec.memory_is_causal);
-            o.src_mask = mask("src_mask");
-            o.src_key_padding_mask = mask("src_key_padding_mask");
+            o.src_mask = mask("src_mask")?;
+            o.src_key_padding_mask = mask("src_key_padding_mask")?;
             o.tgt_mask = dec.tgt_mask.clone();
             o.memory_mask = dec.memory_mask.clone();
             o.tgt_key_padding_mask = dec.tgt_key_padding_mask.clone();
@@ -345,19 +352,33 @@ fn named_parameters(m: &Module) -> Vec<(String, Tensor)> {
 /// every parameter and input (f32 ≤ 1e-5 relative, f64 ≤ 1e-10).
 #[test]
 fn matches_pytorch() -> Result<()> {
+    matches_pytorch_on(&Device::Cpu, 1e-5)
+}
+
+/// The same fixtures on CUDA (a `--features cuda` build on a GPU machine; skipped otherwise),
+/// against PyTorch's CPU numbers: f32 ≤ 1e-4 (cuBLAS sums in another order), f64 ≤ 1e-10.
+#[test]
+fn matches_pytorch_on_cuda() -> Result<()> {
+    match common::gpu() {
+        Some(gpu) => matches_pytorch_on(&gpu, 1e-4),
+        None => Ok(()),
+    }
+}
+
+fn matches_pytorch_on(dev: &Device, f32_tol: f64) -> Result<()> {
     let paths = transformer_fixtures();
     assert!(paths.len() >= 17, "fixtures missing: {paths:?}");
     for path in paths {
         let f = Fixture::load(&path)?;
         let dtype = f.dtype()?;
-        let tol = if dtype == DType::F64 { 1e-10 } else { 1e-5 };
+        let tol = if dtype == DType::F64 { 1e-10 } else { f32_tol };
         // Parameters as variables, so that the backward pass reaches them.
         let params: HashMap<String, Tensor> = f
             .params()
             .into_iter()
-            .map(|(k, t)| Ok((k, Var::from_tensor(&t)?.as_tensor().clone())))
+            .map(|(k, t)| Ok((k, Var::from_tensor(&t.to_device(dev)?)?.as_tensor().clone())))
             .collect::<Result<_>>()?;
-        let vb = VarBuilder::from_tensors(params.clone(), dtype, &Device::Cpu).pp("model");
+        let vb = VarBuilder::from_tensors(params.clone(), dtype, dev).pp("model");
         let m = build(&f, vb)?;
         // Everything in the file is used, nothing more.
         let mut used: Vec<String> = named_parameters(&m)
@@ -371,19 +392,24 @@ fn matches_pytorch() -> Result<()> {
         let inputs: HashMap<String, Tensor> = ["src", "tgt", "memory"]
             .into_iter()
             .filter_map(|k| f.tensors.get(k).map(|t| (k, t)))
-            .map(|(k, t)| Ok((k.to_string(), Var::from_tensor(t)?.as_tensor().clone())))
+            .map(|(k, t)| {
+                let v = Var::from_tensor(&t.to_device(dev)?)?;
+                Ok((k.to_string(), v.as_tensor().clone()))
+            })
             .collect::<Result<_>>()?;
-        let out = forward(&f, &m, &inputs)?;
+        let out = forward(&f, &m, &inputs, dev)?;
         let what = |s: &str| format!("{}: {s}", f.name);
         let err = assert_close(&what("out"), &out, f.tensor("out")?, tol)?;
         eprintln!("{}: out relative error {err:.1e}", f.name);
         if let Some(fast) = f.tensors.get("out_fast") {
             // PyTorch's fast path equals its slow path (and this) away from the padding.
             let keep = (1.0 - f.tensor("src_key_padding_mask")?.to_dtype(dtype)?)?.unsqueeze(2)?;
-            let ours = out.broadcast_mul(&keep)?;
+            let ours = out.to_device(&Device::Cpu)?.broadcast_mul(&keep)?;
             assert_close(&what("out_fast"), &ours, &fast.broadcast_mul(&keep)?, tol)?;
         }
-        let grads = (&out * f.tensor("R")?)?.sum_all()?.backward()?;
+        let grads = (&out * f.tensor("R")?.to_device(dev)?)?
+            .sum_all()?
+            .backward()?;
         for (name, t) in &inputs {
             let g = grads.get(t).expect("input gradient");
             assert_close(
@@ -428,7 +454,7 @@ fn is_causal_without_mask_is_the_causal_mask() -> Result<()> {
             .into_iter()
             .filter_map(|k| f.tensors.get(k).map(|t| (k.to_string(), t.clone())))
             .collect();
-        let out = forward(&f, &m, &inputs)?;
+        let out = forward(&f, &m, &inputs, &Device::Cpu)?;
         let tol = if dtype == DType::F64 { 1e-10 } else { 1e-5 };
         assert_close(
             &format!("{}: out without {key}", f.name),

@@ -44,12 +44,27 @@ impl CustomOp1 for GeluErf {
 }
 
 /// The exact GELU, `0.5·x·(1 + erf(x/√2))`, elementwise: one op forward and backward on the
-/// CPU in f32/f64, candle's `gelu_erf` elsewhere.
+/// CPU in f32/f64, candle's ops elsewhere.
+///
+/// Off the CPU, an f32/f64 input that autograd tracks is not given to candle's `gelu_erf`:
+/// its backward writes 1/√(2π) as `0.398942`, a 7·10⁻⁷ relative error in the gradient that
+/// an f64 comparison with PyTorch shows (seen on an H200). `x·Φ(x)` built from `erf` has
+/// candle's exact `erf` backward instead. Half precision and inference keep `gelu_erf` (one
+/// kernel; its forward is exact).
 ///
 /// PyTorch equivalent: `F.gelu(x)` (`approximate="none"`).
 pub(crate) fn gelu_erf(x: &Tensor) -> Result<Tensor> {
-    if !fused(x) {
-        return x.gelu_erf();
+    if fused(x) {
+        return x.contiguous()?.apply_op1(GeluErf);
     }
-    x.contiguous()?.apply_op1(GeluErf)
+    if x.track_op() && matches!(x.dtype(), DType::F32 | DType::F64) {
+        return gelu_erf_ops(x);
+    }
+    x.gelu_erf()
+}
+
+/// `0.5·x·(1 + erf(x/√2))` in candle's generic ops, whose backward is exact: the non-CPU
+/// training path of [`gelu_erf`], and the reference the fused op is tested against.
+pub(crate) fn gelu_erf_ops(x: &Tensor) -> Result<Tensor> {
+    (((x * std::f64::consts::FRAC_1_SQRT_2)?.erf()? + 1.0)? * x)? * 0.5
 }

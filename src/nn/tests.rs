@@ -3,6 +3,7 @@
 
 use candle::{DType, Device, Result, Tensor, Var, D};
 
+use super::gelu::gelu_erf_ops;
 use super::layer_norm::layer_norm;
 use super::{cross_entropy_rows, gelu_erf, linear_gelu, mlp};
 use crate::rng::normal;
@@ -65,11 +66,6 @@ fn reference_layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Result<
         .broadcast_add(b)
 }
 
-/// `0.5·x·(1 + erf(x/√2))` from candle's `erf`, whose backward uses exact constants.
-fn reference_gelu(x: &Tensor) -> Result<Tensor> {
-    (((x * std::f64::consts::FRAC_1_SQRT_2)?.erf()? + 1.0)? * x)? * 0.5
-}
-
 /// (leading dims, D, dtype, transpose the first two dims of x before the op).
 const CASES: [(&[usize], usize, DType, bool); 6] = [
     (&[3, 5], 7, DType::F32, false),
@@ -128,14 +124,14 @@ fn gelu_matches_generic_ops_forward_and_gradient() -> Result<()> {
         };
         let r = normal(0.0, 1.0, input.shape(), dtype, &dev, 300 + case as u64)?;
         let fused = gelu_erf(&input)?;
-        let reference = reference_gelu(&input)?;
+        let reference = gelu_erf_ops(&input)?;
         let what = format!("case {case} {shape:?} {dtype:?}");
         check_op(&what, fused, reference, &r, &[("dx", &x)])?;
     }
     Ok(())
 }
 
-/// fc1 + GELU as one op against `reference_gelu(x·Wᵀ + b)` in generic ops, every gradient;
+/// fc1 + GELU as one op against `gelu_erf_ops(x·Wᵀ + b)` in generic ops, every gradient;
 /// twice through one graph (the second use of `x` adds into its gradient), so the op's kept
 /// pre-activation must belong to its own call.
 #[test]
@@ -163,7 +159,7 @@ fn linear_gelu_matches_generic_ops_forward_and_gradients() -> Result<()> {
                 .matmul(&w.t()?)?
                 .broadcast_add(&b)?
                 .reshape(out_shape)?;
-            reference_gelu(&pre)
+            gelu_erf_ops(&pre)
         };
         let reference = (reference(&w)? + reference(&w2)?)?;
         let what = format!("case {case} {shape:?} {dtype:?}");

@@ -209,3 +209,23 @@ pub fn train_tiny_run(dir: &Path) -> Result<PathBuf> {
     }
     Ok(run)
 }
+
+/// The first CUDA device with cuBLAS in full f32 precision (no TF32), or `None` after
+/// printing why there is none (a build without `cuda`, or no GPU).
+pub fn gpu() -> Option<Device> {
+    if !cfg!(feature = "cuda") {
+        println!("skipped: built without the `cuda` feature (scripts/build-cuda.sh builds it)");
+        return None;
+    }
+    match Device::new_cuda(0) {
+        Ok(d) => {
+            // Full f32 precision in cuBLAS (no TF32) for these comparisons.
+            candle_mha::candle::cuda::set_gemm_reduced_precision_f32(false);
+            Some(d)
+        }
+        Err(e) => {
+            println!("skipped: no CUDA device ({e})");
+            None
+        }
+    }
+}
