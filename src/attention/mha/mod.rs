@@ -101,6 +101,8 @@ impl MultiheadAttention {
     /// reads a checkpoint.
     pub fn new(config: MultiheadAttentionConfig, vb: VarBuilder) -> Result<Self> {
         crate::threads::tune_candle_threads();
+        // Best effort: a module that cannot change the pool still works, only slower.
+        let _ = crate::device::keep_freed_gpu_memory(vb.device());
         config.validate()?;
         let (e, kdim, vdim) = (config.embed_dim, config.kdim(), config.vdim());
         // PyTorch's registration (state_dict) order.

@@ -8,7 +8,7 @@ use super::{Call, MultiheadAttention};
 use crate::attention::checks::Dims;
 use crate::attention::dropout::seeded_dropout_at;
 use crate::attention::mask::merged_mask;
-use crate::attention::softmax::{safe_softmax_last_dim, softmax_dtype};
+use crate::attention::softmax::{masked_softmax_fused, safe_softmax_last_dim, softmax_dtype};
 
 impl MultiheadAttention {
     /// The attention step op by op on materialised scores (the reference): context
@@ -42,11 +42,14 @@ impl MultiheadAttention {
         // Scores and softmax in f32 for the half types.
         let sm_dtype = softmax_dtype(dtype);
         let scores = q.matmul(&k.t()?)?.to_dtype(sm_dtype)?; // (N, H, L, S')
-        let scores = match merged_mask(opts, call.dims, h, extra, sm_dtype, q.device())? {
-            Some(mask) => scores.broadcast_add(&mask)?,
-            None => scores,
+        let mask = merged_mask(opts, call.dims, h, extra, sm_dtype, q.device())?;
+        let mut probs = match (q.device().is_cpu(), mask) {
+            // On the CPU this path is the reference: PyTorch's ops, one by one.
+            (true, Some(mask)) => safe_softmax_last_dim(&scores.broadcast_add(&mask)?)?,
+            (true, None) => safe_softmax_last_dim(&scores)?,
+            // Elsewhere (CUDA) one softmax kernel instead of six passes over the scores.
+            (false, mask) => masked_softmax_fused(&scores, mask.as_ref())?,
         };
-        let mut probs = safe_softmax_last_dim(&scores)?;
         if let Some(seed) = call.dropout_seed {
             let (_, heads, rows, keys) = probs.dims4()?;
             let offset = (opts.dropout_first_row * heads * rows * keys) as u64;
