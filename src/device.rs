@@ -21,7 +21,7 @@ pub fn select_device(spec: &str) -> Result<(Device, String)> {
             }
             match Device::new_cuda(0) {
                 Ok(d) => {
-                    keep_freed_gpu_memory(&d)?;
+                    keep_freed_gpu_memory(&d).ok(); // best effort, as in `MultiheadAttention::new`
                     Ok((d, "device: cuda:0 (auto)".into()))
                 }
                 Err(e) => Ok((
@@ -44,7 +44,7 @@ pub fn select_device(spec: &str) -> Result<(Device, String)> {
             }
             let d = Device::new_cuda(ordinal)
                 .map_err(|e| candle::Error::Msg(format!("device \"{s}\" is not available: {e}")))?;
-            keep_freed_gpu_memory(&d)?;
+            keep_freed_gpu_memory(&d).ok();
             Ok((d, format!("device: cuda:{ordinal}")))
         }
         other => candle::bail!("invalid device \"{other}\": expected auto, cpu, cuda or cuda:N"),
@@ -56,8 +56,9 @@ pub fn select_device(spec: &str) -> Result<(Device, String)> {
 /// default release threshold is 0): every call then paid for mapping its large buffers
 /// afresh. Measured on an H200 at (N, L, E, H) = (8, 1024, 1024, 16): the module's forward
 /// went from 14.8 to 11.4 ms, a training step from 44.5 to 34.2 ms. A no-op on other devices.
-/// [`select_device`] and `MultiheadAttention::new` call it; the memory stays with the process,
-/// as PyTorch's does.
+/// [`select_device`] and `MultiheadAttention::new` call it (and go on without it if it fails);
+/// the memory stays with the process, as PyTorch's does. A no-op where the device has no
+/// memory pools.
 ///
 /// PyTorch equivalent: PyTorch's caching allocator, which keeps freed blocks until
 /// `torch.cuda.empty_cache()`.
@@ -65,7 +66,12 @@ pub fn keep_freed_gpu_memory(device: &Device) -> Result<()> {
     #[cfg(feature = "cuda")]
     if let Device::Cuda(d) = device {
         use candle::cuda_backend::cudarc::driver::sys;
-        let cu = d.cuda_stream().context().cu_device();
+        let ctx = d.cuda_stream().context().clone();
+        if !ctx.has_async_alloc() {
+            // No memory pools on this device: cudarc allocates with cuMemAlloc, no pool to keep.
+            return Ok(());
+        }
+        let cu = ctx.cu_device();
         let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
         let mut threshold = u64::MAX;
         // SAFETY: plain driver calls on a device candle has initialised; `threshold` outlives
