@@ -48,7 +48,7 @@ pub fn safe_softmax_last_dim(x: &Tensor) -> Result<Tensor> {
 /// (the kernel would give NaN): a masked score still weighs exactly 0 beside any allowed one.
 /// Rows whose every mask entry is `-inf` come out uniform from the kernel and are set to zero
 /// afterwards; the mask (not the scores) says which, so this costs a pass over the scores only
-/// when such a row exists.
+/// when such a row exists (and, with a mask, reading one flag back from the device).
 ///
 /// PyTorch equivalent: `torch._safe_softmax(scores + mask, -1)`.
 pub(crate) fn masked_softmax_fused(scores: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
