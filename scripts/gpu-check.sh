@@ -84,8 +84,10 @@ if [ "$n_solved" -eq 2 ]; then summary "ok    the recall task is solved on cpu a
   summary "FAIL  the recall task is solved in $n_solved of 2 runs"; failed=1
 fi
 for dev in cpu cuda; do
-  part "mha generate on $dev" "$OUT/train.log" "$RUN" mha generate --device $dev --checkpoint runs/cuda \
-    --prompt "k3 v1 k5 v7 k0 v2 k9 v4 ? k5" --max-new-tokens 1
+  # The CUDA-trained checkpoint on both devices; k5's value in the prompt is v7.
+  part "mha generate on $dev (answers v7)" "$OUT/train.log" bash -c \
+    "out=\$('$RUN' mha generate --device $dev --checkpoint runs/cuda \
+      --prompt 'k3 v1 k5 v7 k0 v2 k9 v4 ? k5' --max-new-tokens 1) && echo \"\$out\" && grep -q '=> v7' <<<\"\$out\""
   part "mha eval on $dev" "$OUT/train.log" "$RUN" mha eval --device $dev --checkpoint runs/cuda
 done
 
