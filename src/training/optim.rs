@@ -8,7 +8,7 @@ use candle::backprop::GradStore;
 use candle::{DType, Result, Tensor, Var};
 use candle_nn::VarMap;
 
-use super::optim_cpu::{adamw_update, sum_of_squares, Update};
+use super::optim_cpu::{adamw_update_in_place, sum_of_squares, Update};
 use crate::checkpoint::StateDict;
 
 /// AdamW hyper-parameters; defaults are `torch.optim.AdamW`'s.
@@ -90,6 +90,23 @@ struct Slot {
     step: u64,
 }
 
+impl Slot {
+    /// The step in candle's tensor ops, where `adamw_update_in_place` does not apply (CUDA,
+    /// other dtypes, strided tensors): the same operations in the same order.
+    fn tensor_update(&mut self, u: &Update, g: &Tensor) -> Result<()> {
+        let p = (self.var.as_tensor().detach() * u.decay)?;
+        // m.lerp_(g, 1 - β1) = m + (1 - β1)(g - m)
+        self.exp_avg = (&self.exp_avg + ((g - &self.exp_avg)? * (1.0 - u.beta1))?)?;
+        self.exp_avg_sq = ((&self.exp_avg_sq * u.beta2)? + (g.sqr()? * (1.0 - u.beta2))?)?;
+        // A true division, as PyTorch's and the CPU loop's (`tensor / f64` would multiply by
+        // the reciprocal, one rounding apart).
+        let bias2_sqrt = Tensor::new(u.bias2_sqrt, g.device())?.to_dtype(g.dtype())?;
+        let denom = (self.exp_avg_sq.sqrt()?.broadcast_div(&bias2_sqrt)? + u.eps)?;
+        let update = ((&self.exp_avg / denom)? * u.step_size)?;
+        self.var.set(&(p - update)?)
+    }
+}
+
 /// AdamW over named variables.
 ///
 /// PyTorch equivalent: `torch.optim.AdamW` (single-tensor path): per parameter,
@@ -109,11 +126,12 @@ impl AdamW {
         let slots = params
             .into_iter()
             .map(|(name, var)| {
-                let zeros = var.as_tensor().zeros_like()?;
+                // Two storages: the CPU step updates the moments in place.
+                let zeros = || var.as_tensor().zeros_like();
                 Ok(Slot {
                     name,
-                    exp_avg: zeros.clone(),
-                    exp_avg_sq: zeros,
+                    exp_avg: zeros()?,
+                    exp_avg_sq: zeros()?,
                     var,
                     step: 0,
                 })
@@ -159,6 +177,11 @@ impl AdamW {
     ///
     /// PyTorch equivalent: `optimizer.step()`.
     pub fn step(&mut self, grads: &GradStore) -> Result<()> {
+        self.step_with(grads, true)
+    }
+
+    /// [`step`](Self::step), in place on the CPU when `in_place` (the tests compare both).
+    fn step_with(&mut self, grads: &GradStore, in_place: bool) -> Result<()> {
         self.config.validate()?;
         let AdamWConfig {
             lr,
@@ -185,20 +208,10 @@ impl AdamW {
                 bias2_sqrt: (1.0 - beta2.powi(t)).sqrt(),
                 eps,
             };
-            let fused = adamw_update(&u, slot.var.as_tensor(), g, &slot.exp_avg, &slot.exp_avg_sq)?;
-            if let Some((p, m, v)) = fused {
-                slot.var.set(&p)?;
-                (slot.exp_avg, slot.exp_avg_sq) = (m, v);
-                continue;
+            let (p, m, v) = (slot.var.as_tensor(), &slot.exp_avg, &slot.exp_avg_sq);
+            if !(in_place && adamw_update_in_place(&u, p, g, m, v)?) {
+                slot.tensor_update(&u, g)?;
             }
-            let p = slot.var.as_tensor().detach();
-            let p = (p * (1.0 - lr * weight_decay))?;
-            // m.lerp_(g, 1 - β1) = m + (1 - β1)(g - m)
-            slot.exp_avg = (&slot.exp_avg + ((g - &slot.exp_avg)? * (1.0 - beta1))?)?;
-            slot.exp_avg_sq = ((&slot.exp_avg_sq * beta2)? + (g.sqr()? * (1.0 - beta2))?)?;
-            let denom = ((slot.exp_avg_sq.sqrt()? / u.bias2_sqrt)? + eps)?;
-            let update = ((&slot.exp_avg / denom)? * u.step_size)?;
-            slot.var.set(&(p - update)?)?;
         }
         Ok(())
     }
@@ -210,8 +223,9 @@ impl AdamW {
     pub fn state_dict(&self) -> Result<StateDict> {
         let mut tensors = Vec::new();
         for s in &self.slots {
-            tensors.push((format!("exp_avg.{}", s.name), s.exp_avg.clone()));
-            tensors.push((format!("exp_avg_sq.{}", s.name), s.exp_avg_sq.clone()));
+            // Copies: the moments are updated in place by later steps.
+            tensors.push((format!("exp_avg.{}", s.name), s.exp_avg.copy()?));
+            tensors.push((format!("exp_avg_sq.{}", s.name), s.exp_avg_sq.copy()?));
             tensors.push((
                 format!("step.{}", s.name),
                 Tensor::new(s.step as f64, s.var.device())?,
@@ -243,7 +257,12 @@ impl AdamW {
                         like.dims()
                     )
                 }
-                t.to_dtype(like.dtype())?.to_device(like.device())
+                // A copy of its own: the steps update the moments in place, and `sd`'s
+                // tensors must not change with them.
+                t.to_dtype(like.dtype())?
+                    .to_device(like.device())?
+                    .contiguous()?
+                    .copy()
             };
             s.exp_avg = get(format!("exp_avg.{}", s.name), s.var.as_tensor())?;
             s.exp_avg_sq = get(format!("exp_avg_sq.{}", s.name), s.var.as_tensor())?;
@@ -403,6 +422,68 @@ mod tests {
         assert!(e.to_string().contains("max_norm must be >= 0"), "{e}");
         let norm = clip_grad_norm(&mut grads, std::slice::from_ref(&var), f64::INFINITY)?;
         assert!((norm - 12f64.sqrt()).abs() < 1e-6, "{norm}");
+        Ok(())
+    }
+
+    /// The values of every tensor of a state, by name.
+    fn values(sd: &StateDict) -> Result<Vec<(String, Vec<f64>)>> {
+        sd.tensors()
+            .iter()
+            .map(|(name, t)| {
+                Ok((
+                    name.clone(),
+                    t.to_dtype(DType::F64)?.flatten_all()?.to_vec1()?,
+                ))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn in_place_steps_equal_the_tensor_path_and_leave_saved_states_alone() -> Result<()> {
+        let dev = Device::Cpu;
+        let init: Vec<f64> = (0..12).map(|i| (i as f64 * 0.37).sin()).collect();
+        for dtype in [DType::F32, DType::F64] {
+            let var = || -> Result<Var> {
+                Var::from_tensor(&Tensor::from_vec(init.clone(), (3, 4), &dev)?.to_dtype(dtype)?)
+            };
+            let grads = |w: &Var| (w.as_tensor() * 1.7)?.sin()?.sum_all()?.backward();
+            let (a, b, c) = (var()?, var()?, var()?);
+            let opt = |w: &Var| AdamW::new(vec![("w".to_string(), w.clone())], Default::default());
+            let (mut in_place, mut tensors, mut loaded) = (opt(&a)?, opt(&b)?, opt(&c)?);
+            let mut saved = None;
+            for step in 0..4 {
+                if step == 2 {
+                    let sd = in_place.state_dict()?;
+                    let before = values(&sd)?;
+                    loaded.load_state_dict(&sd)?;
+                    c.set(a.as_tensor())?;
+                    saved = Some((sd, before));
+                }
+                in_place.step(&grads(&a)?)?;
+                tensors.step_with(&grads(&b)?, false)?;
+                if step >= 2 {
+                    loaded.step(&grads(&c)?)?;
+                }
+                assert_eq!(
+                    a.flatten_all()?.to_dtype(DType::F64)?.to_vec1::<f64>()?,
+                    b.flatten_all()?.to_dtype(DType::F64)?.to_vec1::<f64>()?,
+                    "{dtype:?} step {step}"
+                );
+                assert_eq!(
+                    values(&in_place.state_dict()?)?,
+                    values(&tensors.state_dict()?)?
+                );
+            }
+            // The optimizer that resumed from the saved state went the same way, and neither
+            // step changed that state.
+            assert_eq!(
+                values(&loaded.state_dict()?)?,
+                values(&in_place.state_dict()?)?
+            );
+            let (sd, before) = saved.expect("saved at step 2");
+            assert_eq!(values(&sd)?, before, "{dtype:?}");
+            assert_ne!(values(&in_place.state_dict()?)?, before);
+        }
         Ok(())
     }
 }
