@@ -7,8 +7,9 @@
 //!     cargo bench --bench train_step
 //! ```
 //!
-//! A step is what `Trainer::train_step` does: `forward_train` (with an all-zero key padding
-//! mask) + `masked_cross_entropy` (every position counted) + reading the loss + `backward` +
+//! A step is what `Trainer::train_step` does: `train_loss` (the forward pass in training mode
+//! with an all-zero key padding mask, then the output head and the cross-entropy, every
+//! position counted, as one op) + reading the loss + `backward` +
 //! `clip_grad_norm(1.0)` + `AdamW::step` (PyTorch's default hyper-parameters), f32. Tokens
 //! are random (seeded), a fresh batch per step, drawn outside the timed region. Like
 //! `Trainer::train_step`, the step runs inside candle's CPU thread pool
@@ -51,7 +52,7 @@ use support::{
 };
 
 use candle::{DType, Device, Result, Tensor};
-use candle_mha::models::{masked_cross_entropy, NextTokenPredictor, NextTokenPredictorConfig};
+use candle_mha::models::{NextTokenPredictor, NextTokenPredictorConfig};
 use candle_mha::rng::{derive_seed, rng_from_seed};
 use candle_mha::training::{clip_grad_norm, AdamW, AdamWConfig};
 use candle_mha::{seeded_var_builder, AttentionKernel};
@@ -227,8 +228,8 @@ fn bench_ours(shape: &BenchShape) -> Result<Timing> {
         let (input, targets) = random_batch(shape, derive_seed(1, &label), &dev)?;
         let mut body = || -> Result<_> {
             let t0 = Instant::now();
-            let logits = model.forward_train(&input, Some(&kpm), derive_seed(2, &label))?;
-            let loss = masked_cross_entropy(&logits, &targets, &loss_mask)?;
+            let seed = derive_seed(2, &label);
+            let loss = model.train_loss(&input, Some(&kpm), (seed, 0), &targets, &loss_mask)?;
             let loss_value = loss.to_scalar::<f32>()?;
             let t1 = Instant::now();
             let mut grads = loss.backward()?;

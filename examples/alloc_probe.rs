@@ -16,8 +16,8 @@
 //! `/proc/self/stat`; 0 elsewhere) and those of the last call: a mean over warming calls
 //! and a last call of 0 is a heap still growing to its steady size, not a cost every call
 //! pays (at (4,1024,1024,16) the forward's heap grows for about 14 calls in either setting). `model:small|medium|large`: one `NextTokenPredictor`
-//! training step as `benches/train_step` times it (forward_train, masked cross-entropy,
-//! backward, `clip_grad_norm`, AdamW; its shapes), on one fixed batch.
+//! training step as `benches/train_step` times it (`train_loss`, backward, `clip_grad_norm`,
+//! AdamW; its shapes), on one fixed batch.
 //! `MHA_BENCH_REPS` / `MHA_BENCH_WARMUP` (default 10 / 3).
 
 use std::time::Instant;
@@ -68,7 +68,7 @@ fn probe(mut f: impl FnMut() -> Result<()>) -> Result<(f64, f64, f64, u64)> {
 
 /// One `NextTokenPredictor` training step at `benches/train_step`'s shape `name`.
 fn model_step(name: &str) -> Result<(f64, f64, f64, u64)> {
-    use candle_mha::models::{masked_cross_entropy, NextTokenPredictor, NextTokenPredictorConfig};
+    use candle_mha::models::{NextTokenPredictor, NextTokenPredictorConfig};
     use candle_mha::training::{clip_grad_norm, AdamW, AdamWConfig};
     // (N, L, vocab, E, H, layers), as in benches/train_step.rs.
     let (n, l, v, e, h, layers) = match name {
@@ -98,8 +98,7 @@ fn model_step(name: &str) -> Result<(f64, f64, f64, u64)> {
     let kpm = Tensor::zeros((n, l), DType::U8, &dev)?;
     let loss_mask = Tensor::ones((n, l), DType::U8, &dev)?;
     probe(|| {
-        let logits = model.forward_train(&input, Some(&kpm), 2)?;
-        let loss = masked_cross_entropy(&logits, &targets, &loss_mask)?;
+        let loss = model.train_loss(&input, Some(&kpm), (2, 0), &targets, &loss_mask)?;
         loss.to_scalar::<f32>()?;
         let mut grads = loss.backward()?;
         clip_grad_norm(&mut grads, &vars, 1.0)?;

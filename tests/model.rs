@@ -46,6 +46,43 @@ fn model(f: &Fixture) -> Result<(NextTokenPredictor, VarMap)> {
     Ok((m, varmap))
 }
 
+/// `train_loss` (the head and the loss as one op, what the trainer runs) against PyTorch's
+/// loss and gradients, and bit for bit against `forward_train` + `masked_cross_entropy`.
+#[test]
+fn the_training_loss_matches_pytorch_and_the_two_step_path() -> Result<()> {
+    let f = fixture("next_token.safetensors")?;
+    let (m, varmap) = model(&f)?;
+    let tokens = f.tensor("tokens")?.to_dtype(DType::U32)?;
+    let kpm = f.tensor("key_padding_mask")?;
+    let targets = f.tensor("targets")?.to_dtype(DType::U32)?;
+    let mask = f.tensor("loss_mask")?;
+    let loss = m.train_loss(&tokens, Some(kpm), (7, 0), &targets, mask)?;
+    assert_close("loss", &loss, f.tensor("loss")?, 2e-6)?;
+    let two_step = masked_cross_entropy(&m.forward_train(&tokens, Some(kpm), 7)?, &targets, mask)?;
+    let bits = |t: &Tensor| -> Result<Vec<f32>> { Ok(t.flatten_all()?.to_vec1::<f32>()?) };
+    assert_eq!(bits(&loss.reshape(1)?)?, bits(&two_step.reshape(1)?)?);
+    let (grads, grads_two) = (loss.backward()?, two_step.backward()?);
+    let data = varmap.data().lock().unwrap();
+    assert_eq!(data.len(), 30);
+    for (name, var) in data.iter() {
+        let g = grads
+            .get(var.as_tensor())
+            .with_context(|| format!("no gradient for {name}"))?;
+        assert_close(
+            &format!("grad.{name}"),
+            g,
+            f.tensor(&format!("grad.{name}"))?,
+            2e-5,
+        )?;
+        assert_eq!(
+            bits(g)?,
+            bits(grads_two.get(var.as_tensor()).unwrap())?,
+            "{name}"
+        );
+    }
+    Ok(())
+}
+
 #[test]
 fn logits_loss_gradients_and_one_clipped_adamw_step_match_pytorch() -> Result<()> {
     let f = fixture("next_token.safetensors")?;

@@ -27,8 +27,8 @@ pub(crate) use elem::Elem;
 pub(crate) use gelu::{gelu, gelu_grad, gelu_grad_into, gelu_into};
 pub(crate) use gemm::{gemm, gemm_from, Threads};
 pub(crate) use linear::{
-    linear, linear_backward_kept, linear_backward_slice, linear_forward_into, linear_forward_kept,
-    linear_out_len,
+    linear, linear_backward_kept, linear_backward_slice, linear_forward, linear_forward_into,
+    linear_forward_kept, linear_out_len,
 };
 pub(crate) use panels::{gemm_panels, pack_rows, pack_transposed, panels_len, Panels};
 pub(crate) use slice::{contiguous, filled_vec, slice, with_slice, written_vec};

@@ -194,6 +194,19 @@ impl NextTokenPredictor {
         dropout: Option<(u64, usize)>,
         need_weights: bool,
     ) -> Result<(Tensor, Vec<Tensor>)> {
+        let (hidden, weights) = self.hidden(tokens, kpm, dropout, need_weights)?;
+        Ok((self.head.forward(&hidden)?, weights))
+    }
+
+    /// The final hidden states `(N, L, E)` (after `ln_f`, before the head) and the attention
+    /// weights when asked for.
+    fn hidden(
+        &self,
+        tokens: &Tensor,
+        kpm: Option<&Tensor>,
+        dropout: Option<(u64, usize)>,
+        need_weights: bool,
+    ) -> Result<(Tensor, Vec<Tensor>)> {
         let (_, l) = self.check_tokens(tokens, kpm)?;
         let dropout_seed = dropout.map(|(seed, _)| seed);
         let first_row = dropout.map_or(0, |(_, row)| row);
@@ -236,7 +249,7 @@ impl NextTokenPredictor {
             x = y;
             weights.extend(w);
         }
-        Ok((self.head.forward(&self.ln_f.forward(&x)?)?, weights))
+        Ok((self.ln_f.forward(&x)?, weights))
     }
 
     /// Logits `(N, L, V)` in evaluation mode.
@@ -275,6 +288,38 @@ impl NextTokenPredictor {
             .map(|(logits, _)| logits)
     }
 
+    /// The training loss of rows `first_row..` of a batch: [`masked_cross_entropy`] of
+    /// [`forward_train_rows`](Self::forward_train_rows)' logits, with the output head and the
+    /// loss as one op on the CPU in f32/f64 (the `(N, L, V)` logits never become a tensor:
+    /// three buffers as large as them fewer per step, see `nn/linear_cross_entropy.rs`). The
+    /// same value, and for `loss.backward()` the same gradients, bit for bit; what
+    /// `Trainer` trains with.
+    ///
+    /// PyTorch equivalent: `model.train(); F.cross_entropy(model(tokens, kpm)[mask],
+    /// targets[mask])`.
+    ///
+    /// # Shapes
+    /// - `tokens`, `kpm`, `targets`, `mask`: `(N, L)`; result: a scalar.
+    pub fn train_loss(
+        &self,
+        tokens: &Tensor,
+        kpm: Option<&Tensor>,
+        (dropout_seed, first_row): (u64, usize),
+        targets: &Tensor,
+        mask: &Tensor,
+    ) -> Result<Tensor> {
+        let (n, l) = self.check_tokens(tokens, kpm)?;
+        check_loss_args((n, l), targets, mask)?;
+        let (hidden, _) = self.hidden(tokens, kpm, Some((dropout_seed, first_row)), false)?;
+        crate::nn::linear_cross_entropy(
+            &hidden,
+            self.head.weight(),
+            self.head.bias(),
+            &targets.reshape(n * l)?,
+            &mask.reshape(n * l)?,
+        )
+    }
+
     /// Logits and every layer's per-head attention weights `(N, H, L, L)`, in evaluation mode.
     pub fn forward_with_attention(
         &self,
@@ -292,6 +337,14 @@ impl NextTokenPredictor {
 /// PyTorch equivalent: `F.cross_entropy(logits[mask], targets[mask])`.
 pub fn masked_cross_entropy(logits: &Tensor, targets: &Tensor, mask: &Tensor) -> Result<Tensor> {
     let (n, l, _) = logits.dims3()?;
+    check_loss_args((n, l), targets, mask)?;
+    // The logits go in as they are: a reshape would be one more autograd node (a zero tensor
+    // and a sum as large as the logits in the backward pass).
+    crate::nn::cross_entropy_rows(logits, &targets.reshape(n * l)?, &mask.reshape(n * l)?)
+}
+
+/// `targets` and `mask` must be `(N, L)`.
+fn check_loss_args((n, l): (usize, usize), targets: &Tensor, mask: &Tensor) -> Result<()> {
     if targets.dims() != [n, l] || mask.dims() != [n, l] {
         candle::bail!(
             "targets {:?} and mask {:?} must be (N, L) = {:?}",
@@ -300,7 +353,5 @@ pub fn masked_cross_entropy(logits: &Tensor, targets: &Tensor, mask: &Tensor) ->
             [n, l]
         )
     }
-    // The logits go in as they are: a reshape would be one more autograd node (a zero tensor
-    // and a sum as large as the logits in the backward pass).
-    crate::nn::cross_entropy_rows(logits, &targets.reshape(n * l)?, &mask.reshape(n * l)?)
+    Ok(())
 }

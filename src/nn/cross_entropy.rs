@@ -7,8 +7,6 @@ use candle::backend::BackendStorage;
 use candle::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
-use std::mem::MaybeUninit;
-
 use crate::cpu::{contiguous, filled_vec, fused, unsupported_dtype, Elem, ROWS_PER_TASK as ROWS};
 
 const OP: &str = "fused cross-entropy";
@@ -17,13 +15,59 @@ const OP: &str = "fused cross-entropy";
 /// `(R, V)` would be one more autograd node, whose gradient candle adds into a fresh zero
 /// tensor as large as the logits): the targets and which rows count are data of the op (they
 /// have no gradient).
-struct CrossEntropy {
+pub(super) struct CrossEntropy {
     targets: Vec<u32>,
     keep: Vec<bool>,
     count: f64,
 }
 
 impl CrossEntropy {
+    /// The op for `r` rows of `v` logits: `targets (R)` (u32/i64) and `mask (R)` (u8) read and
+    /// checked (some row counts; every counted target in `[0, V)`).
+    pub(super) fn new(targets: &Tensor, mask: &Tensor, r: usize, v: usize) -> Result<Self> {
+        let keep: Vec<bool> = mask
+            .ne(0u8)?
+            .to_vec1::<u8>()?
+            .into_iter()
+            .map(|k| k != 0)
+            .collect();
+        let count = keep.iter().filter(|k| **k).count();
+        if count == 0 {
+            candle::bail!("the loss mask selects no position")
+        }
+        let ids = targets.to_dtype(DType::U32)?.to_vec1::<u32>()?;
+        if keep.len() != r || ids.len() != r {
+            candle::bail!(
+                "cross-entropy: {r} rows of logits, {} targets, {} mask entries",
+                ids.len(),
+                keep.len()
+            )
+        }
+        if let Some((&t, _)) = ids
+            .iter()
+            .zip(&keep)
+            .filter(|(_, k)| **k)
+            .find(|(t, _)| **t as usize >= v)
+        {
+            candle::bail!("targets must be in [0, {v}) (the vocabulary), got {t}")
+        }
+        Ok(Self {
+            targets: ids,
+            keep,
+            count: count as f64,
+        })
+    }
+
+    /// How many rows count.
+    pub(super) fn count(&self) -> f64 {
+        self.count
+    }
+
+    /// The mean loss over the kept rows of `x` (rows of `v`), in f64.
+    pub(super) fn mean<T: Elem>(&self, x: &[T], v: usize) -> f64 {
+        self.forward(x, v) / self.count
+    }
+
     /// `Σ (lse(row) − row[target])` over the kept rows, in f64.
     fn forward<T: Elem>(&self, x: &[T], v: usize) -> f64 {
         x.par_chunks(v * ROWS)
@@ -53,40 +97,45 @@ impl CrossEntropy {
 
     /// `g/count · (softmax(row) − onehot(target))` on kept rows, zeros elsewhere.
     fn backward<T: Elem>(&self, x: &[T], v: usize, g: f64) -> Result<Vec<T>> {
-        let scale = g / self.count;
-        // SAFETY: every row is written whole (a copy of the logits, or zeros) before it is
-        // read as initialised. No zero fill first: a pass over a buffer as large as the logits.
-        unsafe {
+        // SAFETY: every element is written (a copy of the logits) before it is read. No zero
+        // fill first: a pass over a buffer as large as the logits.
+        let mut dx = unsafe {
             filled_vec(x.len(), |dx| {
                 dx.par_chunks_mut(v * ROWS)
                     .zip(x.par_chunks(v * ROWS))
-                    .enumerate()
-                    .for_each(|(k, (dx, rows))| {
-                        for (i, (d, row)) in
-                            dx.chunks_exact_mut(v).zip(rows.chunks_exact(v)).enumerate()
-                        {
-                            let r = k * ROWS + i;
-                            let keep = self.keep[r];
-                            for (o, x) in d.iter_mut().zip(row) {
-                                o.write(if keep { *x } else { T::ZERO });
-                            }
-                            // SAFETY (in the call's unsafe block): all v elements were just
-                            // written.
-                            let d = &mut *(d as *mut [MaybeUninit<T>] as *mut [T]);
-                            if !keep {
-                                continue;
-                            }
-                            let m = T::row_max(row);
-                            let s = T::exp_shift_sum(d, m).to_f64();
-                            let f = T::from_f64(scale / s);
-                            d.iter_mut().for_each(|p| *p *= f);
-                            let t = self.targets[r] as usize;
-                            d[t] = T::from_f64(d[t].to_f64() - scale);
-                        }
+                    .for_each(|(d, x)| {
+                        d.iter_mut().zip(x).for_each(|(o, x)| {
+                            o.write(*x);
+                        })
                     });
                 Ok(())
-            })
-        }
+            })?
+        };
+        self.grad_in_place(&mut dx, v, g / self.count);
+        Ok(dx)
+    }
+
+    /// Rows of logits `d` (rows of `v`) replaced by `scale · (softmax(row) − onehot(target))`
+    /// where the row counts, zeros elsewhere: the gradient of `scale·count` times the mean
+    /// loss.
+    pub(super) fn grad_in_place<T: Elem>(&self, d: &mut [T], v: usize, scale: f64) {
+        d.par_chunks_mut(v * ROWS)
+            .enumerate()
+            .for_each(|(k, rows)| {
+                for (i, d) in rows.chunks_exact_mut(v).enumerate() {
+                    let r = k * ROWS + i;
+                    if !self.keep[r] {
+                        d.fill(T::ZERO);
+                        continue;
+                    }
+                    let m = T::row_max(d);
+                    let s = T::exp_shift_sum(d, m).to_f64();
+                    let f = T::from_f64(scale / s);
+                    d.iter_mut().for_each(|p| *p *= f);
+                    let t = self.targets[r] as usize;
+                    d[t] = T::from_f64(d[t].to_f64() - scale);
+                }
+            });
     }
 }
 
@@ -98,12 +147,12 @@ impl CustomOp1 for CrossEntropy {
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let v = last_dim(l.dims())?;
         let loss = match s {
-            CpuStorage::F32(_) => CpuStorage::F32(vec![
-                (self.forward(contiguous::<f32, _>(OP, s, l)?, v) / self.count) as f32,
-            ]),
-            CpuStorage::F64(_) => CpuStorage::F64(vec![
-                self.forward(contiguous::<f64, _>(OP, s, l)?, v) / self.count,
-            ]),
+            CpuStorage::F32(_) => {
+                CpuStorage::F32(vec![self.mean(contiguous::<f32, _>(OP, s, l)?, v) as f32])
+            }
+            CpuStorage::F64(_) => {
+                CpuStorage::F64(vec![self.mean(contiguous::<f64, _>(OP, s, l)?, v)])
+            }
             other => return Err(unsupported_dtype(OP, other.dtype())),
         };
         Ok((loss, Shape::from(())))
@@ -129,7 +178,7 @@ impl CustomOp1 for CrossEntropy {
 }
 
 /// The row length `V` of `(…, V)`.
-fn last_dim(dims: &[usize]) -> Result<usize> {
+pub(super) fn last_dim(dims: &[usize]) -> Result<usize> {
     match dims {
         [_, .., v] => Ok(*v),
         _ => candle::bail!("{OP}: expected logits (…, V) of rank 2 or more, got dims {dims:?}"),
@@ -150,48 +199,20 @@ pub(crate) fn cross_entropy_rows(
 ) -> Result<Tensor> {
     let v = last_dim(logits.dims())?;
     let r: usize = logits.dims()[..logits.rank() - 1].iter().product();
-    let keep: Vec<bool> = mask
-        .ne(0u8)?
-        .to_vec1::<u8>()?
-        .into_iter()
-        .map(|k| k != 0)
-        .collect();
-    let count = keep.iter().filter(|k| **k).count();
-    if count == 0 {
-        candle::bail!("the loss mask selects no position")
-    }
-    let ids = targets.to_dtype(DType::U32)?.to_vec1::<u32>()?;
-    if keep.len() != r || ids.len() != r {
-        candle::bail!(
-            "cross-entropy: {r} rows of logits, {} targets, {} mask entries",
-            ids.len(),
-            keep.len()
-        )
-    }
-    if let Some((&t, _)) = ids
-        .iter()
-        .zip(&keep)
-        .filter(|(_, k)| **k)
-        .find(|(t, _)| **t as usize >= v)
-    {
-        candle::bail!("targets must be in [0, {v}) (the vocabulary), got {t}")
-    }
+    let ce = CrossEntropy::new(targets, mask, r, v)?;
     if !fused(logits) {
         // Rows that do not count may hold any target (padding): gather from column 0 there.
-        let ids: Vec<u32> = ids
+        let ids: Vec<u32> = ce
+            .targets
             .iter()
-            .zip(&keep)
+            .zip(&ce.keep)
             .map(|(&t, &k)| if k { t } else { 0 })
             .collect();
         let ids = Tensor::from_vec(ids, (r, 1), logits.device())?;
         let logp = candle_nn::ops::log_softmax(&logits.reshape((r, v))?, candle::D::Minus1)?;
         let picked = logp.gather(&ids, 1)?.squeeze(1)?;
         let weights = mask.ne(0u8)?.to_dtype(logits.dtype())?;
-        return ((picked * weights)?.sum_all()? / -(count as f64))?.to_dtype(logits.dtype());
+        return ((picked * weights)?.sum_all()? / -ce.count)?.to_dtype(logits.dtype());
     }
-    logits.contiguous()?.apply_op1(CrossEntropy {
-        targets: ids,
-        keep,
-        count: count as f64,
-    })
+    logits.contiguous()?.apply_op1(ce)
 }

@@ -20,6 +20,7 @@ mod embedding;
 mod gelu;
 mod layer_norm;
 mod linear;
+mod linear_cross_entropy;
 mod linear_gelu;
 pub mod transformer;
 
@@ -30,6 +31,7 @@ pub(crate) use gelu::gelu_erf;
 pub(crate) use layer_norm::layer_norm;
 pub use layer_norm::LayerNorm;
 pub use linear::Linear;
+pub(crate) use linear_cross_entropy::linear_cross_entropy;
 pub(crate) use linear_gelu::{linear_gelu, mlp};
 pub use transformer::{
     load_transformer, load_transformer_decoder, load_transformer_decoder_file,

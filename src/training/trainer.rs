@@ -17,7 +17,7 @@ use super::{
 use crate::checkpoint::{state_dict_of, NamedParameters, StateDict};
 use crate::data::{Batch, Codec, Dataset, EvalSet, Example, TrainSource};
 use crate::io::write_atomic;
-use crate::models::{masked_cross_entropy, NextTokenPredictor};
+use crate::models::NextTokenPredictor;
 use crate::rng::derive_seed;
 
 /// The dropout label of micro-batch `m` of step `step`: `dropout/{step}` for the first,
@@ -266,10 +266,13 @@ impl Trainer {
         let dropout_seed = derive_seed(self.state.config.seed, &label);
         // No mask when no sequence is padded: the attention skips the masking work.
         let kpm = batch.padded.then_some(&batch.key_padding_mask);
-        let logits = self
-            .model
-            .forward_train_rows(&batch.input, kpm, dropout_seed, first_row)?;
-        let mut loss = masked_cross_entropy(&logits, &batch.targets, &batch.loss_mask)?;
+        let mut loss = self.model.train_loss(
+            &batch.input,
+            kpm,
+            (dropout_seed, first_row),
+            &batch.targets,
+            &batch.loss_mask,
+        )?;
         if let Some(w) = weight {
             loss = loss.affine(w, 0.0)?;
         }
