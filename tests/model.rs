@@ -4,6 +4,7 @@
 mod common;
 
 use anyhow::{Context, Result};
+use candle_mha::candle::backprop::GradStore;
 use candle_mha::candle::{DType, Device, Tensor, Var};
 use candle_mha::checkpoint::{load_into_varmap, LoadOptions, StateDict};
 use candle_mha::models::{masked_cross_entropy, NextTokenPredictor, NextTokenPredictorConfig};
@@ -46,6 +47,26 @@ fn model(f: &Fixture) -> Result<(NextTokenPredictor, VarMap)> {
     Ok((m, varmap))
 }
 
+/// The gradient of `var` (the parameter `name`) in `grads`, checked against the fixture's
+/// `grad.<name>`.
+fn checked_grad<'a>(
+    f: &Fixture,
+    grads: &'a GradStore,
+    name: &str,
+    var: &Var,
+) -> Result<&'a Tensor> {
+    let g = grads
+        .get(var.as_tensor())
+        .with_context(|| format!("no gradient for {name}"))?;
+    assert_close(
+        &format!("grad.{name}"),
+        g,
+        f.tensor(&format!("grad.{name}"))?,
+        2e-5,
+    )?;
+    Ok(g)
+}
+
 /// `train_loss` (the head and the loss as one op, what the trainer runs) against PyTorch's
 /// loss and gradients, and bit for bit against `forward_train` + `masked_cross_entropy`.
 #[test]
@@ -65,15 +86,7 @@ fn the_training_loss_matches_pytorch_and_the_two_step_path() -> Result<()> {
     let data = varmap.data().lock().unwrap();
     assert_eq!(data.len(), 30);
     for (name, var) in data.iter() {
-        let g = grads
-            .get(var.as_tensor())
-            .with_context(|| format!("no gradient for {name}"))?;
-        assert_close(
-            &format!("grad.{name}"),
-            g,
-            f.tensor(&format!("grad.{name}"))?,
-            2e-5,
-        )?;
+        let g = checked_grad(&f, &grads, name, var)?;
         assert_eq!(
             bits(g)?,
             bits(grads_two.get(var.as_tensor()).unwrap())?,
@@ -117,15 +130,7 @@ fn logits_loss_gradients_and_one_clipped_adamw_step_match_pytorch() -> Result<()
     };
     let var = |name: &str| -> Var { varmap.data().lock().unwrap()[name].clone() };
     for name in &names {
-        let g = grads
-            .get(var(name).as_tensor())
-            .with_context(|| format!("no gradient for {name}"))?;
-        assert_close(
-            &format!("grad.{name}"),
-            g,
-            f.tensor(&format!("grad.{name}"))?,
-            2e-5,
-        )?;
+        checked_grad(&f, &grads, name, &var(name))?;
     }
     let norm = clip_grad_norm(&mut grads, &opt.vars(), meta_f64(&f, "clip_max_norm")?)?;
     let expected_norm = f.tensor("grad_norm")?.to_scalar::<f32>()? as f64;
