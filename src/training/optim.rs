@@ -486,4 +486,35 @@ mod tests {
         }
         Ok(())
     }
+
+    /// Tensors sharing a storage take the tensor path (nested write locks on one storage would
+    /// wait forever), as do strided ones; distinct contiguous ones are updated in place.
+    #[test]
+    fn the_in_place_step_declines_shared_and_strided_tensors() -> Result<()> {
+        let dev = Device::Cpu;
+        let u = Update {
+            decay: 1.0,
+            beta1: 0.9,
+            beta2: 0.999,
+            step_size: 1e-3,
+            bias2_sqrt: 1.0,
+            eps: 1e-8,
+        };
+        let t = |x: f32| Tensor::full(x, (2, 3), &dev);
+        let (p, g, m, v) = (t(1.0)?, t(0.5)?, t(0.0)?, t(0.0)?);
+        assert!(!adamw_update_in_place(&u, &p, &g, &m, &m)?);
+        assert!(!adamw_update_in_place(&u, &p, &p, &m, &v)?);
+        assert!(!adamw_update_in_place(
+            &u,
+            &p.t()?,
+            &g.t()?,
+            &m.t()?,
+            &v.t()?
+        )?);
+        assert_eq!(p.flatten_all()?.to_vec1::<f32>()?, [1.0; 6]);
+        assert!(adamw_update_in_place(&u, &p, &g, &m, &v)?);
+        assert!(p.flatten_all()?.to_vec1::<f32>()?.iter().all(|&x| x < 1.0));
+        assert_eq!(m.flatten_all()?.to_vec1::<f32>()?, [0.05; 6]);
+        Ok(())
+    }
 }

@@ -123,12 +123,10 @@ pub(super) fn adamw_update_in_place(
     {
         return Ok(false);
     }
-    {
-        let guards = all.map(|t| t.storage_and_layout().0);
-        let at = guards.each_ref().map(|g| &**g as *const Storage);
-        if (0..4).any(|i| (i + 1..4).any(|j| at[i] == at[j])) {
-            return Ok(false);
-        }
+    // Each storage's address, its read lock released at once.
+    let at = all.map(|t| &*t.storage_and_layout().0 as *const Storage);
+    if (0..4).any(|i| (i + 1..4).any(|j| at[i] == at[j])) {
+        return Ok(false);
     }
     macro_rules! run {
         ($t:ty) => {{
