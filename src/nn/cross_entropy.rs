@@ -7,6 +7,8 @@ use candle::backend::BackendStorage;
 use candle::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
+use std::mem::MaybeUninit;
+
 use crate::cpu::{contiguous, filled_vec, fused, unsupported_dtype, Elem, ROWS_PER_TASK as ROWS};
 
 const OP: &str = "fused cross-entropy";
@@ -97,22 +99,30 @@ impl CrossEntropy {
 
     /// `g/count · (softmax(row) − onehot(target))` on kept rows, zeros elsewhere.
     fn backward<T: Elem>(&self, x: &[T], v: usize, g: f64) -> Result<Vec<T>> {
-        // SAFETY: every element is written (a copy of the logits) before it is read. No zero
-        // fill first: a pass over a buffer as large as the logits.
-        let mut dx = unsafe {
+        let scale = g / self.count;
+        // SAFETY: every row is written whole (a copy of the logits row) before it is read as
+        // initialised. No zero fill first: a pass over a buffer as large as the logits.
+        unsafe {
             filled_vec(x.len(), |dx| {
                 dx.par_chunks_mut(v * ROWS)
                     .zip(x.par_chunks(v * ROWS))
-                    .for_each(|(d, x)| {
-                        d.iter_mut().zip(x).for_each(|(o, x)| {
-                            o.write(*x);
-                        })
+                    .enumerate()
+                    .for_each(|(k, (dx, rows))| {
+                        for (i, (d, row)) in
+                            dx.chunks_exact_mut(v).zip(rows.chunks_exact(v)).enumerate()
+                        {
+                            for (o, x) in d.iter_mut().zip(row) {
+                                o.write(*x);
+                            }
+                            // SAFETY (in the call's unsafe block): all v elements were just
+                            // written. Each row is processed while it is in cache.
+                            let d = &mut *(d as *mut [MaybeUninit<T>] as *mut [T]);
+                            self.grad_row(k * ROWS + i, d, scale);
+                        }
                     });
                 Ok(())
-            })?
-        };
-        self.grad_in_place(&mut dx, v, g / self.count);
-        Ok(dx)
+            })
+        }
     }
 
     /// Rows of logits `d` (rows of `v`) replaced by `scale · (softmax(row) − onehot(target))`
@@ -123,19 +133,23 @@ impl CrossEntropy {
             .enumerate()
             .for_each(|(k, rows)| {
                 for (i, d) in rows.chunks_exact_mut(v).enumerate() {
-                    let r = k * ROWS + i;
-                    if !self.keep[r] {
-                        d.fill(T::ZERO);
-                        continue;
-                    }
-                    let m = T::row_max(d);
-                    let s = T::exp_shift_sum(d, m).to_f64();
-                    let f = T::from_f64(scale / s);
-                    d.iter_mut().for_each(|p| *p *= f);
-                    let t = self.targets[r] as usize;
-                    d[t] = T::from_f64(d[t].to_f64() - scale);
+                    self.grad_row(k * ROWS + i, d, scale);
                 }
             });
+    }
+
+    /// Row `r` of the logits, `d`, replaced by its gradient (see [`Self::grad_in_place`]).
+    fn grad_row<T: Elem>(&self, r: usize, d: &mut [T], scale: f64) {
+        if !self.keep[r] {
+            d.fill(T::ZERO);
+            return;
+        }
+        let m = T::row_max(d);
+        let s = T::exp_shift_sum(d, m).to_f64();
+        let f = T::from_f64(scale / s);
+        d.iter_mut().for_each(|p| *p *= f);
+        let t = self.targets[r] as usize;
+        d[t] = T::from_f64(d[t].to_f64() - scale);
     }
 }
 
