@@ -27,12 +27,12 @@ use rayon::prelude::*;
 use super::gemm::Operand;
 use super::panels::{pack_transposed_panel, panels_len, PANEL};
 use super::simd::Isa;
-use super::small_gemm::{small_gemm_packed_with, small_gemm_with, tile_rows, Start};
+use super::small_gemm::{small_gemm_packed_with, small_gemm_with, tile_cols, tile_rows, Start};
 use super::{workspace, Elem};
 
-/// Bytes of the right operand's part a register-tile strip reads (`kc` rows × 16 columns):
-/// half of a 32 KiB L1 data cache, so that strip stays there while the tiles of a row block
-/// go over it.
+/// Bytes of the right operand's part a register-tile strip reads (`kc` rows × the tile's 16
+/// or 32 columns): half of a 32 KiB L1 data cache, so that strip stays there while the tiles
+/// of a row block go over it.
 const STRIP_BYTES: usize = 16 * 1024;
 
 /// Rows of an output block: its `kc` columns of the left operand (96 KiB in f32 at `kc` = 256)
@@ -111,14 +111,21 @@ pub(crate) unsafe fn par_gemm_with<T: Elem>(
     if (rhs.1 != 1 && rhs.2 != 1) || m == 0 || n == 0 || k == 0 {
         return false;
     }
-    let tr = tile_rows::<T>(isa);
+    let (tr, tc) = (tile_rows::<T>(isa), tile_cols::<T>(isa));
     let packs_lhs = lhs_packed(lhs.1, lhs.2);
-    let grid = Grid::new((m, n, k), tr, threads, std::mem::size_of::<T>(), packs_lhs);
+    let grid = Grid::new(
+        (m, n, k),
+        (tr, tc),
+        threads,
+        std::mem::size_of::<T>(),
+        packs_lhs,
+    );
     let blocks = Blocks {
         isa,
         lhs: (SendPtr(lhs.0), lhs.1, lhs.2),
         alpha,
         tr,
+        tc,
         kc: grid.kc,
     };
     let rhs = Rhs {
@@ -308,6 +315,8 @@ struct Blocks<T> {
     lhs: (SendPtr<T>, usize, usize),
     alpha: T,
     tr: usize,
+    /// Columns of a register tile: the width of a strip of a packed left operand's pass.
+    tc: usize,
     kc: usize,
 }
 
@@ -359,19 +368,21 @@ impl<T: Elem> Blocks<T> {
                 Some(tiles) => {
                     pack_tiles(a0, acs, (m, depth), tr, tiles);
                     // Packing reads the operand from memory without computing: the next inner
-                    // block's part is prefetched, a share before each 16-column strip, while
-                    // this one computes.
+                    // block's part is prefetched, a share before each strip, while this one
+                    // computes. A strip is a register tile wide: 32 columns for f32 with
+                    // AVX-512 (16, one vector, ran the weight gradients at 0.6–0.7× MKL's rate
+                    // on an AVX-512 Xeon).
                     let next = (inner.end - p0 - depth).min(self.kc);
-                    let strips = n.div_ceil(PANEL);
+                    let strips = n.div_ceil(self.tc);
                     let per = next.div_ceil(strips);
                     for s in 0..strips {
                         for p in (s * per).min(next)..((s + 1) * per).min(next) {
                             prefetch(a0.add((depth + p) * acs), m);
                         }
-                        let j = s * PANEL;
+                        let j = s * self.tc;
                         small_gemm_packed_with(
                             isa,
-                            (m, PANEL.min(n - j), depth),
+                            (m, self.tc.min(n - j), depth),
                             (tiles.as_ptr(), tr * depth),
                             rhs(j),
                             c(j),
@@ -404,18 +415,24 @@ struct Grid {
 }
 
 impl Grid {
-    /// `lhs_packed`: the left operand is stored transposed (see [`lhs_packed`]).
+    /// `(tr, tc)`: rows and columns of a register tile; `lhs_packed`: the left operand is
+    /// stored transposed (see [`lhs_packed`]).
     fn new(
         (m, n, k): (usize, usize, usize),
-        tr: usize,
+        (tr, tc): (usize, usize),
         threads: usize,
         elem: usize,
         lhs_packed: bool,
     ) -> Self {
         let threads = threads.max(1);
         let want = BLOCKS_PER_THREAD * threads;
-        // Inner-dimension blocks of at most STRIP_BYTES / (16 elements) rows.
+        // Inner-dimension blocks of at most STRIP_BYTES / (16 elements) rows: the depth that
+        // decides slicing below.
         let kc_max = (STRIP_BYTES / (PANEL * elem)).max(1);
+        // The inner block itself: the strip a register tile reads is `tc` columns wide (two
+        // panels for f32 with AVX-512: at kc_max that strip was a whole 32 KiB L1 of an
+        // AVX-512 Zen 4, two thirds of a 48 KiB one).
+        let kc_tile = (STRIP_BYTES / (tc * elem)).max(1);
         // Row blocks of at most BLOCK_ROWS rows, of equal size (whole tiles).
         let row_blocks = m.div_ceil(BLOCK_ROWS);
         let block_rows = m.div_ceil(row_blocks).next_multiple_of(tr);
@@ -437,7 +454,7 @@ impl Grid {
                 col_blocks: 1,
                 slices: k.div_ceil(slice),
                 slice,
-                kc: slice.div_ceil(slice.div_ceil(kc_max)),
+                kc: slice.div_ceil(slice.div_ceil(kc_tile)),
             };
         }
         // Else columns are split until there are enough blocks.
@@ -452,7 +469,7 @@ impl Grid {
             col_blocks: n.div_ceil(block_cols),
             slices: 1,
             slice: k,
-            kc: k.div_ceil(k.div_ceil(kc_max)),
+            kc: k.div_ceil(k.div_ceil(kc_tile)),
         }
     }
 }
@@ -723,8 +740,12 @@ mod tests {
                 );
             }
         }
-        assert_eq!(Grid::new((50, 40, 2100), 6, 2, 4, true).slices, 4);
-        assert_eq!(Grid::new((200, 90, 300), 6, 2, 4, true).slices, 1);
+        assert_eq!(Grid::new((50, 40, 2100), (6, 16), 2, 4, true).slices, 4);
+        assert_eq!(Grid::new((200, 90, 300), (6, 16), 2, 4, true).slices, 1);
+        // The inner block: 16 KiB strips of the tile's width (150 of 300 at 16 columns, 100 at
+        // 32: f32 with AVX-512).
+        assert_eq!(Grid::new((200, 90, 300), (6, 16), 2, 4, false).kc, 150);
+        assert_eq!(Grid::new((200, 90, 300), (12, 32), 2, 4, false).kc, 100);
     }
 
     /// `pack_tiles` for both instruction sets' tile rows, with a last partial tile: every

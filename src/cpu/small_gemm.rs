@@ -123,6 +123,21 @@ pub(crate) fn tile_rows<T: Lanes>(isa: Isa) -> usize {
     }
 }
 
+/// Columns of a register tile of `T` with `isa` (two vectors): 16, except 32 for f32 with
+/// AVX-512, whose tiles span two panels.
+pub(crate) fn tile_cols<T: Lanes>(isa: Isa) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    return match isa {
+        Isa::Avx512 => 2 * <T::Avx512 as Vector<T>>::W,
+        Isa::Avx2 => 2 * <T::Avx2 as Vector<T>>::W,
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = isa;
+        PANEL
+    }
+}
+
 /// [`small_gemm_with`] with the left operand packed in tiles of [`tile_rows`] rows: `a(i, p)`
 /// at `a + (i / R)·tile_stride + p·R + i % R` (`R = tile_rows(isa)`), so that a register
 /// tile reads its left operand in one sequential stream.
