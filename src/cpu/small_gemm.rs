@@ -123,14 +123,14 @@ pub(crate) fn tile_rows<T: Lanes>(isa: Isa) -> usize {
     }
 }
 
-/// Columns of a register tile of `T` with `isa` (two vectors): 16, except 32 for f32 with
-/// AVX-512, whose tiles span two panels.
+/// Columns of the strips `par_gemm` runs its register tiles over: a panel (16), or a tile's
+/// two vectors where they are wider (32: f32 with AVX-512, whose tiles span two panels).
 pub(crate) fn tile_cols<T: Lanes>(isa: Isa) -> usize {
     #[cfg(target_arch = "x86_64")]
-    return match isa {
+    return PANEL.max(match isa {
         Isa::Avx512 => 2 * <T::Avx512 as Vector<T>>::W,
         Isa::Avx2 => 2 * <T::Avx2 as Vector<T>>::W,
-    };
+    });
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = isa;
@@ -550,6 +550,16 @@ mod tests {
             check::<f32>(isa, 1e-4);
             check::<f64>(isa, 1e-12);
         }
+    }
+
+    /// The strip widths `par_gemm` blocks by: a tile's two vectors, at least a panel.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn tile_columns() {
+        assert_eq!(tile_cols::<f32>(Isa::Avx512), 32);
+        assert_eq!(tile_cols::<f64>(Isa::Avx512), 16);
+        assert_eq!(tile_cols::<f32>(Isa::Avx2), 16);
+        assert_eq!(tile_cols::<f64>(Isa::Avx2), 16);
     }
 
     fn check<T: Elem + Lanes + Into<f64>>(isa: Isa, tol: f64) {
