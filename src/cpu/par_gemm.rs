@@ -315,7 +315,7 @@ struct Blocks<T> {
     lhs: (SendPtr<T>, usize, usize),
     alpha: T,
     tr: usize,
-    /// Columns of a register tile: the width of a strip of a packed left operand's pass.
+    /// Columns of a strip of a packed left operand's pass ([`tile_cols`]: a register tile).
     tc: usize,
     kc: usize,
 }
@@ -370,7 +370,7 @@ impl<T: Elem> Blocks<T> {
                     // Packing reads the operand from memory without computing: the next inner
                     // block's part is prefetched, a share before each strip, while this one
                     // computes. A strip is a register tile wide: 32 columns for f32 with
-                    // AVX-512 (16, one vector, ran the weight gradients at 0.6–0.7× MKL's rate
+                    // AVX-512 (16, one vector, ran the weight gradients at 0.5–0.7× MKL's rate
                     // on an AVX-512 Xeon).
                     let next = (inner.end - p0 - depth).min(self.kc);
                     let strips = n.div_ceil(self.tc);
