@@ -31,13 +31,25 @@ use super::small_gemm::{small_gemm_packed_with, small_gemm_with, tile_cols, tile
 use super::{workspace, Elem};
 
 /// Bytes of the right operand's part a register-tile strip reads (`kc` rows × the tile's 16
-/// or 32 columns): half of a 32 KiB L1 data cache, so that strip stays there while the tiles
-/// of a row block go over it.
+/// or 32 columns) where the left operand is packed into tiles (a weight gradient `gᵀ·x`): half
+/// of a 32 KiB L1 data cache, so that strip stays there while the tiles of a row block go over
+/// it.
 const STRIP_BYTES: usize = 16 * 1024;
 
-/// Rows of an output block: its `kc` columns of the left operand (96 KiB in f32 at `kc` = 256)
-/// stay in L2 while every strip goes over them. A multiple of both instruction sets' tile
-/// rows (6 and 12).
+/// Inner-dimension block where the left operand is read in place (the forward `x·Wᵀ` and the
+/// input gradient `g·W`): a tile reads `kc` contiguous elements from each of its 6 or 12 rows
+/// of `x` or `g`, 2 KiB in f32 (32 cache lines) instead of 512 bytes at the 16 KiB strips, and
+/// the output is read and written `k / kc` times instead of 4× as often. The strip of the
+/// right operand (64 KiB) then streams from L2. Paired call by call on the AVX-512 Xeon of
+/// `BENCHMARKS.md` (2 threads): the large model's forward and input-gradient products took
+/// 0.91–0.97× the time (2048×2048×512 0.90–0.91), at 1 thread 0.89–0.98×, with AVX2 there
+/// 0.91–0.99×; a packed left operand (one contiguous stream) gained nothing (0.96–1.03×), so
+/// it keeps [`STRIP_BYTES`].
+const INPLACE_KC: usize = 512;
+
+/// Rows of an output block: its `kc` columns of the left operand (96 KiB in f32 at `kc` = 256,
+/// 192 KiB at [`INPLACE_KC`]) stay in L2 while every strip goes over them. A multiple of both
+/// instruction sets' tile rows (6 and 12).
 const BLOCK_ROWS: usize = 96;
 
 /// Blocks per thread at least, so that work stealing can even out a slow thread.
@@ -429,10 +441,14 @@ impl Grid {
         // Inner-dimension blocks of at most STRIP_BYTES / (16 elements) rows: the depth that
         // decides slicing below.
         let kc_max = (STRIP_BYTES / (PANEL * elem)).max(1);
-        // The inner block itself: the strip a register tile reads is `tc` columns wide (two
-        // panels for f32 with AVX-512: at kc_max that strip was a whole 32 KiB L1 of an
-        // AVX-512 Zen 4, two thirds of a 48 KiB one).
-        let kc_tile = (STRIP_BYTES / (tc * elem)).max(1);
+        // The inner block itself. With a packed left operand the strip a register tile reads
+        // is `tc` columns wide (two panels for f32 with AVX-512: at kc_max that strip was a
+        // whole 32 KiB L1 of an AVX-512 Zen 4, two thirds of a 48 KiB one); read in place, see
+        // INPLACE_KC.
+        let kc_tile = match lhs_packed {
+            true => (STRIP_BYTES / (tc * elem)).max(1),
+            false => INPLACE_KC,
+        };
         // Row blocks of at most BLOCK_ROWS rows, of equal size (whole tiles).
         let row_blocks = m.div_ceil(BLOCK_ROWS);
         let block_rows = m.div_ceil(row_blocks).next_multiple_of(tr);
@@ -742,10 +758,15 @@ mod tests {
         }
         assert_eq!(Grid::new((50, 40, 2100), (6, 16), 2, 4, true).slices, 4);
         assert_eq!(Grid::new((200, 90, 300), (6, 16), 2, 4, true).slices, 1);
-        // The inner block: 16 KiB strips of the tile's width (150 of 300 at 16 columns, 100 at
-        // 32: f32 with AVX-512).
-        assert_eq!(Grid::new((200, 90, 300), (6, 16), 2, 4, false).kc, 150);
-        assert_eq!(Grid::new((200, 90, 300), (12, 32), 2, 4, false).kc, 100);
+        // The inner block of a packed left operand: 16 KiB strips of the tile's width (150 of
+        // 300 at 16 columns, 100 at 32: f32 with AVX-512); read in place, equal blocks of at
+        // most INPLACE_KC (all 300; 1200 in three of 400), for either tile.
+        assert_eq!(Grid::new((200, 90, 300), (6, 16), 2, 4, true).kc, 150);
+        assert_eq!(Grid::new((200, 90, 300), (12, 32), 2, 4, true).kc, 100);
+        for tile in [(6, 16), (12, 32)] {
+            assert_eq!(Grid::new((200, 90, 300), tile, 2, 4, false).kc, 300);
+            assert_eq!(Grid::new((200, 90, 1200), tile, 2, 8, false).kc, 400);
+        }
     }
 
     /// `pack_tiles` for both instruction sets' tile rows, with a last partial tile: every
