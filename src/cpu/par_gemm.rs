@@ -47,6 +47,15 @@ const STRIP_BYTES: usize = 16 * 1024;
 /// it keeps [`STRIP_BYTES`].
 const INPLACE_KC: usize = 512;
 
+/// Output columns a register tile goes over at a time where it keeps its part of an in-place
+/// left operand in L1 (see `Blocks::run`): their strips (512 KiB in f32 at [`INPLACE_KC`])
+/// stay in L2. Paired call by call on the AVX-512 Xeon of `BENCHMARKS.md` against every tile
+/// of a block going over each strip: the large model's in-place products took 0.92–0.99× the
+/// time on 2 threads (2048×1536×512 and 2048×2048×512 0.92–0.96), 0.94–1.00× on one; 128
+/// columns gained a little less. With AVX2 forced there (16-column tiles, a 32 KiB strip that
+/// L1 holds) it made no difference (0.97–1.02×), so only two-panel tiles take this order.
+const CHUNK_COLS: usize = 256;
+
 /// Rows of an output block: its `kc` columns of the left operand (96 KiB in f32 at `kc` = 256,
 /// 192 KiB at [`INPLACE_KC`]) stay in L2 while every strip goes over them. A multiple of both
 /// instruction sets' tile rows (6 and 12).
@@ -368,6 +377,27 @@ impl<T: Elem> Blocks<T> {
             let rhs = |j: usize| (packed.get().add((p0 - base) * PANEL), PANEL, ps, j0 + j);
             let c = |j: usize| (out.get().cast_mut().add(i0 * ld + j0 + j), ld);
             match tiles {
+                // Two panels a tile (f32 with AVX-512): its 12 rows' part of the left operand
+                // (24 KiB at INPLACE_KC) stays in L1 while it goes over a chunk of strips from
+                // L2, instead of every tile of the block going over each strip (64 KiB, more
+                // than L1 holds). The same sums in the same order, another loop order.
+                None if self.tc > PANEL => {
+                    for j in (0..n).step_by(CHUNK_COLS) {
+                        let cols = CHUNK_COLS.min(n - j);
+                        let (cj, ldc) = c(j);
+                        for i in (0..m).step_by(tr) {
+                            small_gemm_with(
+                                isa,
+                                (tr.min(m - i), cols, depth),
+                                (a0.add(i * ars), ars, acs),
+                                rhs(j),
+                                (cj.add(i * ldc), ldc),
+                                self.alpha,
+                                start.shifted(j),
+                            )
+                        }
+                    }
+                }
                 None => small_gemm_with(
                     isa,
                     (m, n, depth),
@@ -593,11 +623,12 @@ mod tests {
 
     /// Against an f64 triple loop, for every instruction set this CPU has, in f32 and f64, on
     /// 1–3 threads: row blocks with remainders (96-row blocks, 6- and 12-row tiles), column
-    /// blocks and panels with remainders, several inner-dimension blocks (256 in f32, 128 in
-    /// f64), a left operand read in place or transposed (packed into tiles), a right one
-    /// by rows or transposed (the two packings), starting from nothing, from `dst` or from a
-    /// bias row, with and without scaling; every output element written (NaN on entry where
-    /// not accumulating), none past column `n`.
+    /// blocks and panels with remainders, blocks wider than [`CHUNK_COLS`] (800×300: one
+    /// column block), several inner-dimension blocks (in place: 520 and 1100 in blocks of at
+    /// most 512; packed: 16 KiB strips), a left operand read in place or transposed (packed
+    /// into tiles), a right one by rows or transposed (the two packings), starting from
+    /// nothing, from `dst` or from a bias row, with and without scaling; every output element
+    /// written (NaN on entry where not accumulating), none past column `n`.
     #[test]
     fn matches_a_plain_loop() {
         let isas = Isa::available();
@@ -625,6 +656,7 @@ mod tests {
             (13, 100, 1),
             (250, 17, 129),
             (40, 50, 1100),
+            (800, 300, 40),
         ] {
             // start: 0 overwrite, 1 accumulate, 2 from a row (a bias).
             for &(lhs_t, rhs_t, start, alpha) in &[
