@@ -44,7 +44,9 @@ const STRIP_BYTES: usize = 16 * 1024;
 /// `BENCHMARKS.md` (2 threads): the large model's forward and input-gradient products took
 /// 0.91–0.97× the time (2048×2048×512 0.90–0.91), at 1 thread 0.89–0.98×, with AVX2 there
 /// 0.91–0.99×; a packed left operand (one contiguous stream) gained nothing (0.96–1.03×), so
-/// it keeps [`STRIP_BYTES`].
+/// it keeps [`STRIP_BYTES`]. These pairs had no same-run control; a later one (the same
+/// variant twice) ranged 0.94–1.07 there, so the smaller gains may be noise (`BENCHMARKS.md`,
+/// ninth session). The sums are the same either way up to their order.
 const INPLACE_KC: usize = 512;
 
 /// Output columns a register tile goes over at a time where it keeps its part of an in-place
@@ -54,6 +56,7 @@ const INPLACE_KC: usize = 512;
 /// time on 2 threads (2048×1536×512 and 2048×2048×512 0.92–0.96), 0.94–1.00× on one; 128
 /// columns gained a little less. With AVX2 forced there (16-column tiles, a 32 KiB strip that
 /// L1 holds) it made no difference (0.97–1.02×), so only two-panel tiles take this order.
+/// Measured without a same-run control, as [`INPLACE_KC`]: the gain may be within noise.
 const CHUNK_COLS: usize = 256;
 
 /// Rows of an output block: its `kc` columns of the left operand (96 KiB in f32 at `kc` = 256,
