@@ -1,10 +1,10 @@
 //! The matrix products of the `train_step` bench's models, alone: our linear ops' product
-//! (`src/cpu/gemm.rs` on all threads, through `candle_mha::bench_hooks`: `par_gemm` where the
-//! work is large enough, the same strides) against PyTorch's `torch.mm` (MKL) on the same
-//! machine and threads, alternating in rounds. A model's step is mostly these products (75%
-//! of CPU time in the `gemm` crate's micro-kernel for the large model on the Zen 3 of
-//! `BENCHMARKS.md`, before `par_gemm`), so this table says how much of a gap between the two
-//! steps is the products'.
+//! (`src/cpu/gemm.rs` on all threads, through `candle_mha::bench_hooks`: the same strides and
+//! backend, `par_gemm` or the `gemm` crate as `on_all_threads` there chooses) against
+//! PyTorch's `torch.mm` (MKL) on the same machine and threads, alternating in rounds. A
+//! model's step is mostly these products (75% of CPU time in the `gemm` crate's micro-kernel
+//! for the large model on the Zen 3 of `BENCHMARKS.md`, before `par_gemm`), so this table
+//! says how much of a gap between the two steps is the products'.
 //!
 //! ```sh
 //! cargo bench --bench products
@@ -30,12 +30,38 @@
 //! Environment: `MHA_BENCH_SHAPES` (`medium,large` by default), `MHA_BENCH_ROUNDS` (3),
 //! `MHA_BENCH_REPS` (15), `MHA_BENCH_PYTHON` (a Python with torch; unset: `python3`, then
 //! `python`), `RAYON_NUM_THREADS` (our threads; torch gets the same).
+//!
+//! **Paired mode** (`MHA_BENCH_PAIRED`, no PyTorch): variants of our own product, alternated
+//! call by call in this one process, so that a host whose speed drifts within minutes slows
+//! both sides of every ratio alike. The value lists the variants, comma-separated, the first
+//! the baseline; a variant joins with `+` any of `default` (the library's choice), `par`
+//! (`par_gemm`), `crate` (the `gemm` crate's own threading), `crate-norow` (the crate except
+//! for products that start from a bias row; this bench's products have none), `kcN`
+//! (`par_gemm`'s inner block N for a packed left operand, the weight gradients) and `slicesN`
+//! (at most N inner-dimension slices of a weight gradient; 1: none):
+//!
+//! ```sh
+//! MHA_BENCH_PAIRED=default,crate,kc512 MHA_BENCH_SHAPES=large MHA_BENCH_LAYERS=fc2 \
+//!   RAYON_NUM_THREADS=2 cargo bench --bench products
+//! ```
+//!
+//! Each round (`MHA_BENCH_ROUNDS`, 20 in this mode, after one warm-up round) calls every
+//! product once per variant and once more for the baseline, **the control**, the order
+//! reversed every other round. The table gives per product, and for the sum over the
+//! products, the median and quartiles over the rounds of each variant's time over the
+//! baseline's in the same round; the control's ratio shows how far the same code moves
+//! within a round, so only a variant's ratio well outside the control's quartiles is a
+//! difference. Every variant's output is checked against the baseline's first.
+//! `MHA_BENCH_LAYERS` keeps only the named layers (`in_proj,fc2`, …).
 
 mod support;
 
+use std::time::Instant;
+
+use candle_mha::bench_hooks::{set_product_tuning, ProductTuning};
 use support::{
     env_usize, find_torch, median, pin_threads, print_machine, print_table, time_calls, Allocator,
-    TorchServer,
+    Paired, TorchServer,
 };
 
 /// One product `dst[m×n] = lhs[m×k] · rhs[k×n]`; `lhs_t` / `rhs_t`: that operand is stored
@@ -87,7 +113,9 @@ fn models() -> Vec<(&'static str, usize, usize, usize)> {
         .collect()
 }
 
+/// The products of a model's linear layers (those named in `MHA_BENCH_LAYERS`, if set).
 fn products(t: usize, e: usize, v: usize) -> Vec<Product> {
+    let layers = std::env::var("MHA_BENCH_LAYERS").ok();
     [
         ("in_proj", e, 3 * e),
         ("out_proj", e, e),
@@ -96,6 +124,11 @@ fn products(t: usize, e: usize, v: usize) -> Vec<Product> {
         ("head", e, v),
     ]
     .into_iter()
+    .filter(|(layer, ..)| {
+        layers
+            .as_deref()
+            .is_none_or(|l| l.split(',').any(|w| w.trim() == *layer))
+    })
     .flat_map(|(layer, inp, out)| linear_products(layer, t, inp, out))
     .collect()
 }
@@ -108,26 +141,46 @@ fn values(len: usize, seed: u64) -> Vec<f32> {
         .expect("a seeded uniform tensor on the CPU")
 }
 
-/// Our side: median and fastest seconds of one product.
-fn time_ours(p: &Product, reps: usize) -> (f64, f64) {
-    let (m, n, k) = (p.m, p.n, p.k);
-    let lhs = values(m * k, 1);
-    let rhs = values(k * n, 2);
-    let mut dst = vec![0f32; m * n];
-    // (row stride, column stride) of each operand as stored.
-    let (lrs, lcs) = if p.lhs_t { (1, m) } else { (k, 1) };
-    let (rrs, rcs) = if p.rhs_t { (1, k) } else { (n, 1) };
-    let mut call = || {
+/// A product's operands, seeded, as stored.
+struct Operands {
+    p: Product,
+    lhs: Vec<f32>,
+    rhs: Vec<f32>,
+}
+
+impl Operands {
+    fn new(p: &Product) -> Self {
+        Self {
+            p: *p,
+            lhs: values(p.m * p.k, 1),
+            rhs: values(p.k * p.n, 2),
+        }
+    }
+
+    /// `dst = lhs · rhs` with our linear ops' product (`dst`: m×n elements).
+    fn call(&self, dst: &mut [f32]) {
+        let Product { m, n, k, .. } = self.p;
+        assert_eq!(dst.len(), m * n);
+        // (row stride, column stride) of each operand as stored.
+        let (lrs, lcs) = if self.p.lhs_t { (1, m) } else { (k, 1) };
+        let (rrs, rcs) = if self.p.rhs_t { (1, k) } else { (n, 1) };
         // SAFETY: every operand holds the elements its strides address; dst is m×n.
         unsafe {
             candle_mha::bench_hooks::linear_product_f32(
                 (m, n, k),
                 dst.as_mut_ptr(),
-                (lhs.as_ptr(), lrs, lcs),
-                (rhs.as_ptr(), rrs, rcs),
+                (self.lhs.as_ptr(), lrs, lcs),
+                (self.rhs.as_ptr(), rrs, rcs),
             )
         }
-    };
+    }
+}
+
+/// Our side: median and fastest seconds of one product.
+fn time_ours(p: &Product, reps: usize) -> (f64, f64) {
+    let ops = Operands::new(p);
+    let mut dst = vec![0f32; p.m * p.n];
+    let mut call = || ops.call(&mut dst);
     let timed = time_calls(
         reps,
         3,
@@ -160,6 +213,9 @@ fn time_torch(server: &mut TorchServer, ps: &[Product], reps: usize) -> Option<V
 fn main() {
     let threads_from = pin_threads();
     print_machine(&threads_from);
+    if let Some(paired) = Paired::from_env() {
+        return run_paired(&paired);
+    }
     let threads = candle_mha::candle::utils::get_num_threads();
     let (rounds, reps) = (
         env_usize("MHA_BENCH_ROUNDS").unwrap_or(3).max(1),
@@ -266,4 +322,111 @@ fn main() {
          each side's fastest call of all rounds.\nratio < 1: our product is faster than \
          PyTorch's mm; > 1: slower."
     );
+}
+
+/// `MHA_BENCH_PAIRED`: variants of our product alternated call by call (see the top).
+fn run_paired(paired: &Paired) {
+    let rounds = env_usize("MHA_BENCH_ROUNDS").unwrap_or(20).max(1);
+    let slots = paired.slots();
+    println!("{}", paired.describe(rounds, "call per product"));
+    for (name, t, e, v) in models() {
+        let ps: Vec<Product> = products(t, e, v);
+        let ops: Vec<Operands> = ps.iter().map(Operands::new).collect();
+        let mut dsts: Vec<Vec<Vec<f32>>> = ps
+            .iter()
+            .map(|p| vec![vec![0f32; p.m * p.n]; slots.len()])
+            .collect();
+        // times[round][product][slot], seconds; round 0 is the warm-up.
+        let mut times: Vec<Vec<Vec<f64>>> = Vec::new();
+        for round in 0..=rounds {
+            eprintln!("{name}: round {round}/{rounds}");
+            let mut this = vec![vec![0.0; slots.len()]; ps.len()];
+            for (i, o) in ops.iter().enumerate() {
+                for slot in paired.order(round) {
+                    set_product_tuning(slots[slot]);
+                    let start = Instant::now();
+                    o.call(&mut dsts[i][slot]);
+                    this[i][slot] = start.elapsed().as_secs_f64();
+                }
+            }
+            set_product_tuning(ProductTuning::default());
+            if round > 0 {
+                times.push(this);
+            }
+        }
+        let mut header: Vec<String> = ["layer", "product", "m×n×k"].map(String::from).to_vec();
+        header.push(format!("{} GFLOP/s", paired.names[0]));
+        header.extend(paired.ratio_headers());
+        let mut rows = Vec::new();
+        for (i, p) in ps.iter().enumerate() {
+            let per_round: Vec<Vec<f64>> = times.iter().map(|r| r[i].clone()).collect();
+            let base = median(&per_round.iter().map(|r| r[0]).collect::<Vec<_>>());
+            let mut row = vec![
+                p.layer.to_string(),
+                p.what.to_string(),
+                format!("{}×{}×{}", p.m, p.n, p.k),
+                format!("{:.0}", p.flop() / base / 1e9),
+            ];
+            row.extend(paired.ratio_cells(&per_round));
+            rows.push(row);
+        }
+        // The sum over the products, per round and slot.
+        let sums: Vec<Vec<f64>> = times
+            .iter()
+            .map(|r| {
+                (0..slots.len())
+                    .map(|s| r.iter().map(|p| p[s]).sum())
+                    .collect()
+            })
+            .collect();
+        let flop: f64 = ps.iter().map(Product::flop).sum();
+        let mut row = vec![
+            "all".to_string(),
+            format!("the {} products", ps.len()),
+            format!("{:.1} GFLOP", flop / 1e9),
+            format!(
+                "{:.0}",
+                flop / median(&sums.iter().map(|s| s[0]).collect::<Vec<_>>()) / 1e9
+            ),
+        ];
+        row.extend(paired.ratio_cells(&sums));
+        rows.push(row);
+        println!(
+            "\n### {name}: T = {t} tokens, E = {e}, feed-forward {}, V = {v}\n",
+            4 * e
+        );
+        print_table(&header, &rows);
+        // Every slot's outputs against the baseline's: the largest |difference| / (1 + |it|).
+        let agree: Vec<f64> = (1..slots.len())
+            .map(|slot| {
+                dsts.iter()
+                    .flat_map(|d| {
+                        d[slot]
+                            .iter()
+                            .zip(&d[0])
+                            .map(|(a, b)| f64::from(((a - b) / (1.0 + b.abs())).abs()))
+                    })
+                    .fold(0.0, f64::max)
+            })
+            .collect();
+        println!(
+            "\nlargest |difference| / (1 + |{}|) of the outputs: {}",
+            paired.names[0],
+            paired
+                .names
+                .iter()
+                .skip(1)
+                .map(String::as_str)
+                .chain(["control"])
+                .zip(&agree)
+                .map(|(v, a)| format!("{v} {a:.1e}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        if agree.iter().any(|&a| a > 1e-3) {
+            eprintln!("a variant's outputs differ from the baseline's by more than 1e-3");
+            std::process::exit(1);
+        }
+    }
+    println!("\n{}", paired.legend());
 }

@@ -48,10 +48,11 @@ use std::time::Instant;
 
 use support::{
     env_usize, find_torch, median, mode_children, pin_threads, print_machine, print_table,
-    Allocator, TorchServer,
+    Allocator, Paired, TorchServer,
 };
 
 use candle::{DType, Device, Result, Tensor};
+use candle_mha::bench_hooks::set_product_tuning;
 use candle_mha::models::{NextTokenPredictor, NextTokenPredictorConfig};
 use candle_mha::rng::{derive_seed, rng_from_seed};
 use candle_mha::training::{clip_grad_norm, AdamW, AdamWConfig};
@@ -189,31 +190,97 @@ fn random_batch(shape: &BenchShape, seed: u64, dev: &Device) -> Result<(Tensor, 
     ))
 }
 
+/// Our model, optimiser and masks for one shape: one training step at a time.
+struct Stepper {
+    shape: BenchShape,
+    dev: Device,
+    model: NextTokenPredictor,
+    opt: AdamW,
+    vars: Vec<candle::Var>,
+    kpm: Tensor,
+    loss_mask: Tensor,
+    in_context: bool,
+}
+
+impl Stepper {
+    fn new(shape: &BenchShape) -> Result<Self> {
+        let dev = Device::Cpu;
+        let cfg = NextTokenPredictorConfig {
+            vocab_size: shape.v,
+            max_len: shape.max_len(),
+            embed_dim: shape.e,
+            num_heads: shape.h,
+            num_layers: shape.layers,
+            ff_dim: shape.ff(),
+            dropout: 0.0,
+            resid_dropout: 0.0,
+        };
+        let varmap = candle_nn::VarMap::new();
+        let kernel = match std::env::var("MHA_BENCH_KERNEL").as_deref() {
+            Ok("reference") => AttentionKernel::Reference,
+            _ => AttentionKernel::Auto,
+        };
+        let model = NextTokenPredictor::new(cfg, seeded_var_builder(&varmap, 0, DType::F32, &dev))?
+            .with_attention_kernel(kernel);
+        let opt = AdamW::from_varmap(&varmap, AdamWConfig::default())?;
+        let vars = opt.vars();
+        Ok(Self {
+            kpm: Tensor::zeros((shape.n, shape.l), DType::U8, &dev)?, // no padding
+            loss_mask: Tensor::ones((shape.n, shape.l), DType::U8, &dev)?, // every position
+            in_context: std::env::var("MHA_BENCH_CONTEXT").as_deref() != Ok("0"),
+            shape: shape.clone(),
+            dev,
+            model,
+            opt,
+            vars,
+        })
+    }
+
+    /// Step number `step` (its batch drawn before the clock starts): the seconds of forward +
+    /// loss, backward, clipping and AdamW. `before`: called first inside the step's context
+    /// (on the thread that plans the products).
+    fn step(&mut self, step: usize, before: &(dyn Fn() + Sync)) -> Result<[f64; 4]> {
+        let label = format!("bench/{}/{step}", self.shape.name);
+        let (input, targets) = random_batch(&self.shape, derive_seed(1, &label), &self.dev)?;
+        let Self {
+            model,
+            opt,
+            vars,
+            kpm,
+            loss_mask,
+            ..
+        } = self;
+        let mut body = || -> Result<_> {
+            before();
+            let t0 = Instant::now();
+            let seed = derive_seed(2, &label);
+            let loss = model.train_loss(&input, Some(kpm), (seed, 0), &targets, loss_mask)?;
+            let loss_value = loss.to_scalar::<f32>()?;
+            let t1 = Instant::now();
+            let mut grads = loss.backward()?;
+            let t2 = Instant::now();
+            clip_grad_norm(&mut grads, vars, 1.0)?;
+            let t3 = Instant::now();
+            opt.step(&grads)?;
+            let t4 = Instant::now();
+            Ok((t0, t1, t2, t3, t4, loss_value))
+        };
+        // As `Trainer::train_step` runs it: inside candle's thread pool (unless
+        // MHA_BENCH_CONTEXT=0, the plain loop of a program of one's own).
+        let (t0, t1, t2, t3, t4, loss_value) = match self.in_context {
+            true => self.dev.with_context(&mut body)?,
+            false => body()?,
+        };
+        if !loss_value.is_finite() {
+            candle::bail!("{}: loss is {loss_value} at step {step}", self.shape.name)
+        }
+        Ok([(t0, t1), (t1, t2), (t2, t3), (t3, t4)].map(|(a, b)| (b - a).as_secs_f64()))
+    }
+}
+
 /// Our side: the median of `shape.steps` timed full training steps.
 fn bench_ours(shape: &BenchShape) -> Result<Timing> {
-    let dev = Device::Cpu;
-    let cfg = NextTokenPredictorConfig {
-        vocab_size: shape.v,
-        max_len: shape.max_len(),
-        embed_dim: shape.e,
-        num_heads: shape.h,
-        num_layers: shape.layers,
-        ff_dim: shape.ff(),
-        dropout: 0.0,
-        resid_dropout: 0.0,
-    };
-    let varmap = candle_nn::VarMap::new();
-    let kernel = match std::env::var("MHA_BENCH_KERNEL").as_deref() {
-        Ok("reference") => AttentionKernel::Reference,
-        _ => AttentionKernel::Auto,
-    };
-    let model = NextTokenPredictor::new(cfg, seeded_var_builder(&varmap, 0, DType::F32, &dev))?
-        .with_attention_kernel(kernel);
-    let mut opt = AdamW::from_varmap(&varmap, AdamWConfig::default())?;
-    let vars = opt.vars();
-    let kpm = Tensor::zeros((shape.n, shape.l), DType::U8, &dev)?; // no padding
-    let loss_mask = Tensor::ones((shape.n, shape.l), DType::U8, &dev)?; // every position
-    let in_context = std::env::var("MHA_BENCH_CONTEXT").as_deref() != Ok("0");
+    let mut stepper = Stepper::new(shape)?;
     let mut times = Vec::with_capacity(shape.steps);
     let mut phases: [Vec<f64>; 4] = Default::default();
     // Warm-up: at least `warmup` steps and `MHA_BENCH_WARMUP_MS` (default 250) milliseconds,
@@ -224,38 +291,11 @@ fn bench_ours(shape: &BenchShape) -> Result<Timing> {
     let mut step = 0;
     while times.len() < shape.steps {
         let timed = step >= shape.warmup && start.elapsed().as_secs_f64() * 1e3 >= warmup_ms;
-        let label = format!("bench/{}/{step}", shape.name);
-        let (input, targets) = random_batch(shape, derive_seed(1, &label), &dev)?;
-        let mut body = || -> Result<_> {
-            let t0 = Instant::now();
-            let seed = derive_seed(2, &label);
-            let loss = model.train_loss(&input, Some(&kpm), (seed, 0), &targets, &loss_mask)?;
-            let loss_value = loss.to_scalar::<f32>()?;
-            let t1 = Instant::now();
-            let mut grads = loss.backward()?;
-            let t2 = Instant::now();
-            clip_grad_norm(&mut grads, &vars, 1.0)?;
-            let t3 = Instant::now();
-            opt.step(&grads)?;
-            let t4 = Instant::now();
-            Ok((t0, t1, t2, t3, t4, loss_value))
-        };
-        // As `Trainer::train_step` runs it: inside candle's thread pool (unless
-        // MHA_BENCH_CONTEXT=0, the plain loop of a program of one's own).
-        let (t0, t1, t2, t3, t4, loss_value) = match in_context {
-            true => dev.with_context(&mut body)?,
-            false => body()?,
-        };
-        if !loss_value.is_finite() {
-            candle::bail!("{}: loss is {loss_value} at step {step}", shape.name)
-        }
+        let took = stepper.step(step, &|| {})?;
         if timed {
-            times.push((t4 - t0).as_secs_f64());
-            for (k, (a, b)) in [(t0, t1), (t1, t2), (t2, t3), (t3, t4)]
-                .into_iter()
-                .enumerate()
-            {
-                phases[k].push((b - a).as_secs_f64());
+            times.push(took.iter().sum());
+            for (k, t) in took.into_iter().enumerate() {
+                phases[k].push(t);
             }
         }
         step += 1;
@@ -327,6 +367,9 @@ fn run_mode(mode: &str) -> Result<()> {
     print_machine(&threads_from);
     let threads = candle::utils::get_num_threads();
     println!("{}", allocator.describe());
+    if let Some(paired) = Paired::from_env() {
+        return run_paired(&paired, &shapes);
+    }
     let rounds = env_usize("MHA_BENCH_ROUNDS").unwrap_or(3).max(1);
     println!("{rounds} rounds; in each, every shape runs on our side and right after on PyTorch's");
     println!(
@@ -461,5 +504,55 @@ fn run_mode(mode: &str) -> Result<()> {
             );
         }
     }
+    Ok(())
+}
+
+/// `MHA_BENCH_PAIRED`: our step under each variant of the products, alternated step by step in
+/// one model (no PyTorch): after the shape's warm-up, `MHA_BENCH_ROUNDS` rounds (default 10) of
+/// one step per variant and one more of the first (the control).
+fn run_paired(paired: &Paired, shapes: &[BenchShape]) -> Result<()> {
+    let rounds = env_usize("MHA_BENCH_ROUNDS").unwrap_or(10).max(1);
+    let slots = paired.slots();
+    println!("{}", paired.describe(rounds, "training step"));
+    let mut header: Vec<String> = ["shape", "N×L (tokens)", "E/H/layers"]
+        .map(String::from)
+        .to_vec();
+    header.push(format!("{} median ms", paired.names[0]));
+    header.extend(paired.ratio_headers());
+    let mut rows = Vec::new();
+    for s in shapes {
+        eprintln!("{}: {} warm-up steps, {rounds} rounds…", s.name, s.warmup);
+        let mut stepper = Stepper::new(s)?;
+        let mut step = 0;
+        for _ in 0..s.warmup.max(1) {
+            stepper.step(step, &|| {})?;
+            step += 1;
+        }
+        let mut times = Vec::with_capacity(rounds);
+        for round in 0..rounds {
+            let mut this = vec![0.0; slots.len()];
+            for slot in paired.order(round) {
+                let tuning = slots[slot];
+                let took = stepper.step(step, &|| set_product_tuning(tuning))?;
+                this[slot] = took.iter().sum();
+                step += 1;
+            }
+            times.push(this);
+        }
+        let mut row = vec![
+            s.name.to_string(),
+            format!("{}×{} ({})", s.n, s.l, s.tokens()),
+            format!("{}/{}/{}", s.e, s.h, s.layers),
+            format!(
+                "{:.1}",
+                median(&times.iter().map(|t| t[0]).collect::<Vec<_>>()) * 1e3
+            ),
+        ];
+        row.extend(paired.ratio_cells(&times));
+        rows.push(row);
+    }
+    println!();
+    print_table(&header, &rows);
+    println!("\n{}", paired.legend());
     Ok(())
 }

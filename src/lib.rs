@@ -82,9 +82,13 @@ pub use nn::{
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
 
-/// For `benches/products` only: the CPU matrix product the linear layers use.
+/// For the benches only: the CPU matrix product the linear layers use (`benches/products`),
+/// and the per-thread overrides of how it runs (`MHA_BENCH_PAIRED`: variants alternated call
+/// by call in one process).
 #[doc(hidden)]
 pub mod bench_hooks {
+    pub use crate::cpu::tuning::{set as set_product_tuning, Backend, ProductTuning};
+
     /// `dst[m×n] = lhs[m×k] · rhs[k×n]` on all threads, each operand by pointer, row stride
     /// and column stride; `dst` row-major with row stride `n`.
     ///

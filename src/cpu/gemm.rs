@@ -2,6 +2,7 @@
 //! micro-kernels).
 
 use super::small_gemm::{small_gemm, Start, PANEL};
+use super::tuning::Backend;
 use super::Elem;
 
 /// A matrix operand: pointer to its first element, row stride, column stride (in elements).
@@ -92,10 +93,17 @@ pub(crate) unsafe fn gemm_from<T: Elem>(
     }
     // On all threads only where the work is worth a fork-join (`par`); then, with the output
     // read by rows, through `par_gemm` (one packing of the right operand, blocks by work
-    // stealing, no per-call buffer), else the `gemm` crate's own threading.
+    // stealing, no per-call buffer, a bias row added as tiles are stored) or the `gemm`
+    // crate's own threading, as `on_all_threads` chooses.
     let all = threads == Threads::All && super::par::parallel(m * n * k);
+    let crate_here = match super::tuning::get().backend.unwrap_or_else(on_all_threads) {
+        Backend::ParGemm => false,
+        Backend::GemmCrate => true,
+        Backend::GemmCrateUnlessRow => !matches!(start, Start::Row(_)),
+    };
     if all
         && dst.2 == 1
+        && !crate_here
         && super::par_gemm::par_gemm(
             (m, n, k),
             (dst.0, dst.1),
@@ -145,6 +153,23 @@ pub(crate) unsafe fn gemm_from<T: Elem>(
     )
 }
 
+/// Which code computes a large product on all threads. With AVX-512, the `gemm` crate,
+/// except for a product that starts from a bias row (a linear layer's forward), which the
+/// crate could only take as an output filled in first; `par_gemm` elsewhere. Paired call by
+/// call on the AVX-512 Xeon of `BENCHMARKS.md` (tenth session, `MHA_BENCH_PAIRED`, a
+/// same-run control within ±2%): the crate took 0.81–0.92× `par_gemm`'s time on the `train_step`
+/// models' input and weight gradients and the `NextTokenPredictor` steps 0.91–0.95×; with the
+/// bias filled in, the module's forwards took 1.03–1.12× (hence the row exception). On the
+/// AVX2 Zen 3 `par_gemm` was as fast or faster (its weight gradients 0.84–0.93× of column
+/// blocks'), so AVX2 keeps it. The crate's sums do not depend on the thread count either (its
+/// blocks split the output, not the inner dimension): a test checks that.
+fn on_all_threads() -> Backend {
+    match super::simd::Isa::detect() {
+        Some(super::simd::Isa::Avx512) => Backend::GemmCrateUnlessRow,
+        _ => Backend::ParGemm,
+    }
+}
+
 /// The largest dimensions sent to the unpacked product by [`gemm`]: with 256-row tiles read
 /// by rows (not packed) the `gemm` crate's packed kernel was as fast or faster on Zen 3, with
 /// tiles of 32–128 the unpacked one 5–10% faster.
@@ -164,20 +189,23 @@ mod tests {
 
     /// `gemm_from` with a bias row against a plain loop on each of its paths: the one-thread
     /// register tiles, `par_gemm` (forced parallel), the `gemm` crate (a right operand with
-    /// no unit stride, which `par_gemm` declines: the row is filled in first) and `k = 0` (the
-    /// row alone); f32 and f64. Nothing past column `n` is written.
+    /// no unit stride, which `par_gemm` declines, or chosen by the benchmarks' tuning: the row
+    /// is filled in first) and `k = 0` (the row alone); f32 and f64. Nothing past column `n`
+    /// is written.
     #[test]
     fn starts_from_a_row_on_every_path() {
         fn check<T: Elem + Into<f64>>(tol: f64) {
             let val = |i: usize, s: u64| ((i as u64 * 2654435761 + s) % 1009) as f64 / 251.0 - 2.0;
-            // (dims, threads, rhs column stride: 1 or 2 (neither stride unit))
+            // (dims, threads, rhs column stride: 1 or 2 (neither stride unit), the gemm crate
+            // chosen)
             let cases = [
-                ((9, 21, 13), Threads::One, 1),
-                ((70, 37, 300), Threads::All, 1),
-                ((70, 37, 300), Threads::All, 2),
-                ((5, 7, 0), Threads::All, 1),
+                ((9, 21, 13), Threads::One, 1, false),
+                ((70, 37, 300), Threads::All, 1, false),
+                ((70, 37, 300), Threads::All, 1, true),
+                ((70, 37, 300), Threads::All, 2, false),
+                ((5, 7, 0), Threads::All, 1, false),
             ];
-            for ((m, n, k), threads, bcs) in cases {
+            for ((m, n, k), threads, bcs, gemm_crate) in cases {
                 let a: Vec<T> = (0..m * k).map(|i| T::from_f64(val(i, 1))).collect();
                 let brs = bcs * n + 1;
                 let b: Vec<T> = (0..k.max(1) * brs)
@@ -190,6 +218,10 @@ mod tests {
                     c[i * ld + n] = T::from_f64(7.0);
                 }
                 crate::cpu::par::force(Some(threads == Threads::All));
+                crate::cpu::tuning::set(crate::cpu::tuning::ProductTuning {
+                    backend: gemm_crate.then_some(Backend::GemmCrate),
+                    ..Default::default()
+                });
                 // SAFETY: a is m×k, b k rows of stride brs with n columns of stride bcs, c m
                 // rows of stride ld, the row n elements.
                 unsafe {
@@ -204,6 +236,7 @@ mod tests {
                     )
                 };
                 crate::cpu::par::force(None);
+                crate::cpu::tuning::set(Default::default());
                 for i in 0..m {
                     assert_eq!(
                         c[i * ld + n].into(),
@@ -225,5 +258,61 @@ mod tests {
         }
         check::<f32>(1e-4);
         check::<f64>(1e-12);
+    }
+
+    /// The `gemm` crate's sums are the same bits with no threads and with 2–4 (it splits the
+    /// output between threads, never the inner dimension), for a weight gradient (left operand
+    /// read transposed, deep) and in-place products: `on_all_threads` gives it the backward
+    /// products with AVX-512, and training resumes bit-identically on another thread count.
+    #[test]
+    fn the_crates_sums_do_not_depend_on_its_threads() {
+        let val = |i: usize, s: u64| ((i as u64 * 2654435761 + s) % 1009) as f32 / 251.0 - 2.0;
+        for (m, n, k, lhs_t) in [
+            (300, 200, 2100, true),
+            (512, 1100, 1300, true),
+            (1000, 700, 900, false),
+        ] {
+            let a: Vec<f32> = (0..m * k).map(|i| val(i, 1)).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| val(i, 2)).collect();
+            let (ars, acs) = if lhs_t { (1, m) } else { (k, 1) };
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(4)
+                .build()
+                .unwrap();
+            let run = |parallelism| {
+                let mut c = vec![0f32; m * n];
+                // SAFETY: a holds m×k at strides (ars, acs), b k×n by rows, c m×n by rows.
+                pool.install(|| unsafe {
+                    gemm::gemm(
+                        m,
+                        n,
+                        k,
+                        c.as_mut_ptr(),
+                        1,
+                        n as isize,
+                        false,
+                        a.as_ptr(),
+                        acs as isize,
+                        ars as isize,
+                        b.as_ptr(),
+                        1,
+                        n as isize,
+                        1.0,
+                        1.0,
+                        false,
+                        false,
+                        false,
+                        parallelism,
+                    )
+                });
+                c
+            };
+            let one = run(gemm::Parallelism::None);
+            for threads in [2, 3, 4] {
+                let c = run(gemm::Parallelism::Rayon(threads));
+                // Finite values: equal means the same bits (up to the sign of a zero).
+                assert_eq!(c, one, "({m},{n},{k}) lhs_t={lhs_t}: {threads} threads");
+            }
+        }
     }
 }

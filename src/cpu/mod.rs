@@ -19,6 +19,7 @@ pub(crate) mod simd;
 mod slice;
 mod small_gemm;
 mod stash;
+pub(crate) mod tuning;
 pub(crate) mod workspace;
 
 pub(crate) use custom_op::{op_with_optional_bias, Grads3, NeedsGrad};

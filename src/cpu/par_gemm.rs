@@ -13,6 +13,9 @@
 //!   0.84–0.93× the time at 256–1024 rows, 0.90–0.98× at 1536–2048. Sliced the same way,
 //!   forward and input-gradient products gained nothing: they keep blocks.
 //!
+//! With AVX-512 only products that start from a bias row come here (`gemm::on_all_threads`:
+//! there the `gemm` crate was faster on the rest); without it, every large product.
+//!
 //! Why not the `gemm` crate's own threading: per block of its inner dimension it packs and
 //! then computes, two fork-joins each, with the work split evenly between the threads in
 //! advance, and it allocates an 8 MiB packing buffer per call (at (4,1024,1024,16) the
@@ -470,6 +473,7 @@ impl Grid {
         lhs_packed: bool,
     ) -> Self {
         let threads = threads.max(1);
+        let tuning = super::tuning::get();
         let want = BLOCKS_PER_THREAD * threads;
         // Inner-dimension blocks of at most STRIP_BYTES / (16 elements) rows: the depth that
         // decides slicing below.
@@ -479,6 +483,7 @@ impl Grid {
         // whole 32 KiB L1 of an AVX-512 Zen 4, two thirds of a 48 KiB one); read in place, see
         // INPLACE_KC.
         let kc_tile = match lhs_packed {
+            true if tuning.packed_kc > 0 => tuning.packed_kc,
             true => (STRIP_BYTES / (tc * elem)).max(1),
             false => INPLACE_KC,
         };
@@ -493,8 +498,12 @@ impl Grid {
         // first costs an m·n pass at the end. Decided by the shape alone, so that the sums
         // are the same on any number of threads.
         let deepest = k / (2 * kc_max);
-        if lhs_packed && row_blocks < SLICED_BELOW_ROW_BLOCKS && deepest >= 2 {
-            let slices = deepest.min(MAX_SLICES);
+        let most = match tuning.max_slices {
+            0 => MAX_SLICES,
+            s => s,
+        };
+        if lhs_packed && row_blocks < SLICED_BELOW_ROW_BLOCKS && deepest >= 2 && most > 1 {
+            let slices = deepest.min(most);
             let slice = k.div_ceil(slices);
             return Self {
                 block_rows,
@@ -802,6 +811,35 @@ mod tests {
             assert_eq!(Grid::new((200, 90, 300), tile, 2, 4, false).kc, 300);
             assert_eq!(Grid::new((200, 90, 1200), tile, 2, 8, false).kc, 400);
         }
+    }
+
+    /// The benchmarks' overrides (`tuning`): the inner block of a packed left operand and the
+    /// slice count follow them, and the products still match a plain loop; another thread
+    /// keeps the defaults.
+    #[test]
+    fn follows_the_benchmarks_tuning() {
+        use crate::cpu::tuning::{self, ProductTuning};
+        let grid = || Grid::new((50, 40, 2100), (6, 16), 2, 4, true);
+        let default = grid();
+        for (kc, slices) in [(64, 2), (512, 1)] {
+            tuning::set(ProductTuning {
+                packed_kc: kc,
+                max_slices: slices,
+                ..Default::default()
+            });
+            let tuned = grid();
+            assert_eq!(tuned.slices, slices, "max_slices {slices}");
+            assert!(
+                tuned.kc <= kc && tuned.kc > kc / 2,
+                "packed_kc {kc}: {tuned:?}"
+            );
+            assert_eq!(std::thread::spawn(grid).join().unwrap(), default);
+            if let Some(isa) = Isa::detect() {
+                check::<f32>(isa, 2, 1e-4);
+            }
+        }
+        tuning::set(ProductTuning::default());
+        assert_eq!(grid(), default);
     }
 
     /// `pack_tiles` for both instruction sets' tile rows, with a last partial tile: every
