@@ -156,13 +156,15 @@ pub(crate) unsafe fn gemm_from<T: Elem>(
 /// Which code computes a large product on all threads. With AVX-512, the `gemm` crate,
 /// except for a product that starts from a bias row (a linear layer's forward), which the
 /// crate could only take as an output filled in first; `par_gemm` elsewhere. Paired call by
-/// call on the AVX-512 Xeon of `BENCHMARKS.md` (tenth session, `MHA_BENCH_PAIRED`, a
-/// same-run control within ±2%): the crate took 0.81–0.92× `par_gemm`'s time on the `train_step`
-/// models' input and weight gradients and the `NextTokenPredictor` steps 0.91–0.95×; with the
-/// bias filled in, the module's forwards took 1.03–1.12× (hence the row exception). On the
-/// AVX2 Zen 3 `par_gemm` was as fast or faster (its weight gradients 0.84–0.93× of column
-/// blocks'), so AVX2 keeps it. The crate's sums do not depend on the thread count either (its
-/// blocks split the output, not the inner dimension): a test checks that.
+/// call on the AVX-512 Xeon of `BENCHMARKS.md` (tenth session, `MHA_BENCH_PAIRED`, with a
+/// same-run control): the crate took 0.81–0.92× `par_gemm`'s time on the `train_step` models'
+/// products read in place, 0.77–0.98× on the large model's weight gradients (the medium's
+/// 0.92–1.05), and the model steps 0.91–0.95× as chosen here; with the crate also on the
+/// products that start from a bias (filled in first), the module's forwards took 1.03–1.12×
+/// (hence the exception). On the AVX2 Zen 3 `par_gemm` was as fast or faster (its weight
+/// gradients 0.84–0.93× of column blocks'), so AVX2 keeps it. The crate's sums do not depend
+/// on its thread count either (it splits the output, never the inner dimension): a test
+/// checks that.
 fn on_all_threads() -> Backend {
     match super::simd::Isa::detect() {
         Some(super::simd::Isa::Avx512) => Backend::GemmCrateUnlessRow,
