@@ -96,14 +96,14 @@ pub(crate) unsafe fn gemm_from<T: Elem>(
     // stealing, no per-call buffer, a bias row added as tiles are stored) or the `gemm`
     // crate's own threading, as `on_all_threads` chooses.
     let all = threads == Threads::All && super::par::parallel(m * n * k);
-    let crate_here = match super::tuning::get().backend.unwrap_or_else(on_all_threads) {
+    let crate_here = || match super::tuning::get().backend.unwrap_or_else(on_all_threads) {
         Backend::ParGemm => false,
         Backend::GemmCrate => true,
         Backend::GemmCrateUnlessRow => !matches!(start, Start::Row(_)),
     };
     if all
         && dst.2 == 1
-        && !crate_here
+        && !crate_here()
         && super::par_gemm::par_gemm(
             (m, n, k),
             (dst.0, dst.1),

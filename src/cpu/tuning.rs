@@ -1,5 +1,5 @@
 //! Benchmarks only: run-time overrides of how the linear layers' products are computed, so
-//! that one process can alternate variants call by call (`benches/products`, paired mode).
+//! that one process can alternate variants call by call (`MHA_BENCH_PAIRED` in the benches).
 //! On a host whose speed drifts within minutes, only such pairs with a same-variant control
 //! resolve a few percent (`BENCHMARKS.md`, ninth session). Per thread, read where a product
 //! is planned (on the calling thread), so concurrent callers and tests never see another's
