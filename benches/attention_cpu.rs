@@ -232,6 +232,22 @@ fn flops(s: Shape4) -> (f64, f64) {
     (proj + 2.0 * attn, 3.0 * proj + 6.0 * attn)
 }
 
+/// One training step of a trainable module: the forward pass (`train`: its options), then the
+/// backward pass started as `backward` says (`r`: the output gradient of `Backward::Seeded`).
+fn train_step(
+    mha: &MultiheadAttention,
+    x: &Tensor,
+    train: &AttentionOptions,
+    backward: Backward,
+    r: &Tensor,
+) -> Result<()> {
+    let out = mha.forward(x, x, x, train)?.output;
+    match backward {
+        Backward::SumAll => out.sum_all()?.backward().map(drop),
+        Backward::Seeded => candle_mha::autograd::backward_with(&out, r).map(drop),
+    }
+}
+
 /// Our side's times for one shape.
 fn bench_ours(
     shape: Shape4,
@@ -251,13 +267,7 @@ fn bench_ours(
     let x = Var::from_tensor(&x)?;
     let r = normal(0.0, 1.0, x.shape(), DType::F32, &Device::Cpu, 2)?;
     let train = nw.with_train(true);
-    let step = time_it(reps, warmup, || {
-        let out = mha.forward(&x, &x, &x, &train)?.output;
-        match backward {
-            Backward::SumAll => out.sum_all()?.backward().map(drop),
-            Backward::Seeded => candle_mha::autograd::backward_with(&out, &r).map(drop),
-        }
-    })?;
+    let step = time_it(reps, warmup, || train_step(&mha, &x, &train, backward, &r))?;
     Ok(Cell::new([fwd_nw, fwd_w, step]))
 }
 
@@ -696,7 +706,6 @@ fn backward_mode(retain: bool) -> Result<()> {
 /// (and the control) each round; the table gives each variant's time over the first's.
 fn run_paired(paired: &Paired, backward: Backward) -> Result<()> {
     let rounds = env_usize("MHA_BENCH_ROUNDS").unwrap_or(10).max(1);
-    let slots = paired.slots();
     println!("{}", paired.describe(rounds, "call of each measure"));
     let mut header: Vec<String> = ["(N, L, E, H)", "measure"].map(String::from).to_vec();
     header.push(format!("{} median ms", paired.names[0]));
@@ -716,31 +725,18 @@ fn run_paired(paired: &Paired, backward: Backward) -> Result<()> {
         let measures: [&dyn Fn() -> Result<()>; 3] = [
             &|| plain.forward(&x, &x, &x, &nw).map(drop),
             &|| plain.forward(&x, &x, &x, &opts).map(drop),
-            &|| {
-                let out = mha.forward(&xt, &xt, &xt, &train)?.output;
-                match backward {
-                    Backward::SumAll => out.sum_all()?.backward().map(drop),
-                    Backward::Seeded => candle_mha::autograd::backward_with(&out, &r).map(drop),
-                }
-            },
+            &|| train_step(&mha, &xt, &train, backward, &r),
         ];
         // times[measure][round][slot], seconds; round 0 is the warm-up.
         let mut times = vec![Vec::new(); 3];
         for round in 0..=rounds {
             for (m, f) in measures.iter().enumerate() {
-                let mut this = vec![0.0; slots.len()];
-                for slot in paired.order(round) {
-                    candle_mha::bench_hooks::set_product_tuning(slots[slot]);
-                    let t = Instant::now();
-                    f()?;
-                    this[slot] = t.elapsed().as_secs_f64();
-                }
+                let this = paired.time_round(round, |_| f())?;
                 if round > 0 {
                     times[m].push(this);
                 }
             }
         }
-        candle_mha::bench_hooks::set_product_tuning(Default::default());
         for (m, what) in ["forward, no weights", "forward, weights", "train step"]
             .into_iter()
             .enumerate()

@@ -56,9 +56,8 @@
 
 mod support;
 
-use std::time::Instant;
+use std::convert::Infallible;
 
-use candle_mha::bench_hooks::{set_product_tuning, ProductTuning};
 use support::{
     env_usize, find_torch, median, pin_threads, print_machine, print_table, time_calls, Allocator,
     Paired, TorchServer,
@@ -181,15 +180,10 @@ fn time_ours(p: &Product, reps: usize) -> (f64, f64) {
     let ops = Operands::new(p);
     let mut dst = vec![0f32; p.m * p.n];
     let mut call = || ops.call(&mut dst);
-    let timed = time_calls(
-        reps,
-        3,
-        100.0,
-        || -> Result<(), std::convert::Infallible> {
-            call();
-            Ok(())
-        },
-    );
+    let timed = time_calls(reps, 3, 100.0, || -> Result<(), Infallible> {
+        call();
+        Ok(())
+    });
     std::hint::black_box(&dst);
     timed.unwrap_or_else(|never| match never {})
 }
@@ -340,16 +334,17 @@ fn run_paired(paired: &Paired) {
         let mut times: Vec<Vec<Vec<f64>>> = Vec::new();
         for round in 0..=rounds {
             eprintln!("{name}: round {round}/{rounds}");
-            let mut this = vec![vec![0.0; slots.len()]; ps.len()];
-            for (i, o) in ops.iter().enumerate() {
-                for slot in paired.order(round) {
-                    set_product_tuning(slots[slot]);
-                    let start = Instant::now();
-                    o.call(&mut dsts[i][slot]);
-                    this[i][slot] = start.elapsed().as_secs_f64();
-                }
-            }
-            set_product_tuning(ProductTuning::default());
+            let this: Vec<Vec<f64>> = ops
+                .iter()
+                .zip(dsts.iter_mut())
+                .map(|(o, d)| {
+                    paired.time_round(round, |slot| -> Result<(), Infallible> {
+                        o.call(&mut d[slot]);
+                        Ok(())
+                    })
+                })
+                .collect::<Result<_, _>>()
+                .unwrap_or_else(|never| match never {});
             if round > 0 {
                 times.push(this);
             }

@@ -423,6 +423,29 @@ impl Paired {
         }
     }
 
+    /// One round of `call(slot)` for every slot, in [`Paired::order`], each under its slot's
+    /// tuning on this thread (the default again after): the seconds of each, by slot.
+    pub fn time_round<E>(
+        &self,
+        round: usize,
+        mut call: impl FnMut(usize) -> Result<(), E>,
+    ) -> Result<Vec<f64>, E> {
+        let slots = self.slots();
+        let mut times = vec![0.0; slots.len()];
+        for slot in self.order(round) {
+            candle_mha::bench_hooks::set_product_tuning(slots[slot]);
+            let start = Instant::now();
+            let done = call(slot);
+            times[slot] = start.elapsed().as_secs_f64();
+            if let Err(e) = done {
+                candle_mha::bench_hooks::set_product_tuning(Default::default());
+                return Err(e);
+            }
+        }
+        candle_mha::bench_hooks::set_product_tuning(Default::default());
+        Ok(times)
+    }
+
     /// The header cells of the ratio columns: each variant over the first, then the control.
     pub fn ratio_headers(&self) -> Vec<String> {
         let base = &self.names[0];
