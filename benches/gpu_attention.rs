@@ -1,6 +1,10 @@
-//! GPU benchmark: our `MultiheadAttention` against PyTorch's `nn.MultiheadAttention`
-//! (need_weights true and false) and `F.scaled_dot_product_attention` on the same GPU and
-//! shapes; forward and training step (forward + backward), time and TFLOP/s.
+//! GPU benchmark: our `MultiheadAttention` (need_weights=false) on the fused CUDA kernel and
+//! on the reference path, against PyTorch's `nn.MultiheadAttention` and
+//! `F.scaled_dot_product_attention` on the same GPU and shapes; forward and training step
+//! (forward + backward), time and TFLOP/s; then the peak GPU memory of an L = 16384 forward.
+//!
+//! Our attention alone is estimated as the module's forward minus its two projections (the
+//! same candle matrix products timed on their own), to set beside PyTorch's SDPA.
 //!
 //! ```text
 //! cargo bench --features cuda --bench gpu_attention          # on a GPU machine
@@ -10,14 +14,18 @@
 //! projections `4 · 2·N·L·E²` (q, k, v, out) + attention `2 · 2·N·L²·E` (QKᵀ and PV)
 //! = `8NLE² + 4NL²E`; a training step counts 3× the forward (backward ≈ 2× forward).
 //! Environment: `MHA_BENCH_SHAPES=512,1024` (L values), `MHA_BENCH_DTYPES=bf16,f32`,
-//! `MHA_BENCH_PYTHON` (a python3 with torch; `none` to skip the PyTorch side).
+//! `MHA_BENCH_PYTHON` (a python3 with torch; `none` to skip the PyTorch side),
+//! `MHA_BENCH_REF_MAX_L` (the longest L the reference path runs, 4096: its scores are
+//! `N·H·L²` floats), `MHA_BENCH_LONG_L` (the memory check's L, 16384; 0 skips it).
 
 use std::process::Command;
 use std::time::Instant;
 
 use candle_mha::candle::{DType, Device, Result, Tensor};
+use candle_mha::device::{peak_gpu_memory, reset_peak_gpu_memory};
 use candle_mha::{
-    seeded_var_builder, AttentionOptions, MultiheadAttention, MultiheadAttentionConfig,
+    seeded_var_builder, AttentionKernel, AttentionOptions, MultiheadAttention,
+    MultiheadAttentionConfig,
 };
 
 struct Case {
@@ -59,19 +67,21 @@ fn time(
     Ok(median(times))
 }
 
-fn ours(c: &Case, dev: &Device, iters: usize) -> Result<[f64; 3]> {
+fn module(c: &Case, dev: &Device) -> Result<(MultiheadAttention, Tensor)> {
     let varmap = candle_nn::VarMap::new();
     let cfg = MultiheadAttentionConfig::new(c.e, c.h).with_batch_first(true);
     let mha = MultiheadAttention::new(cfg, seeded_var_builder(&varmap, 0, c.dtype, dev))?;
     let x = Tensor::randn(0f32, 1., (c.n, c.l, c.e), dev)?.to_dtype(c.dtype)?;
-    let fwd = |need: bool| {
-        let opts = AttentionOptions::new().with_need_weights(need);
-        let (mha, x) = (&mha, &x);
-        move || mha.forward(x, x, x, &opts).map(|_| ())
-    };
-    let f_false = time(dev, 2, iters, fwd(false))?;
-    let f_true = time(dev, 2, iters, fwd(true))?;
-    let opts = AttentionOptions::new().with_need_weights(false);
+    Ok((mha, x))
+}
+
+/// Forward and training-step times of the module with `kernel` (need_weights=false).
+fn ours(c: &Case, dev: &Device, iters: usize, kernel: AttentionKernel) -> Result<[f64; 2]> {
+    let (mha, x) = module(c, dev)?;
+    let opts = AttentionOptions::new()
+        .with_need_weights(false)
+        .with_kernel(kernel);
+    let fwd = time(dev, 2, iters, || mha.forward(&x, &x, &x, &opts).map(|_| ()))?;
     let step = time(dev, 2, iters, || {
         let out = mha.forward(&x, &x, &x, &opts)?.output;
         out.to_dtype(DType::F32)?
@@ -80,7 +90,43 @@ fn ours(c: &Case, dev: &Device, iters: usize) -> Result<[f64; 3]> {
             .backward()
             .map(|_| ())
     })?;
-    Ok([f_false, f_true, step])
+    Ok([fwd, step])
+}
+
+/// The module's two projections alone (x·W_inᵀ + b, ctx·W_outᵀ + b), as its forward runs them.
+fn projections(c: &Case, dev: &Device, iters: usize) -> Result<f64> {
+    let (mha, x) = module(c, dev)?;
+    let (w_in, b_in) = (mha.in_proj_weight().unwrap(), mha.in_proj_bias().unwrap());
+    let out = mha.out_proj();
+    let ctx = x.clone();
+    time(dev, 2, iters, || {
+        let qkv = x.broadcast_matmul(&w_in.t()?)?.broadcast_add(b_in)?;
+        let y = candle_nn::Module::forward(out, &ctx)?;
+        drop((qkv, y));
+        Ok(())
+    })
+}
+
+/// Peak GPU memory (bytes) of one forward at length `l` (N = 1), over what was in use before.
+fn long_forward_peak(dev: &Device, l: usize, e: usize, h: usize) -> Result<Option<u64>> {
+    let c = Case {
+        n: 1,
+        l,
+        e,
+        h,
+        dtype: DType::BF16,
+    };
+    let (mha, x) = module(&c, dev)?;
+    dev.synchronize()?;
+    reset_peak_gpu_memory(dev)?;
+    let Some(base) = peak_gpu_memory(dev)? else {
+        return Ok(None);
+    };
+    let opts = AttentionOptions::new().with_need_weights(false);
+    let out = mha.forward(&x, &x, &x, &opts)?.output;
+    dev.synchronize()?;
+    drop(out);
+    Ok(peak_gpu_memory(dev)?.map(|p| p - base))
 }
 
 fn dtype_name(d: DType) -> &'static str {
@@ -93,7 +139,7 @@ fn dtype_name(d: DType) -> &'static str {
 }
 
 /// PyTorch's times for the same case: JSON from scripts/bench_gpu_reference.py.
-fn torch(c: &Case, device: &str, iters: usize) -> Option<serde_json::Value> {
+fn torch(c: &Case, device: &str, iters: usize, extra: &[&str]) -> Option<serde_json::Value> {
     let python = std::env::var("MHA_BENCH_PYTHON").unwrap_or_else(|_| "python3".into());
     if python == "none" {
         return None;
@@ -126,6 +172,7 @@ fn torch(c: &Case, device: &str, iters: usize) -> Option<serde_json::Value> {
             "--iters",
             &iters.to_string(),
         ])
+        .args(extra)
         .output()
         .ok()?;
     if !out.status.success() {
@@ -185,63 +232,100 @@ fn main() -> Result<()> {
     } else {
         (8, 1024, 16, 10)
     };
-    println!("gpu_attention on {torch_device}: N={n}, E={e}, H={h}; times are medians of {iters} runs (ms), TFLOP/s = (8NLE² + 4NL²E) / time (×3 for a step)");
+    let ref_max: usize = std::env::var("MHA_BENCH_REF_MAX_L")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4096);
+    println!("gpu_attention on {torch_device}: N={n}, E={e}, H={h}; times are medians of {iters} runs (ms); TF/s = (8NLE² + 4NL²E) / fused fwd");
+    println!("fused / ref: our module on the fused kernel / the reference path; proj: its two projections alone; attn = fused fwd - proj");
     println!(
-        "{:>5} {:>5} | {:>9} {:>9} {:>9} {:>7} | {:>9} {:>9} {:>9} {:>9} | {:>7} {:>7}",
-        "dtype",
-        "L",
-        "fwd nw=F",
-        "fwd nw=T",
-        "step",
-        "TF/s",
-        "pt nw=F",
-        "pt nw=T",
-        "pt sdpa",
-        "pt step",
-        "x fwd",
-        "x step"
+        "{:>5} {:>5} | {:>8} {:>8} {:>8} {:>8} {:>7} {:>7} {:>6} | {:>8} {:>8} {:>8} {:>8} | {:>6} {:>6} {:>6}",
+        "dtype", "L", "fused fw", "fused st", "ref fw", "ref st", "proj", "attn", "TF/s",
+        "pt mha", "pt sdpa", "pt step", "sdpa st", "x fwd", "x step", "x attn"
     );
+    let ms = |s: f64| format!("{:.3}", s * 1e3);
     for &dtype in &dtypes {
         for &l in &ls {
             let c = Case { n, l, e, h, dtype };
-            let ms = |s: f64| format!("{:.3}", s * 1e3);
-            let (a, b, st, tf) = match ours(&c, &dev, iters) {
-                Ok([a, b, st]) => (ms(a), ms(b), ms(st), format!("{:.1}", flops(&c) / a / 1e12)),
+            let show = |r: Result<[f64; 2]>, what: &str| match r {
+                Ok([a, b]) => (Some(a), Some(b)),
                 Err(err) => {
-                    let msg = err.to_string();
-                    let short = if msg.to_lowercase().contains("out of memory") {
-                        "OOM".to_string()
-                    } else {
-                        "error".to_string()
-                    };
-                    eprintln!("ours L={l} {dtype:?}: {msg}");
-                    (short.clone(), short.clone(), short, "-".into())
+                    eprintln!("{what} L={l} {dtype:?}: {err}");
+                    (None, None)
                 }
             };
-            let t = torch(&c, torch_device, iters);
+            let (ff, fs) = show(ours(&c, &dev, iters, AttentionKernel::Auto), "fused");
+            let (rf, rs) = match l <= ref_max {
+                true => show(ours(&c, &dev, iters, AttentionKernel::Reference), "reference"),
+                false => (None, None),
+            };
+            let proj = projections(&c, &dev, iters).ok();
+            let attn = match (ff, proj) {
+                (Some(f), Some(p)) => Some(f - p),
+                _ => None,
+            };
+            let t = torch(&c, torch_device, iters, &[]);
             let get = |k: &str| t.as_ref().and_then(|v| v[k].as_f64());
-            let fmt = |k: &str| get(k).map(ms).unwrap_or_else(|| "-".into());
-            let ratio = |ours: &str, k: &str| match (ours.parse::<f64>(), get(k)) {
-                (Ok(o), Some(p)) => format!("{:.2}", o / (p * 1e3)),
+            let opt = |x: Option<f64>| x.map(ms).unwrap_or_else(|| "-".into());
+            let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+                (Some(a), Some(b)) => format!("{:.2}", a / b),
                 _ => "-".into(),
             };
             println!(
-                "{:>5} {:>5} | {:>9} {:>9} {:>9} {:>7} | {:>9} {:>9} {:>9} {:>9} | {:>7} {:>7}",
+                "{:>5} {:>5} | {:>8} {:>8} {:>8} {:>8} {:>7} {:>7} {:>6} | {:>8} {:>8} {:>8} {:>8} | {:>6} {:>6} {:>6}",
                 dtype_name(dtype),
                 l,
-                a,
-                b,
-                st,
-                tf,
-                fmt("fwd_need_weights_false"),
-                fmt("fwd_need_weights_true"),
-                fmt("sdpa_fwd"),
-                fmt("step"),
-                ratio(&a, "fwd_need_weights_false"),
-                ratio(&st, "step")
+                opt(ff),
+                opt(fs),
+                opt(rf),
+                opt(rs),
+                opt(proj),
+                opt(attn),
+                ff.map(|f| format!("{:.1}", flops(&c) / f / 1e12)).unwrap_or_else(|| "-".into()),
+                opt(get("fwd_need_weights_false")),
+                opt(get("sdpa_fwd")),
+                opt(get("step")),
+                opt(get("sdpa_step")),
+                ratio(ff, get("fwd_need_weights_false")),
+                ratio(fs, get("step")),
+                ratio(attn, get("sdpa_fwd")),
             );
+            if let Some(v) = &t {
+                let backends: Vec<String> = ["flash", "efficient", "cudnn", "math"]
+                    .iter()
+                    .filter_map(|b| v[format!("sdpa_fwd_{b}")].as_f64().map(|x| format!("{b} {}", ms(x))))
+                    .collect();
+                if !backends.is_empty() {
+                    println!("{:>13} PyTorch SDPA forward by backend (ms): {}", "", backends.join(", "));
+                }
+            }
         }
     }
-    println!("x = our time / PyTorch nn.MultiheadAttention's (need_weights=False); < 1 is faster");
+    println!("x = our time / PyTorch's (fwd, step: nn.MultiheadAttention, need_weights=False; attn: SDPA); < 1 is faster");
+    let long: usize = std::env::var("MHA_BENCH_LONG_L")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if smoke { 0 } else { 16384 });
+    if long > 0 && dev.is_cuda() {
+        match long_forward_peak(&dev, long, e, h) {
+            Ok(Some(p)) => {
+                let pt = torch(
+                    &Case { n: 1, l: long, e, h, dtype: DType::BF16 },
+                    torch_device,
+                    1,
+                    &["--peak"],
+                );
+                let pt_peak = pt.as_ref().and_then(|v| v["peak_bytes"].as_f64());
+                println!(
+                    "peak GPU memory of one bf16 forward at N=1, L={long}, E={e}, H={h}: ours {:.0} MiB, PyTorch MHA {} (one head's L×L scores: {:.0} MiB)",
+                    p as f64 / 1048576.0,
+                    pt_peak.map(|b| format!("{:.0} MiB", b / 1048576.0)).unwrap_or_else(|| "-".into()),
+                    (long * long * 2) as f64 / 1048576.0
+                );
+            }
+            Ok(None) => println!("peak memory: this GPU has no memory pool statistics"),
+            Err(err) => println!("peak memory at L={long}: {err}"),
+        }
+    }
     Ok(())
 }

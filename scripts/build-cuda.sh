@@ -40,7 +40,7 @@ if [ "${1:-}" = "--check" ]; then
   exit 0
 fi
 
-TESTS=${GPU_TESTS:-"cuda_parity transformer pytorch_parity golden model training"}
+TESTS=${GPU_TESTS:-"cuda_fused cuda_parity transformer pytorch_parity golden model training"}
 # The examples that take their device from MHA_DEVICE (gpu-check.sh runs each on both).
 EXAMPLES=${GPU_EXAMPLES:-"quickstart attention_graph embedding_fusion export_for_pytorch glove_walkthrough import_transformer vocab_importance"}
 cargo build --release --features cuda --bin mha

@@ -3,6 +3,7 @@
 # machine's CUDA 13 libraries (cuBLAS, cuBLASLt, cuRAND, NVRTC, cudart) on LD_LIBRARY_PATH.
 #
 #   ./run-on-gpu.sh tests                 # every packed test binary (fixtures from ./fixtures)
+#   ./run-on-gpu.sh test cuda_fused       # one packed test binary (test-binary args may follow)
 #   ./run-on-gpu.sh mha train --device cuda
 #   ./run-on-gpu.sh gpu_attention         # the GPU benchmark (PyTorch side via python3)
 set -euo pipefail
@@ -40,5 +41,9 @@ if [ "$cmd" = tests ]; then
     (cd "$HERE" && "$t" --test-threads=1 --nocapture "$@") || status=1
   done
   exit $status
+fi
+if [ "$cmd" = test ]; then
+  t=${1:?usage: run-on-gpu.sh test NAME [ARGS...]}; shift
+  cd "$HERE" && exec "$HERE/tests/$t" --test-threads=1 --nocapture "$@"
 fi
 exec "$HERE/bin/$cmd" "$@"

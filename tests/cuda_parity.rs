@@ -8,97 +8,9 @@
 
 mod common;
 
-use std::collections::HashMap;
-
 use anyhow::{Context, Result};
-use candle_mha::candle::{DType, Device, Tensor, Var};
-use candle_mha::{AttentionOptions, MultiheadAttention, MultiheadAttentionConfig};
-use candle_nn::VarBuilder;
-use common::{assert_close, fixture_paths, gpu, Fixture};
-
-/// Output, weights and every gradient of one fixture on `dev`, as CPU tensors by name.
-fn run(f: &Fixture, dtype: DType, dev: &Device) -> Result<HashMap<String, Tensor>> {
-    let cfg = MultiheadAttentionConfig::new(f.usize("embed_dim")?, f.usize("num_heads")?)
-        .with_kdim(f.usize("kdim")?)
-        .with_vdim(f.usize("vdim")?)
-        .with_bias(f.flag("bias")?)
-        .with_add_bias_kv(f.flag("add_bias_kv")?)
-        .with_add_zero_attn(f.flag("add_zero_attn")?)
-        .with_batch_first(f.flag("batch_first")?);
-    let vars: HashMap<String, Var> = f
-        .params()
-        .into_iter()
-        .map(|(k, t)| Ok((k, Var::from_tensor(&t.to_dtype(dtype)?.to_device(dev)?)?)))
-        .collect::<Result<_>>()?;
-    let tensors = vars
-        .iter()
-        .map(|(k, v)| (k.clone(), v.as_tensor().clone()))
-        .collect();
-    let vb = VarBuilder::from_tensors(tensors, dtype, dev);
-    let prefix = f.str("prefix");
-    let mha = MultiheadAttention::new(cfg, if prefix.is_empty() { vb } else { vb.pp(prefix) })?;
-    let load = |name: &str| -> Result<Var> {
-        Ok(Var::from_tensor(
-            &f.tensor(name)?.to_dtype(dtype)?.to_device(dev)?,
-        )?)
-    };
-    let q = load("query")?;
-    let (k, v) = match (f.flag("self_attn")?, f.flag("key_is_value")?) {
-        (true, _) => (q.clone(), q.clone()),
-        (false, true) => {
-            let k = load("key")?;
-            (k.clone(), k)
-        }
-        _ => (load("key")?, load("value")?),
-    };
-    let mut opts = AttentionOptions::new()
-        .with_need_weights(f.flag("need_weights")?)
-        .with_average_attn_weights(f.flag("average_attn_weights")?)
-        .with_is_causal(f.flag("is_causal")?);
-    let mask = |name: &str| -> Result<Option<Tensor>> {
-        f.tensors
-            .get(name)
-            .map(|m| {
-                Ok(if m.dtype() == DType::U8 {
-                    m.to_device(dev)?
-                } else {
-                    m.to_dtype(dtype)?.to_device(dev)?
-                })
-            })
-            .transpose()
-    };
-    if let Some(m) = mask("key_padding_mask")? {
-        opts = opts.with_key_padding_mask(m);
-    }
-    if let Some(m) = mask("attn_mask")? {
-        opts = opts.with_attn_mask(m);
-    }
-    let out = mha.forward(&q, &k, &v, &opts)?;
-    let r = f.tensor("R")?.to_dtype(dtype)?.to_device(dev)?;
-    // f32/f64 seed the backward pass with R itself (the seed op's CUDA forward included).
-    let grads = match dtype {
-        DType::F32 | DType::F64 => candle_mha::autograd::backward_with(&out.output, &r)?,
-        _ => (out.output.to_dtype(DType::F32)? * r.to_dtype(DType::F32)?)?
-            .sum_all()?
-            .backward()?,
-    };
-    let cpu =
-        |t: &Tensor| -> Result<Tensor> { Ok(t.to_dtype(DType::F64)?.to_device(&Device::Cpu)?) };
-    let mut res = HashMap::from([("output".to_string(), cpu(&out.output)?)]);
-    if let Some(w) = &out.weights {
-        res.insert("weights".into(), cpu(w)?);
-    }
-    for (name, var) in vars.iter().chain(
-        [("query".to_string(), q.clone())]
-            .iter()
-            .map(|(n, v)| (n, v)),
-    ) {
-        if let Some(g) = grads.get(var.as_tensor()) {
-            res.insert(format!("grad.{name}"), cpu(g)?);
-        }
-    }
-    Ok(res)
-}
+use candle_mha::candle::{DType, Device, Tensor};
+use common::{assert_close, fixture_paths, gpu, run_fixture, Fixture};
 
 #[test]
 fn cuda_matches_cpu_on_every_fixture() -> Result<()> {
@@ -107,7 +19,10 @@ fn cuda_matches_cpu_on_every_fixture() -> Result<()> {
     for path in fixture_paths() {
         let f = Fixture::load(&path)?;
         let dtype = f.dtype()?;
-        let (cpu, cuda) = (run(&f, dtype, &Device::Cpu)?, run(&f, dtype, &gpu)?);
+        let (cpu, cuda) = (
+            run_fixture(&f, dtype, &Device::Cpu, None)?,
+            run_fixture(&f, dtype, &gpu, None)?,
+        );
         for (name, expected) in &cpu {
             let got = cuda
                 .get(name)
@@ -119,7 +34,7 @@ fn cuda_matches_cpu_on_every_fixture() -> Result<()> {
         // Half precision end to end on the GPU (reductions in f32), against the f32 result.
         if dtype == DType::F32 {
             for half in [DType::F16, DType::BF16] {
-                let out = run(&f, half, &gpu)?;
+                let out = run_fixture(&f, half, &gpu, None)?;
                 if let Err(e) = assert_close("output", &out["output"], &cpu["output"], 8e-2) {
                     failures.push(format!("{} {half:?}: {e}", f.name));
                 }

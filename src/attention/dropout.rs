@@ -48,6 +48,13 @@ impl DropoutMask {
         self
     }
 
+    /// The key, threshold, offset and scale of the test, for kernels that draw the same mask
+    /// elsewhere (the CUDA kernel).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn parts(&self) -> (u64, u64, u64, f64) {
+        (self.key, self.threshold, self.offset, self.scale)
+    }
+
     /// Whether element `idx` (row-major over `(N, H, L, S')`) is kept.
     #[inline(always)]
     pub fn keep(&self, idx: u64) -> bool {

@@ -44,7 +44,8 @@ pub struct AttentionOptions {
     /// Default `None`. Not in PyTorch's MHA (Hugging Face models call it `head_mask`).
     pub head_mask: Option<Tensor>,
     /// Which implementation computes the attention. Default [`AttentionKernel::Auto`]: the
-    /// fused kernel on the CPU, the reference ops elsewhere. Not in PyTorch (its
+    /// fused kernel where it covers the call (the CPU; CUDA without weights), the reference
+    /// ops elsewhere. Not in PyTorch (its
     /// `torch.backends.cuda.sdp_kernel` / `sdpa_kernel` context plays this role for SDPA).
     pub kernel: AttentionKernel,
 }
@@ -58,11 +59,14 @@ pub struct AttentionOptions {
 /// math backend is the reference.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum AttentionKernel {
-    /// The fused kernel where it is implemented (CPU), the reference elsewhere (CUDA).
+    /// The fused kernel where it covers the call, the reference elsewhere: always on the CPU;
+    /// on CUDA for `need_weights = false` in bf16, f16 or f32 with a head dim up to 128 on a
+    /// GPU of compute capability 8.0 or more (the weights keep the reference path).
     #[default]
     Auto,
     /// The fused kernel (FlashAttention-2 scheme, forward and backward): no `L × S` buffer
-    /// unless the weights are asked for. CPU only for now; on another device it is an error.
+    /// unless the weights are asked for. On CUDA it returns no weights, and a call outside
+    /// what [`Auto`](Self::Auto) names for CUDA is an error.
     Fused,
     /// The op-by-op path (matmul, mask, softmax, dropout, matmul) on materialised
     /// `(N, H, L, S')` scores: `F.multi_head_attention_forward` step by step.

@@ -12,7 +12,9 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use candle_mha::candle::{DType, Device, Tensor};
+use candle_mha::candle::{DType, Device, Tensor, Var};
+use candle_mha::candle_nn::VarBuilder;
+use candle_mha::{AttentionKernel, AttentionOptions, MultiheadAttention, MultiheadAttentionConfig};
 
 /// One PyTorch fixture file: its tensors and its string metadata.
 pub struct Fixture {
@@ -228,4 +230,103 @@ pub fn gpu() -> Option<Device> {
             None
         }
     }
+}
+
+/// Output, weights and every gradient of one fixture on `dev` in `dtype`, as f64 CPU tensors
+/// by name (`output`, `weights`, `grad.<parameter>`, `grad.query`). With `kernel`, the call
+/// asks for no weights and runs that kernel (the output and gradients do not depend on the
+/// weights being asked for).
+pub fn run_fixture(
+    f: &Fixture,
+    dtype: DType,
+    dev: &Device,
+    kernel: Option<AttentionKernel>,
+) -> Result<HashMap<String, Tensor>> {
+    let cfg = MultiheadAttentionConfig::new(f.usize("embed_dim")?, f.usize("num_heads")?)
+        .with_kdim(f.usize("kdim")?)
+        .with_vdim(f.usize("vdim")?)
+        .with_bias(f.flag("bias")?)
+        .with_add_bias_kv(f.flag("add_bias_kv")?)
+        .with_add_zero_attn(f.flag("add_zero_attn")?)
+        .with_batch_first(f.flag("batch_first")?);
+    let vars: HashMap<String, Var> = f
+        .params()
+        .into_iter()
+        .map(|(k, t)| Ok((k, Var::from_tensor(&t.to_dtype(dtype)?.to_device(dev)?)?)))
+        .collect::<Result<_>>()?;
+    let tensors = vars
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_tensor().clone()))
+        .collect();
+    let vb = VarBuilder::from_tensors(tensors, dtype, dev);
+    let prefix = f.str("prefix");
+    let mha = MultiheadAttention::new(cfg, if prefix.is_empty() { vb } else { vb.pp(prefix) })?;
+    let load = |name: &str| -> Result<Var> {
+        Ok(Var::from_tensor(
+            &f.tensor(name)?.to_dtype(dtype)?.to_device(dev)?,
+        )?)
+    };
+    let q = load("query")?;
+    let (k, v) = match (f.flag("self_attn")?, f.flag("key_is_value")?) {
+        (true, _) => (q.clone(), q.clone()),
+        (false, true) => {
+            let k = load("key")?;
+            (k.clone(), k)
+        }
+        _ => (load("key")?, load("value")?),
+    };
+    let mut opts = AttentionOptions::new()
+        .with_need_weights(f.flag("need_weights")?)
+        .with_average_attn_weights(f.flag("average_attn_weights")?)
+        .with_is_causal(f.flag("is_causal")?);
+    if let Some(k) = kernel {
+        opts = opts.with_need_weights(false).with_kernel(k);
+    }
+    let mask = |name: &str| -> Result<Option<Tensor>> {
+        f.tensors
+            .get(name)
+            .map(|m| {
+                Ok(if m.dtype() == DType::U8 {
+                    m.to_device(dev)?
+                } else {
+                    m.to_dtype(dtype)?.to_device(dev)?
+                })
+            })
+            .transpose()
+    };
+    if let Some(m) = mask("key_padding_mask")? {
+        opts = opts.with_key_padding_mask(m);
+    }
+    if let Some(m) = mask("attn_mask")? {
+        opts = opts.with_attn_mask(m);
+    }
+    let out = mha.forward(&q, &k, &v, &opts)?;
+    let r = f.tensor("R")?.to_dtype(dtype)?.to_device(dev)?;
+    // f32/f64 seed the backward pass with R itself (the seed op's CUDA forward included).
+    let grads = match dtype {
+        DType::F32 | DType::F64 => candle_mha::autograd::backward_with(&out.output, &r)?,
+        _ => (out.output.to_dtype(DType::F32)? * r.to_dtype(DType::F32)?)?
+            .sum_all()?
+            .backward()?,
+    };
+    let cpu =
+        |t: &Tensor| -> Result<Tensor> { Ok(t.to_dtype(DType::F64)?.to_device(&Device::Cpu)?) };
+    let mut res = HashMap::from([("output".to_string(), cpu(&out.output)?)]);
+    if let Some(w) = &out.weights {
+        res.insert("weights".into(), cpu(w)?);
+    }
+    // The inputs that are separate variables (self-attention: one; key is value: two).
+    let mut inputs = vec![("query".to_string(), q.clone())];
+    if k.as_tensor().id() != q.as_tensor().id() {
+        inputs.push(("key".to_string(), k.clone()));
+    }
+    if v.as_tensor().id() != k.as_tensor().id() {
+        inputs.push(("value".to_string(), v.clone()));
+    }
+    for (name, var) in vars.iter().chain(inputs.iter().map(|(n, v)| (n, v))) {
+        if let Some(g) = grads.get(var.as_tensor()) {
+            res.insert(format!("grad.{name}"), cpu(g)?);
+        }
+    }
+    Ok(res)
 }

@@ -13,6 +13,8 @@
 //! `F.scaled_dot_product_attention`'s CPU flash kernel computes), with the module's
 //! fully-masked-row rule (zeros, finite gradients) and its `bias_k` / zero-attention columns.
 
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda;
 mod decode;
 mod kernel;
 mod op;

@@ -62,13 +62,13 @@ impl Parts {
 }
 
 impl FusedAttention {
-    pub(super) fn e(&self) -> usize {
+    pub(crate) fn e(&self) -> usize {
         self.geom.h * self.geom.d
     }
 
     /// Row map of a `(A, B, C)` layout (A, B in the caller's order), the head split of
     /// columns `[col0, col0 + E)`, relative to the layout's [`slice`].
-    fn map_of(&self, layout: &Layout, col0: usize) -> Result<RowMap> {
+    pub(super) fn map_of(&self, layout: &Layout, col0: usize) -> Result<RowMap> {
         let (dims, st) = (layout.dims(), layout.stride());
         if dims.len() != 3 || st[2] != 1 {
             candle::bail!(
@@ -89,7 +89,7 @@ impl FusedAttention {
     }
 
     /// Row map of a contiguous `(A, B, width)` buffer at column `col0`.
-    fn contiguous_map(&self, len: usize, width: usize, col0: usize) -> RowMap {
+    pub(super) fn contiguous_map(&self, len: usize, width: usize, col0: usize) -> RowMap {
         let (sb, si) = if self.seq_first {
             (width, self.geom.n * width)
         } else {
@@ -103,7 +103,7 @@ impl FusedAttention {
         }
     }
 
-    fn out_shape(&self, len: usize, width: usize) -> Shape {
+    pub(super) fn out_shape(&self, len: usize, width: usize) -> Shape {
         let n = self.geom.n;
         if self.seq_first {
             (len, n, width).into()
@@ -444,7 +444,20 @@ impl CustomOp1 for FusedAttention {
         self.fwd_packed(s, l)
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle::CudaStorage,
+        l: &Layout,
+    ) -> Result<(candle::CudaStorage, Shape)> {
+        self.cuda_fwd_parts(Parts::Packed, [(s, l), (s, l), (s, l)])
+    }
+
     fn bwd(&self, arg: &Tensor, res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        #[cfg(feature = "cuda")]
+        if arg.device().is_cuda() {
+            return Ok(self.cuda_bwd(Parts::Packed, &[arg], res, grad)?.pop());
+        }
         self.bwd_packed(arg, res, grad).map(Some)
     }
 }
@@ -466,6 +479,19 @@ impl CustomOp3 for FusedAttention {
         self.fwd(Parts::Separate, [(s1, l1), (s2, l2), (s3, l3)])
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle::CudaStorage,
+        l1: &Layout,
+        s2: &candle::CudaStorage,
+        l2: &Layout,
+        s3: &candle::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle::CudaStorage, Shape)> {
+        self.cuda_fwd_parts(Parts::Separate, [(s1, l1), (s2, l2), (s3, l3)])
+    }
+
     fn bwd(
         &self,
         q: &Tensor,
@@ -474,6 +500,11 @@ impl CustomOp3 for FusedAttention {
         res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        #[cfg(feature = "cuda")]
+        if q.device().is_cuda() {
+            let mut g = self.cuda_bwd(Parts::Separate, &[q, k, v], res, grad)?.into_iter();
+            return Ok((g.next(), g.next(), g.next()));
+        }
         let mut g = FusedAttention::bwd(self, Parts::Separate, &[q, k, v], res, grad)?.into_iter();
         Ok((g.next(), g.next(), g.next()))
     }

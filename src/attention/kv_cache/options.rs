@@ -24,7 +24,8 @@ pub struct IncrementalOptions {
     /// Average the weights over heads. Default `true`.
     pub average_attn_weights: bool,
     /// Which implementation computes the attention. Default [`AttentionKernel::Auto`]: the
-    /// fused kernel on the CPU in f32/f64, the reference ops elsewhere.
+    /// fused kernels on the CPU in f32/f64 and on CUDA without weights, the reference ops
+    /// elsewhere.
     pub kernel: AttentionKernel,
 }
 

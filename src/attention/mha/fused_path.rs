@@ -11,23 +11,29 @@ use crate::attention::mask::additive_mask;
 use crate::attention::softmax::softmax_dtype;
 
 impl MultiheadAttention {
-    /// The fused kernel's op for one call: `extra` appended key rows, kernel dtype `kdt`.
-    pub(super) fn fused_op(&self, call: &Call, extra: usize, kdt: DType) -> Result<FusedAttention> {
+    /// The fused kernel's op for one call: `extra` appended key rows, masks in `mask_dt` (the
+    /// kernel's dtype on the CPU, f32 on CUDA).
+    pub(super) fn fused_op(
+        &self,
+        call: &Call,
+        extra: usize,
+        mask_dt: DType,
+    ) -> Result<FusedAttention> {
         let cfg = &self.config;
         let Dims { n, l, s, .. } = *call.dims;
         let (h, hd) = (cfg.num_heads, cfg.head_dim());
         let opts = call.opts;
         let attn_mask = match &opts.attn_mask {
-            Some(m) if m.rank() == 2 => Some(additive_mask(m, kdt)?.contiguous()?),
+            Some(m) if m.rank() == 2 => Some(additive_mask(m, mask_dt)?.contiguous()?),
             Some(m) => Some(
-                additive_mask(m, kdt)?
+                additive_mask(m, mask_dt)?
                     .reshape((n * h, l, s))?
                     .contiguous()?,
             ),
             None => None,
         };
         let key_padding_mask = match &opts.key_padding_mask {
-            Some(m) => Some(additive_mask(m, kdt)?.reshape((n, s))?.contiguous()?),
+            Some(m) => Some(additive_mask(m, mask_dt)?.reshape((n, s))?.contiguous()?),
             None => None,
         };
         let dropout = match call.dropout_seed {
@@ -68,11 +74,15 @@ impl MultiheadAttention {
     ) -> Result<(Tensor, Option<Tensor>)> {
         let dtype = self.dtype();
         let (projected, extra) = self.append_extra_keys(projected, call)?;
-        // The half types run in f32 (the kernel accumulates in its dtype).
-        let kdt = softmax_dtype(dtype);
+        // On the CPU the half types run in f32 (the kernel accumulates in its dtype); the CUDA
+        // kernel takes them as they are (f32 accumulation on tensor cores) and f32 masks.
+        let (kdt, mask_dt) = match self.out_proj.weight().device().is_cuda() {
+            true => (dtype, DType::F32),
+            false => (softmax_dtype(dtype), softmax_dtype(dtype)),
+        };
         let projected = projected.into_dtype(kdt)?;
         let opts = call.opts;
-        let op = self.fused_op(call, extra, kdt)?;
+        let op = self.fused_op(call, extra, mask_dt)?;
         let ctx = match &projected {
             Projected::Packed(qkv) => qkv.apply_op1(op.clone())?,
             Projected::Separate(q, k, v) => q.apply_op3(k, v, op.clone())?,

@@ -257,7 +257,8 @@ impl MultiheadAttention {
         let dtype = self.dtype();
         let fused = match opts.kernel {
             AttentionKernel::Auto => {
-                q.device().is_cpu() && matches!(dtype, DType::F32 | DType::F64)
+                (q.device().is_cpu() && matches!(dtype, DType::F32 | DType::F64))
+                    || super::cuda_fused(q.device(), dtype, cfg.head_dim(), opts.need_weights)
             }
             AttentionKernel::Fused => true,
             AttentionKernel::Reference => false,
@@ -289,8 +290,9 @@ impl MultiheadAttention {
         Ok(AttentionOutput { output, weights })
     }
 
-    /// The attention step over cached keys by the fused CPU decoding kernel (the half types
-    /// in f32, as `forward`'s fused path): context `(N, H, T, hd)` and the weights.
+    /// The attention step over cached keys by the fused kernels: on the CPU the decoding
+    /// kernel (the half types in f32, as `forward`'s fused path), on CUDA the flash forward
+    /// kernel (no weights). Context `(N, H, T, hd)` and the weights.
     fn attend_cached_fused(
         &self,
         q: &Tensor,
@@ -299,6 +301,21 @@ impl MultiheadAttention {
         opts: &IncrementalOptions,
     ) -> Result<(Tensor, Option<Tensor>)> {
         let dtype = self.dtype();
+        #[cfg(feature = "cuda")]
+        if q.device().is_cuda() {
+            if opts.need_weights {
+                candle::bail!("the fused CUDA kernel returns no attention weights; call with need_weights=false or AttentionKernel::Reference")
+            }
+            let ctx = crate::attention::fused::cuda::decode_attention_cuda(
+                q,
+                &keys.k,
+                &keys.v,
+                keys.key_padding.as_ref(),
+                keys.s_masked,
+                causal_offset,
+            )?;
+            return Ok((ctx, None));
+        }
         let kdt = softmax_dtype(dtype);
         let (ctx, probs) = decode_attention(
             &q.to_dtype(kdt)?,

@@ -453,10 +453,11 @@ enum AttentionPath {
 }
 
 impl AttentionPath {
-    /// The path [`AttentionOptions::kernel`] asks for. `Auto` is the fused kernel on the CPU
-    /// and the reference elsewhere. The projection goes inside the fused op only where that
-    /// op covers the whole call: packed self-attention on the CPU in f32/f64 and no extra key
-    /// rows (`add_bias_kv`, `add_zero_attn`); with or without weights.
+    /// The path [`AttentionOptions::kernel`] asks for. `Auto` is the fused kernel on the CPU,
+    /// and on CUDA where its kernel covers the call ([`cuda_fused`]); the reference
+    /// elsewhere. The projection goes inside the fused op only where that op covers the whole
+    /// call: packed self-attention on the CPU in f32/f64 and no extra key rows
+    /// (`add_bias_kv`, `add_zero_attn`); with or without weights.
     fn choose(
         opts: &AttentionOptions,
         device: &candle::Device,
@@ -465,7 +466,9 @@ impl AttentionPath {
         cfg: &MultiheadAttentionConfig,
     ) -> Self {
         let fused = match opts.kernel {
-            AttentionKernel::Auto => device.is_cpu(),
+            AttentionKernel::Auto => {
+                device.is_cpu() || cuda_fused(device, dtype, cfg.head_dim(), opts.need_weights)
+            }
             AttentionKernel::Fused => true,
             AttentionKernel::Reference => false,
         };
@@ -483,6 +486,27 @@ impl AttentionPath {
             false => Self::Fused,
         }
     }
+}
+
+/// Whether the CUDA fused kernel covers a call on `device` in `dtype` with `head_dim`: it
+/// computes no weights, takes bf16, f16 and f32 and head dims up to 128, and needs a GPU of
+/// compute capability 8.0 or more.
+pub(super) fn cuda_fused(
+    device: &candle::Device,
+    dtype: DType,
+    head_dim: usize,
+    need_weights: bool,
+) -> bool {
+    #[cfg(feature = "cuda")]
+    if let candle::Device::Cuda(dev) = device {
+        use crate::attention::fused::cuda;
+        return !need_weights
+            && matches!(dtype, DType::F32 | DType::BF16 | DType::F16)
+            && (1..=cuda::MAX_HEAD_DIM).contains(&head_dim)
+            && cuda::available(dev);
+    }
+    let _ = (device, dtype, head_dim, need_weights);
+    false
 }
 
 /// Self-attention `x → output` (query = key = value = `x`), without weights; `train` applies
