@@ -93,15 +93,16 @@ fn ours(c: &Case, dev: &Device, iters: usize, kernel: AttentionKernel) -> Result
     Ok([fwd, step])
 }
 
-/// The module's two projections alone (x·W_inᵀ + b, ctx·W_outᵀ + b), as its forward runs them.
+/// The module's two projections alone, as its forward runs them on CUDA (one `(N·L, E)`
+/// matrix product each, then the bias).
 fn projections(c: &Case, dev: &Device, iters: usize) -> Result<f64> {
     let (mha, x) = module(c, dev)?;
     let (w_in, b_in) = (mha.in_proj_weight().unwrap(), mha.in_proj_bias().unwrap());
-    let out = mha.out_proj();
-    let ctx = x.clone();
+    let (w_out, b_out) = (mha.out_proj().weight(), mha.out_proj().bias().unwrap());
+    let x2 = x.reshape((c.n * c.l, c.e))?;
     time(dev, 2, iters, || {
-        let qkv = x.broadcast_matmul(&w_in.t()?)?.broadcast_add(b_in)?;
-        let y = candle_nn::Module::forward(out, &ctx)?;
+        let qkv = x2.matmul(&w_in.t()?)?.broadcast_add(b_in)?;
+        let y = x2.matmul(&w_out.t()?)?.broadcast_add(b_out)?;
         drop((qkv, y));
         Ok(())
     })
@@ -291,6 +292,7 @@ fn main() -> Result<()> {
                 ratio(attn, get("sdpa_fwd")),
             );
             if let Some(v) = &t {
+                println!("{:>13} projections alone (ms): ours {}, PyTorch {}", "", opt(proj), opt(get("proj")));
                 let backends: Vec<String> = ["flash", "efficient", "cudnn", "math"]
                     .iter()
                     .filter_map(|b| v[format!("sdpa_fwd_{b}")].as_f64().map(|x| format!("{b} {}", ms(x))))

@@ -61,6 +61,9 @@ def main():
         mha.eval()
         res["fwd_need_weights_false"] = median_time(lambda: mha(x, x, x, need_weights=False), a.device, iters=a.iters)
         res["fwd_need_weights_true"] = median_time(lambda: mha(x, x, x, need_weights=True), a.device, iters=a.iters)
+        # The module's two projections alone (what the bench times of ours as "proj").
+        res["proj"] = median_time(lambda: (F.linear(x, mha.in_proj_weight, mha.in_proj_bias),
+                                           mha.out_proj(x)), a.device, iters=a.iters)
         hd = a.e // a.h
         q = torch.randn(a.n, a.h, a.l, hd, device=a.device, dtype=dtype)
         res["sdpa_fwd"] = median_time(lambda: F.scaled_dot_product_attention(q, q, q), a.device, iters=a.iters)

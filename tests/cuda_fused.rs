@@ -48,13 +48,14 @@ fn fused_gpu() -> Option<Device> {
     }
 }
 
-/// Tolerance (max |diff| / max |expected|) of a CUDA run in `dtype` against the CPU in f32 or
-/// f64 on the same (rounded) numbers.
+/// Tolerance (max |diff| / max |expected|) of a CUDA run in `dtype` against the CPU in f32 on
+/// the same (rounded) numbers: a few roundings of the dtype (an H200 gave at most 1.3e-2 in
+/// bf16, 1.9e-3 in f16 and 3.3e-6 in f32, where 3xTF32 keeps f32 accuracy).
 fn tolerance(dtype: DType) -> f64 {
     match dtype {
-        DType::BF16 => 4e-2,
-        DType::F16 => 1e-2,
-        _ => 2e-4,
+        DType::BF16 => 3e-2,
+        DType::F16 => 5e-3,
+        _ => 2e-5,
     }
 }
 
@@ -168,7 +169,7 @@ fn cases() -> Vec<Case> {
         Case { l: 200, s: 200, e: 256, h: 2, mask: Mask::Causal, batch_first: false, ..BASE },
         Case { l: 65, s: 65, e: 48, h: 3, mask: Mask::Bool2d, padding: Padding::Some, ..BASE },
         Case { self_attn: false, l: 29, s: 75, e: 45, h: 5, mask: Mask::Float3d, ..BASE },
-        Case { self_attn: false, l: 33, s: 1, e: 16, h: 2, padding: Padding::All, ..BASE },
+        Case { self_attn: false, l: 33, s: 3, e: 16, h: 2, padding: Padding::All, ..BASE },
         Case { self_attn: false, l: 70, s: 45, bias_kv: true, zero_attn: true, padding: Padding::All, mask: Mask::Bool2d, ..BASE },
         Case { l: 100, s: 100, mask: Mask::Causal, bias_kv: true, ..BASE },
         Case { l: 90, s: 90, dropout: 0.3, mask: Mask::Causal, padding: Padding::Some, ..BASE },
@@ -334,7 +335,7 @@ fn fused_cuda_matches_the_cpu_kernel() -> Result<()> {
             compare(&what, &cuda, &cpu, tolerance(dtype), &mut failures);
             if dtype == DType::F32 {
                 let reference = run_case(&c, dtype, dtype, &gpu, AttentionKernel::Reference)?;
-                compare(&format!("{what} vs CUDA reference"), &cuda, &reference, 2e-4, &mut failures);
+                compare(&format!("{what} vs CUDA reference"), &cuda, &reference, 2e-5, &mut failures);
             }
         }
     }

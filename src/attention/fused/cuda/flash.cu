@@ -63,18 +63,27 @@ template <> struct Ty<__nv_bfloat16> {
   static __device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
   static __device__ __forceinline__ __nv_bfloat16 from_f(float x) { return __float2bfloat16_rn(x); }
   static __device__ __forceinline__ S bits(float x) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }
+  static __device__ __forceinline__ void store2(S* p, float a, float b) {
+    *reinterpret_cast<uint32_t*>(p) = (uint32_t)bits(a) | ((uint32_t)bits(b) << 16);
+  }
 };
 template <> struct Ty<__half> {
   typedef unsigned short S;
   static __device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
   static __device__ __forceinline__ __half from_f(float x) { return __float2half_rn(x); }
   static __device__ __forceinline__ S bits(float x) { return __half_as_ushort(__float2half_rn(x)); }
+  static __device__ __forceinline__ void store2(S* p, float a, float b) {
+    *reinterpret_cast<uint32_t*>(p) = (uint32_t)bits(a) | ((uint32_t)bits(b) << 16);
+  }
 };
 template <> struct Ty<float> {
   typedef float S;
   static __device__ __forceinline__ float to_f(float x) { return x; }
   static __device__ __forceinline__ float from_f(float x) { return x; }
   static __device__ __forceinline__ S bits(float x) { return x; }
+  static __device__ __forceinline__ void store2(S* p, float a, float b) {
+    *reinterpret_cast<float2*>(p) = make_float2(a, b);
+  }
 };
 
 // ---------------------------------------------------------------------------------------
@@ -83,48 +92,58 @@ template <> struct Ty<float> {
 // 2t, 2t+1; c[2..3]: row g + 8.
 //
 // Loaders read an operand tile from shared memory at (r0/n0, k0):
-//   load_a:   A[m][k] = s[m·ld + k]      load_a_t: A[m][k] = s[k·ld + m]
-//   load_b:   B[k][n] = s[n·ld + k]      load_b_t: B[k][n] = s[k·ld + n]
+//   load_a:   A[m][k] = s[m·ld + k]      load_a_t:  A[m][k] = s[k·ld + m]
+//   load_b2:  B[k][n] = s[n·ld + k]      load_b2_t: B[k][n] = s[k·ld + n]
+// (load_b2 and load_b2_t give the fragments of columns n0.. and n0 + 8...)
 
-__device__ __forceinline__ uint32_t pack16(unsigned short lo, unsigned short hi) {
-  return (uint32_t)lo | ((uint32_t)hi << 16);
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return (uint32_t)__cvta_generic_to_shared(p);
 }
-__device__ __forceinline__ uint32_t pair16(const unsigned short* p) {
-  return *reinterpret_cast<const uint32_t*>(p);
+// Four 8×8 matrices of 16-bit elements: lanes 8i..8i+7 give the row addresses of matrix i;
+// register i gets lane l's fragment of matrix i: row l/4, columns 2(l%4) and 2(l%4)+1, or with
+// .trans, rows 2(l%4), 2(l%4)+1 of column l/4.
+__device__ __forceinline__ void ldsm_x4(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3,
+                                        const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(smem_addr(p))
+               : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3,
+                                          const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(smem_addr(p))
+               : "memory");
 }
 
+// 16-bit operands through ldmatrix (rows 16 bytes aligned: the row strides are multiples of
+// 8 elements). Lane l addresses row l % 8 of matrix l / 8.
 template <typename T> struct Mma16 {
   static constexpr int K = 16;
   struct A { uint32_t r[4]; };
   struct B { uint32_t r[2]; };
   typedef unsigned short S;
+  // Matrices (rows, cols): (r0, k0), (r0+8, k0), (r0, k0+8), (r0+8, k0+8).
   static __device__ __forceinline__ void load_a(const S* s, int ld, int r0, int k0, A& a) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    a.r[0] = pair16(s + (r0 + g) * ld + k0 + 2 * t);
-    a.r[1] = pair16(s + (r0 + g + 8) * ld + k0 + 2 * t);
-    a.r[2] = pair16(s + (r0 + g) * ld + k0 + 2 * t + 8);
-    a.r[3] = pair16(s + (r0 + g + 8) * ld + k0 + 2 * t + 8);
+    const int lane = threadIdx.x & 31, mi = lane >> 3, r = lane & 7;
+    ldsm_x4(a.r[0], a.r[1], a.r[2], a.r[3], s + (r0 + r + (mi & 1) * 8) * ld + k0 + (mi >> 1) * 8);
   }
+  // Stored (k, m): matrices (k0, m0), (k0, m0+8), (k0+8, m0), (k0+8, m0+8), transposed.
   static __device__ __forceinline__ void load_a_t(const S* s, int ld, int r0, int k0, A& a) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const S* c0 = s + (k0 + 2 * t) * ld;
-    const S* c8 = s + (k0 + 2 * t + 8) * ld;
-    a.r[0] = pack16(c0[r0 + g], c0[ld + r0 + g]);
-    a.r[1] = pack16(c0[r0 + g + 8], c0[ld + r0 + g + 8]);
-    a.r[2] = pack16(c8[r0 + g], c8[ld + r0 + g]);
-    a.r[3] = pack16(c8[r0 + g + 8], c8[ld + r0 + g + 8]);
+    const int lane = threadIdx.x & 31, mi = lane >> 3, r = lane & 7;
+    ldsm_x4_t(a.r[0], a.r[1], a.r[2], a.r[3], s + (k0 + r + (mi >> 1) * 8) * ld + r0 + (mi & 1) * 8);
   }
-  static __device__ __forceinline__ void load_b(const S* s, int ld, int n0, int k0, B& b) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    b.r[0] = pair16(s + (n0 + g) * ld + k0 + 2 * t);
-    b.r[1] = pair16(s + (n0 + g) * ld + k0 + 2 * t + 8);
+  // Two fragments, columns n0.. and n0+8..; stored (n, k): matrices (n0, k0), (n0, k0+8),
+  // (n0+8, k0), (n0+8, k0+8).
+  static __device__ __forceinline__ void load_b2(const S* s, int ld, int n0, int k0, B& b0, B& b1) {
+    const int lane = threadIdx.x & 31, mi = lane >> 3, r = lane & 7;
+    ldsm_x4(b0.r[0], b0.r[1], b1.r[0], b1.r[1], s + (n0 + r + (mi >> 1) * 8) * ld + k0 + (mi & 1) * 8);
   }
-  static __device__ __forceinline__ void load_b_t(const S* s, int ld, int n0, int k0, B& b) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const S* c0 = s + (k0 + 2 * t) * ld + n0 + g;
-    const S* c8 = s + (k0 + 2 * t + 8) * ld + n0 + g;
-    b.r[0] = pack16(c0[0], c0[ld]);
-    b.r[1] = pack16(c8[0], c8[ld]);
+  // Stored (k, n): matrices (k0, n0), (k0+8, n0), (k0, n0+8), (k0+8, n0+8), transposed.
+  static __device__ __forceinline__ void load_b2_t(const S* s, int ld, int n0, int k0, B& b0, B& b1) {
+    const int lane = threadIdx.x & 31, mi = lane >> 3, r = lane & 7;
+    ldsm_x4_t(b0.r[0], b0.r[1], b1.r[0], b1.r[1], s + (k0 + r + (mi & 1) * 8) * ld + n0 + (mi >> 1) * 8);
   }
   static __device__ __forceinline__ void mma(float* c, const A& a, const B& b);
 };
@@ -187,6 +206,14 @@ struct MmaF32 {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     split(s[(k0 + t) * ld + n0 + g], b.big[0], b.small[0]);
     split(s[(k0 + t + 4) * ld + n0 + g], b.big[1], b.small[1]);
+  }
+  static __device__ __forceinline__ void load_b2(const S* s, int ld, int n0, int k0, B& b0, B& b1) {
+    load_b(s, ld, n0, k0, b0);
+    load_b(s, ld, n0 + 8, k0, b1);
+  }
+  static __device__ __forceinline__ void load_b2_t(const S* s, int ld, int n0, int k0, B& b0, B& b1) {
+    load_b_t(s, ld, n0, k0, b0);
+    load_b_t(s, ld, n0 + 8, k0, b1);
   }
   static __device__ __forceinline__ void mma1(float* c, const uint32_t* a, const uint32_t* b) {
     asm volatile(
@@ -332,18 +359,23 @@ __device__ __forceinline__ void fwd_impl(const Params& p) {
       typename M::A a;
       M::load_a(Qs, LD, rw, kk, a);
 #pragma unroll
-      for (int nt = 0; nt < BC / 8; nt++) {
-        typename M::B bb;
-        M::load_b(Ks, LD, nt * 8, kk, bb);
-        M::mma(sc[nt], a, bb);
+      for (int nt = 0; nt < BC / 8; nt += 2) {
+        typename M::B b0, b1;
+        M::load_b2(Ks, LD, nt * 8, kk, b0, b1);
+        M::mma(sc[nt], a, b0);
+        M::mma(sc[nt + 1], a, b1);
       }
     }
+    // A tile with every key in range and no mask or causal rule reaching it: scale only.
+    const bool clean = !p.attn && !p.kpm && j0 + BC <= p.s &&
+                       (!p.causal || (i64)(j0 + BC - 1) <= (i64)i0 + p.causal_offset);
 #pragma unroll
     for (int nt = 0; nt < BC / 8; nt++)
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         const int i = row_a + (e >= 2 ? 8 : 0), j = j0 + nt * 8 + 2 * t + (e & 1);
-        sc[nt][e] = masked_score(p, b, h, i, j, sc[nt][e] * p.scale_log2);
+        const float x = sc[nt][e] * p.scale_log2;
+        sc[nt][e] = clean ? x : masked_score(p, b, h, i, j, x);
       }
     // Online softmax, row g (elements 0, 1) and row g + 8 (elements 2, 3); a row's values are
     // spread over the four lanes of a quad.
@@ -377,27 +409,29 @@ __device__ __forceinline__ void fwd_impl(const Params& p) {
     }
     // The probabilities (dropped after the row sums, as on the CPU) into this warp's rows.
 #pragma unroll
-    for (int nt = 0; nt < BC / 8; nt++)
+    for (int nt = 0; nt < BC / 8; nt++) {
+      if (p.dropout) {
 #pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int r = rw + g + (e >= 2 ? 8 : 0), c = nt * 8 + 2 * t + (e & 1);
-        float pv = sc[nt][e];
-        if (p.dropout) {
-          const int i = i0 + r, j = j0 + c;
-          pv = (i < p.l && j < p.s) ? pv * drop_factor(p, bh, i, j) : 0.f;
+        for (int e = 0; e < 4; e++) {
+          const int i = row_a + (e >= 2 ? 8 : 0), j = j0 + nt * 8 + 2 * t + (e & 1);
+          sc[nt][e] = (i < p.l && j < p.s) ? sc[nt][e] * drop_factor(p, bh, i, j) : 0.f;
         }
-        Ps[r * LDP + c] = Ty<T>::bits(pv);
       }
+      const int c = nt * 8 + 2 * t;
+      Ty<T>::store2(Ps + (rw + g) * LDP + c, sc[nt][0], sc[nt][1]);
+      Ty<T>::store2(Ps + (rw + g + 8) * LDP + c, sc[nt][2], sc[nt][3]);
+    }
     __syncwarp();
 #pragma unroll
     for (int kk = 0; kk < BC; kk += M::K) {
       typename M::A a;
       M::load_a(Ps, LDP, rw, kk, a);
 #pragma unroll
-      for (int nt = 0; nt < DP / 8; nt++) {
-        typename M::B bb;
-        M::load_b_t(Vs, LD, nt * 8, kk, bb);
-        M::mma(o[nt], a, bb);
+      for (int nt = 0; nt < DP / 8; nt += 2) {
+        typename M::B b0, b1;
+        M::load_b2_t(Vs, LD, nt * 8, kk, b0, b1);
+        M::mma(o[nt], a, b0);
+        M::mma(o[nt + 1], a, b1);
       }
     }
     __syncwarp();
@@ -528,28 +562,38 @@ __device__ __forceinline__ void bwd_impl(const Params& p) {
       M::load_a(Ks, LD, kw, kk, a);
       M::load_a(Vs, LD, kw, kk, a2);
 #pragma unroll
-      for (int nt = 0; nt < BR / 8; nt++) {
-        typename M::B bb, bb2;
-        M::load_b(Qs, LD, nt * 8, kk, bb);
-        M::mma(st[nt], a, bb);
-        M::load_b(dOs, LD, nt * 8, kk, bb2);
-        M::mma(dpt[nt], a2, bb2);
+      for (int nt = 0; nt < BR / 8; nt += 2) {
+        typename M::B b0, b1;
+        M::load_b2(Qs, LD, nt * 8, kk, b0, b1);
+        M::mma(st[nt], a, b0);
+        M::mma(st[nt + 1], a, b1);
+        M::load_b2(dOs, LD, nt * 8, kk, b0, b1);
+        M::mma(dpt[nt], a2, b0);
+        M::mma(dpt[nt + 1], a2, b1);
       }
     }
-    // P = exp(s - lse); P̃ = P·z; dS = P ∘ (dP̃·z − D).
+    // P = exp(s - lse); P̃ = P·z; dS = P ∘ (dP̃·z − D). Rows past L have lse = +inf: P = 0.
+    const bool clean = !p.attn && !p.kpm && j0 + BC <= p.s &&
+                       (!p.causal || (i64)(j0 + BC - 1) <= (i64)i0 + p.causal_offset);
 #pragma unroll
     for (int nt = 0; nt < BR / 8; nt++)
 #pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int r = kw + g + (e >= 2 ? 8 : 0), il = nt * 8 + 2 * t + (e & 1);
-        const int key = j0 + r, i = i0 + il;
-        const float x = masked_score(p, b, h, i, key, st[nt][e] * p.scale_log2);
-        const float pr = ex2(x - lse_s[il]);
-        float z = 1.f;
-        if (p.dropout) z = (i < p.l && key < p.s) ? drop_factor(p, bh, i, key) : 0.f;
-        const float ds = pr * (dpt[nt][e] * z - dsum_s[il]);
-        Pt[r * LDT + il] = Ty<T>::bits(pr * z);
-        dSt[r * LDT + il] = Ty<T>::bits(ds);
+      for (int half = 0; half < 2; half++) {
+        const int key = key_a + 8 * half, c = nt * 8 + 2 * t;
+        float pd[2], ds[2];
+#pragma unroll
+        for (int q2 = 0; q2 < 2; q2++) {
+          const int e = 2 * half + q2, il = c + q2, i = i0 + il;
+          float x = st[nt][e] * p.scale_log2;
+          if (!clean) x = masked_score(p, b, h, i, key, x);
+          const float pr = ex2(x - lse_s[il]);
+          float z = 1.f;
+          if (p.dropout) z = (i < p.l && key < p.s) ? drop_factor(p, bh, i, key) : 0.f;
+          pd[q2] = pr * z;
+          ds[q2] = pr * (dpt[nt][e] * z - dsum_s[il]);
+        }
+        Ty<T>::store2(Pt + (kw + g + 8 * half) * LDT + c, pd[0], pd[1]);
+        Ty<T>::store2(dSt + (kw + g + 8 * half) * LDT + c, ds[0], ds[1]);
       }
     __syncwarp();
     // dV_w += P̃ᵀ·dO and dK_w += dSᵀ·Q (scaled at the end).
@@ -559,12 +603,14 @@ __device__ __forceinline__ void bwd_impl(const Params& p) {
       M::load_a(Pt, LDT, kw, kk, a);
       M::load_a(dSt, LDT, kw, kk, a2);
 #pragma unroll
-      for (int nt = 0; nt < DP / 8; nt++) {
-        typename M::B bb, bb2;
-        M::load_b_t(dOs, LD, nt * 8, kk, bb);
-        M::mma(dv[nt], a, bb);
-        M::load_b_t(Qs, LD, nt * 8, kk, bb2);
-        M::mma(dk[nt], a2, bb2);
+      for (int nt = 0; nt < DP / 8; nt += 2) {
+        typename M::B b0, b1;
+        M::load_b2_t(dOs, LD, nt * 8, kk, b0, b1);
+        M::mma(dv[nt], a, b0);
+        M::mma(dv[nt + 1], a, b1);
+        M::load_b2_t(Qs, LD, nt * 8, kk, b0, b1);
+        M::mma(dk[nt], a2, b0);
+        M::mma(dk[nt + 1], a2, b1);
       }
     }
     __syncthreads();
@@ -579,10 +625,11 @@ __device__ __forceinline__ void bwd_impl(const Params& p) {
         typename M::A a;
         M::load_a_t(dSt, LDT, qr, kk, a);
 #pragma unroll
-        for (int nt = 0; nt < DC / 8; nt++) {
-          typename M::B bb;
-          M::load_b_t(Ks, LD, dc0 + nt * 8, kk, bb);
-          M::mma(dqa[nt], a, bb);
+        for (int nt = 0; nt < DC / 8; nt += 2) {
+          typename M::B b0, b1;
+          M::load_b2_t(Ks, LD, dc0 + nt * 8, kk, b0, b1);
+          M::mma(dqa[nt], a, b0);
+          M::mma(dqa[nt + 1], a, b1);
         }
       }
 #pragma unroll
