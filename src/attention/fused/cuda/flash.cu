@@ -1,9 +1,9 @@
 // Fused attention on CUDA: FlashAttention-2's scheme with tensor-core tile products.
 //
-// Forward: one block per (batch·head, tile of 64 queries), four warps of 16 query rows each;
+// Forward: one block per (batch·head, tile of 128 queries; 64 in f32), warps of 16 query rows;
 // the key/value tiles stream through shared memory, the scores stay in registers (online
 // softmax in the base-2 domain), the row log-sum-exp is saved for the backward pass.
-// Backward: one block per (batch·head, tile of 64 keys), four warps of 16 key rows each,
+// Backward: one block per (batch·head, tile of 128 keys; 64 in f32), warps of 16 key rows,
 // looping over the query tiles: dK and dV accumulate in registers, dQ in an f32 buffer
 // through atomic adds (its order of summation is not fixed: last-bit differences between
 // runs, as in PyTorch's flash backward).
@@ -311,14 +311,16 @@ __device__ __forceinline__ void load_rows(typename Ty<T>::S* dst, const T* src, 
 // ---------------------------------------------------------------------------------------
 // Forward.
 
-template <typename T> struct FwdTile { static constexpr int BC = 64; };
-template <> struct FwdTile<float> { static constexpr int BC = 32; };
+// Warps (16 query rows each) and key columns per forward tile; f32 tiles are twice the bytes.
+template <typename T> struct FwdTile { static constexpr int NW = 8, BC = 64; };
+template <> struct FwdTile<float> { static constexpr int NW = 4, BC = 32; };
 
 template <typename T, int DP>
 __device__ __forceinline__ void fwd_impl(const Params& p) {
   typedef typename MmaOf<T>::M M;
   typedef typename Ty<T>::S S;
-  constexpr int BR = 64, BC = FwdTile<T>::BC, LD = DP + Pad<T>::V, LDP = BC + Pad<T>::V;
+  constexpr int BR = 16 * FwdTile<T>::NW, BC = FwdTile<T>::BC;
+  constexpr int LD = DP + Pad<T>::V, LDP = BC + Pad<T>::V;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   S* Qs = reinterpret_cast<S*>(smem_raw);
   S* Ks = Qs + BR * LD;
@@ -490,13 +492,19 @@ __device__ __forceinline__ void bwd_dq_impl(const Params& p) {
   }
 }
 
-template <int DP> struct BwdTile { static constexpr int BR = DP >= 128 ? 32 : 64; };
+// Warps (16 key rows each) and query rows per backward tile.
+template <typename T, int DP> struct BwdTile {
+  static constexpr int NW = 8, BR = DP >= 128 ? 32 : 64;
+};
+template <int DP> struct BwdTile<float, DP> {
+  static constexpr int NW = 4, BR = DP >= 128 ? 32 : 64;
+};
 
 template <typename T, int DP>
 __device__ __forceinline__ void bwd_impl(const Params& p) {
   typedef typename MmaOf<T>::M M;
   typedef typename Ty<T>::S S;
-  constexpr int NW = 4, BC = 16 * NW, BR = BwdTile<DP>::BR;
+  constexpr int NW = BwdTile<T, DP>::NW, BC = 16 * NW, BR = BwdTile<T, DP>::BR;
   constexpr int LD = DP + Pad<T>::V, LDT = BR + Pad<T>::V;
   // The dQ tile (BR × DP) split among the warps: RB blocks of 16 rows × CB blocks of columns.
   constexpr int RB = BR / 16, CB = NW / RB, DC = DP / CB;
@@ -666,14 +674,20 @@ __device__ __forceinline__ void bwd_impl(const Params& p) {
 // ---------------------------------------------------------------------------------------
 // Entry points: fa_fwd_<dtype>_<DP>, fa_bwd_<dtype>_<DP>, fa_bwd_pre_<dtype>, fa_bwd_dq_<dtype>.
 
-#define FA_KERNELS(NAME, T)                                                                     \
-  extern "C" __global__ void __launch_bounds__(128) fa_fwd_##NAME##_32(const Params p) { fwd_impl<T, 32>(p); }   \
-  extern "C" __global__ void __launch_bounds__(128) fa_fwd_##NAME##_64(const Params p) { fwd_impl<T, 64>(p); }   \
-  extern "C" __global__ void __launch_bounds__(128) fa_fwd_##NAME##_128(const Params p) { fwd_impl<T, 128>(p); } \
-  extern "C" __global__ void __launch_bounds__(128) fa_bwd_##NAME##_32(const Params p) { bwd_impl<T, 32>(p); }   \
-  extern "C" __global__ void __launch_bounds__(128) fa_bwd_##NAME##_64(const Params p) { bwd_impl<T, 64>(p); }   \
-  extern "C" __global__ void __launch_bounds__(128) fa_bwd_##NAME##_128(const Params p) { bwd_impl<T, 128>(p); } \
-  extern "C" __global__ void fa_bwd_pre_##NAME(const Params p) { bwd_pre_impl<T>(p); }                          \
+#define FA_KERNELS(NAME, T)                                                                \
+  extern "C" __global__ void __launch_bounds__(32 * FwdTile<T>::NW)                         \
+      fa_fwd_##NAME##_32(const Params p) { fwd_impl<T, 32>(p); }                            \
+  extern "C" __global__ void __launch_bounds__(32 * FwdTile<T>::NW)                         \
+      fa_fwd_##NAME##_64(const Params p) { fwd_impl<T, 64>(p); }                            \
+  extern "C" __global__ void __launch_bounds__(32 * FwdTile<T>::NW)                         \
+      fa_fwd_##NAME##_128(const Params p) { fwd_impl<T, 128>(p); }                          \
+  extern "C" __global__ void __launch_bounds__(32 * BwdTile<T, 32>::NW)                     \
+      fa_bwd_##NAME##_32(const Params p) { bwd_impl<T, 32>(p); }                            \
+  extern "C" __global__ void __launch_bounds__(32 * BwdTile<T, 64>::NW)                     \
+      fa_bwd_##NAME##_64(const Params p) { bwd_impl<T, 64>(p); }                            \
+  extern "C" __global__ void __launch_bounds__(32 * BwdTile<T, 128>::NW)                    \
+      fa_bwd_##NAME##_128(const Params p) { bwd_impl<T, 128>(p); }                          \
+  extern "C" __global__ void fa_bwd_pre_##NAME(const Params p) { bwd_pre_impl<T>(p); }      \
   extern "C" __global__ void fa_bwd_dq_##NAME(const Params p) { bwd_dq_impl<T>(p); }
 
 FA_KERNELS(bf16, __nv_bfloat16)

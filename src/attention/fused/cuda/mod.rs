@@ -188,23 +188,45 @@ fn padded_head_dim(d: usize) -> Result<usize> {
     }
 }
 
+/// Warps per block of the forward and backward kernels (`FwdTile::NW`, `BwdTile::NW`): each
+/// warp takes 16 query rows (forward) or 16 key rows (backward).
+fn warps(dt: DType) -> usize {
+    match dt {
+        DType::F32 => 4,
+        _ => 8,
+    }
+}
+
+/// Element size and row padding of the kernels' shared tiles.
+fn elem_pad(dt: DType) -> (usize, usize) {
+    match dt {
+        DType::F32 => (4, 4),
+        _ => (2, 8),
+    }
+}
+
+/// Query rows per forward block.
+fn forward_rows(dt: DType) -> usize {
+    16 * warps(dt)
+}
+
 /// Shared memory of the forward kernel (`fwd_impl`'s tiles).
 fn forward_smem(dt: DType, dp: usize) -> usize {
-    let (size, pad, bc) = match dt {
-        DType::F32 => (4, 4, 32),
-        _ => (2, 8, 64),
-    };
-    let (br, ld, ldp) = (64, dp + pad, bc + pad);
+    let (size, pad) = elem_pad(dt);
+    let bc = if dt == DType::F32 { 32 } else { 64 };
+    let (br, ld, ldp) = (forward_rows(dt), dp + pad, bc + pad);
     ((br + 2 * bc) * ld + br * ldp) * size
+}
+
+/// Key rows per backward block.
+fn backward_keys(dt: DType) -> usize {
+    16 * warps(dt)
 }
 
 /// Shared memory of the backward kernel (`bwd_impl`'s tiles).
 fn backward_smem(dt: DType, dp: usize) -> usize {
-    let (size, pad) = match dt {
-        DType::F32 => (4, 4),
-        _ => (2, 8),
-    };
-    let (bc, br) = (64, if dp >= 128 { 32 } else { 64 });
+    let (size, pad) = elem_pad(dt);
+    let (bc, br) = (backward_keys(dt), if dp >= 128 { 32 } else { 64 });
     let (ld, ldt) = (dp + pad, br + pad);
     ((2 * bc + 2 * br) * ld + 2 * bc * ldt) * size + 2 * br * 4
 }
@@ -337,12 +359,15 @@ pub(crate) fn forward(
     p.vec = i32::from(vectorizable(dt, g.d, &[p.q, p.k, p.v, p.o], &maps));
     let smem = forward_smem(dt, dp);
     let f = function(dev, &format!("fa_fwd_{}_{dp}", dtype_name(dt)?), smem)?;
-    let blocks = g.n * g.h * g.l.div_ceil(64);
+    let blocks = g.n * g.h * g.l.div_ceil(forward_rows(dt));
     let cfg = LaunchConfig {
         grid_dim: (blocks as u32, 1, 1),
-        block_dim: (128, 1, 1),
+        block_dim: (32 * warps(dt) as u32, 1, 1),
         shared_mem_bytes: smem as u32,
     };
+    if blocks == 0 {
+        return Ok(());
+    }
     launch(&f, &stream, &p, cfg)
 }
 
@@ -396,30 +421,38 @@ pub(crate) fn backward(
     p.vec = i32::from(vectorizable(dt, g.d, &[p.q, p.k, p.v, p.dout], &maps));
     let name = dtype_name(dt)?;
 
-    let pre = function(dev, &format!("fa_bwd_pre_{name}"), 0)?;
-    let cfg = LaunchConfig {
-        grid_dim: (rows.div_ceil(4) as u32, 1, 1),
-        block_dim: (128, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    launch(&pre, &stream, &p, cfg)?;
+    // No queries (L = 0): only the main kernel runs, writing zero dK and dV.
+    if rows > 0 {
+        let pre = function(dev, &format!("fa_bwd_pre_{name}"), 0)?;
+        let cfg = LaunchConfig {
+            grid_dim: (rows.div_ceil(4) as u32, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch(&pre, &stream, &p, cfg)?;
+    }
 
     let smem = backward_smem(dt, dp);
     let main = function(dev, &format!("fa_bwd_{name}_{dp}"), smem)?;
+    let blocks = g.n * g.h * g.s.div_ceil(backward_keys(dt));
     let cfg = LaunchConfig {
-        grid_dim: ((g.n * g.h * g.s.div_ceil(64)) as u32, 1, 1),
-        block_dim: (128, 1, 1),
+        grid_dim: (blocks as u32, 1, 1),
+        block_dim: (32 * warps(dt) as u32, 1, 1),
         shared_mem_bytes: smem as u32,
     };
-    launch(&main, &stream, &p, cfg)?;
+    if blocks > 0 {
+        launch(&main, &stream, &p, cfg)?;
+    }
 
-    let post = function(dev, &format!("fa_bwd_dq_{name}"), 0)?;
-    let cfg = LaunchConfig {
-        grid_dim: ((rows * g.d).div_ceil(256).min(1 << 16) as u32, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    launch(&post, &stream, &p, cfg)?;
+    if rows * g.d > 0 {
+        let post = function(dev, &format!("fa_bwd_dq_{name}"), 0)?;
+        let cfg = LaunchConfig {
+            grid_dim: ((rows * g.d).div_ceil(256).min(1 << 16) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch(&post, &stream, &p, cfg)?;
+    }
     drop((acc_guard, dsum_guard));
     Ok(())
 }
