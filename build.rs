@@ -30,11 +30,9 @@ fn main() {
             .unwrap_or_else(|| "nvcc".into())
     });
     let cap: u32 = match std::env::var("CUDA_COMPUTE_CAP") {
-        Ok(v) => v
-            .trim()
-            .replace('.', "")
-            .parse()
-            .unwrap_or_else(|_| panic!("CUDA_COMPUTE_CAP={v:?} is not a compute capability such as 90")),
+        Ok(v) => v.trim().replace('.', "").parse().unwrap_or_else(|_| {
+            panic!("CUDA_COMPUTE_CAP={v:?} is not a compute capability such as 90")
+        }),
         Err(_) => 90,
     };
     let mut cmd = Command::new(&nvcc);

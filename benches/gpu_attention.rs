@@ -257,7 +257,10 @@ fn main() -> Result<()> {
             };
             let (ff, fs) = show(ours(&c, &dev, iters, AttentionKernel::Auto), "fused");
             let (rf, rs) = match l <= ref_max {
-                true => show(ours(&c, &dev, iters, AttentionKernel::Reference), "reference"),
+                true => show(
+                    ours(&c, &dev, iters, AttentionKernel::Reference),
+                    "reference",
+                ),
                 false => (None, None),
             };
             let proj = projections(&c, &dev, iters).ok();
@@ -292,13 +295,26 @@ fn main() -> Result<()> {
                 ratio(attn, get("sdpa_fwd")),
             );
             if let Some(v) = &t {
-                println!("{:>13} projections alone (ms): ours {}, PyTorch {}", "", opt(proj), opt(get("proj")));
+                println!(
+                    "{:>13} projections alone (ms): ours {}, PyTorch {}",
+                    "",
+                    opt(proj),
+                    opt(get("proj"))
+                );
                 let backends: Vec<String> = ["flash", "efficient", "cudnn", "math"]
                     .iter()
-                    .filter_map(|b| v[format!("sdpa_fwd_{b}")].as_f64().map(|x| format!("{b} {}", ms(x))))
+                    .filter_map(|b| {
+                        v[format!("sdpa_fwd_{b}")]
+                            .as_f64()
+                            .map(|x| format!("{b} {}", ms(x)))
+                    })
                     .collect();
                 if !backends.is_empty() {
-                    println!("{:>13} PyTorch SDPA forward by backend (ms): {}", "", backends.join(", "));
+                    println!(
+                        "{:>13} PyTorch SDPA forward by backend (ms): {}",
+                        "",
+                        backends.join(", ")
+                    );
                 }
             }
         }
@@ -312,7 +328,13 @@ fn main() -> Result<()> {
         match long_forward_peak(&dev, long, e, h) {
             Ok(Some(p)) => {
                 let pt = torch(
-                    &Case { n: 1, l: long, e, h, dtype: DType::BF16 },
+                    &Case {
+                        n: 1,
+                        l: long,
+                        e,
+                        h,
+                        dtype: DType::BF16,
+                    },
                     torch_device,
                     1,
                     &["--peak"],

@@ -96,23 +96,42 @@ pub fn keep_freed_gpu_memory(device: &Device) -> Result<()> {
     Ok(())
 }
 
-/// The default memory pool of a CUDA device, or `None` where the device has no pools.
-#[cfg(feature = "cuda")]
-fn memory_pool(
-    d: &candle::CudaDevice,
-) -> Result<Option<candle::cuda_backend::cudarc::driver::sys::CUmemoryPool>> {
-    use candle::cuda_backend::cudarc::driver::sys;
-    let ctx = d.cuda_stream().context().clone();
-    if !ctx.has_async_alloc() {
-        return Ok(None);
+/// The high mark of the memory in use in the default memory pool of a CUDA `device`, in
+/// bytes, after setting it to `set` (the driver takes only 0: the mark restarts from the
+/// current use); `None` on other devices and where the device has no pools.
+fn used_memory_high(device: &Device, set: Option<u64>) -> Result<Option<u64>> {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(d) = device {
+        use candle::cuda_backend::cudarc::driver::sys;
+        let ctx = d.cuda_stream().context().clone();
+        if !ctx.has_async_alloc() {
+            return Ok(None);
+        }
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        let attr = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH;
+        let mut value = set.unwrap_or(0);
+        // SAFETY: plain driver calls on a device candle has initialised; `value` is the u64
+        // this attribute is read into or set from and outlives the calls.
+        let results = unsafe {
+            let r = sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device());
+            let value = (&mut value as *mut u64).cast();
+            match (r, set) {
+                (sys::CUresult::CUDA_SUCCESS, Some(_)) => {
+                    [r, sys::cuMemPoolSetAttribute(pool, attr, value)]
+                }
+                (sys::CUresult::CUDA_SUCCESS, None) => {
+                    [r, sys::cuMemPoolGetAttribute(pool, attr, value)]
+                }
+                _ => [r, r],
+            }
+        };
+        if let Some(r) = results.iter().find(|r| **r != sys::CUresult::CUDA_SUCCESS) {
+            candle::bail!("the memory pool statistics of {device:?}: {r:?}")
+        }
+        return Ok(Some(value));
     }
-    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
-    // SAFETY: a plain driver call on a device candle has initialised.
-    let r = unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) };
-    if r != sys::CUresult::CUDA_SUCCESS {
-        candle::bail!("the memory pool of {d:?}: {r:?}")
-    }
-    Ok(Some(pool))
+    let _ = (device, set);
+    Ok(None)
 }
 
 /// The most GPU memory that tensors on `device` have held at once, in bytes, since the first
@@ -121,56 +140,14 @@ fn memory_pool(
 ///
 /// PyTorch equivalent: `torch.cuda.max_memory_allocated(device)`.
 pub fn peak_gpu_memory(device: &Device) -> Result<Option<u64>> {
-    #[cfg(feature = "cuda")]
-    if let Device::Cuda(d) = device {
-        use candle::cuda_backend::cudarc::driver::sys;
-        let Some(pool) = memory_pool(d)? else {
-            return Ok(None);
-        };
-        let mut value = 0u64;
-        // SAFETY: `value` is the u64 this attribute is read into and outlives the call.
-        let r = unsafe {
-            sys::cuMemPoolGetAttribute(
-                pool,
-                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
-                (&mut value as *mut u64).cast(),
-            )
-        };
-        if r != sys::CUresult::CUDA_SUCCESS {
-            candle::bail!("the peak memory of {device:?}: {r:?}")
-        }
-        return Ok(Some(value));
-    }
-    let _ = device;
-    Ok(None)
+    used_memory_high(device, None)
 }
 
 /// Starts [`peak_gpu_memory`] again from the memory in use now. A no-op where it is `None`.
 ///
 /// PyTorch equivalent: `torch.cuda.reset_peak_memory_stats(device)`.
 pub fn reset_peak_gpu_memory(device: &Device) -> Result<()> {
-    #[cfg(feature = "cuda")]
-    if let Device::Cuda(d) = device {
-        use candle::cuda_backend::cudarc::driver::sys;
-        let Some(pool) = memory_pool(d)? else {
-            return Ok(());
-        };
-        // The driver takes only 0 here: the high mark restarts from the current use.
-        let mut zero = 0u64;
-        // SAFETY: `zero` is the u64 this attribute is set from and outlives the call.
-        let r = unsafe {
-            sys::cuMemPoolSetAttribute(
-                pool,
-                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
-                (&mut zero as *mut u64).cast(),
-            )
-        };
-        if r != sys::CUresult::CUDA_SUCCESS {
-            candle::bail!("resetting the peak memory of {device:?}: {r:?}")
-        }
-    }
-    let _ = device;
-    Ok(())
+    used_memory_high(device, Some(0)).map(|_| ())
 }
 
 /// The environment variable [`device_from_env`] reads.

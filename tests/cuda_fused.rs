@@ -164,16 +164,93 @@ fn cases() -> Vec<Case> {
     vec![
         BASE,
         Case { l: 1, s: 1, ..BASE },
-        Case { l: 64, s: 64, e: 128, h: 2, ..BASE },
-        Case { l: 130, s: 130, e: 96, h: 3, mask: Mask::Causal, ..BASE },
-        Case { l: 200, s: 200, e: 256, h: 2, mask: Mask::Causal, batch_first: false, ..BASE },
-        Case { l: 65, s: 65, e: 48, h: 3, mask: Mask::Bool2d, padding: Padding::Some, ..BASE },
-        Case { self_attn: false, l: 29, s: 75, e: 45, h: 5, mask: Mask::Float3d, ..BASE },
-        Case { self_attn: false, l: 33, s: 3, e: 16, h: 2, padding: Padding::All, ..BASE },
-        Case { self_attn: false, l: 70, s: 45, bias_kv: true, zero_attn: true, padding: Padding::All, mask: Mask::Bool2d, ..BASE },
-        Case { l: 100, s: 100, mask: Mask::Causal, bias_kv: true, ..BASE },
-        Case { l: 90, s: 90, dropout: 0.3, mask: Mask::Causal, padding: Padding::Some, ..BASE },
-        Case { self_attn: false, l: 50, s: 66, e: 24, h: 3, dropout: 0.5, zero_attn: true, batch_first: false, ..BASE },
+        Case {
+            l: 64,
+            s: 64,
+            e: 128,
+            h: 2,
+            ..BASE
+        },
+        Case {
+            l: 130,
+            s: 130,
+            e: 96,
+            h: 3,
+            mask: Mask::Causal,
+            ..BASE
+        },
+        Case {
+            l: 200,
+            s: 200,
+            e: 256,
+            h: 2,
+            mask: Mask::Causal,
+            batch_first: false,
+            ..BASE
+        },
+        Case {
+            l: 65,
+            s: 65,
+            e: 48,
+            h: 3,
+            mask: Mask::Bool2d,
+            padding: Padding::Some,
+            ..BASE
+        },
+        Case {
+            self_attn: false,
+            l: 29,
+            s: 75,
+            e: 45,
+            h: 5,
+            mask: Mask::Float3d,
+            ..BASE
+        },
+        Case {
+            self_attn: false,
+            l: 33,
+            s: 3,
+            e: 16,
+            h: 2,
+            padding: Padding::All,
+            ..BASE
+        },
+        Case {
+            self_attn: false,
+            l: 70,
+            s: 45,
+            bias_kv: true,
+            zero_attn: true,
+            padding: Padding::All,
+            mask: Mask::Bool2d,
+            ..BASE
+        },
+        Case {
+            l: 100,
+            s: 100,
+            mask: Mask::Causal,
+            bias_kv: true,
+            ..BASE
+        },
+        Case {
+            l: 90,
+            s: 90,
+            dropout: 0.3,
+            mask: Mask::Causal,
+            padding: Padding::Some,
+            ..BASE
+        },
+        Case {
+            self_attn: false,
+            l: 50,
+            s: 66,
+            e: 24,
+            h: 3,
+            dropout: 0.5,
+            zero_attn: true,
+            batch_first: false,
+            ..BASE
+        },
     ]
 }
 
@@ -227,11 +304,13 @@ fn run_case(
         .with_add_zero_attn(c.zero_attn)
         .with_dropout(c.dropout);
     let cpu = Device::Cpu;
-    let to_run = |t: &Tensor| -> Result<Tensor> {
-        Ok(t.to_dtype(round)?.to_dtype(dtype)?.to_device(dev)?)
-    };
+    let to_run =
+        |t: &Tensor| -> Result<Tensor> { Ok(t.to_dtype(round)?.to_dtype(dtype)?.to_device(dev)?) };
     let varmap = candle_mha::candle_nn::VarMap::new();
-    let init = MultiheadAttention::new(cfg.clone(), seeded_var_builder(&varmap, 3, DType::F32, &cpu))?;
+    let init = MultiheadAttention::new(
+        cfg.clone(),
+        seeded_var_builder(&varmap, 3, DType::F32, &cpu),
+    )?;
     let mut vars: HashMap<String, Var> = HashMap::new();
     for (name, t) in init.named_parameters() {
         // bias_k / bias_v and the biases start at zero: give them values.
@@ -240,7 +319,9 @@ fn run_case(
     }
     let mha = MultiheadAttention::from_tensors(
         cfg,
-        vars.iter().map(|(n, v)| (n.as_str(), v.as_tensor().clone())).collect(),
+        vars.iter()
+            .map(|(n, v)| (n.as_str(), v.as_tensor().clone()))
+            .collect(),
     )?;
     let shape = |len: usize| match c.batch_first {
         true => (c.n, len, c.e),
@@ -307,7 +388,9 @@ fn compare(
             Some(Err(err)) => failures.push(format!("{what}: {name}: {err}")),
             Some(Ok(err)) => {
                 if err > tol || err.is_nan() {
-                    failures.push(format!("{what}: {name}: relative error {err:.3e} > {tol:.1e}"));
+                    failures.push(format!(
+                        "{what}: {name}: relative error {err:.3e} > {tol:.1e}"
+                    ));
                 }
                 if err > worst.0 || err.is_nan() {
                     worst = (err, name.clone());
@@ -335,11 +418,22 @@ fn fused_cuda_matches_the_cpu_kernel() -> Result<()> {
             compare(&what, &cuda, &cpu, tolerance(dtype), &mut failures);
             if dtype == DType::F32 {
                 let reference = run_case(&c, dtype, dtype, &gpu, AttentionKernel::Reference)?;
-                compare(&format!("{what} vs CUDA reference"), &cuda, &reference, 2e-5, &mut failures);
+                compare(
+                    &format!("{what} vs CUDA reference"),
+                    &cuda,
+                    &reference,
+                    2e-5,
+                    &mut failures,
+                );
             }
         }
     }
-    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
     Ok(())
 }
 
@@ -376,7 +470,10 @@ fn fused_cuda_decoding_steps_match_the_full_forward() -> Result<()> {
             let opts = IncrementalOptions::new()
                 .with_key_padding_mask(pad.narrow(1, i, 1)?)
                 .with_kernel(AttentionKernel::Fused);
-            steps.push(mha.forward_incremental(&x.narrow(1, i, 1)?, &mut cache, &opts)?.output);
+            steps.push(
+                mha.forward_incremental(&x.narrow(1, i, 1)?, &mut cache, &opts)?
+                    .output,
+            );
         }
         let inc = Tensor::cat(&steps, 1)?;
         let tol = if dtype == DType::F32 { 1e-4 } else { 3e-2 };

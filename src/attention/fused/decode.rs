@@ -10,7 +10,7 @@ use crate::cpu::{slice, unsupported_dtype, Elem};
 const OP: &str = "fused decoding attention";
 
 /// Row map of a `(N, H, len, d)` operand with unit last stride, relative to its [`slice`].
-fn head_map(name: &str, l: &Layout) -> Result<RowMap> {
+pub(super) fn head_map(name: &str, l: &Layout) -> Result<RowMap> {
     let st = l.stride();
     if st.len() != 4 || st[3] != 1 {
         candle::bail!(

@@ -52,6 +52,14 @@ pub(super) enum Parts {
 }
 
 impl Parts {
+    /// The argument that holds part `i` (0: q, 1: k, 2: v) among `args` (one when packed).
+    pub(super) fn arg<G>(self, args: &[G], i: usize) -> &G {
+        match self {
+            Parts::Packed => &args[0],
+            Parts::Separate => &args[i],
+        }
+    }
+
     /// The first column of part `i` (0: q, 1: k, 2: v) in its argument.
     pub(super) fn col0(self, i: usize, e: usize) -> usize {
         match self {
@@ -361,10 +369,7 @@ impl FusedAttention {
         let e = self.e();
         let guards: Vec<_> = args.iter().map(|t| t.storage_and_layout()).collect();
         let input = |i: usize| -> Result<Rows<T>> {
-            let (guard, layout) = match parts {
-                Parts::Packed => &guards[0],
-                Parts::Separate => &guards[i],
-            };
+            let (guard, layout) = parts.arg(&guards, i);
             Ok(Rows {
                 data: slice(OP, &**guard, layout)?,
                 map: self.map_of(layout, parts.col0(i, e))?,
@@ -502,7 +507,9 @@ impl CustomOp3 for FusedAttention {
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         #[cfg(feature = "cuda")]
         if q.device().is_cuda() {
-            let mut g = self.cuda_bwd(Parts::Separate, &[q, k, v], res, grad)?.into_iter();
+            let mut g = self
+                .cuda_bwd(Parts::Separate, &[q, k, v], res, grad)?
+                .into_iter();
             return Ok((g.next(), g.next(), g.next()));
         }
         let mut g = FusedAttention::bwd(self, Parts::Separate, &[q, k, v], res, grad)?.into_iter();

@@ -278,6 +278,13 @@ __device__ __forceinline__ float masked_score(const Params& p, int b, int h, int
   return x;
 }
 
+// Whether keys [j0, j0 + cols) are all in range and no mask or causal rule reaches them for
+// queries from i0 on: their scores need the scale only.
+__device__ __forceinline__ bool unmasked_tile(const Params& p, int i0, int j0, int cols) {
+  return !p.attn && !p.kpm && j0 + cols <= p.s &&
+         (!p.causal || (i64)(j0 + cols - 1) <= (i64)i0 + p.causal_offset);
+}
+
 // Rows [r0, r0 + rows) of head (b, h) of `src` into `dst` (rows × DP, row stride LD): rows at
 // or past `valid` and columns at or past d are zero. With `vec`, 16-byte loads (the host
 // checked the alignment of every row and that d is a multiple of the vector).
@@ -368,9 +375,7 @@ __device__ __forceinline__ void fwd_impl(const Params& p) {
         M::mma(sc[nt + 1], a, b1);
       }
     }
-    // A tile with every key in range and no mask or causal rule reaching it: scale only.
-    const bool clean = !p.attn && !p.kpm && j0 + BC <= p.s &&
-                       (!p.causal || (i64)(j0 + BC - 1) <= (i64)i0 + p.causal_offset);
+    const bool clean = unmasked_tile(p, i0, j0, BC);
 #pragma unroll
     for (int nt = 0; nt < BC / 8; nt++)
 #pragma unroll
@@ -581,8 +586,7 @@ __device__ __forceinline__ void bwd_impl(const Params& p) {
       }
     }
     // P = exp(s - lse); P̃ = P·z; dS = P ∘ (dP̃·z − D). Rows past L have lse = +inf: P = 0.
-    const bool clean = !p.attn && !p.kpm && j0 + BC <= p.s &&
-                       (!p.causal || (i64)(j0 + BC - 1) <= (i64)i0 + p.causal_offset);
+    const bool clean = unmasked_tile(p, i0, j0, BC);
 #pragma unroll
     for (int nt = 0; nt < BR / 8; nt++)
 #pragma unroll

@@ -104,6 +104,12 @@ struct Params {
 // SAFETY: plain old data, laid out as the kernels' struct.
 unsafe impl DeviceRepr for Params {}
 
+// The kernels' struct size (13 pointers, 8 row maps of four i64, 5 64-bit scalars, 9 i32 and
+// 3 f32): a field out of order or of another width would shift every field after it. Checked
+// at compile time, so every `--features cuda` build (CI's check included) checks it.
+const _: () = assert!(std::mem::size_of::<Params>() == 13 * 8 + 8 * 32 + 5 * 8 + 9 * 4 + 3 * 4);
+const _: () = assert!(std::mem::align_of::<Params>() == 8);
+
 /// A tensor the kernels read or write: its storage and where its rows are (the layout's start
 /// offset included).
 #[derive(Clone, Copy)]
@@ -190,7 +196,7 @@ fn padded_head_dim(d: usize) -> Result<usize> {
 
 /// Warps per block of the forward and backward kernels (`FwdTile::NW`, `BwdTile::NW`): each
 /// warp takes 16 query rows (forward) or 16 key rows (backward).
-fn warps(dt: DType) -> usize {
+const fn warps(dt: DType) -> usize {
     match dt {
         DType::F32 => 4,
         _ => 8,
@@ -198,7 +204,7 @@ fn warps(dt: DType) -> usize {
 }
 
 /// Element size and row padding of the kernels' shared tiles.
-fn elem_pad(dt: DType) -> (usize, usize) {
+const fn elem_pad(dt: DType) -> (usize, usize) {
     match dt {
         DType::F32 => (4, 4),
         _ => (2, 8),
@@ -206,25 +212,37 @@ fn elem_pad(dt: DType) -> (usize, usize) {
 }
 
 /// Query rows per forward block.
-fn forward_rows(dt: DType) -> usize {
+const fn forward_rows(dt: DType) -> usize {
     16 * warps(dt)
 }
 
 /// Shared memory of the forward kernel (`fwd_impl`'s tiles).
-fn forward_smem(dt: DType, dp: usize) -> usize {
+const fn forward_smem(dt: DType, dp: usize) -> usize {
     let (size, pad) = elem_pad(dt);
-    let bc = if dt == DType::F32 { 32 } else { 64 };
+    let bc = if matches!(dt, DType::F32) { 32 } else { 64 };
     let (br, ld, ldp) = (forward_rows(dt), dp + pad, bc + pad);
     ((br + 2 * bc) * ld + br * ldp) * size
 }
 
+// Every tile fits the 163 KB a block may have on compute capability 8.0, the oldest GPU the
+// kernels load on.
+const _: () = {
+    let dts = [DType::F32, DType::BF16, DType::F16];
+    let mut i = 0;
+    while i < 9 {
+        let (dt, dp) = (dts[i / 3], 32 << (i % 3));
+        assert!(forward_smem(dt, dp) <= 163 * 1024 && backward_smem(dt, dp) <= 163 * 1024);
+        i += 1;
+    }
+};
+
 /// Key rows per backward block.
-fn backward_keys(dt: DType) -> usize {
+const fn backward_keys(dt: DType) -> usize {
     16 * warps(dt)
 }
 
 /// Shared memory of the backward kernel (`bwd_impl`'s tiles).
-fn backward_smem(dt: DType, dp: usize) -> usize {
+const fn backward_smem(dt: DType, dp: usize) -> usize {
     let (size, pad) = elem_pad(dt);
     let (bc, br) = (backward_keys(dt), if dp >= 128 { 32 } else { 64 });
     let (ld, ldt) = (dp + pad, br + pad);
@@ -250,11 +268,13 @@ fn ptr<'a>(
 /// Whether every row of the operands starts on 16 bytes and holds whole 16-byte vectors.
 fn vectorizable(dt: DType, d: usize, ptrs: &[u64], maps: &[RowMap]) -> bool {
     let vw = if dt == DType::F32 { 4 } else { 8 };
-    d % vw == 0
+    d.is_multiple_of(vw)
         && ptrs.iter().all(|p| p % 16 == 0)
-        && maps
-            .iter()
-            .all(|m| [m.off, m.sb, m.sh, m.si].iter().all(|x| x % vw == 0))
+        && maps.iter().all(|m| {
+            [m.off, m.sb, m.sh, m.si]
+                .iter()
+                .all(|x| x.is_multiple_of(vw))
+        })
 }
 
 /// The parameters every kernel shares.
@@ -307,13 +327,24 @@ fn launch(f: &CudaFunction, stream: &CudaStream, p: &Params, cfg: LaunchConfig) 
     Ok(())
 }
 
-fn masks_params<'a>(
-    p: &mut Params,
+/// The parameters of a call on `q`, `k`, `v` with `masks`: sizes, the causal rule, dropout,
+/// and the inputs' and masks' pointers (valid while `guards` lives) and row maps.
+#[allow(clippy::too_many_arguments)]
+fn inputs_params<'a>(
     g: &Geom,
+    causal_offset: CausalOffset,
+    dropout: Option<&DropoutMask>,
+    (q, k, v): (Operand<'a>, Operand<'a>, Operand<'a>),
     masks: CudaMasks<'a>,
     stream: &'a CudaStream,
     guards: &mut Vec<SyncOnDrop<'a>>,
-) -> Result<()> {
+) -> Result<Params> {
+    check_sizes(g)?;
+    let mut p = base_params(g, causal_offset, dropout);
+    p.q = ptr(q.storage, stream, guards)?;
+    p.k = ptr(k.storage, stream, guards)?;
+    p.v = ptr(v.storage, stream, guards)?;
+    (p.mq, p.mk, p.mv) = (q.map.into(), k.map.into(), v.map.into());
     if let Some((s, off, per_head)) = masks.attn {
         p.attn = ptr(s, stream, guards)? + 4 * off as u64;
         p.attn_bh_stride = if per_head {
@@ -325,7 +356,7 @@ fn masks_params<'a>(
     if let Some((s, off)) = masks.kpm {
         p.kpm = ptr(s, stream, guards)? + 4 * off as u64;
     }
-    Ok(())
+    Ok(p)
 }
 
 /// The forward pass: `out` rows get softmax(scale·q·kᵀ + masks)·v (dropped as `dropout`
@@ -341,22 +372,29 @@ pub(crate) fn forward(
     out: Operand,
     lse: &CudaStorage,
 ) -> Result<()> {
-    check_sizes(g)?;
     let dt = q.storage.dtype();
     let dp = padded_head_dim(g.d)?;
     let dev = &q.storage.device;
     let stream = dev.cuda_stream();
     let mut guards = Vec::new();
-    let mut p = base_params(g, causal_offset, dropout);
-    p.q = ptr(q.storage, &stream, &mut guards)?;
-    p.k = ptr(k.storage, &stream, &mut guards)?;
-    p.v = ptr(v.storage, &stream, &mut guards)?;
+    let mut p = inputs_params(
+        g,
+        causal_offset,
+        dropout,
+        (q, k, v),
+        masks,
+        &stream,
+        &mut guards,
+    )?;
     p.o = ptr(out.storage, &stream, &mut guards)?;
     p.lse = ptr(lse, &stream, &mut guards)?;
-    masks_params(&mut p, g, masks, &stream, &mut guards)?;
-    let maps = [q.map, k.map, v.map, out.map];
-    (p.mq, p.mk, p.mv, p.mo) = (q.map.into(), k.map.into(), v.map.into(), out.map.into());
-    p.vec = i32::from(vectorizable(dt, g.d, &[p.q, p.k, p.v, p.o], &maps));
+    p.mo = out.map.into();
+    p.vec = i32::from(vectorizable(
+        dt,
+        g.d,
+        &[p.q, p.k, p.v],
+        &[q.map, k.map, v.map],
+    ));
     let smem = forward_smem(dt, dp);
     let f = function(dev, &format!("fa_fwd_{}_{dp}", dtype_name(dt)?), smem)?;
     let blocks = g.n * g.h * g.l.div_ceil(forward_rows(dt));
@@ -390,7 +428,6 @@ pub(crate) fn backward(
     dropout: Option<&DropoutMask>,
     (dq, dk, dv): (Operand, Operand, Operand),
 ) -> Result<()> {
-    check_sizes(g)?;
     let dt = q.storage.dtype();
     let dp = padded_head_dim(g.d)?;
     let dev = &q.storage.device;
@@ -399,10 +436,7 @@ pub(crate) fn backward(
     let dq_acc = dev.alloc_zeros::<f32>(rows * g.d)?;
     let dsum = dev.alloc_zeros::<f32>(rows)?;
     let mut guards = Vec::new();
-    let mut p = base_params(g, None, dropout);
-    p.q = ptr(q.storage, &stream, &mut guards)?;
-    p.k = ptr(k.storage, &stream, &mut guards)?;
-    p.v = ptr(v.storage, &stream, &mut guards)?;
+    let mut p = inputs_params(g, None, dropout, (q, k, v), masks, &stream, &mut guards)?;
     p.o = ptr(saved.o.storage, &stream, &mut guards)?;
     p.dout = ptr(saved.d_out.storage, &stream, &mut guards)?;
     p.lse = ptr(saved.lse, &stream, &mut guards)?;
@@ -412,8 +446,6 @@ pub(crate) fn backward(
     let (acc_ptr, acc_guard) = dq_acc.device_ptr(&stream);
     let (dsum_ptr, dsum_guard) = dsum.device_ptr(&stream);
     (p.dq_acc, p.dsum) = (acc_ptr, dsum_ptr);
-    masks_params(&mut p, g, masks, &stream, &mut guards)?;
-    (p.mq, p.mk, p.mv) = (q.map.into(), k.map.into(), v.map.into());
     (p.mo, p.mdo) = (saved.o.map.into(), saved.d_out.map.into());
     (p.mdq, p.mdk, p.mdv) = (dq.map.into(), dk.map.into(), dv.map.into());
     // The tiles the main kernel loads: q, k, v and the output gradient.
@@ -455,29 +487,4 @@ pub(crate) fn backward(
     }
     drop((acc_guard, dsum_guard));
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The parameter struct has the kernels' size (a field out of order or of another width
-    /// would shift every field after it).
-    #[test]
-    fn params_match_the_kernels_layout() {
-        // 13 pointers, 8 row maps of four i64, 5 64-bit scalars, 9 i32 and 3 f32.
-        assert_eq!(std::mem::size_of::<Params>(), 13 * 8 + 8 * 32 + 5 * 8 + 9 * 4 + 3 * 4);
-        assert_eq!(std::mem::align_of::<Params>(), 8);
-    }
-
-    #[test]
-    fn shared_memory_fits_an_sm80_block() {
-        // 163 KB is the opt-in limit per block on compute capability 8.0.
-        for dt in [DType::F32, DType::BF16, DType::F16] {
-            for dp in [32, 64, 128] {
-                assert!(forward_smem(dt, dp) <= 163 * 1024, "{dt:?} {dp}");
-                assert!(backward_smem(dt, dp) <= 163 * 1024, "{dt:?} {dp}");
-            }
-        }
-    }
 }

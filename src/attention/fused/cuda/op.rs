@@ -6,6 +6,7 @@ use candle::op::BackpropOp;
 use candle::{CudaStorage, DType, Layout, Result, Shape, Storage, Tensor};
 
 use super::{backward, forward, CudaMasks, Operand, Saved, MAX_HEAD_DIM, OP};
+use crate::attention::fused::decode::head_map;
 use crate::attention::fused::kernel::{Geom, RowMap};
 use crate::attention::fused::op::{FusedAttention, Parts};
 
@@ -132,10 +133,7 @@ impl FusedAttention {
             candle::bail!("{OP}: the forward pass's row log-sum-exp is not a fresh f32 buffer")
         }
         let input = |i: usize| -> Result<Operand> {
-            let (guard, layout) = match parts {
-                Parts::Packed => &guards[0],
-                Parts::Separate => &guards[i],
-            };
+            let (guard, layout) = parts.arg(&guards, i);
             self.cuda_operand(parts, (cuda_of(guard)?, layout), i)
         };
         let qkv = (input(0)?, input(1)?, input(2)?);
@@ -206,27 +204,11 @@ impl FusedAttention {
     }
 }
 
-/// Row map of a `(N, H, len, d)` operand with unit last stride, from its storage's element 0.
-fn head_map(name: &str, l: &Layout) -> Result<RowMap> {
-    let st = l.stride();
-    if st.len() != 4 || st[3] != 1 {
-        candle::bail!(
-            "{OP}: expected {name} as (N, H, len, head_dim) with unit last stride, got dims {:?} strides {st:?}",
-            l.dims()
-        )
-    }
-    Ok(RowMap {
-        off: l.start_offset(),
-        sb: st[0],
-        sh: st[1],
-        si: st[2],
-    })
-}
-
+/// A `(N, H, len, d)` operand (a cache's view) as the kernels read it.
 fn operand<'a>(s: &'a Storage, l: &Layout, name: &str) -> Result<Operand<'a>> {
     Ok(Operand {
         storage: cuda_of(s)?,
-        map: head_map(name, l)?,
+        map: shifted(head_map(name, l)?, l),
     })
 }
 
