@@ -347,3 +347,48 @@ fn clipped_gradients_and_optimizer_state_hold_no_graph() -> Result<()> {
     }
     Ok(())
 }
+
+/// One set of weights evaluated in f32, f16 and bf16 gives the same loss to the dtype's
+/// rounding: the loss, the layer norms and the softmax accumulate in f32 for the half types
+/// (summed in bf16, a batch's 2 048 log-probabilities of about 4 lost most of their value).
+#[test]
+fn evaluation_agrees_across_dtypes() -> Result<()> {
+    use candle_mha::data::{Dataset, Example};
+    use candle_mha::training::evaluate;
+    let dev = Device::Cpu;
+    let (vocab, len) = (64u32, 33usize);
+    // Every position counts: pseudo-random tokens.
+    let examples = (0..128u32)
+        .map(|e| {
+            Example::full(
+                (0..len as u32)
+                    .map(|i| (e * 31 + i * i * 7 + i) % vocab)
+                    .collect(),
+            )
+        })
+        .collect();
+    let data = Dataset { examples };
+    let mut cfg = NextTokenPredictorConfig::new(vocab as usize);
+    cfg.max_len = len;
+    let varmap = VarMap::new();
+    let vb = seeded_var_builder(&varmap, 7, DType::F32, &dev);
+    let f32_model = NextTokenPredictor::new(cfg.clone(), vb)?;
+    let reference = evaluate(&f32_model, &data, 64, &dev)?.loss;
+    for (dtype, tol) in [(DType::F16, 0.01), (DType::BF16, 0.05)] {
+        let tensors = varmap
+            .data()
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| Ok((k.clone(), v.as_tensor().to_dtype(dtype)?)))
+            .collect::<Result<_>>()?;
+        let vb = candle_nn::VarBuilder::from_tensors(tensors, dtype, &dev);
+        let model = NextTokenPredictor::new(cfg.clone(), vb)?;
+        let loss = evaluate(&model, &data, 64, &dev)?.loss;
+        assert!(
+            (loss - reference).abs() <= tol,
+            "{dtype:?}: loss {loss:.4}, f32 {reference:.4} (tolerance {tol})"
+        );
+    }
+    Ok(())
+}

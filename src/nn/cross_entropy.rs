@@ -9,6 +9,7 @@ use rayon::prelude::*;
 
 use std::mem::MaybeUninit;
 
+use crate::attention::softmax::softmax_dtype;
 use crate::cpu::{contiguous, filled_vec, fused, unsupported_dtype, Elem, ROWS_PER_TASK as ROWS};
 
 const OP: &str = "fused cross-entropy";
@@ -203,9 +204,12 @@ pub(super) fn last_dim(dims: &[usize]) -> Result<usize> {
 /// `logits (…, V)` (`R` rows: the product of the leading dims), `targets (R)` (u32/i64),
 /// `mask (R)` (u8): one op on the CPU in f32/f64,
 /// candle's `log_softmax` + `gather` elsewhere. Errors when no row counts or a counted target is
-/// outside `[0, V)`.
+/// outside `[0, V)`. f16/bf16 logits are normalised and summed in f32 and the result is f32
+/// (summed in bf16, thousands of log-probabilities lose most of their value); other dtypes
+/// give their own.
 ///
-/// PyTorch equivalent: `F.cross_entropy(logits[mask], targets[mask])`.
+/// PyTorch equivalent: `F.cross_entropy(logits[mask], targets[mask])` (which also accumulates
+/// in f32, but returns the logits' dtype).
 pub(crate) fn cross_entropy_rows(
     logits: &Tensor,
     targets: &Tensor,
@@ -223,10 +227,12 @@ pub(crate) fn cross_entropy_rows(
             .map(|(&t, &k)| if k { t } else { 0 })
             .collect();
         let ids = Tensor::from_vec(ids, (r, 1), logits.device())?;
-        let logp = candle_nn::ops::log_softmax(&logits.reshape((r, v))?, candle::D::Minus1)?;
+        let dt = softmax_dtype(logits.dtype());
+        let logits = logits.reshape((r, v))?.to_dtype(dt)?;
+        let logp = candle_nn::ops::log_softmax(&logits, candle::D::Minus1)?;
         let picked = logp.gather(&ids, 1)?.squeeze(1)?;
-        let weights = mask.ne(0u8)?.to_dtype(logits.dtype())?;
-        return ((picked * weights)?.sum_all()? / -ce.count)?.to_dtype(logits.dtype());
+        let weights = mask.ne(0u8)?.to_dtype(dt)?;
+        return (picked * weights)?.sum_all()? / -ce.count;
     }
     logits.contiguous()?.apply_op1(ce)
 }

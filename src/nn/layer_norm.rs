@@ -10,6 +10,7 @@ use candle::{CpuStorage, CustomOp3, DType, Layout, Module, Result, Shape, Tensor
 use candle_nn::{Init, VarBuilder};
 use rayon::prelude::*;
 
+use crate::attention::softmax::softmax_dtype;
 use crate::cpu::{contiguous, filled_vec, fused, unsupported_dtype, ROWS_PER_TASK};
 
 /// Mean and `1/√(var + eps)` of a row (biased variance, as PyTorch).
@@ -218,7 +219,8 @@ impl CustomOp3 for LayerNormOp {
 }
 
 /// Layer normalisation of `x (…, D)` over its last dimension with `weight [D]`, `bias [D]`:
-/// one op forward and backward on the CPU in f32/f64, candle's generic ops elsewhere.
+/// one op forward and backward on the CPU in f32/f64, candle's generic ops elsewhere (the row
+/// statistics of f16/bf16 in f32, the result in `x`'s dtype).
 ///
 /// PyTorch equivalent: `F.layer_norm(x, (D,), weight, bias, eps)`.
 pub(crate) fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<Tensor> {
@@ -232,11 +234,16 @@ pub(crate) fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -
         )
     }
     if !fused(x) || x.dtype() != weight.dtype() || x.dtype() != bias.dtype() {
-        let mean = x.mean_keepdim(candle::D::Minus1)?;
-        let centered = x.broadcast_sub(&mean)?;
+        let dt = softmax_dtype(x.dtype());
+        let xs = x.to_dtype(dt)?;
+        let mean = xs.mean_keepdim(candle::D::Minus1)?;
+        let centered = xs.broadcast_sub(&mean)?;
         let var = centered.sqr()?.mean_keepdim(candle::D::Minus1)?;
         let normed = centered.broadcast_div(&(var + eps)?.sqrt()?)?;
-        return normed.broadcast_mul(weight)?.broadcast_add(bias);
+        return normed
+            .broadcast_mul(&weight.to_dtype(dt)?)?
+            .broadcast_add(&bias.to_dtype(dt)?)?
+            .to_dtype(x.dtype());
     }
     x.contiguous()?.apply_op3(
         &weight.contiguous()?,
