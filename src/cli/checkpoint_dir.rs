@@ -18,8 +18,11 @@ pub struct Checkpoint {
 }
 
 /// Loads `config.json`, `model.safetensors` (strictly: a config that does not match the
-/// weights is an error with the load report) and the vocabulary or tokenizer.
+/// weights is an error with the load report) and the vocabulary or tokenizer, after checking
+/// them against the checkpoint's `checkpoint.json`.
 pub fn open(dir: &Path, dtype: DType, device: &Device) -> Result<Checkpoint> {
+    // The files below must be one checkpoint, not parts of two saves.
+    candle_mha::io::verify_file_set(dir)?;
     let cfg = NextTokenPredictorConfig::load(dir.join(CONFIG_FILE))?;
     let codec = Codec::load_dir(dir)?;
     if codec.vocab_size() > cfg.vocab_size {

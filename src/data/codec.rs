@@ -47,6 +47,14 @@ impl Codec {
         }
     }
 
+    /// The file [`Codec::save_dir`] writes in a directory: `vocab.json` or `tokenizer.json`.
+    pub fn file_name(&self) -> &'static str {
+        match self {
+            Self::Symbols(_) => VOCAB_FILE,
+            Self::Text(_) => TOKENIZER_FILE,
+        }
+    }
+
     /// The JSON that [`Codec::save_dir`] writes (`vocab.json` or `tokenizer.json`).
     pub fn to_json(&self) -> Result<String> {
         match self {

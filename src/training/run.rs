@@ -174,7 +174,7 @@ impl Trainer {
             if let Some(dir) = dir {
                 if cfg.save_every > 0 && step.is_multiple_of(cfg.save_every) && step < cfg.steps {
                     diverged(step, eval_loss, dir)?;
-                    self.save(dir)?;
+                    self.save_with(dir, &mut |p| observer.at_commit_point(dir, p))?;
                     observer.on_save(step, dir);
                 }
             }
@@ -201,7 +201,7 @@ impl Trainer {
         }
         if let Some(dir) = dir {
             diverged(self.state.step, Some(eval.loss), dir)?;
-            self.save(dir)?;
+            self.save_with(dir, &mut |p| observer.at_commit_point(dir, p))?;
             observer.on_save(self.state.step, dir);
         }
         Ok(Some(eval))
@@ -226,7 +226,7 @@ impl Trainer {
             self.state.best = Some(EvalRecord { step, eval: *eval });
             if let Some(dir) = dir {
                 let best = dir.join(BEST_DIR);
-                self.save(&best)?;
+                self.save_with(&best, &mut |p| observer.at_commit_point(&best, p))?;
                 observer.on_best(step, eval, &best);
             }
         } else if self.state.config.early_stop > 0 {

@@ -67,6 +67,16 @@ pub trait TrainObserver {
     fn on_save(&mut self, _step: u64, _dir: &Path) {}
     /// After a validation evaluation that set a new best loss and was saved into `dir`.
     fn on_best(&mut self, _step: u64, _eval: &Evaluation, _dir: &Path) {}
+    /// At each point of a checkpoint save into `dir` (before and after each file write and
+    /// rename, [`crate::io::CommitPoint`]): an error stops the save there, leaving the files
+    /// as a crash at that point would. For fault-injection tests; the default does nothing.
+    fn at_commit_point(
+        &mut self,
+        _dir: &Path,
+        _point: &crate::io::CommitPoint,
+    ) -> candle::Result<()> {
+        Ok(())
+    }
     /// Whether to stop now (a checkpoint is written first).
     fn should_stop(&self) -> bool {
         false

@@ -16,7 +16,7 @@ use super::{
 };
 use crate::checkpoint::{state_dict_of, NamedParameters, StateDict};
 use crate::data::{Batch, Codec, Dataset, EvalSet, Example, TrainSource};
-use crate::io::write_atomic;
+use crate::io::{recover_file_set, CommitPoint, FileSet};
 use crate::models::NextTokenPredictor;
 use crate::rng::derive_seed;
 
@@ -128,6 +128,9 @@ impl Trainer {
         dir: &Path,
         steps: Option<u64>,
     ) -> Result<Self> {
+        // A save that a crash interrupted is finished (or was never begun): the files read
+        // below are one checkpoint.
+        recover_file_set(dir)?;
         let text = std::fs::read_to_string(dir.join(STATE_FILE)).map_err(|e| {
             candle::Error::Msg(format!(
                 "cannot resume from {}: {e}",
@@ -393,10 +396,21 @@ impl Trainer {
     }
 
     /// Writes `model.safetensors` (PyTorch names), `config.json`, `optimizer.safetensors`,
-    /// `trainer_state.json` and the codec given to [`Trainer::with_codec`] into `dir`, each
-    /// atomically; writes nothing and errors, naming the
-    /// parameter, when a parameter holds NaN or infinity.
+    /// `trainer_state.json` and the codec given to [`Trainer::with_codec`] into `dir` as one
+    /// unit ([`FileSet`]: a crash at any point leaves this checkpoint or the previous one
+    /// whole, never a mix); writes nothing and errors, naming the parameter, when a parameter
+    /// holds NaN or infinity.
     pub fn save(&self, dir: &Path) -> Result<()> {
+        self.save_with(dir, &mut |_| Ok(()))
+    }
+
+    /// [`save`](Self::save) with `hook` called at each point of the commit (an error stops
+    /// the save there, as a crash would).
+    pub(super) fn save_with(
+        &self,
+        dir: &Path,
+        hook: &mut dyn FnMut(&CommitPoint) -> Result<()>,
+    ) -> Result<()> {
         // A diverged run (a learning rate far too high) must not replace a good checkpoint.
         for (name, var) in self
             .varmap
@@ -417,26 +431,25 @@ impl Trainer {
                 )
             }
         }
-        std::fs::create_dir_all(dir).map_err(|e| {
-            candle::Error::Msg(format!(
-                "cannot create checkpoint directory {}: {e}",
-                dir.display()
-            ))
-        })?;
+        let mut set = FileSet::new(dir);
         if let Some(codec) = &self.codec {
-            codec.save_dir(dir)?;
+            set.add(codec.file_name(), codec.to_json()?.into_bytes())?;
         }
         let params: &dyn NamedParameters = &self.varmap;
-        state_dict_of(&[("", params)]).save_safetensors(dir.join(MODEL_FILE))?;
-        write_atomic(
-            &dir.join(CONFIG_FILE),
-            self.model.config().to_json().as_bytes(),
+        set.add(
+            MODEL_FILE,
+            state_dict_of(&[("", params)]).to_safetensors_bytes()?,
         )?;
-        self.optimizer
-            .state_dict()?
-            .save_safetensors(dir.join(OPTIMIZER_FILE))?;
+        set.add(CONFIG_FILE, self.model.config().to_json().into_bytes())?;
+        set.add(
+            OPTIMIZER_FILE,
+            self.optimizer.state_dict()?.to_safetensors_bytes()?,
+        )?;
         let state = serde_json::to_string_pretty(&self.state)
             .map_err(|e| candle::Error::Msg(format!("serializing trainer state: {e}")))?;
-        write_atomic(&dir.join(STATE_FILE), state.as_bytes())
+        set.add(STATE_FILE, state.into_bytes())?;
+        set.commit(hook).map_err(|e| {
+            candle::Error::Msg(format!("saving the checkpoint in {}: {e}", dir.display()))
+        })
     }
 }

@@ -132,6 +132,12 @@ fn run_rank(
             args.dtype
         )
     }
+    // A save a kill interrupted is finished first (or undone), so the checks below and the
+    // resume see one checkpoint.
+    if lead && args.out.is_dir() {
+        candle_mha::io::recover_file_set(&args.out)?;
+        candle_mha::io::recover_file_set(&args.out.join(BEST_DIR))?;
+    }
     let resuming = args.resume && args.out.join(STATE_FILE).exists();
     if args.resume && !resuming {
         bail!(
