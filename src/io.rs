@@ -293,6 +293,57 @@ fn check_file_set(dir: &Path, finish: bool) -> Result<FileSetState> {
     })
 }
 
+/// The lock file of a directory owned by one process ([`DirLock`]).
+pub const LOCK_FILE: &str = ".lock";
+
+/// An advisory lock on a directory: while it lives, no other process gets one on the same
+/// directory. The operating system releases it when the process ends, however it ends, so a
+/// lock file left behind never blocks. Its file holds the owner's pid and role, which the
+/// error of a second process names.
+///
+/// PyTorch equivalent: none.
+#[derive(Debug)]
+pub struct DirLock {
+    _file: std::fs::File,
+}
+
+impl DirLock {
+    /// Locks `dir` (created when missing) for `role` (what the owner does, e.g. `mha train`).
+    /// Errors, naming the holder's pid and role, when another process holds it.
+    pub fn acquire(dir: &Path, role: &str) -> Result<Self> {
+        std::fs::create_dir_all(dir).map_err(|e| io_err("cannot create directory", dir, e))?;
+        let path = dir.join(LOCK_FILE);
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| io_err("opening", &path, e))?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let holder = std::fs::read_to_string(&path).unwrap_or_default();
+                let holder = holder.trim();
+                candle::bail!(
+                    "{} is in use by another process ({}): wait for it to finish, or choose another directory",
+                    dir.display(),
+                    if holder.is_empty() { "pid unknown" } else { holder }
+                )
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(io_err("locking", &path, e)),
+        }
+        let owner = format!("pid {}, {role}\n", std::process::id());
+        let write = |f: &mut std::fs::File| -> std::io::Result<()> {
+            f.set_len(0)?;
+            f.write_all(owner.as_bytes())?;
+            f.flush()
+        };
+        write(&mut file).map_err(|e| io_err("writing", &path, e))?;
+        Ok(Self { _file: file })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -370,6 +421,26 @@ mod tests {
             );
         }
         assert!(FileSet::new(tmp.path()).add("../x", vec![]).is_err());
+        Ok(())
+    }
+
+    /// A second lock on a locked directory fails naming the holder; dropping the first frees
+    /// it, and the lock file left behind does not block.
+    #[test]
+    fn a_directory_lock_excludes_a_second_holder() -> Result<()> {
+        let tmp = tempfile::tempdir()?;
+        let first = DirLock::acquire(tmp.path(), "mha train")?;
+        let e = DirLock::acquire(tmp.path(), "mha prepare")
+            .unwrap_err()
+            .to_string();
+        let pid = format!("pid {}, mha train", std::process::id());
+        assert!(
+            e.contains("in use by another process") && e.contains(&pid),
+            "{e}"
+        );
+        drop(first);
+        assert!(tmp.path().join(LOCK_FILE).exists());
+        DirLock::acquire(tmp.path(), "mha prepare")?;
         Ok(())
     }
 }

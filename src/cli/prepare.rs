@@ -159,6 +159,8 @@ pub fn run(args: &PrepareArgs) -> Result<()> {
         chunk_kb: args.chunk_kb,
         quiet: args.quiet,
     };
+    // One process writes a data directory at a time.
+    let _lock = candle_mha::io::DirLock::acquire(&args.out, "mha prepare")?;
     let meta = job.run(&args.out)?;
     println!("{}", describe(&meta, &args.out));
     Ok(())

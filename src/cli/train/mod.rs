@@ -132,9 +132,15 @@ fn run_rank(
             args.dtype
         )
     }
+    // One process writes a run directory at a time (rank 0 of a data-parallel run), for the
+    // whole run.
+    let _lock = match lead {
+        true => Some(candle_mha::io::DirLock::acquire(&args.out, "mha train")?),
+        false => None,
+    };
     // A save a kill interrupted is finished first (or undone), so the checks below and the
     // resume see one checkpoint.
-    if lead && args.out.is_dir() {
+    if lead {
         candle_mha::io::recover_file_set(&args.out)?;
         candle_mha::io::recover_file_set(&args.out.join(BEST_DIR))?;
     }

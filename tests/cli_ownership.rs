@@ -1,0 +1,87 @@
+//! A run or data directory is owned by one process: a second `mha train` or `mha prepare` on a
+//! directory another process holds exits with an error naming the holder, and changes
+//! nothing there.
+
+mod common;
+
+use anyhow::Result;
+use candle_mha::io::DirLock;
+use common::mha;
+
+fn text() -> String {
+    let p =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/text/gpl-3.0.txt");
+    p.to_str().unwrap().to_string()
+}
+
+/// Every file below `dir` with its bytes.
+fn snapshot(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
+    let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().is_file())
+        .map(|e| {
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read(e.path()).unwrap(),
+            )
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn a_held_directory_refuses_a_second_writer() -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let (run, data) = (tmp.path().join("run"), tmp.path().join("data"));
+    let (run_s, data_s) = (run.to_str().unwrap(), data.to_str().unwrap());
+    // A finished run, then another process (this test) holding its directory.
+    let train = [
+        "train",
+        "--text",
+        &text(),
+        "--out",
+        run_s,
+        "--vocab-size",
+        "300",
+        "--steps",
+        "5",
+        "--embed-dim",
+        "16",
+        "--num-heads",
+        "2",
+        "--num-layers",
+        "1",
+        "--quiet",
+    ];
+    let (ok, _, err) = mha(&train)?;
+    assert!(ok, "{err}");
+    let before = snapshot(&run);
+    let lock = DirLock::acquire(&run, "a test")?;
+    let holder = format!("pid {}, a test", std::process::id());
+    let mut resume = train.to_vec();
+    resume[8] = "10";
+    resume.push("--resume");
+    let (ok, _, err) = mha(&resume)?;
+    assert!(
+        !ok && err.contains("in use by another process") && err.contains(&holder),
+        "{err}"
+    );
+    let (ok, _, err) = mha(&["prepare", "--text", &text(), "--out", run_s])?;
+    assert!(!ok && err.contains(&holder), "{err}");
+    // The lock file holds the owner's pid; nothing else changed.
+    let after: Vec<_> = snapshot(&run)
+        .into_iter()
+        .filter(|(n, _)| n != ".lock")
+        .collect();
+    let before: Vec<_> = before.into_iter().filter(|(n, _)| n != ".lock").collect();
+    assert!(after == before, "the held run directory changed");
+    drop(lock);
+    // Free again: the lock file left behind does not block.
+    let (ok, _, err) = mha(&resume)?;
+    assert!(ok, "{err}");
+    let (ok, _, err) = mha(&["prepare", "--text", &text(), "--out", data_s])?;
+    assert!(ok, "{err}");
+    Ok(())
+}
