@@ -14,12 +14,12 @@ fn text() -> String {
     p.to_str().unwrap().to_string()
 }
 
-/// Every file below `dir` with its bytes.
+/// Every file of `dir` with its bytes, but the lock file (which holds its last owner's pid).
 fn snapshot(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
     let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
         .unwrap()
         .flatten()
-        .filter(|e| e.path().is_file())
+        .filter(|e| e.path().is_file() && e.file_name() != ".lock")
         .map(|e| {
             (
                 e.file_name().to_string_lossy().into_owned(),
@@ -83,5 +83,95 @@ fn a_held_directory_refuses_a_second_writer() -> Result<()> {
     assert!(ok, "{err}");
     let (ok, _, err) = mha(&["prepare", "--text", &text(), "--out", data_s])?;
     assert!(ok, "{err}");
+    Ok(())
+}
+
+/// `--resume` refuses options that contradict the run, listing each, and applies and prints
+/// the cadence options it may change.
+#[test]
+fn resume_refuses_contradicting_options() -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let run = tmp.path().join("run");
+    let run_s = run.to_str().unwrap();
+    let other = tmp.path().join("other.txt");
+    std::fs::write(
+        &other,
+        "another corpus, not the one the run was prepared from\n".repeat(50),
+    )?;
+    let base = [
+        "train",
+        "--text",
+        &text(),
+        "--out",
+        run_s,
+        "--vocab-size",
+        "300",
+        "--steps",
+        "4",
+        "--eval-every",
+        "2",
+        "--embed-dim",
+        "16",
+        "--num-heads",
+        "2",
+        "--num-layers",
+        "1",
+        "--quiet",
+    ];
+    let (ok, _, err) = mha(&base)?;
+    assert!(ok, "{err}");
+    let before = snapshot(&run);
+    let other_s = other.to_str().unwrap();
+    let (ok, _, err) = mha(&[
+        "train",
+        "--resume",
+        "--out",
+        run_s,
+        "--text",
+        other_s,
+        "--embed-dim",
+        "32",
+        "--num-heads",
+        "2",
+        "--lr",
+        "0.1",
+        "--seed",
+        "9",
+        "--batch-size",
+        "3",
+        "--steps",
+        "8",
+    ])?;
+    assert!(!ok, "{err}");
+    for want in [
+        "5 option(s) contradict",
+        "--text",
+        "--embed-dim 32: the run has 16",
+        "--lr 0.1",
+        "--seed 9",
+        "--batch-size 3",
+    ] {
+        assert!(err.contains(want), "missing {want:?} in: {err}");
+    }
+    assert!(
+        !err.contains("--num-heads"),
+        "an agreeing option was listed: {err}"
+    );
+    let after = snapshot(&run);
+    assert!(
+        after == before,
+        "a refused resume changed the run directory"
+    );
+    // The same options as the run, and a cadence change: accepted, the change printed.
+    let mut resume = base.to_vec();
+    resume[8] = "6";
+    resume[10] = "3";
+    resume.push("--resume");
+    let (ok, _, err) = mha(&resume)?;
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("changed on resume: --eval-every 3 (was 2)"),
+        "{err}"
+    );
     Ok(())
 }

@@ -241,6 +241,15 @@ fn bad_data_and_checkpoints_are_clear_errors() -> Result<()> {
     let cfg = std::fs::read_to_string(dir.path().join("r4/config.json"))?
         .replace("\"embed_dim\": 8", "\"embed_dim\": 16");
     std::fs::write(dir.path().join("r4/config.json"), cfg)?;
+    // checkpoint.json records what the save wrote: the edit is named as such.
+    let (ok, _, stderr) = mha(&["generate", "--checkpoint", &p("r4"), "--prompt", "T1"])?;
+    assert!(
+        !ok && stderr.contains("config.json does not match")
+            && stderr.contains("changed or damaged"),
+        "{stderr}"
+    );
+    // Without it (a checkpoint put together by hand), the load report names the mismatch.
+    std::fs::remove_file(dir.path().join("r4/checkpoint.json"))?;
     let (ok, _, stderr) = mha(&["generate", "--checkpoint", &p("r4"), "--prompt", "T1"])?;
     assert!(
         !ok && stderr.contains("size mismatch for") && stderr.contains("NextTokenPredictor"),

@@ -158,6 +158,21 @@ impl Trainer {
         Ok(trainer)
     }
 
+    /// Changes how often the run evaluates and saves and after how many evaluations without a
+    /// new best it stops (`None` keeps the run's value): what a resumed run may change without
+    /// changing its batches, weights or optimizer.
+    pub fn set_cadence(
+        &mut self,
+        eval_every: Option<u64>,
+        save_every: Option<u64>,
+        early_stop: Option<u64>,
+    ) {
+        let c = &mut self.state.config;
+        c.eval_every = eval_every.unwrap_or(c.eval_every);
+        c.save_every = save_every.unwrap_or(c.save_every);
+        c.early_stop = early_stop.unwrap_or(c.early_stop);
+    }
+
     /// Saves `codec` (`vocab.json` / `tokenizer.json`) with every checkpoint, `best/`
     /// included, so each is usable on its own.
     pub fn with_codec(mut self, codec: Codec) -> Self {

@@ -64,16 +64,23 @@ pub struct TrainArgs {
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
     /// Vocabulary size of the BPE trained for --text (at least 260).
-    #[arg(long, visible_alias = "vocab-size", default_value_t = DEFAULT_BPE_VOCAB)]
-    pub bpe_vocab: usize,
+    #[arg(long, visible_alias = "vocab-size", help = format!(
+        "Vocabulary size of the BPE trained for --text (at least 260) [default: {DEFAULT_BPE_VOCAB}]"
+    ))]
+    pub bpe_vocab: Option<usize>,
     /// Megabytes of text the BPE for --text is trained on.
-    #[arg(long, default_value_t = DEFAULT_BPE_SAMPLE_MB)]
-    pub bpe_sample_mb: f64,
+    #[arg(long, help = format!(
+        "Megabytes of text the BPE for --text is trained on [default: {DEFAULT_BPE_SAMPLE_MB}]"
+    ))]
+    pub bpe_sample_mb: Option<f64>,
     /// Checkpoint directory (model.safetensors, config.json, vocabulary, optimizer, state,
     /// metrics.jsonl, best/).
     #[arg(long, default_value = "runs/mha")]
     pub out: PathBuf,
-    /// Continue the run in --out exactly where it stopped.
+    /// Continue the run in --out exactly where it stopped. Its data, tokenizer, model, batch,
+    /// optimizer and seed are the run's: options that contradict them are refused; --steps,
+    /// --eval-every, --save-every and --early-stop may change (each change is printed), and
+    /// so may --device, --dist, --dist-timeout and --quiet.
     #[arg(long)]
     pub resume: bool,
     /// Optimizer steps (with --resume: the new total).
@@ -140,8 +147,11 @@ pub struct TrainArgs {
     ))]
     pub early_stop: Option<u64>,
     /// Validation windows evaluated at most (text and --data; evenly spread over the tail).
-    #[arg(long, default_value_t = DEFAULT_EVAL_WINDOWS)]
-    pub eval_windows: usize,
+    #[arg(long, help = format!(
+        "Validation windows evaluated at most (text and --data; evenly spread over the tail) \
+         [default: {DEFAULT_EVAL_WINDOWS}]"
+    ))]
+    pub eval_windows: Option<usize>,
     /// Fraction held out for validation: random sequences of a token file, the tail of text
     /// (with --data: the data's own split unless given).
     #[arg(long, help = format!(
@@ -163,17 +173,20 @@ pub struct TrainArgs {
     #[arg(long, default_value = "f32", value_parser = crate::cli::choices::DtypeParser)]
     pub dtype: DType,
     /// Synthetic task: number of keys.
-    #[arg(long, default_value_t = 16)]
-    pub keys: usize,
+    #[arg(long, help = "Synthetic task: number of keys [default: 16]")]
+    pub keys: Option<usize>,
     /// Synthetic task: number of values.
-    #[arg(long, default_value_t = 16)]
-    pub values: usize,
+    #[arg(long, help = "Synthetic task: number of values [default: 16]")]
+    pub values: Option<usize>,
     /// Synthetic task: key–value pairs shown per example.
-    #[arg(long, default_value_t = 4)]
-    pub pairs: usize,
+    #[arg(
+        long,
+        help = "Synthetic task: key–value pairs shown per example [default: 4]"
+    )]
+    pub pairs: Option<usize>,
     /// Synthetic task: training examples.
-    #[arg(long, default_value_t = 20_000)]
-    pub train_examples: usize,
+    #[arg(long, help = "Synthetic task: training examples [default: 20000]")]
+    pub train_examples: Option<usize>,
     /// No progress bar (log lines instead).
     #[arg(long)]
     pub quiet: bool,
@@ -189,6 +202,31 @@ pub struct TrainArgs {
 }
 
 impl TrainArgs {
+    /// The BPE vocabulary size for --text.
+    pub fn bpe_vocab(&self) -> usize {
+        self.bpe_vocab.unwrap_or(DEFAULT_BPE_VOCAB)
+    }
+
+    /// Megabytes of text the BPE is trained on.
+    pub fn bpe_sample_mb(&self) -> f64 {
+        self.bpe_sample_mb.unwrap_or(DEFAULT_BPE_SAMPLE_MB)
+    }
+
+    /// Validation windows evaluated at most.
+    pub fn eval_windows(&self) -> usize {
+        self.eval_windows.unwrap_or(DEFAULT_EVAL_WINDOWS)
+    }
+
+    /// The synthetic task's keys, values, pairs per example and training examples.
+    pub fn synthetic(&self) -> (usize, usize, usize, usize) {
+        (
+            self.keys.unwrap_or(16),
+            self.values.unwrap_or(16),
+            self.pairs.unwrap_or(4),
+            self.train_examples.unwrap_or(20_000),
+        )
+    }
+
     /// Whether the run trains on text or prepared data (rather than token sequences).
     pub fn is_text(&self) -> bool {
         !self.text.is_empty() || self.data.is_some()

@@ -4,6 +4,7 @@
 mod args;
 mod distributed;
 mod progress;
+mod resume;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -53,8 +54,8 @@ fn prepare_run_text(args: &TrainArgs, comm: &dyn Communicator) -> Result<std::pa
         text: &args.text,
         tokens: &[],
         tokenizer: args.tokenizer.as_deref(),
-        vocab_size: args.bpe_vocab,
-        bpe_sample_mb: args.bpe_sample_mb,
+        vocab_size: args.bpe_vocab(),
+        bpe_sample_mb: args.bpe_sample_mb(),
         val_fraction: args.val_fraction(),
         chunk_kb: DEFAULT_CHUNK_BYTES / 1024,
         quiet: args.quiet,
@@ -62,12 +63,7 @@ fn prepare_run_text(args: &TrainArgs, comm: &dyn Communicator) -> Result<std::pa
     if dir.join(META_FILE).exists() {
         let data = TokenData::open(&dir)?;
         let files = candle_mha::data::expand_sources(&args.text)?;
-        let same = data.meta().sources.len() == files.len()
-            && data.meta().sources.iter().zip(&files).all(|(s, f)| {
-                s.path == f.display().to_string()
-                    && std::fs::metadata(f).is_ok_and(|m| m.len() == s.bytes)
-            });
-        if !same {
+        if !resume::same_sources(&data.meta().sources, &files) {
             bail!(
                 "{} holds data prepared from other files; remove it or choose another --out",
                 dir.display()
@@ -162,7 +158,7 @@ fn run_rank(
     if args.batch_size == Some(0) {
         bail!("--batch-size 0: expected at least 1")
     }
-    if args.eval_windows == 0 {
+    if args.eval_windows == Some(0) {
         bail!("--eval-windows 0: expected at least 1")
     }
     if !args.resume && args.out.join(STATE_FILE).exists() {
@@ -207,14 +203,14 @@ fn run_rank(
             DataSpec::Prepared {
                 dir,
                 train_tokens,
-                eval_windows: args.eval_windows,
+                eval_windows: args.eval_windows(),
             }
         } else {
             DataSpec::Synthetic {
-                num_keys: args.keys,
-                num_values: args.values,
-                pairs: args.pairs,
-                train_examples: args.train_examples,
+                num_keys: args.synthetic().0,
+                num_values: args.synthetic().1,
+                pairs: args.synthetic().2,
+                train_examples: args.synthetic().3,
                 val_examples: 1000,
                 seed: args.seed(),
             }
@@ -225,7 +221,12 @@ fn run_rank(
         .as_ref()
         .map(|c| c.max_len + 1)
         .or(args.max_len().map(|m| m + 1));
-    let data = spec.load(codec, args.tokenizer.as_deref(), args.bpe_vocab, max_tokens)?;
+    let data = spec.load(
+        codec,
+        args.tokenizer.as_deref(),
+        args.bpe_vocab(),
+        max_tokens,
+    )?;
     if lead {
         eprintln!(
             "data: {} and {} validation sequences, {} ids, longest {} tokens",
@@ -246,13 +247,26 @@ fn run_rank(
         seeded_var_builder(&varmap, args.seed(), args.dtype, &device),
     )?;
     let mut trainer = if resuming {
-        let t = Trainer::resume(model, varmap, &args.out, args.steps)?;
+        let mut t = Trainer::resume(model, varmap, &args.out, args.steps)?;
+        let conflicts = resume::conflicts(args, &spec, &cfg, &t, &data.codec)?;
+        if !conflicts.is_empty() {
+            bail!(
+                "--resume: {} option(s) contradict the run in {} (its data, tokenizer, model, batch, optimizer and seed are kept; --steps, --eval-every, --save-every and --early-stop may change):\n  {}",
+                conflicts.len(),
+                args.out.display(),
+                conflicts.join("\n  ")
+            )
+        }
+        let changes = resume::apply_cadence(args, &mut t);
         if lead {
             eprintln!(
                 "resuming at step {} of {}",
                 t.state().step,
                 t.state().config.steps
             );
+            for change in changes {
+                eprintln!("changed on resume: {change}");
+            }
         }
         t
     } else {
