@@ -256,3 +256,96 @@ fn text_windows_stream_the_prepared_tokens() -> Result<()> {
     assert_eq!(windows, want);
     Ok(())
 }
+
+/// Token data is checked where it is made and where it is opened: `meta.json` records the
+/// largest id and `tokens.bin`'s SHA-256; opening names the offset of an id outside the
+/// vocabulary (or above the largest prepared); `verify` finds a flipped bit that keeps ids in
+/// range, as do `mha info DIR` and `mha train --verify`.
+#[test]
+fn ids_and_hashes_are_checked_where_data_is_made_and_opened() -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("data");
+    let tok = TextTokenizer::train_bpe(&english(), 300)?;
+    let meta = prepare_text(&[english()], &tok, &dir, &opts(4096), &mut |_| {})?;
+    let vocab = meta.vocab_size as u32;
+    let max = meta.max_id.expect("the largest id is recorded");
+    assert!(max < vocab);
+    assert!(meta.tokens_sha256.as_ref().is_some_and(|h| h.len() == 64));
+    assert!(TokenData::open(&dir)?.verify()?);
+    let path = dir.join(TOKENS_FILE);
+    let pristine = std::fs::read(&path)?;
+    let width = meta.dtype.width();
+    let set_id = |i: usize, id: u32| -> Result<()> {
+        let mut bytes = pristine.clone();
+        match meta.dtype {
+            TokenDtype::U16 => bytes[i * 2..i * 2 + 2].copy_from_slice(&(id as u16).to_le_bytes()),
+            TokenDtype::U32 => bytes[i * 4..i * 4 + 4].copy_from_slice(&id.to_le_bytes()),
+        }
+        Ok(std::fs::write(&path, bytes)?)
+    };
+    // An id outside the vocabulary, deep in the file: named with its offset when opened.
+    let at = meta.num_tokens as usize - 7;
+    set_id(at, vocab + 5)?;
+    let e = err(TokenData::open(&dir));
+    assert!(
+        e.contains(&format!(
+            "id {} at offset {at} (byte {})",
+            vocab + 5,
+            at * width
+        )) && e.contains("outside the vocabulary"),
+        "{e}"
+    );
+    let (ok, _, stderr) = mha(&[
+        "train",
+        "--data",
+        dir.to_str().unwrap(),
+        "--out",
+        tmp.path().join("r").to_str().unwrap(),
+        "--steps",
+        "2",
+    ])?;
+    assert!(!ok && stderr.contains("outside the vocabulary"), "{stderr}");
+    // An id in range but another than prepared (a flipped bit): the hash finds it.
+    let other = (0..vocab)
+        .find(|&id| id != u32::from(pristine[3 * width]))
+        .unwrap()
+        % (max + 1);
+    set_id(3, other)?;
+    let data = TokenData::open(&dir)?;
+    let e = err(data.verify());
+    assert!(e.contains("changed after it was prepared"), "{e}");
+    let (ok, _, stderr) = mha(&["info", dir.to_str().unwrap()])?;
+    assert!(
+        !ok && stderr.contains("changed after it was prepared"),
+        "{stderr}"
+    );
+    let (ok, _, stderr) = mha(&[
+        "train",
+        "--data",
+        dir.to_str().unwrap(),
+        "--out",
+        tmp.path().join("r2").to_str().unwrap(),
+        "--steps",
+        "2",
+        "--verify",
+    ])?;
+    assert!(
+        !ok && stderr.contains("changed after it was prepared"),
+        "{stderr}"
+    );
+    std::fs::write(&path, &pristine)?;
+    let (ok, stdout, stderr) = mha(&["info", dir.to_str().unwrap()])?;
+    assert!(ok && stdout.contains("SHA-256 matches"), "{stdout}{stderr}");
+    Ok(())
+}
+
+fn mha(args: &[&str]) -> Result<(bool, String, String)> {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mha"))
+        .args(args)
+        .output()?;
+    Ok((
+        out.status.success(),
+        String::from_utf8(out.stdout)?,
+        String::from_utf8(out.stderr)?,
+    ))
+}

@@ -1,4 +1,6 @@
-//! `mha info FILE`: what a checkpoint holds.
+//! `mha info FILE`: what a checkpoint holds; `mha info DIR`: a data directory written by
+//! `mha prepare` (checked: ids in range, `tokens.bin` against its SHA-256) or a checkpoint
+//! directory (checked against its `checkpoint.json`).
 
 use std::path::PathBuf;
 
@@ -10,7 +12,8 @@ use candle_mha::checkpoint::{
 /// Arguments of `mha info`.
 #[derive(clap::Args, Debug)]
 pub struct InfoArgs {
-    /// A safetensors file or a PyTorch pickle (.pt, .pth, .bin).
+    /// A safetensors file or a PyTorch pickle (.pt, .pth, .bin), a data directory written by
+    /// `mha prepare`, or a checkpoint directory written by `mha train`.
     pub file: PathBuf,
     /// Only the tensors under this prefix (e.g. `layers.0.self_attn`).
     #[arg(long, default_value = "")]
@@ -20,6 +23,24 @@ pub struct InfoArgs {
 /// Prints the tensors, the attention modules and the Transformer layers, stacks and models of
 /// a checkpoint.
 pub fn run(args: &InfoArgs) -> Result<()> {
+    if args.file.is_dir() {
+        let dir = &args.file;
+        if dir.join(candle_mha::data::META_FILE).exists() {
+            return data_info(dir);
+        }
+        candle_mha::io::verify_file_set(dir)?;
+        let model = dir.join(candle_mha::training::MODEL_FILE);
+        if !model.exists() {
+            anyhow::bail!(
+                "{}: neither a data directory (meta.json) nor a checkpoint directory (model.safetensors)",
+                dir.display()
+            )
+        }
+        return run(&InfoArgs {
+            file: model,
+            prefix: args.prefix.clone(),
+        });
+    }
     let format = CheckpointFormat::detect(&args.file)?;
     let all =
         StateDict::load(&args.file).with_context(|| format!("mha info {}", args.file.display()))?;
@@ -75,6 +96,19 @@ pub fn run(args: &InfoArgs) -> Result<()> {
         for t in &transformers {
             println!("  {t}");
         }
+    }
+    Ok(())
+}
+
+/// Describes and checks a prepared data directory.
+fn data_info(dir: &std::path::Path) -> Result<()> {
+    let data = candle_mha::data::TokenData::open(dir)?;
+    println!("{}", super::prepare::describe(data.meta(), dir));
+    match data.verify()? {
+        true => println!("tokens.bin: every id in range; SHA-256 matches meta.json"),
+        false => println!(
+            "tokens.bin: every id in range; no SHA-256 recorded (prepared by an older version)"
+        ),
     }
     Ok(())
 }

@@ -57,6 +57,9 @@ struct TokenWriter {
     dtype: TokenDtype,
     vocab_size: usize,
     count: u64,
+    /// The largest id written, and the SHA-256 of the bytes written.
+    max_id: Option<u32>,
+    hasher: Sha256,
 }
 
 impl TokenWriter {
@@ -72,6 +75,8 @@ impl TokenWriter {
             dtype: TokenDtype::for_vocab(vocab_size),
             vocab_size,
             count: 0,
+            max_id: None,
+            hasher: Sha256::new(),
         })
     }
 
@@ -88,7 +93,9 @@ impl TokenWriter {
                 TokenDtype::U16 => buf.extend_from_slice(&(id as u16).to_le_bytes()),
                 TokenDtype::U32 => buf.extend_from_slice(&id.to_le_bytes()),
             }
+            self.max_id = self.max_id.max(Some(id));
         }
+        self.hasher.update(&buf);
         self.out
             .write_all(&buf)
             .map_err(|e| candle::Error::Msg(format!("writing {}: {e}", self.tmp.display())))?;
@@ -96,13 +103,20 @@ impl TokenWriter {
         Ok(())
     }
 
-    fn finish(mut self) -> Result<u64> {
+    /// Renames the file into place; returns the number of ids, the largest and the file's
+    /// SHA-256.
+    fn finish(mut self) -> Result<(u64, Option<u32>, String)> {
         self.out
             .flush()
             .and_then(|_| self.out.get_ref().sync_all())
             .and_then(|_| std::fs::rename(&self.tmp, &self.path))
             .map_err(|e| candle::Error::Msg(format!("writing {}: {e}", self.path.display())))?;
-        Ok(self.count)
+        let hex = std::mem::take(&mut self.hasher)
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        Ok((self.count, self.max_id, hex))
     }
 }
 
@@ -173,7 +187,7 @@ fn finish_dir(
     sources: Vec<SourceFile>,
 ) -> Result<TokenDataMeta> {
     let dtype = writer.dtype;
-    let num_tokens = writer.finish()?;
+    let (num_tokens, max_id, tokens_sha256) = writer.finish()?;
     let text = matches!(codec, Codec::Text(_));
     let meta = TokenDataMeta {
         format: DATA_FORMAT.into(),
@@ -188,6 +202,8 @@ fn finish_dir(
         codec_file: if text { TOKENIZER_FILE } else { VOCAB_FILE }.into(),
         codec_sha256: codec.fingerprint()?,
         sources,
+        max_id,
+        tokens_sha256: Some(tokens_sha256),
     };
     codec.save_dir(out)?;
     let json = serde_json::to_string_pretty(&meta)

@@ -105,6 +105,14 @@ pub struct TokenDataMeta {
     pub codec_sha256: String,
     /// The sources, in stream order.
     pub sources: Vec<SourceFile>,
+    /// The largest id in `tokens.bin` (`None`: no ids, or data prepared before it was
+    /// recorded).
+    #[serde(default)]
+    pub max_id: Option<u32>,
+    /// SHA-256 of `tokens.bin`, hex ([`TokenData::verify`]; `None` for data prepared before
+    /// it was recorded).
+    #[serde(default)]
+    pub tokens_sha256: Option<String>,
 }
 
 impl TokenDataMeta {
@@ -161,7 +169,8 @@ impl TokenData {
     ///
     /// Errors, naming the path: a missing directory or file, a `meta.json` that is not this
     /// format, a `tokens.bin` whose size does not match `num_tokens` × the dtype's width, a
-    /// split point past the end.
+    /// split point past the end, an id outside the vocabulary (with its offset: the whole
+    /// file is scanned, at memory speed) or above the largest id recorded.
     pub fn open(dir: &Path) -> Result<Self> {
         if !dir.is_dir() {
             candle::bail!(
@@ -224,11 +233,66 @@ impl TokenData {
                 candle::Error::Msg(format!("memory-mapping {}: {e}", path.display()))
             })?)
         };
-        Ok(Self {
+        let data = Self {
             dir: dir.to_path_buf(),
             meta,
             map,
-        })
+        };
+        data.check_ids()?;
+        Ok(data)
+    }
+
+    /// Errors, naming the offset of the first one, when an id is at or past the vocabulary
+    /// size, or above the largest id `meta.json` recorded.
+    fn check_ids(&self) -> Result<()> {
+        let Some(map) = &self.map else {
+            return Ok(());
+        };
+        let vocab = self.meta.vocab_size as u64;
+        let limit = match self.meta.max_id {
+            Some(m) => (u64::from(m) + 1).min(vocab),
+            None => vocab,
+        };
+        let first_bad = match self.meta.dtype {
+            TokenDtype::U16 => map
+                .chunks_exact(2)
+                .position(|b| u64::from(u16::from_le_bytes([b[0], b[1]])) >= limit),
+            TokenDtype::U32 => map
+                .chunks_exact(4)
+                .position(|b| u64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]])) >= limit),
+        };
+        if let Some(i) = first_bad {
+            let id = self.tokens(i as u64..i as u64 + 1)?[0];
+            candle::bail!(
+                "{}: id {id} at offset {i} (byte {}) is {}; the file is damaged or not this data's: prepare the data again",
+                self.dir.join(TOKENS_FILE).display(),
+                i * self.meta.dtype.width(),
+                match u64::from(id) >= vocab {
+                    true => format!("outside the vocabulary of {vocab} ids"),
+                    false => format!("above the largest id prepared, {}", limit - 1),
+                }
+            )
+        }
+        Ok(())
+    }
+
+    /// Checks `tokens.bin` against the SHA-256 `meta.json` recorded (a flipped bit that keeps
+    /// an id in range is found only so). Errors when it differs; `Ok(false)` when no hash was
+    /// recorded (data prepared before hashes were).
+    pub fn verify(&self) -> Result<bool> {
+        let Some(want) = &self.meta.tokens_sha256 else {
+            return Ok(false);
+        };
+        let got = sha256_hex(self.map.as_deref().unwrap_or(&[]));
+        if &got != want {
+            candle::bail!(
+                "{}: SHA-256 {}…, but {META_FILE} records {}…: the file changed after it was prepared; prepare the data again",
+                self.dir.join(TOKENS_FILE).display(),
+                &got[..12],
+                &want[..12.min(want.len())]
+            )
+        }
+        Ok(true)
     }
 
     /// The directory.

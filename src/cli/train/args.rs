@@ -187,6 +187,10 @@ pub struct TrainArgs {
     /// Synthetic task: training examples.
     #[arg(long, help = "Synthetic task: training examples [default: 20000]")]
     pub train_examples: Option<usize>,
+    /// Check the prepared data's tokens.bin against the SHA-256 in its meta.json before
+    /// training (ids are always checked against the vocabulary when the data is opened).
+    #[arg(long)]
+    pub verify: bool,
     /// No progress bar (log lines instead).
     #[arg(long)]
     pub quiet: bool,

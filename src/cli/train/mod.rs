@@ -221,6 +221,15 @@ fn run_rank(
         .as_ref()
         .map(|c| c.max_len + 1)
         .or(args.max_len().map(|m| m + 1));
+    if let (true, DataSpec::Prepared { dir, .. }) = (args.verify && lead, &spec) {
+        match TokenData::open(dir)?.verify()? {
+            true => eprintln!("verified {}: tokens.bin matches its SHA-256", dir.display()),
+            false => eprintln!(
+                "{}: no SHA-256 recorded to verify (prepared by an older version)",
+                dir.display()
+            ),
+        }
+    }
     let data = spec.load(
         codec,
         args.tokenizer.as_deref(),
