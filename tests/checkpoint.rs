@@ -462,3 +462,30 @@ fn bad_files_are_errors_not_panics() -> Result<()> {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     Ok(())
 }
+
+/// A `torch.save` file nesting 200,000 lists is an error, not a stack overflow; devices and
+/// FIFOs are refused rather than read forever.
+#[test]
+fn hostile_files_are_errors_not_aborts() -> Result<()> {
+    use std::io::Write;
+    let tmp = tempfile::tempdir()?;
+    let path = tmp.path().join("nested.pt");
+    let mut pkl = vec![0x80, 2];
+    pkl.extend(std::iter::repeat_n(b']', 200_000));
+    pkl.extend(std::iter::repeat_n(b'a', 199_999));
+    pkl.push(b'.');
+    let mut zip = zip::ZipWriter::new(std::fs::File::create(&path)?);
+    zip.start_file("archive/data.pkl", zip::write::SimpleFileOptions::default())?;
+    zip.write_all(&pkl)?;
+    zip.finish()?;
+    let e = StateDict::load(&path).unwrap_err().to_string();
+    assert!(e.contains("deeper than 1000 levels"), "{e}");
+    #[cfg(unix)]
+    for device in ["/dev/zero", "/dev/urandom"] {
+        if std::path::Path::new(device).exists() {
+            let e = StateDict::load(device).unwrap_err().to_string();
+            assert!(e.contains("not a regular file"), "{device}: {e}");
+        }
+    }
+    Ok(())
+}

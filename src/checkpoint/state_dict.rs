@@ -82,6 +82,15 @@ fn open(path: &Path) -> Result<std::fs::File> {
             path.display()
         )
     }
+    // A device or a FIFO (`/dev/zero`, `/dev/urandom`) has no end to read to.
+    let meta = std::fs::metadata(path).map_err(|e| io_err(path, e))?;
+    if !meta.is_file() {
+        candle::bail!(
+            "cannot read checkpoint {}: not a regular file ({:?}); expected a safetensors or torch.save file",
+            path.display(),
+            meta.file_type()
+        )
+    }
     std::fs::File::open(path).map_err(|e| io_err(path, e))
 }
 
@@ -194,7 +203,16 @@ impl StateDict {
 
     /// The tensor called `name`.
     pub fn get(&self, name: &str) -> Option<&Tensor> {
-        self.tensors.iter().find(|(n, _)| n == name).map(|(_, t)| t)
+        // The tensors are sorted by `natural_cmp`, under which a few names may tie ("a.01",
+        // "a.1"): a binary search to the tied run, then an exact match in it.
+        let start = self
+            .tensors
+            .partition_point(|(n, _)| natural_cmp(n, name).is_lt());
+        self.tensors[start..]
+            .iter()
+            .take_while(|(n, _)| natural_cmp(n, name).is_eq())
+            .find(|(n, _)| n == name)
+            .map(|(_, t)| t)
     }
 
     /// The number of tensors.
@@ -302,5 +320,20 @@ mod tests {
         assert_eq!(normalize_prefix("a.b"), "a.b.");
         assert_eq!(normalize_prefix("a.b."), "a.b.");
         assert_eq!(normalize_prefix(""), "");
+    }
+
+    /// `get` finds every name among names that tie in the natural order ("a.01", "a.1").
+    #[test]
+    fn get_finds_names_that_tie_in_the_natural_order() -> Result<()> {
+        let names = ["a.1", "a.01", "a.2", "b", "a.001", "a.10"];
+        let sd = StateDict::from_tensors(names.iter().enumerate().map(|(i, n)| {
+            (n.to_string(), Tensor::new(&[i as f32], &candle::Device::Cpu).unwrap())
+        }));
+        for (i, n) in names.iter().enumerate() {
+            let t = sd.get(n).expect(n).to_vec1::<f32>()?;
+            assert_eq!(t, [i as f32], "{n}");
+        }
+        assert!(sd.get("a.3").is_none() && sd.get("c").is_none());
+        Ok(())
     }
 }

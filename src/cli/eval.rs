@@ -40,10 +40,11 @@ pub struct EvalArgs {
     #[arg(long, value_enum)]
     pub baseline: Option<Baseline>,
     /// Windows of prepared data evaluated at most (evenly spread over its validation part).
-    #[arg(long, default_value_t = DEFAULT_EVAL_WINDOWS)]
+    #[arg(long, default_value_t = DEFAULT_EVAL_WINDOWS,
+          value_parser = super::bounds::count(1, super::bounds::MAX_COUNT))]
     pub max_windows: usize,
     /// Sequences per batch.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = super::bounds::count(1, super::bounds::MAX_COUNT))]
     pub batch_size: usize,
     /// Where to run.
     #[arg(long, default_value = "auto", value_parser = super::choices::DeviceParser)]

@@ -22,12 +22,12 @@ pub struct GenerateArgs {
     /// printed as a single prompt is, in order, once all are done.
     #[arg(long, required = true)]
     pub prompt: Vec<String>,
-    /// Tokens to generate at most (stops early at end of sequence).
-    #[arg(long, default_value_t = 20)]
+    /// Tokens to generate at most (stops early at end of sequence; at most 1000000).
+    #[arg(long, default_value_t = 20, value_parser = super::bounds::count(0, 1_000_000))]
     pub max_new_tokens: usize,
     /// Sample among the k most likely tokens (default: greedy; no top-k filtering when
     /// sampling).
-    #[arg(long, value_name = "K")]
+    #[arg(long, value_name = "K", value_parser = super::bounds::count(1, super::bounds::MAX_COUNT))]
     pub top_k: Option<usize>,
     /// Nucleus sampling: sample among the most likely tokens whose probabilities sum to at
     /// least P, in (0, 1] (default: greedy; no top-p filtering when sampling).

@@ -64,14 +64,14 @@ pub struct InspectArgs {
     /// and head: head view, model view, matrix view with the rollout and flow.
     #[arg(long)]
     pub html: Option<PathBuf>,
-    /// Graph: drop edges below this weight.
-    #[arg(long, default_value_t = 0.0)]
+    /// Graph: drop edges below this weight (0 to 1).
+    #[arg(long, default_value_t = 0.0, value_parser = super::bounds::real(0.0, 1.0))]
     pub threshold: f64,
     /// Graph: keep each query's k strongest edges.
-    #[arg(long)]
+    #[arg(long, value_parser = super::bounds::count(1, super::bounds::MAX_COUNT))]
     pub top_k: Option<usize>,
-    /// Decimals in the tables.
-    #[arg(long, default_value_t = 3)]
+    /// Decimals in the tables (0 to 12).
+    #[arg(long, default_value_t = 3, value_parser = super::bounds::count(0, 12))]
     pub decimals: usize,
     /// Colour the tables (ANSI).
     #[arg(long)]

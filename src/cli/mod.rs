@@ -1,5 +1,6 @@
 //! The subcommands of the `mha` binary, one per file.
 
+mod bounds;
 mod checkpoint_dir;
 pub mod choices;
 pub mod convert;

@@ -22,11 +22,11 @@ pub struct PlotArgs {
     /// Write the chart as an SVG file.
     #[arg(long)]
     pub svg: Option<PathBuf>,
-    /// Image width in pixels.
-    #[arg(long, default_value_t = 800)]
+    /// Image width in pixels (64 to 16384).
+    #[arg(long, default_value_t = 800, value_parser = super::bounds::count_u32(64, 16384))]
     pub width: u32,
-    /// Image height in pixels.
-    #[arg(long, default_value_t = 500)]
+    /// Image height in pixels (64 to 16384).
+    #[arg(long, default_value_t = 500, value_parser = super::bounds::count_u32(64, 16384))]
     pub height: u32,
     /// Chart title.
     #[arg(long, default_value = "loss")]
@@ -35,10 +35,10 @@ pub struct PlotArgs {
     #[arg(long)]
     pub log_y: bool,
     /// Bottom of the y axis (default: from the data).
-    #[arg(long, allow_hyphen_values = true)]
+    #[arg(long, allow_hyphen_values = true, value_parser = super::bounds::finite)]
     pub y_min: Option<f64>,
     /// Top of the y axis (default: from the data), e.g. to cut off the first steps' loss.
-    #[arg(long, allow_hyphen_values = true)]
+    #[arg(long, allow_hyphen_values = true, value_parser = super::bounds::finite)]
     pub y_max: Option<f64>,
 }
 

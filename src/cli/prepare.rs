@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use candle_mha::data::{
     expand_sources, prepare_text, prepare_token_files, PrepareOptions, TextTokenizer,
-    TokenDataMeta, DEFAULT_CHUNK_BYTES,
+    TokenDataMeta, DEFAULT_CHUNK_BYTES, MAX_BPE_VOCAB, MAX_CHUNK_BYTES, MIN_BPE_VOCAB,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -32,17 +32,20 @@ pub struct PrepareArgs {
     /// A tokenizers `tokenizer.json` (default: train a byte-level BPE on a sample of the text).
     #[arg(long, conflicts_with = "tokens")]
     pub tokenizer: Option<PathBuf>,
-    /// Vocabulary size of the trained BPE (at least 260).
-    #[arg(long, default_value_t = DEFAULT_BPE_VOCAB)]
+    /// Vocabulary size of the trained BPE (260 to 1048576).
+    #[arg(long, default_value_t = DEFAULT_BPE_VOCAB,
+          value_parser = super::bounds::count(MIN_BPE_VOCAB as u64, MAX_BPE_VOCAB as u64))]
     pub vocab_size: usize,
-    /// Megabytes of text the BPE is trained on (a sample spread over the files).
-    #[arg(long, default_value_t = DEFAULT_BPE_SAMPLE_MB)]
+    /// Megabytes of text the BPE is trained on (a sample spread over the files; 0.001 to
+    /// 100000).
+    #[arg(long, default_value_t = DEFAULT_BPE_SAMPLE_MB, value_parser = super::bounds::real(0.001, 1e5))]
     pub bpe_sample_mb: f64,
     /// Fraction of the token stream held out for validation (its tail), in [0, 1).
     #[arg(long, default_value_t = PrepareOptions::default().val_fraction)]
     pub val_fraction: f64,
-    /// Kilobytes of text encoded at a time per thread.
-    #[arg(long, default_value_t = DEFAULT_CHUNK_BYTES / 1024)]
+    /// Kilobytes of text encoded at a time per thread (1 to 262144).
+    #[arg(long, default_value_t = DEFAULT_CHUNK_BYTES / 1024,
+          value_parser = super::bounds::count(1, MAX_CHUNK_BYTES as u64 / 1024))]
     pub chunk_kb: usize,
     /// No progress bar.
     #[arg(long)]

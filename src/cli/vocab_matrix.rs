@@ -32,7 +32,7 @@ pub struct VocabMatrixArgs {
     #[arg(long)]
     pub head: Option<usize>,
     /// Keys listed per query token in the report.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = super::bounds::count(1, super::bounds::MAX_COUNT))]
     pub top_k: usize,
     /// Where to write vocab_matrix.csv and vocab_matrix.safetensors (default CHECKPOINT/vocab_matrix).
     #[arg(long)]
@@ -47,7 +47,7 @@ pub struct VocabMatrixArgs {
     #[arg(long)]
     pub no_safetensors: bool,
     /// Sequences per batch.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = super::bounds::count(1, super::bounds::MAX_COUNT))]
     pub batch_size: usize,
     /// Where to run.
     #[arg(long, default_value = "auto", value_parser = super::choices::DeviceParser)]

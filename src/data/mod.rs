@@ -39,8 +39,8 @@ pub use prepared::{
 };
 pub use source::{EvalSet, TrainSource, WindowSource};
 pub use synthetic::AssociativeRecall;
-pub use text::{text_dataset, TextTokenizer};
-pub use text_chunks::{expand_sources, TextChunks, DEFAULT_CHUNK_BYTES};
+pub use text::{text_dataset, TextTokenizer, MAX_BPE_VOCAB, MIN_BPE_VOCAB};
+pub use text_chunks::{expand_sources, TextChunks, DEFAULT_CHUNK_BYTES, MAX_CHUNK_BYTES};
 pub use text_windows::TextWindows;
 pub use token_file::{encode_sequences, read_token_file};
 pub use vocab::{Vocab, BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, UNK, UNK_ID};

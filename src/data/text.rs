@@ -23,14 +23,19 @@ const BOS_NAMES: [&str; 4] = [BOS, "<s>", "<|begin_of_text|>", "<|startoftext|>"
 const EOS_NAMES: [&str; 4] = [EOS, "</s>", "<|end_of_text|>", "<|endoftext|>"];
 
 /// The number of ids byte-level BPE needs before any merge: 4 specials and 256 bytes.
-const MIN_BPE_VOCAB: usize = 4 + 256;
+pub const MIN_BPE_VOCAB: usize = 4 + 256;
 
-/// Errors unless `vocab_size` leaves room for the specials and the 256 bytes.
+/// The largest vocabulary a BPE is trained to, and the largest id a loaded tokenizer may
+/// hold (the tables of a tokenizer and of prepared data grow with the largest id).
+pub const MAX_BPE_VOCAB: usize = 1 << 20;
+
+/// Errors unless `vocab_size` leaves room for the specials and the 256 bytes and is at most
+/// [`MAX_BPE_VOCAB`].
 fn check_bpe_vocab(vocab_size: usize) -> Result<()> {
-    if vocab_size < MIN_BPE_VOCAB {
+    if !(MIN_BPE_VOCAB..=MAX_BPE_VOCAB).contains(&vocab_size) {
         candle::bail!(
-            "BPE vocab_size {vocab_size} is too small; expected at least {MIN_BPE_VOCAB} \
-             (4 special tokens + 256 bytes)"
+            "BPE vocab_size {vocab_size}: expected {MIN_BPE_VOCAB} (4 special tokens + 256 \
+             bytes) to {MAX_BPE_VOCAB}"
         )
     }
     Ok(())
@@ -94,6 +99,15 @@ impl TextTokenizer {
                 path.display()
             ))
         })?;
+        // Ids index tables sized by the largest one.
+        if let Some((token, id)) = inner.get_vocab(true).into_iter().max_by_key(|(_, id)| *id) {
+            if id as usize >= MAX_BPE_VOCAB {
+                candle::bail!(
+                    "{}: token {token:?} has id {id}; expected ids below {MAX_BPE_VOCAB}",
+                    path.display()
+                )
+            }
+        }
         Ok(TextTokenizer { inner })
     }
 

@@ -44,6 +44,9 @@ fn cut_point(buf: &[u8], next: u8) -> usize {
         .unwrap_or(buf.len())
 }
 
+/// The largest piece [`TextChunks`] reads at a time (each thread holds a few).
+pub const MAX_CHUNK_BYTES: usize = 256 << 20;
+
 /// The pieces of one UTF-8 text file, each about `chunk_bytes` long (the last may be shorter),
 /// in order; concatenated they are the file. Invalid UTF-8 is an error naming the file, the
 /// line and the byte offset.
@@ -64,8 +67,12 @@ pub struct TextChunks {
 }
 
 impl TextChunks {
-    /// Opens `path`; errors on a directory or an unreadable file, naming it.
+    /// Opens `path`; errors on a directory or an unreadable file, naming it, and on
+    /// `chunk_bytes` over [`MAX_CHUNK_BYTES`].
     pub fn open(path: &Path, chunk_bytes: usize) -> Result<Self> {
+        if chunk_bytes > MAX_CHUNK_BYTES {
+            candle::bail!("chunk of {chunk_bytes} bytes: expected at most {MAX_CHUNK_BYTES}")
+        }
         if path.is_dir() {
             candle::bail!("{} is a directory; expected a text file", path.display())
         }
@@ -213,8 +220,23 @@ pub fn expand_sources(sources: &[PathBuf]) -> Result<Vec<PathBuf>> {
     Ok(out)
 }
 
-/// Every file below `dir`, sorted, skipping names that start with a dot.
+/// Every file below `dir`, sorted, skipping names that start with a dot. A directory reached
+/// again (through a symbolic link to itself or an ancestor, or twice) is walked once: a link
+/// cycle does not make the walk endless.
 fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    walk_once(dir, out, &mut std::collections::HashSet::new())
+}
+
+fn walk_once(
+    dir: &Path,
+    out: &mut Vec<PathBuf>,
+    visited: &mut std::collections::HashSet<PathBuf>,
+) -> Result<()> {
+    let real = std::fs::canonicalize(dir)
+        .map_err(|e| candle::Error::Msg(format!("reading directory {}: {e}", dir.display())))?;
+    if !visited.insert(real) {
+        return Ok(());
+    }
     let entries = std::fs::read_dir(dir)
         .map_err(|e| candle::Error::Msg(format!("reading directory {}: {e}", dir.display())))?;
     let mut paths: Vec<PathBuf> = entries
@@ -227,7 +249,7 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
     paths.sort();
     for p in paths {
         if p.is_dir() {
-            walk(&p, out)?;
+            walk_once(&p, out, visited)?;
         } else {
             out.push(p);
         }
@@ -238,6 +260,25 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two links to the directory itself: each file once, and the walk ends.
+    #[cfg(unix)]
+    #[test]
+    fn a_link_cycle_is_walked_once() -> Result<()> {
+        let tmp = tempfile::tempdir()?;
+        std::fs::write(tmp.path().join("a.txt"), "a")?;
+        std::fs::create_dir(tmp.path().join("sub"))?;
+        std::fs::write(tmp.path().join("sub/b.txt"), "b")?;
+        std::os::unix::fs::symlink(".", tmp.path().join("x"))?;
+        std::os::unix::fs::symlink("..", tmp.path().join("sub/up"))?;
+        let files = expand_sources(&[tmp.path().to_path_buf()])?;
+        let names: Vec<_> = files
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["a.txt", "b.txt"]);
+        Ok(())
+    }
 
     #[test]
     fn cuts_fall_where_a_bpe_would_cut() {

@@ -50,9 +50,11 @@ impl Storages {
     }
 }
 
+/// One pickle from `r`, its nesting and size checked first ([`super::bounded`]).
 pub(super) fn parse_one(r: &mut impl std::io::BufRead) -> Result<Object> {
+    let bytes = super::bounded::read_bounded(r)?;
     let mut stack = Stack::empty();
-    stack.read_loop(r)?;
+    stack.read_loop(&mut std::io::Cursor::new(bytes))?;
     stack.finalize()
 }
 

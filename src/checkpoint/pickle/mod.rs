@@ -15,6 +15,7 @@ use std::path::Path;
 use candle::pickle::Object;
 use candle::{Result, Tensor};
 
+mod bounded;
 mod container;
 mod tensor;
 

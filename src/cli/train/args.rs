@@ -14,6 +14,7 @@ use candle_mha::training::TrainConfig;
 
 use crate::cli::data_source::DEFAULT_EVAL_WINDOWS;
 use crate::cli::prepare::{DEFAULT_BPE_SAMPLE_MB, DEFAULT_BPE_VOCAB};
+use candle_mha::data::{MAX_BPE_VOCAB, MIN_BPE_VOCAB};
 
 /// Help text of a run option: `what`, then its default from the configurations (one value,
 /// or one per kind of data where they differ).
@@ -64,12 +65,12 @@ pub struct TrainArgs {
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
     /// Vocabulary size of the BPE trained for --text (at least 260).
-    #[arg(long, visible_alias = "vocab-size", help = format!(
+    #[arg(long, value_parser = crate::cli::bounds::count(MIN_BPE_VOCAB as u64, MAX_BPE_VOCAB as u64), visible_alias = "vocab-size", help = format!(
         "Vocabulary size of the BPE trained for --text (at least 260) [default: {DEFAULT_BPE_VOCAB}]"
     ))]
     pub bpe_vocab: Option<usize>,
     /// Megabytes of text the BPE for --text is trained on.
-    #[arg(long, help = format!(
+    #[arg(long, value_parser = crate::cli::bounds::real(0.001, 1e5), help = format!(
         "Megabytes of text the BPE for --text is trained on [default: {DEFAULT_BPE_SAMPLE_MB}]"
     ))]
     pub bpe_sample_mb: Option<f64>,
@@ -84,77 +85,77 @@ pub struct TrainArgs {
     #[arg(long)]
     pub resume: bool,
     /// Optimizer steps (with --resume: the new total).
-    #[arg(long, help = run_default("Optimizer steps (with --resume: the new total)", |c| c.steps))]
+    #[arg(long, value_parser = crate::cli::bounds::count_u64(0, 1_000_000_000_000), help = run_default("Optimizer steps (with --resume: the new total)", |c| c.steps))]
     pub steps: Option<u64>,
     /// Sequences per micro-batch.
-    #[arg(long, help = run_default("Sequences per micro-batch", |c| c.batch_size))]
+    #[arg(long, value_parser = crate::cli::bounds::count(1, crate::cli::bounds::MAX_COUNT), help = run_default("Sequences per micro-batch", |c| c.batch_size))]
     pub batch_size: Option<usize>,
     /// Micro-batches accumulated into one update (effective batch = batch size × this).
-    #[arg(long, help = run_default(
+    #[arg(long, value_parser = crate::cli::bounds::count(1, 1_000_000), help = run_default(
         "Micro-batches accumulated into one update (effective batch = batch size × this)",
         |c| c.grad_accum,
     ))]
     pub grad_accum: Option<usize>,
     /// Peak learning rate (warmup, then cosine to lr/10).
-    #[arg(long, help = run_default("Peak learning rate (warmup, then cosine to lr/10)", |c| c.lr))]
+    #[arg(long, value_parser = crate::cli::bounds::real(0.0, 1e3), help = run_default("Peak learning rate (warmup, then cosine to lr/10)", |c| c.lr))]
     pub lr: Option<f64>,
     /// Warmup steps.
-    #[arg(long, help = run_default("Warmup steps", |c| c.warmup_steps))]
+    #[arg(long, value_parser = crate::cli::bounds::count_u64(0, 1_000_000_000_000), help = run_default("Warmup steps", |c| c.warmup_steps))]
     pub warmup: Option<u64>,
     /// AdamW weight decay.
-    #[arg(long, help = run_default("AdamW weight decay", |c| c.weight_decay))]
+    #[arg(long, value_parser = crate::cli::bounds::real(0.0, 1e3), help = run_default("AdamW weight decay", |c| c.weight_decay))]
     pub weight_decay: Option<f64>,
     /// Gradient-norm clip (0 = off).
-    #[arg(long, help = run_default("Gradient-norm clip (0 = off)", |c| c.clip_norm))]
+    #[arg(long, value_parser = crate::cli::bounds::real(0.0, 1e12), help = run_default("Gradient-norm clip (0 = off)", |c| c.clip_norm))]
     pub clip: Option<f64>,
     /// Model width.
-    #[arg(long, help = model_default("Model width", |c| c.embed_dim))]
+    #[arg(long, value_parser = crate::cli::bounds::count(1, crate::cli::bounds::MAX_DIM), help = model_default("Model width", |c| c.embed_dim))]
     pub embed_dim: Option<usize>,
     /// Attention heads per block.
-    #[arg(long, help = model_default("Attention heads per block", |c| c.num_heads))]
+    #[arg(long, value_parser = crate::cli::bounds::count(1, crate::cli::bounds::MAX_DIM), help = model_default("Attention heads per block", |c| c.num_heads))]
     pub num_heads: Option<usize>,
     /// Transformer blocks.
-    #[arg(long, help = model_default("Transformer blocks", |c| c.num_layers))]
+    #[arg(long, value_parser = crate::cli::bounds::count(1, 4096), help = model_default("Transformer blocks", |c| c.num_layers))]
     pub num_layers: Option<usize>,
     /// MLP width (default 4 × embed_dim).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::cli::bounds::count(1, crate::cli::bounds::MAX_CONTEXT))]
     pub ff_dim: Option<usize>,
     /// Context length (default: the longest sequence of token data; 128 for text).
-    #[arg(long, help = format!(
+    #[arg(long, value_parser = crate::cli::bounds::count(1, crate::cli::bounds::MAX_CONTEXT), help = format!(
         "Context length [default: the longest sequence of token data, {} for text and --data]",
         NextTokenPredictorConfig::for_text(0).max_len
     ))]
     pub max_len: Option<usize>,
     /// Attention dropout.
-    #[arg(long, help = model_default("Attention dropout", |c| c.dropout))]
+    #[arg(long, value_parser = crate::cli::bounds::real(0.0, 1.0), help = model_default("Attention dropout", |c| c.dropout))]
     pub dropout: Option<f64>,
     /// Dropout on the embeddings and on each block's outputs into the residual stream.
-    #[arg(long, help = model_default(
+    #[arg(long, value_parser = crate::cli::bounds::real(0.0, 1.0), help = model_default(
         "Dropout on the embeddings and on each block's outputs into the residual stream",
         |c| c.resid_dropout,
     ))]
     pub resid_dropout: Option<f64>,
     /// Evaluate every N steps.
-    #[arg(long, help = run_default("Evaluate every N steps", |c| c.eval_every))]
+    #[arg(long, value_parser = crate::cli::bounds::count_u64(0, 1_000_000_000_000), help = run_default("Evaluate every N steps", |c| c.eval_every))]
     pub eval_every: Option<u64>,
     /// Checkpoint every N steps.
-    #[arg(long, help = run_default("Checkpoint every N steps", |c| c.save_every))]
+    #[arg(long, value_parser = crate::cli::bounds::count_u64(0, 1_000_000_000_000), help = run_default("Checkpoint every N steps", |c| c.save_every))]
     pub save_every: Option<u64>,
     /// Stop after N evaluations without a new best validation loss (0 = never).
-    #[arg(long, help = run_default(
+    #[arg(long, value_parser = crate::cli::bounds::count_u64(0, 1_000_000_000_000), help = run_default(
         "Stop after N evaluations without a new best validation loss (0 = never)",
         |c| c.early_stop,
     ))]
     pub early_stop: Option<u64>,
     /// Validation windows evaluated at most (text and --data; evenly spread over the tail).
-    #[arg(long, help = format!(
+    #[arg(long, value_parser = crate::cli::bounds::count(1, crate::cli::bounds::MAX_COUNT), help = format!(
         "Validation windows evaluated at most (text and --data; evenly spread over the tail) \
          [default: {DEFAULT_EVAL_WINDOWS}]"
     ))]
     pub eval_windows: Option<usize>,
     /// Fraction held out for validation: random sequences of a token file, the tail of text
     /// (with --data: the data's own split unless given).
-    #[arg(long, help = format!(
+    #[arg(long, value_parser = crate::cli::bounds::real(0.0, 1.0), help = format!(
         "Fraction held out for validation: random sequences of a token file, the tail of text \
          [default: {}; with --data, the data's own split]",
         PrepareOptions::default().val_fraction
@@ -173,10 +174,10 @@ pub struct TrainArgs {
     #[arg(long, default_value = "f32", value_parser = crate::cli::choices::DtypeParser)]
     pub dtype: DType,
     /// Synthetic task: number of keys.
-    #[arg(long, help = "Synthetic task: number of keys [default: 16]")]
+    #[arg(long, value_parser = crate::cli::bounds::count(1, 1_000_000), help = "Synthetic task: number of keys [default: 16]")]
     pub keys: Option<usize>,
     /// Synthetic task: number of values.
-    #[arg(long, help = "Synthetic task: number of values [default: 16]")]
+    #[arg(long, value_parser = crate::cli::bounds::count(1, 1_000), value_parser = crate::cli::bounds::count(1, 1_000_000), help = "Synthetic task: number of values [default: 16]")]
     pub values: Option<usize>,
     /// Synthetic task: key–value pairs shown per example.
     #[arg(
@@ -185,7 +186,7 @@ pub struct TrainArgs {
     )]
     pub pairs: Option<usize>,
     /// Synthetic task: training examples.
-    #[arg(long, help = "Synthetic task: training examples [default: 20000]")]
+    #[arg(long, value_parser = crate::cli::bounds::count(1, crate::cli::bounds::MAX_COUNT), help = "Synthetic task: training examples [default: 20000]")]
     pub train_examples: Option<usize>,
     /// Check the prepared data's tokens.bin against the SHA-256 in its meta.json before
     /// training (ids are always checked against the vocabulary when the data is opened).
@@ -201,7 +202,7 @@ pub struct TrainArgs {
     pub dist: String,
     /// Data parallelism: seconds a rank waits in a collective (a gradient all-reduce) for the
     /// others before it ends the whole run (a rank died or hangs; 0 = wait forever).
-    #[arg(long, default_value_t = 300.0)]
+    #[arg(long, value_parser = crate::cli::bounds::real(0.0, 1e7), default_value_t = 300.0)]
     pub dist_timeout: f64,
 }
 
