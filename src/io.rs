@@ -40,6 +40,39 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     })
 }
 
+/// Whether process `pid` may be running: `false` only where `/proc` shows it is not (Linux);
+/// elsewhere every process is assumed alive.
+fn pid_may_run(pid: u32) -> bool {
+    let proc = Path::new("/proc");
+    !proc.join("self").exists() || proc.join(pid.to_string()).exists()
+}
+
+/// Removes the temporary files ([`write_atomic`]'s `.NAME.tmp-PID`) that processes which are no
+/// longer running left in `dir` (killed while writing); returns how many. A live process's
+/// file is left alone.
+pub fn remove_stale_temps(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let pid = name
+            .strip_prefix('.')
+            .and_then(|n| n.rsplit_once(".tmp-"))
+            .and_then(|(_, pid)| pid.parse::<u32>().ok());
+        if let Some(pid) = pid {
+            if pid != std::process::id()
+                && !pid_may_run(pid)
+                && std::fs::remove_file(entry.path()).is_ok()
+            {
+                removed += 1;
+            }
+        }
+    }
+    removed
+}
+
 /// The commit record of a [`FileSet`] in its directory.
 pub const MANIFEST_FILE: &str = "checkpoint.json";
 

@@ -188,3 +188,44 @@ fn hostile_inputs_are_errors() -> Result<()> {
     );
     Ok(())
 }
+
+/// A step budget that reads a small corpus many times over is said at the start, with the
+/// steps of one pass; a budget of a few passes is not.
+#[test]
+fn many_passes_over_a_small_corpus_are_announced() -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let run = |steps: &str, out: &str| {
+        let out = tmp.path().join(out);
+        mha(&[
+            "train",
+            "--text",
+            &text(),
+            "--out",
+            out.to_str().unwrap(),
+            "--vocab-size",
+            "300",
+            "--steps",
+            steps,
+            "--batch-size",
+            "64",
+            "--embed-dim",
+            "16",
+            "--num-heads",
+            "2",
+            "--num-layers",
+            "1",
+            "--eval-every",
+            "0",
+            "--quiet",
+        ])
+    };
+    let (ok, _, err) = run("40", "many")?;
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("times over") && err.contains("steps make one pass"),
+        "{err}"
+    );
+    let (ok, _, err) = run("4", "few")?;
+    assert!(ok && !err.contains("times over"), "{err}");
+    Ok(())
+}

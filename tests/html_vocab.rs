@@ -691,6 +691,25 @@ fn large_vocabulary_stays_responsive() -> Result<()> {
         (Some(560), Some(560))
     );
     assert_eq!(s["cell"], 1);
+    // The table's cells never run into each other, and its numbers show whole: the id, mass
+    // and query count of every row drawn fit their columns (masses of whole numbers without
+    // decimals: 214170, not 214170.0000).
+    let layout = b.eval(
+        "const bad = [];
+         for (const row of document.querySelectorAll('#vm-table .vm-row')) {
+           const cells = [...row.children];
+           for (let i = 0; i + 1 < cells.length; i++) {
+             if (cells[i].getBoundingClientRect().right > cells[i + 1].getBoundingClientRect().left + 0.5)
+               bad.push('overlap ' + row.dataset.q + ' ' + cells[i].className);
+           }
+           for (const c of row.querySelectorAll('.vm-id, .vm-mass, .vm-nq'))
+             if (c.scrollWidth > c.clientWidth + 1) bad.push('cut ' + row.dataset.q + ' ' + c.className + ' ' + c.textContent);
+           const mass = row.querySelector('.vm-mass').textContent;
+           if (/\\.0+$/.test(mass)) bad.push('decimals ' + mass);
+         }
+         return bad;",
+    )?;
+    assert_eq!(layout, serde_json::json!([]), "table layout");
     let dom_rows = b.count("#vm-table .vm-row")?;
     assert!((20..=60).contains(&dom_rows), "{dom_rows} rows in the DOM");
     assert_eq!(

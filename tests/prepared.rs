@@ -349,3 +349,48 @@ fn mha(args: &[&str]) -> Result<(bool, String, String)> {
         String::from_utf8(out.stderr)?,
     ))
 }
+
+/// `mha prepare` never overwrites files it did not write, cleans up what a killed preparation
+/// left (its temporary token file included), and says when the BPE has fewer ids than asked.
+#[test]
+fn prepare_keeps_foreign_files_and_cleans_its_own() -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("d");
+    std::fs::create_dir(&dir)?;
+    std::fs::write(dir.join(TOKENS_FILE), b"a user's own file")?;
+    let (d, t) = (dir.to_str().unwrap(), english());
+    let (ok, _, err) = mha(&[
+        "prepare",
+        "--text",
+        t.to_str().unwrap(),
+        "--out",
+        d,
+        "--quiet",
+    ])?;
+    assert!(!ok && err.contains("that preparing did not write"), "{err}");
+    assert_eq!(std::fs::read(dir.join(TOKENS_FILE))?, b"a user's own file");
+    // What a killed preparation left: its marker, a token file and a temporary file of a
+    // process that is gone.
+    std::fs::write(dir.join(".preparing"), "pid 999999999\n")?;
+    std::fs::write(dir.join(".tokens.bin.tmp-999999999"), b"partial")?;
+    let (ok, _, err) = mha(&[
+        "prepare",
+        "--text",
+        t.to_str().unwrap(),
+        "--out",
+        d,
+        "--vocab-size",
+        "70000",
+        "--quiet",
+    ])?;
+    assert!(ok, "{err}");
+    assert!(err.contains("fewer than the 70000 asked"), "{err}");
+    let left: Vec<String> = std::fs::read_dir(&dir)?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.') && n != ".lock")
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    assert!(TokenData::open(&dir)?.verify()?);
+    Ok(())
+}

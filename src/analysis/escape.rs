@@ -28,11 +28,37 @@ pub(crate) fn xml_escape(s: &str) -> String {
     out
 }
 
-/// `s` as one CSV field (RFC 4180 quoting when needed).
+/// `s` as one CSV field: RFC 4180 quoting when needed, and a field a spreadsheet would run as
+/// a formula (starting with `=`, `+`, `-`, `@`, a tab or a carriage return) prefixed with `'`
+/// and quoted, as OWASP recommends against CSV injection (`=HYPERLINK(…)` as a token).
 pub(crate) fn csv_field(s: &str) -> String {
-    if s.contains([',', '"', '\n', '\r']) {
+    let formula = s.starts_with(['=', '+', '-', '@', '\t', '\r']);
+    let s = match formula {
+        true => format!("'{s}"),
+        false => s.to_string(),
+    };
+    if formula || s.contains([',', '"', '\n', '\r']) {
         format!("\"{}\"", s.replace('"', "\"\""))
     } else {
-        s.to_string()
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::csv_field;
+
+    #[test]
+    fn csv_fields_are_quoted_and_formulas_defused() {
+        assert_eq!(csv_field("plain"), "plain");
+        assert_eq!(csv_field("a,b"), "\"a,b\"");
+        assert_eq!(csv_field("say \"hi\""), "\"say \"\"hi\"\"\"");
+        assert_eq!(
+            csv_field("=HYPERLINK(\"http://x\",\"y\")"),
+            "\"'=HYPERLINK(\"\"http://x\"\",\"\"y\"\")\""
+        );
+        for f in ["+1", "-2", "@sum", "\tx"] {
+            assert_eq!(csv_field(f), format!("\"'{f}\""));
+        }
     }
 }

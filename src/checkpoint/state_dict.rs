@@ -327,7 +327,10 @@ mod tests {
     fn get_finds_names_that_tie_in_the_natural_order() -> Result<()> {
         let names = ["a.1", "a.01", "a.2", "b", "a.001", "a.10"];
         let sd = StateDict::from_tensors(names.iter().enumerate().map(|(i, n)| {
-            (n.to_string(), Tensor::new(&[i as f32], &candle::Device::Cpu).unwrap())
+            (
+                n.to_string(),
+                Tensor::new(&[i as f32], &candle::Device::Cpu).unwrap(),
+            )
         }));
         for (i, n) in names.iter().enumerate() {
             let t = sd.get(n).expect(n).to_vec1::<f32>()?;

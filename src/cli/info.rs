@@ -32,7 +32,7 @@ pub fn run(args: &InfoArgs) -> Result<()> {
         let model = dir.join(candle_mha::training::MODEL_FILE);
         if !model.exists() {
             anyhow::bail!(
-                "{}: neither a data directory (meta.json) nor a checkpoint directory (model.safetensors)",
+                "{} is a directory, but neither a data directory (meta.json) nor a checkpoint directory (model.safetensors); expected one of those, or a checkpoint file",
                 dir.display()
             )
         }

@@ -101,12 +101,20 @@ impl PrepareJob<'_> {
                     self.bpe_sample_mb,
                     files.len()
                 );
-                TextTokenizer::train_bpe_on_files(
+                let tok = TextTokenizer::train_bpe_on_files(
                     &files,
                     self.vocab_size,
                     (self.bpe_sample_mb * 1e6) as u64,
                 )
-                .context("training the BPE tokenizer")?
+                .context("training the BPE tokenizer")?;
+                if tok.vocab_size() < self.vocab_size {
+                    eprintln!(
+                        "the BPE has {} ids, fewer than the {} asked: the sample has no more pairs to merge (a larger --bpe-sample-mb or more text gives more)",
+                        tok.vocab_size(),
+                        self.vocab_size
+                    );
+                }
+                tok
             }
         };
         let quiet = self.quiet || !std::io::IsTerminal::is_terminal(&std::io::stderr());

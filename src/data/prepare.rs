@@ -154,7 +154,16 @@ fn hash_file(path: &Path) -> Result<(u64, String)> {
     Ok((n, hex))
 }
 
-/// Creates `out` (or checks that it holds no prepared data yet).
+/// The files a prepared data directory consists of.
+const DATA_FILES: [&str; 4] = [META_FILE, TOKENS_FILE, TOKENIZER_FILE, VOCAB_FILE];
+
+/// Marks a directory being prepared (it holds the preparing process's pid) until its
+/// `meta.json` is written: what an unfinished preparation left is then known to be its own.
+const PREPARING_FILE: &str = ".preparing";
+
+/// Creates `out`, or checks that it holds none of the files preparing writes: prepared data,
+/// or files of the same names someone else wrote, are never overwritten; what an unfinished
+/// preparation here left (its marker says so) is removed, temporary files included.
 fn claim_dir(out: &Path) -> Result<()> {
     if out.join(META_FILE).exists() {
         candle::bail!(
@@ -162,8 +171,21 @@ fn claim_dir(out: &Path) -> Result<()> {
             out.display()
         )
     }
+    let marker = out.join(PREPARING_FILE);
+    if marker.exists() {
+        for f in DATA_FILES {
+            let _ = std::fs::remove_file(out.join(f));
+        }
+    } else if let Some(f) = DATA_FILES.iter().find(|f| out.join(f).exists()) {
+        candle::bail!(
+            "{} holds a {f} that preparing did not write (no {META_FILE}); it is not overwritten: choose another directory or remove it",
+            out.display()
+        )
+    }
     std::fs::create_dir_all(out)
-        .map_err(|e| candle::Error::Msg(format!("creating {}: {e}", out.display())))
+        .map_err(|e| candle::Error::Msg(format!("creating {}: {e}", out.display())))?;
+    crate::io::remove_stale_temps(out);
+    write_atomic(&marker, format!("pid {}\n", std::process::id()).as_bytes())
 }
 
 /// The record of source `f`, which became `tokens` ids.
@@ -209,6 +231,8 @@ fn finish_dir(
     let json = serde_json::to_string_pretty(&meta)
         .map_err(|e| candle::Error::Msg(format!("serializing {META_FILE}: {e}")))?;
     write_atomic(&out.join(META_FILE), json.as_bytes())?;
+    // Complete: the files are prepared data now.
+    let _ = std::fs::remove_file(out.join(PREPARING_FILE));
     Ok(meta)
 }
 

@@ -79,6 +79,23 @@ fn prepare_run_text(args: &TrainArgs, comm: &dyn Communicator) -> Result<std::pa
     Ok(dir)
 }
 
+/// Passes over the training tokens above which a run says it will mostly memorise them.
+const MANY_PASSES: f64 = 10.0;
+
+/// A notice when `steps` of `per_step` tokens read the `train_tokens` many times over (a small
+/// corpus: the validation loss then rises after its best), with the steps of one pass.
+fn passes_notice(steps: u64, per_step: f64, train_tokens: u64) -> Option<String> {
+    let passes = steps as f64 * per_step / train_tokens.max(1) as f64;
+    (passes > MANY_PASSES).then(|| {
+        let one = (train_tokens as f64 / per_step).ceil().max(1.0);
+        format!(
+            "note: {steps} steps × {per_step} tokens read the {train_tokens} training tokens about {passes:.0} times over: expect the validation loss to rise after its best (best/ keeps it); about {one} steps make one pass, a few passes (--steps {} to {}) suit this much data",
+            one as u64 * 2,
+            one as u64 * 5
+        )
+    })
+}
+
 /// Runs `mha train`: one process, or one rank of a data-parallel run (`mpirun -n N`), which
 /// ends every rank when it fails.
 pub fn run(args: &TrainArgs) -> Result<()> {
@@ -135,8 +152,9 @@ fn run_rank(
         false => None,
     };
     // A save a kill interrupted is finished first (or undone), so the checks below and the
-    // resume see one checkpoint.
+    // resume see one checkpoint; temporary files of killed writes are removed.
     if lead {
+        candle_mha::io::remove_stale_temps(&args.out);
         candle_mha::io::recover_file_set(&args.out)?;
         candle_mha::io::recover_file_set(&args.out.join(BEST_DIR))?;
     }
@@ -306,6 +324,12 @@ fn run_rank(
             "model: {} blocks, embed_dim {}, {} heads, context {}, {params} parameters; {} steps of {} sequences{accum}",
             cfg.num_layers, cfg.embed_dim, cfg.num_heads, cfg.max_len, tc.steps, tc.batch_size
         );
+        if let DataSpec::Prepared { train_tokens, .. } = &spec {
+            let per_step = (tc.batch_size * tc.grad_accum * cfg.max_len) as f64;
+            if let Some(line) = passes_notice(tc.steps, per_step, *train_tokens) {
+                eprintln!("{line}");
+            }
+        }
     }
     if lead && world > 1 {
         let buckets = GradientBuckets::new(

@@ -83,6 +83,8 @@
     return (neg ? '-' : '') + int + '.' + String(frac).padStart(DEC, '0');
   }
   const fmtStored = (mode, x) => (mode === 'count' ? String(x) : fmtScaled(x));
+  // A row's mass: a whole number (every query's weights sum to 1) without decimals.
+  const fmtMass = (x) => (x % SCALE === 0 ? String(x / SCALE) : fmtScaled(x));
   // The value the colours use: the stored value in real units.
   const real = (mode, x) => (mode === 'count' ? x : x / SCALE);
 
@@ -364,7 +366,7 @@
       div.dataset.q = q;
       div.dataset.index = i;
       div.append(span('vm-q', label[q]), span('vm-id', String(q)),
-        span('vm-mass', fmtScaled(D.row_total[r])), span('vm-nq', String(D.row_queries[r])));
+        span('vm-mass', fmtMass(D.row_total[r])), span('vm-nq', String(D.row_queries[r])));
       const keys = span('vm-keys', '');
       for (const c of topKeys(q)) {
         const chip = span('vm-key', '');
