@@ -201,7 +201,10 @@ fn bad_data_and_settings_are_errors_and_leave_the_run_alone() -> Result<()> {
         v.extend(extra.iter().map(|x| x.to_string()));
         v
     };
-    expect_error(&refs(&resume(&["--grad-accum", "0"])), "--grad-accum 0")?;
+    expect_error(
+        &refs(&resume(&["--grad-accum", "0"])),
+        "0 is not in 1..=1000000",
+    )?;
     expect_error(
         &[
             "train",
