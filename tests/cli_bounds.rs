@@ -99,8 +99,8 @@ fn out_of_range_options_name_their_range() -> Result<()> {
             "is not in 1..=65536",
         ),
         (
-            vec!["train", "--out", &o, "--dropout", "2"],
-            "expected a number in [0, 1]",
+            vec!["train", "--out", &o, "--dist-timeout=-5"],
+            "expected a number in [0, 10000000]",
         ),
         (
             vec!["train", "--out", &o, "--bpe-vocab", "70000000"],
