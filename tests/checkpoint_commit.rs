@@ -3,6 +3,8 @@
 //! one whole, so resuming gives the uninterrupted run's weights bit for bit, and `best/`
 //! always holds weights that evaluate to its recorded loss.
 
+mod common;
+
 use std::path::Path;
 
 use anyhow::Result;
@@ -162,29 +164,20 @@ fn a_text_run_killed_twenty_times_ends_as_the_uninterrupted_one() -> Result<()> 
     use rand::Rng;
     use std::process::{Command, Stdio};
     use std::time::Duration;
-    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/text/gpl-3.0.txt");
+    let corpus = common::gpl_text();
     let tmp = tempfile::tempdir()?;
     let args = |out: &Path| -> Vec<String> {
-        let corpus = corpus.to_str().unwrap();
         let out = out.to_str().unwrap();
-        [
+        let run = [
             "train",
             "--text",
-            corpus,
+            &corpus,
             "--out",
             out,
-            "--vocab-size",
-            "300",
             "--steps",
             "1000",
             "--batch-size",
             "8",
-            "--embed-dim",
-            "16",
-            "--num-heads",
-            "2",
-            "--num-layers",
-            "1",
             "--max-len",
             "32",
             "--eval-every",
@@ -192,9 +185,11 @@ fn a_text_run_killed_twenty_times_ends_as_the_uninterrupted_one() -> Result<()> 
             "--save-every",
             "3",
             "--quiet",
-        ]
-        .map(String::from)
-        .to_vec()
+        ];
+        run.iter()
+            .chain(&common::TINY_TEXT_MODEL)
+            .map(|a| a.to_string())
+            .collect()
     };
     let mha = |args: &[String]| {
         let mut c = Command::new(env!("CARGO_BIN_EXE_mha"));

@@ -5,13 +5,7 @@
 mod common;
 
 use anyhow::Result;
-use common::mha;
-
-fn text() -> String {
-    let p =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/text/gpl-3.0.txt");
-    p.to_str().unwrap().to_string()
-}
+use common::{gpl_text as text, mha, TINY_TEXT_MODEL};
 
 /// Runs `mha args` and returns its exit code and stderr.
 fn run(args: &[&str]) -> Result<(Option<i32>, String)> {
@@ -195,29 +189,23 @@ fn hostile_inputs_are_errors() -> Result<()> {
 fn many_passes_over_a_small_corpus_are_announced() -> Result<()> {
     let tmp = tempfile::tempdir()?;
     let run = |steps: &str, out: &str| {
-        let out = tmp.path().join(out);
-        mha(&[
+        let (corpus, out) = (text(), tmp.path().join(out));
+        let mut args = vec![
             "train",
             "--text",
-            &text(),
+            &corpus,
             "--out",
             out.to_str().unwrap(),
-            "--vocab-size",
-            "300",
             "--steps",
             steps,
             "--batch-size",
             "64",
-            "--embed-dim",
-            "16",
-            "--num-heads",
-            "2",
-            "--num-layers",
-            "1",
             "--eval-every",
             "0",
             "--quiet",
-        ])
+        ];
+        args.extend(TINY_TEXT_MODEL);
+        mha(&args)
     };
     let (ok, _, err) = run("40", "many")?;
     assert!(ok, "{err}");

@@ -6,13 +6,7 @@ mod common;
 
 use anyhow::Result;
 use candle_mha::io::DirLock;
-use common::mha;
-
-fn text() -> String {
-    let p =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/text/gpl-3.0.txt");
-    p.to_str().unwrap().to_string()
-}
+use common::{gpl_text as text, mha, TINY_TEXT_MODEL};
 
 /// Every file of `dir` with its bytes, but the lock file (which holds its last owner's pid).
 fn snapshot(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
@@ -37,31 +31,18 @@ fn a_held_directory_refuses_a_second_writer() -> Result<()> {
     let (run, data) = (tmp.path().join("run"), tmp.path().join("data"));
     let (run_s, data_s) = (run.to_str().unwrap(), data.to_str().unwrap());
     // A finished run, then another process (this test) holding its directory.
-    let train = [
-        "train",
-        "--text",
-        &text(),
-        "--out",
-        run_s,
-        "--vocab-size",
-        "300",
-        "--steps",
-        "5",
-        "--embed-dim",
-        "16",
-        "--num-heads",
-        "2",
-        "--num-layers",
-        "1",
-        "--quiet",
+    let corpus = text();
+    let mut train = vec![
+        "train", "--text", &corpus, "--out", run_s, "--steps", "5", "--quiet",
     ];
+    train.extend(TINY_TEXT_MODEL);
     let (ok, _, err) = mha(&train)?;
     assert!(ok, "{err}");
     let before = snapshot(&run);
     let lock = DirLock::acquire(&run, "a test")?;
     let holder = format!("pid {}, a test", std::process::id());
-    let mut resume = train.to_vec();
-    resume[8] = "10";
+    let mut resume = train.clone();
+    resume[6] = "10";
     resume.push("--resume");
     let (ok, _, err) = mha(&resume)?;
     assert!(
@@ -98,26 +79,20 @@ fn resume_refuses_contradicting_options() -> Result<()> {
         &other,
         "another corpus, not the one the run was prepared from\n".repeat(50),
     )?;
-    let base = [
+    let corpus = text();
+    let mut base = vec![
         "train",
         "--text",
-        &text(),
+        &corpus,
         "--out",
         run_s,
-        "--vocab-size",
-        "300",
         "--steps",
         "4",
         "--eval-every",
         "2",
-        "--embed-dim",
-        "16",
-        "--num-heads",
-        "2",
-        "--num-layers",
-        "1",
         "--quiet",
     ];
+    base.extend(TINY_TEXT_MODEL);
     let (ok, _, err) = mha(&base)?;
     assert!(ok, "{err}");
     let before = snapshot(&run);
@@ -163,9 +138,9 @@ fn resume_refuses_contradicting_options() -> Result<()> {
         "a refused resume changed the run directory"
     );
     // The same options as the run, and a cadence change: accepted, the change printed.
-    let mut resume = base.to_vec();
-    resume[8] = "6";
-    resume[10] = "3";
+    let mut resume = base.clone();
+    resume[6] = "6";
+    resume[8] = "3";
     resume.push("--resume");
     let (ok, _, err) = mha(&resume)?;
     assert!(ok, "{err}");

@@ -1,6 +1,8 @@
 //! Prepared token data (`mha prepare`'s format), random training windows and fixed
 //! validation windows, and streaming text windows.
 
+mod common;
+
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
@@ -9,6 +11,7 @@ use candle_mha::data::{
     consecutive_windows, expand_sources, prepare_text, prepare_token_files, Codec, PrepareOptions,
     TextTokenizer, TextWindows, TokenData, TokenDtype, TokenWindows, BOS_ID, EOS_ID, TOKENS_FILE,
 };
+use common::mha;
 
 fn err<T>(r: candle_mha::candle::Result<T>) -> String {
     match r {
@@ -337,17 +340,6 @@ fn ids_and_hashes_are_checked_where_data_is_made_and_opened() -> Result<()> {
     let (ok, stdout, stderr) = mha(&["info", dir.to_str().unwrap()])?;
     assert!(ok && stdout.contains("SHA-256 matches"), "{stdout}{stderr}");
     Ok(())
-}
-
-fn mha(args: &[&str]) -> Result<(bool, String, String)> {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mha"))
-        .args(args)
-        .output()?;
-    Ok((
-        out.status.success(),
-        String::from_utf8(out.stdout)?,
-        String::from_utf8(out.stderr)?,
-    ))
 }
 
 /// `mha prepare` never overwrites files it did not write, cleans up what a killed preparation

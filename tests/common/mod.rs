@@ -169,6 +169,26 @@ pub fn assert_close(what: &str, actual: &Tensor, expected: &Tensor, tol: f64) ->
     Ok(err)
 }
 
+/// English text no one here wrote: the GPL v3 (verbatim copying is permitted).
+pub fn gpl_text() -> String {
+    fixtures_dir()
+        .join("text/gpl-3.0.txt")
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// `mha train` options of a tiny text model (a 300-id BPE, one block of width 16).
+pub const TINY_TEXT_MODEL: [&str; 8] = [
+    "--vocab-size",
+    "300",
+    "--embed-dim",
+    "16",
+    "--num-heads",
+    "2",
+    "--num-layers",
+    "1",
+];
+
 /// Runs the `mha` binary; returns (success, stdout, stderr).
 pub fn mha(args: &[&str]) -> Result<(bool, String, String)> {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_mha"))
