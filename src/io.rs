@@ -114,16 +114,23 @@ struct ManifestEntry {
     sha256: String,
 }
 
-fn sha256_hex(bytes: &[u8]) -> String {
+/// `digest` (a hash's bytes) as lowercase hex.
+pub fn hex(digest: &[u8]) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// SHA-256 of `bytes`, as lowercase hex.
+pub fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest;
-    sha2::Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex(&sha2::Sha256::digest(bytes))
 }
 
 fn staged_name(name: &str) -> String {
     format!(".{name}.staged")
+}
+
+fn is_staged(name: &str) -> bool {
+    name.starts_with('.') && name.ends_with(".staged")
 }
 
 fn io_err(what: &str, path: &Path, e: std::io::Error) -> candle::Error {
@@ -165,9 +172,7 @@ impl FileSet {
         let dir = &self.dir;
         std::fs::create_dir_all(dir).map_err(|e| io_err("cannot create directory", dir, e))?;
         // An interrupted commit is finished first: staging would overwrite its staged files.
-        if has_staged_files(dir) {
-            recover_file_set(dir)?;
-        }
+        finish_interrupted_commit(dir)?;
         let mut index = 0;
         let mut point = |what: String| {
             let p = CommitPoint { index, what };
@@ -211,14 +216,18 @@ impl FileSet {
     }
 }
 
-fn has_staged_files(dir: &Path) -> bool {
-    std::fs::read_dir(dir).is_ok_and(|entries| {
-        entries.flatten().any(|e| {
-            let name = e.file_name();
-            let name = name.to_string_lossy();
-            name.starts_with('.') && name.ends_with(".staged")
-        })
-    })
+/// [`recover_file_set`] where a commit left staged files in `dir` (it stopped, or is being
+/// finished); nothing, not even reading the files, where none is left.
+pub fn finish_interrupted_commit(dir: &Path) -> Result<()> {
+    let staged = std::fs::read_dir(dir).is_ok_and(|entries| {
+        entries
+            .flatten()
+            .any(|e| is_staged(&e.file_name().to_string_lossy()))
+    });
+    if staged {
+        recover_file_set(dir)?;
+    }
+    Ok(())
 }
 
 /// What [`recover_file_set`] found.
@@ -313,9 +322,7 @@ fn check_file_set(dir: &Path, finish: bool) -> Result<FileSetState> {
     if let Ok(entries) = std::fs::read_dir(dir) {
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            if (name.starts_with('.') && name.ends_with(".staged"))
-                || name.starts_with(&manifest_tmp)
-            {
+            if is_staged(&name) || name.starts_with(&manifest_tmp) {
                 let _ = std::fs::remove_file(entry.path());
             }
         }
@@ -413,13 +420,9 @@ mod tests {
             let tmp = tempfile::tempdir()?;
             let dir = tmp.path();
             set(dir, 1).commit(&mut |_| Ok(()))?;
-            let mut seen = 0;
-            let stopped = set(dir, 2).commit(&mut |p| {
-                seen += 1;
-                match p.index == at {
-                    true => candle::bail!("stop"),
-                    false => Ok(()),
-                }
+            let stopped = set(dir, 2).commit(&mut |p| match p.index == at {
+                true => candle::bail!("stop"),
+                false => Ok(()),
             });
             assert!(stopped.is_err());
             // Readers see an interrupted rename as such; the writer's recovery finishes it.

@@ -16,7 +16,7 @@ use super::prepared::{
 use super::text::TextTokenizer;
 use super::text_chunks::{text_file_sizes, TextChunks, DEFAULT_CHUNK_BYTES};
 use super::vocab::{Vocab, BOS_ID, EOS_ID, UNK_ID};
-use crate::io::write_atomic;
+use crate::io::{hex, write_atomic};
 
 /// Settings of [`prepare_text`] and [`prepare_token_files`].
 ///
@@ -111,12 +111,8 @@ impl TokenWriter {
             .and_then(|_| self.out.get_ref().sync_all())
             .and_then(|_| std::fs::rename(&self.tmp, &self.path))
             .map_err(|e| candle::Error::Msg(format!("writing {}: {e}", self.path.display())))?;
-        let hex = std::mem::take(&mut self.hasher)
-            .finalize()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        Ok((self.count, self.max_id, hex))
+        let sha256 = hex(&std::mem::take(&mut self.hasher).finalize());
+        Ok((self.count, self.max_id, sha256))
     }
 }
 
@@ -146,12 +142,7 @@ fn hash_file(path: &Path) -> Result<(u64, String)> {
         let len = buf.len();
         reader.consume(len);
     }
-    let hex = hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    Ok((n, hex))
+    Ok((n, hex(&hasher.finalize())))
 }
 
 /// The files a prepared data directory consists of.

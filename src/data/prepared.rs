@@ -19,7 +19,6 @@ use std::path::{Path, PathBuf};
 
 use candle::Result;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use super::codec::Codec;
 
@@ -137,13 +136,7 @@ pub fn split_point(num_tokens: u64, val_fraction: f64) -> Result<u64> {
     Ok(num_tokens - val.min(num_tokens))
 }
 
-/// SHA-256 of `bytes`, as lowercase hex.
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
+pub use crate::io::sha256_hex;
 
 /// A prepared data directory, its token stream memory-mapped.
 ///

@@ -41,8 +41,7 @@ pub(crate) fn decode_attention(
     causal_offset: Option<usize>,
     with_probs: bool,
 ) -> Result<(Tensor, Option<Tensor>)> {
-    let (n, h, t, d) = q.dims4()?;
-    let s = k.dim(2)?;
+    let (n, h, t, s, d) = cache_dims(OP, q, k, v)?;
     let g = DecodeGeom {
         n,
         h,
@@ -60,6 +59,30 @@ pub(crate) fn decode_attention(
     }
 }
 
+/// `(N, H, T, S', d)` of `q (N, H, T, d)` over a cache's `k`, `v (N, H, S', d)`; errors, in
+/// `op`'s name, when `k` or `v` has other dims or another dtype than `q`.
+pub(super) fn cache_dims(
+    op: &str,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+) -> Result<(usize, usize, usize, usize, usize)> {
+    let (n, h, t, d) = q.dims4()?;
+    let s = k.dim(2)?;
+    for (name, x) in [("k", k), ("v", v)] {
+        if x.dims() != [n, h, s, d] || x.dtype() != q.dtype() {
+            candle::bail!(
+                "{op}: {name} has dims {:?} and dtype {:?}, expected {:?} and {:?}",
+                x.dims(),
+                x.dtype(),
+                [n, h, s, d],
+                q.dtype()
+            )
+        }
+    }
+    Ok((n, h, t, s, d))
+}
+
 fn run<T: Elem>(
     g: &DecodeGeom,
     q: &Tensor,
@@ -68,17 +91,6 @@ fn run<T: Elem>(
     kpm: Option<&Tensor>,
     with_probs: bool,
 ) -> Result<(Tensor, Option<Tensor>)> {
-    for (name, x) in [("k", k), ("v", v)] {
-        if x.dims() != [g.n, g.h, g.s, g.d] || x.dtype() != q.dtype() {
-            candle::bail!(
-                "{OP}: {name} has dims {:?} and dtype {:?}, expected {:?} and {:?}",
-                x.dims(),
-                x.dtype(),
-                [g.n, g.h, g.s, g.d],
-                q.dtype()
-            )
-        }
-    }
     let (qs, ks, vs) = (
         q.storage_and_layout(),
         k.storage_and_layout(),

@@ -155,8 +155,8 @@ fn run_rank(
     // resume see one checkpoint; temporary files of killed writes are removed.
     if lead {
         candle_mha::io::remove_stale_temps(&args.out);
-        candle_mha::io::recover_file_set(&args.out)?;
-        candle_mha::io::recover_file_set(&args.out.join(BEST_DIR))?;
+        candle_mha::io::finish_interrupted_commit(&args.out)?;
+        candle_mha::io::finish_interrupted_commit(&args.out.join(BEST_DIR))?;
     }
     let resuming = args.resume && args.out.join(STATE_FILE).exists();
     if args.resume && !resuming {
@@ -224,11 +224,12 @@ fn run_rank(
                 eval_windows: args.eval_windows(),
             }
         } else {
+            let (num_keys, num_values, pairs, train_examples) = args.synthetic();
             DataSpec::Synthetic {
-                num_keys: args.synthetic().0,
-                num_values: args.synthetic().1,
-                pairs: args.synthetic().2,
-                train_examples: args.synthetic().3,
+                num_keys,
+                num_values,
+                pairs,
+                train_examples,
                 val_examples: 1000,
                 seed: args.seed(),
             }

@@ -62,6 +62,13 @@ pub fn conflicts(
             _ => differ("--data", d.display().to_string(), kind.clone()),
         }
     }
+    // The run's prepared data, opened (a scan of its ids) once, when an option needs it.
+    let prepared = match spec {
+        DataSpec::Prepared { dir, .. } if !args.text.is_empty() || args.val_fraction.is_some() => {
+            Some(TokenData::open(dir)?)
+        }
+        _ => None,
+    };
     if !args.text.is_empty() {
         let given = args
             .text
@@ -69,12 +76,9 @@ pub fn conflicts(
             .map(|p| p.display().to_string())
             .collect::<Vec<_>>()
             .join(" ");
-        let same = match spec {
-            DataSpec::Prepared { dir, .. } => {
-                let data = TokenData::open(dir)?;
-                same_sources(&data.meta().sources, &expand_sources(&args.text)?)
-            }
-            _ => false,
+        let same = match &prepared {
+            Some(data) => same_sources(&data.meta().sources, &expand_sources(&args.text)?),
+            None => false,
         };
         if !same {
             differ(
@@ -101,12 +105,12 @@ pub fn conflicts(
             }
         }
         DataSpec::Prepared {
-            dir,
             train_tokens,
             eval_windows,
+            ..
         } => {
-            if let Some(f) = args.val_fraction {
-                let n = TokenData::open(dir)?.len();
+            if let (Some(f), Some(data)) = (args.val_fraction, &prepared) {
+                let n = data.len();
                 let split = split_point(n, f)?;
                 if split != *train_tokens {
                     differ(

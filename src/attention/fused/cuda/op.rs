@@ -6,7 +6,7 @@ use candle::op::BackpropOp;
 use candle::{CudaStorage, DType, Layout, Result, Shape, Storage, Tensor};
 
 use super::{backward, forward, CudaMasks, Operand, Saved, MAX_HEAD_DIM, OP};
-use crate::attention::fused::decode::head_map;
+use crate::attention::fused::decode::{cache_dims, head_map};
 use crate::attention::fused::kernel::{Geom, RowMap};
 use crate::attention::fused::op::{FusedAttention, Parts};
 
@@ -226,19 +226,7 @@ pub(crate) fn decode_attention_cuda(
     s_masked: usize,
     causal_offset: Option<usize>,
 ) -> Result<Tensor> {
-    let (n, h, t, d) = q.dims4()?;
-    let s = k.dim(2)?;
-    for (name, x) in [("k", k), ("v", v)] {
-        if x.dims() != [n, h, s, d] || x.dtype() != q.dtype() {
-            candle::bail!(
-                "{OP}: {name} has dims {:?} and dtype {:?}, expected {:?} and {:?}",
-                x.dims(),
-                x.dtype(),
-                [n, h, s, d],
-                q.dtype()
-            )
-        }
-    }
+    let (n, h, t, s, d) = cache_dims(OP, q, k, v)?;
     if d > MAX_HEAD_DIM {
         candle::bail!("{OP}: head dim {d} is over the kernels' {MAX_HEAD_DIM}")
     }
