@@ -50,10 +50,6 @@
 //! only ever slows a call down, so on a loaded host these are the steadier comparison of what
 //! each side can do; the medians say what the run got.
 //!
-//! Paired mode (`MHA_BENCH_PAIRED`, see `benches/products.rs`; no PyTorch): the fused path's
-//! three measures under variants of the linear products, alternated call by call in this
-//! process, `MHA_BENCH_ROUNDS` rounds (default 10) after a warm-up round, with a control.
-//!
 //! Environment: `MHA_BENCH_REPS` / `MHA_BENCH_WARMUP` / `MHA_BENCH_ROUNDS` (default 10 / 3 / 3),
 //! `MHA_BENCH_WARMUP_MS` (default 250: warm-up calls continue until this long has passed, on
 //! both sides),
@@ -77,7 +73,7 @@ use candle_mha::{
 use candle_nn::VarMap;
 use support::{
     cpu_model, env_usize, find_torch, median, minor_faults, mode_children, print_table, time_calls,
-    utc_now, Allocator, Paired, TorchServer,
+    utc_now, Allocator, TorchServer,
 };
 
 /// `(N, L, E, H)` and whether the attention is causal.
@@ -440,9 +436,6 @@ fn run_mode(mode: &str) -> Result<()> {
             Backward::Seeded => "autograd::backward_with(&out, &r) (PyTorch: out.backward(r))",
         }
     );
-    if let Some(paired) = Paired::from_env() {
-        return run_paired(&paired, backward);
-    }
     let mut torch = find_torch().and_then(|(py, v)| {
         let server = TorchServer::start(&py, "bench_attention_reference.py", threads, &allocator)?;
         println!("torch: {v} ({py}), torch.set_num_threads({threads})");
@@ -699,56 +692,5 @@ fn backward_mode(retain: bool) -> Result<()> {
         "\nstep: forward (train, need_weights=false) + the backward as named, ways alternating \
          rep by rep; ms: medians over rounds of round medians; backward ms = step - forward only."
     );
-    Ok(())
-}
-
-/// `MHA_BENCH_PAIRED`: each shape's three measures on the fused path, one call per variant
-/// (and the control) each round; the table gives each variant's time over the first's.
-fn run_paired(paired: &Paired, backward: Backward) -> Result<()> {
-    let rounds = env_usize("MHA_BENCH_ROUNDS").unwrap_or(10).max(1);
-    println!("{}", paired.describe(rounds, "call of each measure"));
-    let mut header: Vec<String> = ["(N, L, E, H)", "measure"].map(String::from).to_vec();
-    header.push(format!("{} median ms", paired.names[0]));
-    header.extend(paired.ratio_headers());
-    let mut rows = Vec::new();
-    for s in shapes() {
-        eprintln!("paired: {}…", s.label());
-        let opts = AttentionOptions::new()
-            .with_kernel(AttentionKernel::Fused)
-            .with_is_causal(s.causal);
-        let nw = opts.clone().with_need_weights(false);
-        let train = nw.clone().with_train(true);
-        let (plain, x, _) = setup(s, false)?;
-        let (mha, xt, _) = setup(s, true)?;
-        let xt = Var::from_tensor(&xt)?;
-        let r = normal(0.0, 1.0, xt.shape(), DType::F32, &Device::Cpu, 2)?;
-        let measures: [&dyn Fn() -> Result<()>; 3] = [
-            &|| plain.forward(&x, &x, &x, &nw).map(drop),
-            &|| plain.forward(&x, &x, &x, &opts).map(drop),
-            &|| train_step(&mha, &xt, &train, backward, &r),
-        ];
-        // times[measure][round][slot], seconds; round 0 is the warm-up.
-        let mut times = vec![Vec::new(); 3];
-        for round in 0..=rounds {
-            for (m, f) in measures.iter().enumerate() {
-                let this = paired.time_round(round, |_| f())?;
-                if round > 0 {
-                    times[m].push(this);
-                }
-            }
-        }
-        for (m, what) in ["forward, no weights", "forward, weights", "train step"]
-            .into_iter()
-            .enumerate()
-        {
-            let base = median(&times[m].iter().map(|t| t[0]).collect::<Vec<_>>());
-            let mut row = vec![s.label(), what.to_string(), format!("{:.2}", base * 1e3)];
-            row.extend(paired.ratio_cells(&times[m]));
-            rows.push(row);
-        }
-    }
-    println!();
-    print_table(&header, &rows);
-    println!("\n{}", paired.legend());
     Ok(())
 }

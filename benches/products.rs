@@ -1,10 +1,8 @@
-//! The matrix products of the `train_step` bench's models, alone: our linear ops' product
-//! (`src/cpu/gemm.rs` on all threads, through `candle_mha::bench_hooks`: the same strides and
-//! backend, `par_gemm` or the `gemm` crate as `on_all_threads` there chooses) against
-//! PyTorch's `torch.mm` (MKL) on the same machine and threads, alternating in rounds. A
-//! model's step is mostly these products (75% of CPU time in the `gemm` crate's micro-kernel
-//! for the large model on the Zen 3 of `BENCHMARKS.md`, before `par_gemm`), so this table
-//! says how much of a gap between the two steps is the products'.
+//! The matrix products of the `train_step` bench's models, alone: the `gemm` crate as our
+//! linear ops call it (`src/cpu/gemm.rs`: the same strides, rayon on candle's thread count)
+//! against PyTorch's `torch.mm` (MKL) on the same machine and threads, alternating in rounds.
+//! A model's step is mostly these products, so this table says how much of a gap between the
+//! two steps lies in the matrix products, a component neither side's own code owns.
 //!
 //! ```sh
 //! cargo bench --bench products
@@ -29,30 +27,9 @@
 //!
 //! Environment: `MHA_BENCH_SHAPES` (`medium,large` by default), `MHA_BENCH_ROUNDS` (3),
 //! `MHA_BENCH_REPS` (15), `MHA_BENCH_PYTHON` (a Python with torch; unset: `python3`, then
-//! `python`), `RAYON_NUM_THREADS` (our threads; torch gets the same).
+//! `python`), `RAYON_NUM_THREADS` (our threads; torch gets the same), `MHA_BENCH_LAYERS`
+//! (only the named layers: `in_proj,fc2`, …).
 //!
-//! **Paired mode** (`MHA_BENCH_PAIRED`, no PyTorch): variants of our own product, alternated
-//! call by call in this one process, so that a host whose speed drifts within minutes slows
-//! both sides of every ratio alike. The value lists the variants, comma-separated, the first
-//! the baseline; a variant joins with `+` any of `default` (the library's choice), `par`
-//! (`par_gemm`), `crate` (the `gemm` crate's own threading), `crate-norow` (the crate except
-//! for products that start from a bias row; this bench's products have none), `kcN`
-//! (`par_gemm`'s inner block N for a packed left operand, the weight gradients) and `slicesN`
-//! (at most N inner-dimension slices of a weight gradient; 1: none):
-//!
-//! ```sh
-//! MHA_BENCH_PAIRED=default,crate,kc512 MHA_BENCH_SHAPES=large MHA_BENCH_LAYERS=fc2 \
-//!   RAYON_NUM_THREADS=2 cargo bench --bench products
-//! ```
-//!
-//! Each round (`MHA_BENCH_ROUNDS`, 20 in this mode, after one warm-up round) calls every
-//! product once per variant and once more for the baseline, **the control**, the order
-//! reversed every other round. The table gives per product, and for the sum over the
-//! products, the median and quartiles over the rounds of each variant's time over the
-//! baseline's in the same round; the control's ratio shows how far the same code moves
-//! within a round, so only a variant's ratio well outside the control's quartiles is a
-//! difference. Every variant's output is checked against the baseline's first.
-//! `MHA_BENCH_LAYERS` keeps only the named layers (`in_proj,fc2`, …).
 
 mod support;
 
@@ -60,7 +37,7 @@ use std::convert::Infallible;
 
 use support::{
     env_usize, find_torch, median, pin_threads, print_machine, print_table, time_calls, Allocator,
-    Paired, TorchServer,
+    TorchServer,
 };
 
 /// One product `dst[m×n] = lhs[m×k] · rhs[k×n]`; `lhs_t` / `rhs_t`: that operand is stored
@@ -156,20 +133,41 @@ impl Operands {
         }
     }
 
-    /// `dst = lhs · rhs` with our linear ops' product (`dst`: m×n elements).
+    /// `dst = lhs · rhs` with the `gemm` crate as our linear ops call it (`dst`: m×n elements).
     fn call(&self, dst: &mut [f32]) {
         let Product { m, n, k, .. } = self.p;
         assert_eq!(dst.len(), m * n);
         // (row stride, column stride) of each operand as stored.
         let (lrs, lcs) = if self.p.lhs_t { (1, m) } else { (k, 1) };
         let (rrs, rcs) = if self.p.rhs_t { (1, k) } else { (n, 1) };
-        // SAFETY: every operand holds the elements its strides address; dst is m×n.
+        let threads = candle_mha::candle::utils::get_num_threads();
+        let parallelism = match threads {
+            1 => gemm::Parallelism::None,
+            t => gemm::Parallelism::Rayon(t),
+        };
+        // SAFETY: every operand holds the elements its strides address; dst is m×n. gemm's
+        // arguments: column stride before row stride; `dst = 0·dst + 1·lhs·rhs`.
         unsafe {
-            candle_mha::bench_hooks::linear_product_f32(
-                (m, n, k),
+            gemm::gemm(
+                m,
+                n,
+                k,
                 dst.as_mut_ptr(),
-                (self.lhs.as_ptr(), lrs, lcs),
-                (self.rhs.as_ptr(), rrs, rcs),
+                1,
+                n as isize,
+                false,
+                self.lhs.as_ptr(),
+                lcs as isize,
+                lrs as isize,
+                self.rhs.as_ptr(),
+                rcs as isize,
+                rrs as isize,
+                0.0,
+                1.0,
+                false,
+                false,
+                false,
+                parallelism,
             )
         }
     }
@@ -207,9 +205,6 @@ fn time_torch(server: &mut TorchServer, ps: &[Product], reps: usize) -> Option<V
 fn main() {
     let threads_from = pin_threads();
     print_machine(&threads_from);
-    if let Some(paired) = Paired::from_env() {
-        return run_paired(&paired);
-    }
     let threads = candle_mha::candle::utils::get_num_threads();
     let (rounds, reps) = (
         env_usize("MHA_BENCH_ROUNDS").unwrap_or(3).max(1),
@@ -316,112 +311,4 @@ fn main() {
          each side's fastest call of all rounds.\nratio < 1: our product is faster than \
          PyTorch's mm; > 1: slower."
     );
-}
-
-/// `MHA_BENCH_PAIRED`: variants of our product alternated call by call (see the top).
-fn run_paired(paired: &Paired) {
-    let rounds = env_usize("MHA_BENCH_ROUNDS").unwrap_or(20).max(1);
-    let slots = paired.slots();
-    println!("{}", paired.describe(rounds, "call per product"));
-    for (name, t, e, v) in models() {
-        let ps: Vec<Product> = products(t, e, v);
-        let ops: Vec<Operands> = ps.iter().map(Operands::new).collect();
-        let mut dsts: Vec<Vec<Vec<f32>>> = ps
-            .iter()
-            .map(|p| vec![vec![0f32; p.m * p.n]; slots.len()])
-            .collect();
-        // times[round][product][slot], seconds; round 0 is the warm-up.
-        let mut times: Vec<Vec<Vec<f64>>> = Vec::new();
-        for round in 0..=rounds {
-            eprintln!("{name}: round {round}/{rounds}");
-            let this: Vec<Vec<f64>> = ops
-                .iter()
-                .zip(dsts.iter_mut())
-                .map(|(o, d)| {
-                    paired.time_round(round, |slot| -> Result<(), Infallible> {
-                        o.call(&mut d[slot]);
-                        Ok(())
-                    })
-                })
-                .collect::<Result<_, _>>()
-                .unwrap_or_else(|never| match never {});
-            if round > 0 {
-                times.push(this);
-            }
-        }
-        let mut header: Vec<String> = ["layer", "product", "m×n×k"].map(String::from).to_vec();
-        header.push(format!("{} GFLOP/s", paired.names[0]));
-        header.extend(paired.ratio_headers());
-        let mut rows = Vec::new();
-        for (i, p) in ps.iter().enumerate() {
-            let per_round: Vec<Vec<f64>> = times.iter().map(|r| r[i].clone()).collect();
-            let base = median(&per_round.iter().map(|r| r[0]).collect::<Vec<_>>());
-            let mut row = vec![
-                p.layer.to_string(),
-                p.what.to_string(),
-                format!("{}×{}×{}", p.m, p.n, p.k),
-                format!("{:.0}", p.flop() / base / 1e9),
-            ];
-            row.extend(paired.ratio_cells(&per_round));
-            rows.push(row);
-        }
-        // The sum over the products, per round and slot.
-        let sums: Vec<Vec<f64>> = times
-            .iter()
-            .map(|r| {
-                (0..slots.len())
-                    .map(|s| r.iter().map(|p| p[s]).sum())
-                    .collect()
-            })
-            .collect();
-        let flop: f64 = ps.iter().map(Product::flop).sum();
-        let mut row = vec![
-            "all".to_string(),
-            format!("the {} products", ps.len()),
-            format!("{:.1} GFLOP", flop / 1e9),
-            format!(
-                "{:.0}",
-                flop / median(&sums.iter().map(|s| s[0]).collect::<Vec<_>>()) / 1e9
-            ),
-        ];
-        row.extend(paired.ratio_cells(&sums));
-        rows.push(row);
-        println!(
-            "\n### {name}: T = {t} tokens, E = {e}, feed-forward {}, V = {v}\n",
-            4 * e
-        );
-        print_table(&header, &rows);
-        // Every slot's outputs against the baseline's: the largest |difference| / (1 + |it|).
-        let agree: Vec<f64> = (1..slots.len())
-            .map(|slot| {
-                dsts.iter()
-                    .flat_map(|d| {
-                        d[slot]
-                            .iter()
-                            .zip(&d[0])
-                            .map(|(a, b)| f64::from(((a - b) / (1.0 + b.abs())).abs()))
-                    })
-                    .fold(0.0, f64::max)
-            })
-            .collect();
-        println!(
-            "\nlargest |difference| / (1 + |{}|) of the outputs: {}",
-            paired.names[0],
-            paired
-                .names
-                .iter()
-                .skip(1)
-                .map(String::as_str)
-                .chain(["control"])
-                .zip(&agree)
-                .map(|(v, a)| format!("{v} {a:.1e}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-        if agree.iter().any(|&a| a > 1e-3) {
-            eprintln!("a variant's outputs differ from the baseline's by more than 1e-3");
-            std::process::exit(1);
-        }
-    }
-    println!("\n{}", paired.legend());
 }

@@ -20,13 +20,22 @@ use candle_mha::{
 use candle_nn::{Optimizer, VarMap};
 
 fn main() -> Result<()> {
+    // candle's element-wise threads as the `mha` CLI sets them (see `candle_mha::runtime`).
+    for (name, value) in candle_mha::runtime::recommended_env() {
+        if std::env::var_os(name).is_none() {
+            std::env::set_var(name, value);
+        }
+    }
     let mut args = std::env::args().skip(1);
     let dir = PathBuf::from(
         args.next()
             .context("usage: export_for_pytorch DIR [self|cross]")?,
     );
     let case = args.next().unwrap_or_else(|| "self".into());
-    let (dev, notice) = candle_mha::device::device_from_env()?;
+    // The device from `MHA_DEVICE` (default `auto`), freed GPU memory kept for reuse.
+    let spec = std::env::var("MHA_DEVICE").unwrap_or_else(|_| "auto".into());
+    let (dev, notice) = candle_mha::device::select_device(&spec)?;
+    candle_mha::runtime::keep_freed_gpu_memory(&dev)?;
     eprintln!("{notice}");
     let (cfg, dtype) = match case.as_str() {
         "self" => (MultiheadAttentionConfig::new(16, 4), DType::F32),

@@ -51,7 +51,10 @@ fn main() -> Result<()> {
     let nhead: usize = meta("num_heads")?.parse()?;
     let batch_first = meta("batch_first")? == "true";
     let opts = TransformerLoadOptions::new(nhead).with_batch_first(batch_first);
-    let (device, notice) = candle_mha::device::device_from_env()?;
+    // The device from `MHA_DEVICE` (default `auto`), freed GPU memory kept for reuse.
+    let spec = std::env::var("MHA_DEVICE").unwrap_or_else(|_| "auto".into());
+    let (device, notice) = candle_mha::device::select_device(&spec)?;
+    candle_mha::runtime::keep_freed_gpu_memory(&device)?;
     eprintln!("{notice}");
     let (encoder, report) =
         load_transformer_encoder_file(&checkpoint, "", &opts, DType::F32, &device)?;

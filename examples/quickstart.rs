@@ -27,7 +27,10 @@ fn main() -> Result<()> {
         [e, h, l] => (*e, *h, *l),
         _ => anyhow::bail!("arguments are: embed_dim num_heads seq_len"),
     };
-    let (device, notice) = candle_mha::device::device_from_env()?;
+    // The device from `MHA_DEVICE` (default `auto`), freed GPU memory kept for reuse.
+    let spec = std::env::var("MHA_DEVICE").unwrap_or_else(|_| "auto".into());
+    let (device, notice) = candle_mha::device::select_device(&spec)?;
+    candle_mha::runtime::keep_freed_gpu_memory(&device)?;
     eprintln!("{notice}");
     let batch = 2;
 

@@ -20,10 +20,7 @@ pub fn select_device(spec: &str) -> Result<(Device, String)> {
                 ));
             }
             match Device::new_cuda(0) {
-                Ok(d) => {
-                    keep_freed_gpu_memory(&d).ok(); // best effort, as in `MultiheadAttention::new`
-                    Ok((d, "device: cuda:0 (auto)".into()))
-                }
+                Ok(d) => Ok((d, "device: cuda:0 (auto)".into())),
                 Err(e) => Ok((
                     Device::Cpu,
                     format!("device: cpu (auto: no CUDA device: {e})"),
@@ -44,7 +41,6 @@ pub fn select_device(spec: &str) -> Result<(Device, String)> {
             }
             let d = Device::new_cuda(ordinal)
                 .map_err(|e| candle::Error::Msg(format!("device \"{s}\" is not available: {e}")))?;
-            keep_freed_gpu_memory(&d).ok();
             Ok((d, format!("device: cuda:{ordinal}")))
         }
         other => candle::bail!("invalid device \"{other}\": expected auto, cpu, cuda or cuda:N"),
@@ -54,11 +50,10 @@ pub fn select_device(spec: &str) -> Result<(Device, String)> {
 /// Keeps the memory that candle frees on a CUDA `device` in CUDA's memory pool for the next
 /// allocation, instead of handing it back to the driver at every synchronisation (the pool's
 /// default release threshold is 0): every call then paid for mapping its large buffers
-/// afresh. Measured on an H200 at (N, L, E, H) = (8, 1024, 1024, 16): the module's forward
-/// went from 14.8 to 11.4 ms, a training step from 44.5 to 34.2 ms. [`select_device`] and
-/// `MultiheadAttention::new` call it (and go on without it if it fails); the memory stays with
-/// the process, as PyTorch's does. A no-op on other devices and where the GPU has no memory
-/// pools.
+/// afresh (a quarter of a training step's time on an H200, `BENCHMARKS.md`). Process-wide and
+/// opt-in: the library never calls it; the `mha` CLI and the examples do, right after choosing
+/// the device. The memory then stays with the process, as PyTorch's does. A no-op on other
+/// devices and where the GPU has no memory pools.
 ///
 /// PyTorch equivalent: PyTorch's caching allocator, which keeps freed blocks until
 /// `torch.cuda.empty_cache()`.
@@ -150,23 +145,6 @@ pub fn reset_peak_gpu_memory(device: &Device) -> Result<()> {
     used_memory_high(device, Some(0)).map(|_| ())
 }
 
-/// The environment variable [`device_from_env`] reads.
-pub const DEVICE_ENV: &str = "MHA_DEVICE";
-
-/// The device named by the `MHA_DEVICE` environment variable (`auto` when unset), as
-/// [`select_device`] reads it: how the examples pick a device without a command-line flag.
-///
-/// PyTorch equivalent: none (scripts usually read their own flag or variable).
-pub fn device_from_env() -> Result<(Device, String)> {
-    device_from_var(std::env::var(DEVICE_ENV).ok().as_deref())
-}
-
-/// [`device_from_env`] given the variable's value (`None`: unset).
-fn device_from_var(value: Option<&str>) -> Result<(Device, String)> {
-    let spec = value.unwrap_or("auto");
-    select_device(spec.trim()).map_err(|e| candle::Error::Msg(format!("{DEVICE_ENV}={spec}: {e}")))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -191,17 +169,5 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("expected auto, cpu, cuda or cuda:N"));
-    }
-
-    #[test]
-    fn the_variable_defaults_to_auto_and_is_named_in_errors() {
-        let (_, unset) = device_from_var(None).unwrap();
-        assert_eq!(unset, select_device("auto").unwrap().1);
-        assert!(device_from_var(Some(" cpu ")).unwrap().0.is_cpu());
-        let e = device_from_var(Some("tpu")).unwrap_err().to_string();
-        assert!(
-            e.contains("MHA_DEVICE=tpu") && e.contains("expected auto, cpu"),
-            "{e}"
-        );
     }
 }

@@ -49,65 +49,25 @@ pub use candle;
 /// so users match its version).
 pub use candle_nn;
 
-pub mod alloc;
-pub mod analysis;
 pub mod attention;
 pub mod autograd;
 pub mod checkpoint;
 mod cpu;
-pub mod data;
 pub mod device;
 pub mod init;
 pub mod io;
-pub mod models;
 pub mod nn;
+pub mod optim;
 pub mod rng;
-pub mod threads;
-pub mod training;
+pub mod runtime;
 
 pub use attention::{
     multihead_attention, AttentionKernel, AttentionOptions, AttentionOutput, IncrementalOptions,
-    KvCache, MemoryCache, MultiheadAttention, MultiheadAttentionConfig,
+    KvCache, MemoryCache, MultiheadAttention, MultiheadAttentionConfig, StackKvCache,
 };
-pub use cpu::simd::NO_AVX512_ENV;
 pub use init::seeded_var_builder;
 pub use nn::{
     Activation, DecoderOptions, EncoderOptions, Transformer, TransformerConfig, TransformerDecoder,
     TransformerDecoderLayer, TransformerDecoderLayerConfig, TransformerEncoder,
     TransformerEncoderLayer, TransformerEncoderLayerConfig, TransformerOptions,
 };
-
-/// The README's examples, compiled and run as doctests.
-#[doc = include_str!("../README.md")]
-#[cfg(doctest)]
-pub struct ReadmeDoctests;
-
-/// For the benches only: the CPU matrix product the linear layers use (`benches/products`),
-/// and the per-thread overrides of how it runs (`MHA_BENCH_PAIRED`: variants alternated call
-/// by call in one process).
-#[doc(hidden)]
-pub mod bench_hooks {
-    pub use crate::cpu::tuning::{set as set_product_tuning, Backend, ProductTuning};
-
-    /// `dst[m×n] = lhs[m×k] · rhs[k×n]` on all threads, each operand by pointer, row stride
-    /// and column stride; `dst` row-major with row stride `n`.
-    ///
-    /// # Safety
-    /// Every addressed element must be in bounds; `dst` must not overlap the operands.
-    pub unsafe fn linear_product_f32(
-        (m, n, k): (usize, usize, usize),
-        dst: *mut f32,
-        lhs: (*const f32, usize, usize),
-        rhs: (*const f32, usize, usize),
-    ) {
-        crate::cpu::gemm(
-            (m, n, k),
-            (dst, n, 1),
-            false,
-            lhs,
-            rhs,
-            1.0,
-            crate::cpu::Threads::All,
-        )
-    }
-}

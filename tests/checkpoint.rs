@@ -300,8 +300,11 @@ fn strict_fails_with_the_report_and_non_strict_reports() -> Result<()> {
         Ok(_) => anyhow::bail!("strict loading accepted a broken state_dict"),
         Err(e) => e.to_string(),
     };
+    assert!(
+        err.starts_with("Error(s) in loading state_dict for MultiheadAttention: 1 missing key(s), 1 unexpected key(s), 1 size mismatch(es); nothing was loaded (strict)."),
+        "{err}"
+    );
     for needle in [
-        "Error(s) in loading state_dict for MultiheadAttention",
         "Missing key(s) in state_dict: \"in_proj_bias\"",
         "Unexpected key(s) in state_dict: \"layers.0.self_attn.extra\"",
         "size mismatch for out_proj.bias: copying a param with shape [8] from checkpoint, the shape in current model is [16]",

@@ -14,7 +14,7 @@ use candle_mha::nn::{
     load_transformer_encoder_file, load_transformer_encoder_layer, load_transformer_file,
     Activation, DecoderOptions, EncoderOptions, TransformerLoadOptions, TransformerOptions,
 };
-use common::{assert_close, mha, Fixture};
+use common::{assert_close, Fixture};
 
 /// PyTorch's f32 slow path vs ours: both f32, different summation orders.
 const TOL: f64 = 1e-5;
@@ -255,7 +255,7 @@ fn bad_nhead_and_prefix_are_clear_errors() -> Result<()> {
 }
 
 #[test]
-fn discovery_and_mha_info() -> Result<()> {
+fn discovery() -> Result<()> {
     let sd = StateDict::load(ckpt("transformer_module.pt"))?;
     let found: Vec<String> = find_transformer_modules(&sd)
         .iter()
@@ -263,19 +263,18 @@ fn discovery_and_mha_info() -> Result<()> {
         .collect();
     assert_eq!(found.len(), 5, "{found:?}");
     assert!(found[0].starts_with("(root): Transformer num_encoder_layers=1 num_decoder_layers=1 d_model=8 dim_feedforward=16 bias=true"), "{found:?}");
-    let (ok, out, err) = mha(&[
-        "info",
-        ckpt("encoder_nf_gelu.safetensors").to_str().unwrap(),
-    ])?;
-    assert!(ok, "{err}");
-    assert!(out.contains("Transformer modules (3):"), "{out}");
+    let sd = StateDict::load(ckpt("encoder_nf_gelu.safetensors"))?;
+    let found: Vec<String> = find_transformer_modules(&sd)
+        .iter()
+        .map(|m| m.to_string())
+        .collect();
+    assert_eq!(found.len(), 3, "{found:?}");
+    assert!(found[0].starts_with("(root): TransformerEncoder num_layers=2 final_norm=true d_model=8 dim_feedforward=12 bias=false"), "{found:?}");
     assert!(
-        out.contains("(root): TransformerEncoder num_layers=2 final_norm=true d_model=8 dim_feedforward=12 bias=false"),
-        "{out}"
-    );
-    assert!(
-        out.contains("  layers.1: TransformerEncoderLayer d_model=8"),
-        "{out}"
+        found
+            .iter()
+            .any(|m| m.starts_with("layers.1: TransformerEncoderLayer d_model=8")),
+        "{found:?}"
     );
     Ok(())
 }
@@ -348,6 +347,25 @@ fn decoder_layer_loads_and_an_encoder_layer_is_not_one() -> Result<()> {
     .to_string();
     assert!(
         e.contains("\"multihead_attn.in_proj_weight\"") && e.contains("\"norm3.weight\""),
+        "{e}"
+    );
+    // The error starts with what is wrong and names the loader the keys fit.
+    assert!(
+        e.starts_with("Error(s) in loading state_dict for TransformerDecoderLayer: 6 missing key(s); nothing was loaded (strict). The keys fit another module: load them with load_transformer_encoder_layer."),
+        "{e}"
+    );
+    let e = candle_mha::nn::load_transformer_encoder_layer_file(
+        &path,
+        "decoder.layers.0",
+        &o,
+        DType::F32,
+        &Device::Cpu,
+    )
+    .expect_err("a decoder layer is not an encoder layer")
+    .to_string();
+    assert!(
+        e.starts_with("Error(s) in loading state_dict for TransformerEncoderLayer: ")
+            && e.contains(" unexpected key(s); nothing was loaded (strict). The keys fit another module: load them with load_transformer_decoder_layer."),
         "{e}"
     );
     Ok(())

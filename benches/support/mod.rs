@@ -20,15 +20,15 @@ impl Allocator {
     pub fn from_env() -> Self {
         let wanted = std::env::var("MHA_BENCH_ALLOCATOR").as_deref() != Ok("default");
         Self {
-            retain: wanted && candle_mha::alloc::retain_freed_memory(),
+            retain: wanted && candle_mha::runtime::retain_freed_memory(),
         }
     }
 
-    /// The setting given: `retain` applies [`candle_mha::alloc::retain_freed_memory`] here
+    /// The setting given: `retain` applies [`candle_mha::runtime::retain_freed_memory`] here
     /// (and hands the equivalent to children); `false` leaves glibc's defaults.
     pub fn new(retain: bool) -> Self {
         Self {
-            retain: retain && candle_mha::alloc::retain_freed_memory(),
+            retain: retain && candle_mha::runtime::retain_freed_memory(),
         }
     }
 
@@ -37,7 +37,7 @@ impl Allocator {
         let setting = match self.retain {
             true => format!(
                 "retain freed memory (GLIBC_TUNABLES={})",
-                candle_mha::alloc::GLIBC_TUNABLES
+                candle_mha::runtime::GLIBC_TUNABLES
             ),
             false => "glibc defaults".to_string(),
         };
@@ -47,7 +47,7 @@ impl Allocator {
     /// Gives a child process (PyTorch's side) the same setting.
     pub fn apply(&self, cmd: &mut Command) {
         if self.retain {
-            cmd.env("GLIBC_TUNABLES", candle_mha::alloc::GLIBC_TUNABLES);
+            cmd.env("GLIBC_TUNABLES", candle_mha::runtime::GLIBC_TUNABLES);
         }
     }
 }
@@ -117,14 +117,12 @@ pub fn cpu_model() -> String {
     format!("{model} ({})", vector_unit())
 }
 
-/// The vector instructions our CPU kernels take here (see `candle_mha::NO_AVX512_ENV`); the
-/// `gemm` crate's projections choose theirs the same way but ignore that variable.
+/// The vector instructions our CPU kernels take here (the `force-avx2` feature keeps them on
+/// AVX2); the `gemm` crate's projections choose theirs the same way.
 pub fn vector_unit() -> &'static str {
     #[cfg(target_arch = "x86_64")]
     {
-        if is_x86_feature_detected!("avx512f")
-            && std::env::var_os(candle_mha::NO_AVX512_ENV).is_none()
-        {
+        if is_x86_feature_detected!("avx512f") {
             return "AVX-512";
         }
         if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
@@ -227,7 +225,12 @@ impl TorchServer {
         threads: usize,
         allocator: &Allocator,
     ) -> Option<Self> {
-        let path = format!("{}/scripts/{script}", env!("CARGO_MANIFEST_DIR"));
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let root = match root.parent().and_then(|p| p.file_name()) {
+            Some(name) if name == "crates" => root.join("../.."),
+            _ => root.to_path_buf(),
+        };
+        let path = format!("{}/scripts/{script}", root.display());
         let mut cmd = Command::new(python);
         cmd.arg(path)
             .args(["--serve", "--threads", &threads.to_string()])
@@ -351,146 +354,4 @@ pub fn minor_faults() -> u64 {
             rest.split_whitespace().nth(7)?.parse().ok()
         })
         .unwrap_or(0)
-}
-
-/// Paired variants (`MHA_BENCH_PAIRED`): our code under several
-/// [`candle_mha::bench_hooks::ProductTuning`]s, alternated call by call in one process, with
-/// the first variant run twice per round (the second time: the control).
-pub struct Paired {
-    pub names: Vec<String>,
-    pub tunings: Vec<candle_mha::bench_hooks::ProductTuning>,
-}
-
-impl Paired {
-    /// From `MHA_BENCH_PAIRED` (`None`: unset): comma-separated variants, each of `default`,
-    /// `par`, `crate`, `crate-norow`, `kcN` and `slicesN` joined by `+` (see
-    /// `benches/products.rs`). Exits with a message on a bad value.
-    pub fn from_env() -> Option<Self> {
-        let spec = std::env::var("MHA_BENCH_PAIRED").ok()?;
-        let names: Vec<String> = spec.split(',').map(|v| v.trim().to_string()).collect();
-        match names.iter().map(|v| Self::variant(v)).collect() {
-            Ok(tunings) => Some(Self { names, tunings }),
-            Err(e) => {
-                eprintln!("MHA_BENCH_PAIRED={spec:?}: {e}");
-                std::process::exit(2);
-            }
-        }
-    }
-
-    fn variant(spec: &str) -> Result<candle_mha::bench_hooks::ProductTuning, String> {
-        use candle_mha::bench_hooks::Backend;
-        let mut t = candle_mha::bench_hooks::ProductTuning::default();
-        for part in spec.split('+').map(str::trim) {
-            let number = |prefix: &str| -> Result<usize, String> {
-                part[prefix.len()..]
-                    .parse()
-                    .map_err(|_| format!("`{part}`: expected {prefix}N, N a whole number"))
-            };
-            match part {
-                "default" => {}
-                "par" => t.backend = Some(Backend::ParGemm),
-                "crate" => t.backend = Some(Backend::GemmCrate),
-                "crate-norow" => t.backend = Some(Backend::GemmCrateUnlessRow),
-                _ if part.starts_with("kc") => t.packed_kc = number("kc")?,
-                _ if part.starts_with("slices") => t.max_slices = number("slices")?,
-                _ => {
-                    return Err(format!(
-                        "unknown part `{part}` of a variant (default, par, crate, crate-norow, \
-                         kcN, slicesN)"
-                    ))
-                }
-            }
-        }
-        Ok(t)
-    }
-
-    /// The tuning of each slot of a round: every variant, then the first again (the control).
-    pub fn slots(&self) -> Vec<candle_mha::bench_hooks::ProductTuning> {
-        self.tunings
-            .iter()
-            .copied()
-            .chain([self.tunings[0]])
-            .collect()
-    }
-
-    /// The order of the slots in round `round`: reversed every other round, so that no
-    /// variant always runs right after the same one.
-    pub fn order(&self, round: usize) -> Vec<usize> {
-        let n = self.tunings.len() + 1;
-        match round % 2 {
-            0 => (0..n).collect(),
-            _ => (0..n).rev().collect(),
-        }
-    }
-
-    /// One round of `call(slot)` for every slot, in [`Paired::order`], each under its slot's
-    /// tuning on this thread (the default again after): the seconds of each, by slot.
-    pub fn time_round<E>(
-        &self,
-        round: usize,
-        mut call: impl FnMut(usize) -> Result<(), E>,
-    ) -> Result<Vec<f64>, E> {
-        let slots = self.slots();
-        let mut times = vec![0.0; slots.len()];
-        for slot in self.order(round) {
-            candle_mha::bench_hooks::set_product_tuning(slots[slot]);
-            let start = Instant::now();
-            let done = call(slot);
-            times[slot] = start.elapsed().as_secs_f64();
-            if let Err(e) = done {
-                candle_mha::bench_hooks::set_product_tuning(Default::default());
-                return Err(e);
-            }
-        }
-        candle_mha::bench_hooks::set_product_tuning(Default::default());
-        Ok(times)
-    }
-
-    /// The header cells of the ratio columns: each variant over the first, then the control.
-    pub fn ratio_headers(&self) -> Vec<String> {
-        let base = &self.names[0];
-        self.names
-            .iter()
-            .skip(1)
-            .map(|v| format!("{v}/{base}"))
-            .chain([format!("control: {base}/{base}")])
-            .collect()
-    }
-
-    /// One cell per ratio column from `times[round][slot]` (seconds): the median and the
-    /// quartiles over the rounds of each slot's time over slot 0's in the same round.
-    pub fn ratio_cells(&self, times: &[Vec<f64>]) -> Vec<String> {
-        (1..=self.tunings.len())
-            .map(|slot| {
-                let mut r: Vec<f64> = times.iter().map(|t| t[slot] / t[0]).collect();
-                r.sort_by(f64::total_cmp);
-                let q = |f: f64| r[((r.len() - 1) as f64 * f).round() as usize];
-                format!("{:.3} ({:.2}–{:.2})", median(&r), q(0.25), q(0.75))
-            })
-            .collect()
-    }
-
-    /// The lines under a table: what the ratios are.
-    pub fn legend(&self) -> String {
-        format!(
-            "ratios: a variant's time over {}'s in the same round, median (quartiles) over the \
-             rounds; < 1: the variant is faster. The control runs {} twice: a difference is a \
-             ratio well outside the control's quartiles.",
-            self.names[0], self.names[0]
-        )
-    }
-
-    /// The line above the tables.
-    pub fn describe(&self, rounds: usize, unit: &str) -> String {
-        format!(
-            "paired: {} ({}; the first is the baseline) and a control (the baseline again), one \
-             {unit} each per round, the order reversed every other round; {rounds} rounds after \
-             a warm-up",
-            match self.names.len() {
-                1 => "1 variant".to_string(),
-                n => format!("{n} variants"),
-            },
-            self.names.join(", ")
-        )
-    }
 }

@@ -15,6 +15,6 @@ pub mod softmax;
 
 pub(crate) use checks::is_float;
 pub use config::MultiheadAttentionConfig;
-pub use kv_cache::{IncrementalOptions, KvCache, MemoryCache};
+pub use kv_cache::{IncrementalOptions, KvCache, MemoryCache, StackKvCache};
 pub use mha::{multihead_attention, MultiheadAttention};
 pub use options::{AttentionKernel, AttentionOptions, AttentionOutput};

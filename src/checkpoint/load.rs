@@ -140,7 +140,7 @@ pub fn load_into_varmap(
         .map(|(n, _)| format!("{prefix}{n}"))
         .collect();
     if opts.strict && !report.is_clean() {
-        candle::bail!("Error(s) in loading state_dict for {report}\tNothing was loaded (strict).")
+        return Err(report.strict_error(""));
     }
     for (name, value) in updates {
         data[&name].set(&value)?;

@@ -64,6 +64,35 @@ impl LoadReport {
             && self.shape_mismatches.is_empty()
             && self.dtype_mismatches.is_empty()
     }
+
+    /// What keeps the report from being clean, counted: `"12 unexpected key(s)"`, `"2 missing
+    /// key(s), 1 size mismatch(es)"`; empty when it is clean.
+    pub fn problems(&self) -> String {
+        [
+            (self.missing.len(), "missing key(s)"),
+            (self.unexpected.len(), "unexpected key(s)"),
+            (self.shape_mismatches.len(), "size mismatch(es)"),
+            (
+                self.dtype_mismatches.len(),
+                "integer/float dtype mismatch(es)",
+            ),
+        ]
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, what)| format!("{n} {what}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+    }
+
+    /// The error of a strict load that found [`problems`](Self::problems), with `hint` (a
+    /// sentence, or empty) after them and the full report below.
+    pub fn strict_error(&self, hint: &str) -> candle::Error {
+        candle::Error::Msg(format!(
+            "Error(s) in loading state_dict for {}: {}; nothing was loaded (strict).{hint}\n{self}",
+            self.module,
+            self.problems()
+        ))
+    }
 }
 
 fn quoted(names: &[String]) -> String {

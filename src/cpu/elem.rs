@@ -5,7 +5,7 @@ use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Sub};
 
 use candle::WithDType;
 
-use super::small_gemm::Lanes;
+use super::lanes::Lanes;
 use super::workspace::{AnyBuf, Pool};
 use super::{gelu, simd};
 

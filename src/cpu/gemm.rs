@@ -1,9 +1,48 @@
 //! The one matrix product of the CPU kernels, over the `gemm` crate (run-time dispatched SIMD
 //! micro-kernels).
 
-use super::small_gemm::{small_gemm, Start, PANEL};
-use super::tuning::Backend;
 use super::Elem;
+
+/// What an output element holds before the product is added to it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Start<T> {
+    /// Nothing: the output is overwritten (its contents may be uninitialised).
+    Zero,
+    /// Its current value (`c += …`).
+    Dst,
+    /// Element `j` of a row, the same for every output row (a linear layer's bias: filled
+    /// into the output before the `gemm` crate's product, added as the register tiles of the
+    /// attention kernel store). The pointer is the row's element for the call's output
+    /// column 0.
+    Row(*const T),
+}
+
+// SAFETY: a `Row` is only ever read (a bias row the caller keeps alive for the product), so
+// the threads of one product may share it as they share `&[T]`.
+unsafe impl<T: Sync> Send for Start<T> {}
+// SAFETY: as above.
+unsafe impl<T: Sync> Sync for Start<T> {}
+
+impl<T> Start<T> {
+    /// The same start for the part of the output from column `j` on.
+    pub(crate) fn shifted(self, j: usize) -> Self {
+        match self {
+            // SAFETY (of the pointer arithmetic): the row covers the output's columns.
+            Start::Row(r) => Start::Row(r.wrapping_add(j)),
+            other => other,
+        }
+    }
+}
+
+impl<T> From<bool> for Start<T> {
+    /// `accumulate`: `true` is [`Start::Dst`], `false` [`Start::Zero`].
+    fn from(accumulate: bool) -> Self {
+        match accumulate {
+            true => Start::Dst,
+            false => Start::Zero,
+        }
+    }
+}
 
 /// A matrix operand: pointer to its first element, row stride, column stride (in elements).
 pub(crate) type Operand<T> = (*const T, usize, usize);
@@ -36,9 +75,8 @@ pub(crate) unsafe fn gemm<T: Elem>(
     gemm_from(dims, dst, accumulate.into(), lhs, rhs, alpha, threads)
 }
 
-/// [`gemm`] from any [`Start`]: `dst = start + alpha · lhs · rhs`, where a [`Start::Row`]
-/// (a linear layer's bias, `n` elements) is added as the register tiles are stored, not
-/// filled into `dst` first (a pass over the output, which the product then read back).
+/// [`gemm`] from any [`Start`]: `dst = start + alpha · lhs · rhs`; a [`Start::Row`] (a linear
+/// layer's bias, `n` elements) is filled into `dst` first (the `gemm` crate has no row start).
 ///
 /// # Safety
 /// As [`gemm`]; a [`Start::Row`] covers `n` elements.
@@ -71,51 +109,8 @@ pub(crate) unsafe fn gemm_from<T: Elem>(
         }
         return;
     }
-    // One thread, small dimensions, right operand and destination read by rows (the decoding
-    // and weights passes' tiles): faster unpacked (`small_gemm`; a plain row-major operand is
-    // one "panel" per 16 columns).
-    if threads == Threads::One
-        && k <= SMALL_GEMM
-        && m <= SMALL_GEMM
-        && n <= SMALL_GEMM
-        && rhs.2 == 1
-        && dst.2 == 1
-        && small_gemm::<T>(
-            (m, n, k),
-            lhs,
-            (rhs.0, rhs.1, PANEL, 0),
-            (dst.0, dst.1),
-            alpha,
-            start,
-        )
-    {
-        return;
-    }
-    // On all threads only where the work is worth a fork-join (`par`); then, with the output
-    // read by rows, through `par_gemm` (one packing of the right operand, blocks by work
-    // stealing, no per-call buffer, a bias row added as tiles are stored) or the `gemm`
-    // crate's own threading, as `on_all_threads` chooses.
+    // On all threads only where the work is worth a fork-join (`par`).
     let all = threads == Threads::All && super::par::parallel(m * n * k);
-    let crate_here = || match super::tuning::get().backend.unwrap_or_else(on_all_threads) {
-        Backend::ParGemm => false,
-        Backend::GemmCrate => true,
-        Backend::GemmCrateUnlessRow => !matches!(start, Start::Row(_)),
-    };
-    if all
-        && dst.2 == 1
-        && !crate_here()
-        && super::par_gemm::par_gemm(
-            (m, n, k),
-            (dst.0, dst.1),
-            start,
-            lhs,
-            rhs,
-            alpha,
-            num_threads(),
-        )
-    {
-        return;
-    }
     // The `gemm` crate has no row start: the row is filled in first.
     let accumulate = match start {
         Start::Zero => false,
@@ -153,30 +148,6 @@ pub(crate) unsafe fn gemm_from<T: Elem>(
     )
 }
 
-/// Which code computes a large product on all threads. With AVX-512, the `gemm` crate,
-/// except for a product that starts from a bias row (a linear layer's forward), which the
-/// crate could only take as an output filled in first; `par_gemm` elsewhere. Paired call by
-/// call on the AVX-512 Xeon of `BENCHMARKS.md` (tenth session, `MHA_BENCH_PAIRED`, with a
-/// same-run control): the crate took 0.81–0.92× `par_gemm`'s time on the `train_step` models'
-/// products read in place, 0.77–0.98× on the large model's weight gradients (the medium's
-/// 0.92–1.05), and the model steps 0.91–0.95× as chosen here; with the crate also on the
-/// products that start from a bias (filled in first), the module's forwards took 1.03–1.12×
-/// (hence the exception). On the AVX2 Zen 3 `par_gemm` was as fast or faster (its weight
-/// gradients 0.84–0.93× of column blocks'), so AVX2 keeps it. The crate's sums do not depend
-/// on its thread count either (it splits the output, never the inner dimension): a test
-/// checks that.
-fn on_all_threads() -> Backend {
-    match super::simd::Isa::detect() {
-        Some(super::simd::Isa::Avx512) => Backend::GemmCrateUnlessRow,
-        _ => Backend::ParGemm,
-    }
-}
-
-/// The largest dimensions sent to the unpacked product by [`gemm`]: with 256-row tiles read
-/// by rows (not packed) the `gemm` crate's packed kernel was as fast or faster on Zen 3, with
-/// tiles of 32–128 the unpacked one 5–10% faster.
-const SMALL_GEMM: usize = 128;
-
 /// candle's thread count, read once: `candle::utils::get_num_threads` parses `/proc/cpuinfo`
 /// on every call when `RAYON_NUM_THREADS` is unset (~25–30 µs, a third of a one-token
 /// decoding step measured at cache length 512, E = 256).
@@ -189,25 +160,22 @@ fn num_threads() -> usize {
 mod tests {
     use super::*;
 
-    /// `gemm_from` with a bias row against a plain loop on each of its paths: the one-thread
-    /// register tiles, `par_gemm` (forced parallel), the `gemm` crate (a right operand with
-    /// no unit stride, which `par_gemm` declines, or chosen by the benchmarks' tuning: the row
-    /// is filled in first) and `k = 0` (the row alone); f32 and f64. Nothing past column `n`
-    /// is written.
+    /// `gemm_from` with a bias row against a plain loop on each of its paths: one thread, all
+    /// threads (forced parallel), a right operand with no unit stride, and `k = 0` (the row
+    /// alone); f32 and f64.
+    /// Nothing past column `n` is written.
     #[test]
     fn starts_from_a_row_on_every_path() {
         fn check<T: Elem + Into<f64>>(tol: f64) {
             let val = |i: usize, s: u64| ((i as u64 * 2654435761 + s) % 1009) as f64 / 251.0 - 2.0;
-            // (dims, threads, rhs column stride: 1 or 2 (neither stride unit), the gemm crate
-            // chosen)
+            // (dims, threads, rhs column stride: 1 or 2 (neither stride unit))
             let cases = [
-                ((9, 21, 13), Threads::One, 1, false),
-                ((70, 37, 300), Threads::All, 1, false),
-                ((70, 37, 300), Threads::All, 1, true),
-                ((70, 37, 300), Threads::All, 2, false),
-                ((5, 7, 0), Threads::All, 1, false),
+                ((9, 21, 13), Threads::One, 1),
+                ((70, 37, 300), Threads::All, 1),
+                ((70, 37, 300), Threads::All, 2),
+                ((5, 7, 0), Threads::All, 1),
             ];
-            for ((m, n, k), threads, bcs, gemm_crate) in cases {
+            for ((m, n, k), threads, bcs) in cases {
                 let a: Vec<T> = (0..m * k).map(|i| T::from_f64(val(i, 1))).collect();
                 let brs = bcs * n + 1;
                 let b: Vec<T> = (0..k.max(1) * brs)
@@ -220,10 +188,6 @@ mod tests {
                     c[i * ld + n] = T::from_f64(7.0);
                 }
                 crate::cpu::par::force(Some(threads == Threads::All));
-                crate::cpu::tuning::set(crate::cpu::tuning::ProductTuning {
-                    backend: gemm_crate.then_some(Backend::GemmCrate),
-                    ..Default::default()
-                });
                 // SAFETY: a is m×k, b k rows of stride brs with n columns of stride bcs, c m
                 // rows of stride ld, the row n elements.
                 unsafe {
@@ -238,7 +202,6 @@ mod tests {
                     )
                 };
                 crate::cpu::par::force(None);
-                crate::cpu::tuning::set(Default::default());
                 for i in 0..m {
                     assert_eq!(
                         c[i * ld + n].into(),

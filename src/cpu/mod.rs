@@ -11,29 +11,24 @@ mod dtype;
 mod elem;
 mod gelu;
 mod gemm;
+pub(crate) mod lanes;
 mod linear;
-mod panels;
 pub(crate) mod par;
-mod par_gemm;
 pub(crate) mod simd;
 mod slice;
-mod small_gemm;
 mod stash;
-pub(crate) mod tuning;
 pub(crate) mod workspace;
 
 pub(crate) use custom_op::{op_with_optional_bias, Grads3, NeedsGrad};
 pub(crate) use dtype::{fused, unsupported_dtype};
 pub(crate) use elem::Elem;
 pub(crate) use gelu::{gelu, gelu_grad, gelu_grad_into, gelu_into};
-pub(crate) use gemm::{gemm, gemm_from, Threads};
+pub(crate) use gemm::{gemm, gemm_from, Operand, Start, Threads};
 pub(crate) use linear::{
     linear, linear_backward_kept, linear_backward_slice, linear_forward, linear_forward_into,
     linear_forward_kept, linear_out_len,
 };
-pub(crate) use panels::{gemm_panels, pack_rows, pack_transposed, panels_len, Panels};
 pub(crate) use slice::{contiguous, filled_vec, slice, with_slice, written_vec};
-pub(crate) use small_gemm::Start;
 pub(crate) use stash::Stash;
 
 /// Rows per rayon task of the row ops. Fixed, not derived from the thread count, so that sums

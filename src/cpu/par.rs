@@ -44,14 +44,13 @@ pub(crate) fn force(parallel: Option<bool>) {
     FORCED.with(|f| f.set(parallel));
 }
 
+/// [`SERIAL_BELOW`], or 0 with the `force-parallel` feature (tests: every pass and product on
+/// rayon's pool, however small).
 fn serial_below() -> usize {
-    static S: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *S.get_or_init(|| {
-        std::env::var("MHA_SERIAL_BELOW")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(SERIAL_BELOW)
-    })
+    match cfg!(feature = "force-parallel") {
+        true => 0,
+        false => SERIAL_BELOW,
+    }
 }
 
 /// `f(state, task)` for every task in `0..count`: on rayon's threads (one `state` from `init`

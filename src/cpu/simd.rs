@@ -14,25 +14,17 @@ pub(crate) fn avx2() -> bool {
     is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
 }
 
-/// The environment variable that keeps our kernels on AVX2 on a CPU with AVX-512 (any value):
-/// for CPUs that lower their clock under AVX-512, and to test the AVX2 paths on one that has
-/// it. The `gemm` crate's projections choose for themselves.
-///
-/// PyTorch equivalent: `ATEN_CPU_CAPABILITY=avx2`.
-pub const NO_AVX512_ENV: &str = "MHA_NO_AVX512";
-
-/// Whether our kernels use AVX-512 (foundation): the CPU has it (and AVX2 + FMA) and
-/// [`NO_AVX512_ENV`] is not set. Read once.
+/// Whether our kernels use AVX-512 (foundation): the CPU has it (and AVX2 + FMA) and the
+/// crate is built without the `force-avx2` feature (which tests the AVX2 paths on such a CPU,
+/// or keeps a CPU that lowers its clock under AVX-512 on AVX2; PyTorch's equivalent is
+/// `ATEN_CPU_CAPABILITY=avx2`). The `gemm` crate's projections choose for themselves.
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn avx512() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| {
-        is_x86_feature_detected!("avx512f") && avx2() && std::env::var_os(NO_AVX512_ENV).is_none()
-    })
+    !cfg!(feature = "force-avx2") && is_x86_feature_detected!("avx512f") && avx2()
 }
 
 /// The vector instruction sets of the CPU kernels (the rows here, the register tiles of
-/// `super::small_gemm`), best first.
+/// `crate::attention::fused::kernel::small_gemm`), best first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Isa {
     Avx512,

@@ -210,11 +210,7 @@ pub(super) fn last_dim(dims: &[usize]) -> Result<usize> {
 ///
 /// PyTorch equivalent: `F.cross_entropy(logits[mask], targets[mask])` (which also accumulates
 /// in f32, but returns the logits' dtype).
-pub(crate) fn cross_entropy_rows(
-    logits: &Tensor,
-    targets: &Tensor,
-    mask: &Tensor,
-) -> Result<Tensor> {
+pub fn cross_entropy_rows(logits: &Tensor, targets: &Tensor, mask: &Tensor) -> Result<Tensor> {
     let v = last_dim(logits.dims())?;
     let r: usize = logits.dims()[..logits.rank() - 1].iter().product();
     let ce = CrossEntropy::new(targets, mask, r, v)?;

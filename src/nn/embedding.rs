@@ -20,7 +20,6 @@ pub struct Embedding {
 impl Embedding {
     /// Takes (or creates, N(0, 1)) `weight` under `vb`.
     pub fn new(num_embeddings: usize, dim: usize, vb: VarBuilder) -> Result<Self> {
-        crate::threads::tune_candle_threads();
         let init = Init::Randn {
             mean: 0.0,
             stdev: 1.0,
@@ -54,7 +53,7 @@ impl Module for Embedding {
 /// dtypes) the same sum of candle's ops.
 ///
 /// PyTorch equivalent: `tok_emb(ids) + pos_emb(pos)`.
-pub(crate) fn embedding_sum(
+pub fn embedding_sum(
     tokens: &Embedding,
     ids: &Tensor,
     positions: &Embedding,

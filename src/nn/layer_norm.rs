@@ -267,7 +267,6 @@ pub struct LayerNorm {
 impl LayerNorm {
     /// Takes (or creates) `weight` and `bias` under `vb`.
     pub fn new(dim: usize, eps: f64, vb: VarBuilder) -> Result<Self> {
-        crate::threads::tune_candle_threads();
         Ok(Self {
             weight: vb.get_with_hints(dim, "weight", Init::Const(1.0))?,
             bias: vb.get_with_hints(dim, "bias", Init::Const(0.0))?,

@@ -26,7 +26,6 @@ impl Linear {
         bias: bool,
         vb: VarBuilder,
     ) -> Result<Self> {
-        crate::threads::tune_candle_threads();
         let weight = vb.get_with_hints(
             (out_features, in_features),
             "weight",
@@ -37,6 +36,14 @@ impl Linear {
             false => None,
         };
         Ok(Self { weight, bias })
+    }
+
+    /// A layer of the given parameters as they are (no copy, no check): `weight [out, in]`,
+    /// `bias [out]`.
+    ///
+    /// PyTorch equivalent: assigning `linear.weight` / `linear.bias`.
+    pub fn from_weights(weight: Tensor, bias: Option<Tensor>) -> Self {
+        Self { weight, bias }
     }
 
     /// `weight [out, in]`.

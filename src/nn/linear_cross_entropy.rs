@@ -116,7 +116,7 @@ crate::cpu::op_with_optional_bias!(LinearCrossEntropy, "fused-linear-cross-entro
 /// - `x`: `(…, K)` with `R` rows in all; `w`: `(V, K)`; `b`: `(V)`;
 /// - `targets`: `(R)` (u32/i64); `mask`: `(R)` (u8);
 /// - result: a scalar.
-pub(crate) fn linear_cross_entropy(
+pub fn linear_cross_entropy(
     x: &Tensor,
     w: &Tensor,
     b: Option<&Tensor>,

@@ -166,7 +166,7 @@ impl CustomOp3 for LinearGelu {
 /// in f32/f64 with a bias, the fused linear and GELU ops otherwise.
 ///
 /// PyTorch equivalent: `F.gelu(F.linear(x, w, b))` (`approximate="none"`).
-pub(crate) fn linear_gelu(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+pub fn linear_gelu(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
     match b {
         Some(b) if fused(x) && x.rank() >= 2 => {
             let x = match x.rank() {
@@ -234,7 +234,7 @@ crate::cpu::op_with_optional_bias!(MlpOutput, "fused-mlp-output");
 /// linear otherwise.
 ///
 /// PyTorch equivalent: `linear2(F.gelu(linear1(x)))`.
-pub(crate) fn mlp(
+pub fn mlp(
     x: &Tensor,
     (w1, b1): (&Tensor, Option<&Tensor>),
     (w2, b2): (&Tensor, Option<&Tensor>),

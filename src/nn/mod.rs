@@ -24,15 +24,17 @@ mod linear_cross_entropy;
 mod linear_gelu;
 pub mod transformer;
 
-pub(crate) use cross_entropy::cross_entropy_rows;
-pub(crate) use embedding::embedding_sum;
+/// What every loader returns beside the module (defined with the checkpoint readers).
+pub use crate::checkpoint::LoadReport;
+pub use cross_entropy::cross_entropy_rows;
+pub use embedding::embedding_sum;
 pub use embedding::Embedding;
 pub(crate) use gelu::gelu_erf;
 pub(crate) use layer_norm::layer_norm;
 pub use layer_norm::LayerNorm;
 pub use linear::Linear;
-pub(crate) use linear_cross_entropy::linear_cross_entropy;
-pub(crate) use linear_gelu::{linear_gelu, mlp};
+pub use linear_cross_entropy::linear_cross_entropy;
+pub use linear_gelu::{linear_gelu, mlp};
 pub use transformer::{
     load_transformer, load_transformer_decoder, load_transformer_decoder_file,
     load_transformer_decoder_layer, load_transformer_decoder_layer_file, load_transformer_encoder,
@@ -40,8 +42,8 @@ pub use transformer::{
     load_transformer_encoder_layer_file, load_transformer_file, TransformerLoadOptions,
 };
 pub use transformer::{
-    Activation, DecoderOptions, EncoderOptions, Transformer, TransformerConfig, TransformerDecoder,
-    TransformerDecoderLayer, TransformerDecoderLayerConfig, TransformerEncoder,
+    Activation, DecoderOptions, EncoderOptions, FinalNorm, Transformer, TransformerConfig,
+    TransformerDecoder, TransformerDecoderLayer, TransformerDecoderLayerConfig, TransformerEncoder,
     TransformerEncoderLayer, TransformerEncoderLayerConfig, TransformerOptions,
 };
 

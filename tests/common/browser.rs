@@ -72,7 +72,7 @@ pub fn file_url(path: &Path) -> Result<String> {
 /// Where the HTML tests write their screenshots for people to look at:
 /// `target/html-screenshots/`.
 pub fn screenshot_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("target/html-screenshots")
+    super::repo_root().join("target/html-screenshots")
 }
 
 /// The JSON of a page's `<script type="application/json" id="mha-data">` element.

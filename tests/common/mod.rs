@@ -80,12 +80,22 @@ impl Fixture {
     }
 }
 
-/// `tests/fixtures`, or `$MHA_FIXTURES_DIR` when set (test binaries carried to another machine,
-/// e.g. by `scripts/build-cuda.sh`, find the fixtures there).
+/// The repository's root: the workspace holding the crate under test (the root package, or
+/// two levels above a crate in `crates/`).
+pub fn repo_root() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    match manifest.parent().and_then(|p| p.file_name()) {
+        Some(name) if name == "crates" => manifest.join("../.."),
+        _ => manifest.to_path_buf(),
+    }
+}
+
+/// `tests/fixtures` at the repository's root, or `$MHA_FIXTURES_DIR` when set (test binaries
+/// carried to another machine, e.g. by `scripts/build-cuda.sh`, find the fixtures there).
 pub fn fixtures_dir() -> PathBuf {
     match std::env::var_os("MHA_FIXTURES_DIR") {
         Some(dir) => PathBuf::from(dir),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"),
+        None => repo_root().join("tests/fixtures"),
     }
 }
 
@@ -189,11 +199,14 @@ pub const TINY_TEXT_MODEL: [&str; 8] = [
     "1",
 ];
 
+/// The `mha` binary (the CLI crate's tests only: cargo builds it for them).
+pub fn mha_exe() -> Result<&'static str> {
+    option_env!("CARGO_BIN_EXE_mha").context("only the candle-mha-cli crate's tests run `mha`")
+}
+
 /// Runs the `mha` binary; returns (success, stdout, stderr).
 pub fn mha(args: &[&str]) -> Result<(bool, String, String)> {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mha"))
-        .args(args)
-        .output()?;
+    let out = std::process::Command::new(mha_exe()?).args(args).output()?;
     Ok((
         out.status.success(),
         String::from_utf8(out.stdout)?,

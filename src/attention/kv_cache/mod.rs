@@ -1,5 +1,6 @@
 //! The key/value caches of incremental decoding: [`KvCache`] (self-attention, grown as tokens
-//! come), [`MemoryCache`] (cross-attention, a memory projected once) and the per-call
+//! come), [`StackKvCache`] (one per layer of a decoder stack, with left padding),
+//! [`MemoryCache`] (cross-attention, a memory projected once) and the per-call
 //! [`IncrementalOptions`].
 //!
 //! PyTorch's `nn.MultiheadAttention` has no cache; generation libraries wrap their own
@@ -14,10 +15,12 @@ use super::MultiheadAttention;
 mod geometry;
 mod memory;
 mod options;
+mod stack;
 
 pub(crate) use geometry::CacheGeometry;
 pub use memory::MemoryCache;
 pub use options::IncrementalOptions;
+pub use stack::StackKvCache;
 
 /// Positions a cache grows by at least (its buffers are reallocated rarely: the capacity at
 /// least doubles, rounded up to a whole block).

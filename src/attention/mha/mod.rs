@@ -4,12 +4,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use candle::{DType, ModuleT, Result, Tensor};
-use candle_nn::{Init, Linear, VarBuilder};
+use candle_nn::{Init, VarBuilder};
 
 use super::checks::{check_inputs, Dims};
 use super::fused::{linear, projected_self_attention, projected_self_attention_output};
 use super::{AttentionKernel, AttentionOptions, AttentionOutput, MultiheadAttentionConfig};
 use crate::init::{linear_weight, xavier_normal, xavier_uniform};
+use crate::nn::Linear;
 use crate::rng::derive_seed;
 
 mod fused_path;
@@ -100,9 +101,6 @@ impl MultiheadAttention {
     /// PyTorch equivalent: `torch.nn.MultiheadAttention(...)`, or `load_state_dict` when `vb`
     /// reads a checkpoint.
     pub fn new(config: MultiheadAttentionConfig, vb: VarBuilder) -> Result<Self> {
-        crate::threads::tune_candle_threads();
-        // Best effort: a module that cannot change the pool still works, only slower.
-        let _ = crate::device::keep_freed_gpu_memory(vb.device());
         config.validate()?;
         let (e, kdim, vdim) = (config.embed_dim, config.kdim(), config.vdim());
         // PyTorch's registration (state_dict) order.
@@ -144,7 +142,7 @@ impl MultiheadAttention {
             in_proj_bias,
             bias_k,
             bias_v,
-            out_proj: Linear::new(out_weight, out_bias),
+            out_proj: Linear::from_weights(out_weight, out_bias),
             dropout_calls: Arc::new(AtomicU64::new(0)),
         })
     }

@@ -31,6 +31,46 @@ impl Activation {
     }
 }
 
+/// What ends a Transformer stack: PyTorch's `norm=` argument of `nn.TransformerEncoder` and
+/// `nn.TransformerDecoder` (`nn.Transformer` always gives each stack a layer norm).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FinalNorm {
+    /// `norm=None`: the last layer's output as it is.
+    #[default]
+    None,
+    /// `norm=nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias)`: parameters `norm.*`.
+    LayerNorm,
+}
+
+/// `"relu"` or `"gelu"`, the strings PyTorch's `activation=` argument takes.
+///
+/// ```
+/// use candle_mha::nn::Activation;
+/// assert_eq!("gelu".parse::<Activation>().unwrap(), Activation::Gelu);
+/// assert!("tanh".parse::<Activation>().unwrap_err().to_string().contains("relu or gelu"));
+/// ```
+impl std::str::FromStr for Activation {
+    type Err = candle::Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "relu" => Ok(Activation::Relu),
+            "gelu" => Ok(Activation::Gelu),
+            other => candle::bail!("activation \"{other}\": expected relu or gelu"),
+        }
+    }
+}
+
+/// The name [`FromStr`](std::str::FromStr) reads: `"relu"` or `"gelu"`.
+impl std::fmt::Display for Activation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Activation::Relu => "relu",
+            Activation::Gelu => "gelu",
+        })
+    }
+}
+
 macro_rules! layer_config {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*

@@ -3,11 +3,12 @@
 use candle::{Result, Tensor};
 use candle_nn::VarBuilder;
 
+use super::checks::DECODER_OPTIONS;
 use super::parts::{stack, Norm};
-use super::{DecoderOptions, TransformerDecoderLayer, TransformerDecoderLayerConfig};
+use super::{DecoderOptions, FinalNorm, TransformerDecoderLayer, TransformerDecoderLayerConfig};
 use crate::rng::derive_seed;
 
-/// `num_layers` decoder layers (each with its own parameters) and, with `final_norm`, a layer
+/// `num_layers` decoder layers (each with its own parameters) and, with [`FinalNorm::LayerNorm`], a layer
 /// norm after the last.
 ///
 /// PyTorch equivalent: `nn.TransformerDecoder(decoder_layer, num_layers, norm=nn.LayerNorm(d_model,
@@ -30,12 +31,15 @@ impl TransformerDecoder {
     pub fn new(
         layer_cfg: TransformerDecoderLayerConfig,
         num_layers: usize,
-        final_norm: bool,
+        final_norm: FinalNorm,
         vb: VarBuilder,
     ) -> Result<Self> {
         layer_cfg.validate()?;
-        let norm =
-            final_norm.then_some((layer_cfg.d_model, layer_cfg.layer_norm_eps, layer_cfg.bias));
+        let norm = (final_norm == FinalNorm::LayerNorm).then_some((
+            layer_cfg.d_model,
+            layer_cfg.layer_norm_eps,
+            layer_cfg.bias,
+        ));
         let (layers, norm) = stack(num_layers, layer_cfg.dropout_seed, norm, &vb, |seed, vb| {
             TransformerDecoderLayer::new(layer_cfg.clone().with_dropout_seed(seed), vb)
         })?;
@@ -77,6 +81,9 @@ impl TransformerDecoder {
     /// # Errors
     /// As [`TransformerDecoderLayer::forward`].
     pub fn forward(&self, tgt: &Tensor, memory: &Tensor, opts: &DecoderOptions) -> Result<Tensor> {
+        if let Some(first) = self.layers.first() {
+            first.check("TransformerDecoder", DECODER_OPTIONS, (tgt, memory), opts)?;
+        }
         let mut x = tgt.clone();
         for (i, layer) in self.layers.iter().enumerate() {
             let mut o = opts.clone();

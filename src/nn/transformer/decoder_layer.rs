@@ -4,6 +4,7 @@
 use candle::{Result, Tensor};
 use candle_nn::VarBuilder;
 
+use super::checks::{decoder_masks, Layout, DECODER_OPTIONS};
 use super::parts::{check_input, Dropout, DropoutCalls, FeedForward, Norm};
 use super::{DecoderOptions, TransformerDecoderLayerConfig};
 use crate::{AttentionOptions, MultiheadAttention};
@@ -111,14 +112,11 @@ impl TransformerDecoderLayer {
     /// mismatched batch sizes (from the attention).
     pub fn forward(&self, tgt: &Tensor, memory: &Tensor, opts: &DecoderOptions) -> Result<Tensor> {
         let cfg = &self.config;
-        let dtype = self.norm1.dtype();
-        check_input("TransformerDecoderLayer", "tgt", tgt, cfg.d_model, dtype)?;
-        check_input(
+        self.check(
             "TransformerDecoderLayer",
-            "memory",
-            memory,
-            cfg.d_model,
-            dtype,
+            DECODER_OPTIONS,
+            (tgt, memory),
+            opts,
         )?;
         let drop = self
             .calls
@@ -138,6 +136,32 @@ impl TransformerDecoderLayer {
             x = self.norm3.forward(&(&x + self.ff_block(&x, &drop)?)?)?;
         }
         Ok(x)
+    }
+
+    /// Checks `tgt`, `memory` and the masks of `opts` before any computation, naming `who`
+    /// (the layer or stack the user called) and the mask options as `names` calls them.
+    pub(crate) fn check(
+        &self,
+        who: &str,
+        names: [&str; 4],
+        (tgt, memory): (&Tensor, &Tensor),
+        opts: &DecoderOptions,
+    ) -> Result<()> {
+        let cfg = &self.config;
+        let dtype = self.norm1.dtype();
+        check_input(who, "tgt", tgt, cfg.d_model, dtype)?;
+        check_input(who, "memory", memory, cfg.d_model, dtype)?;
+        let layout = Layout {
+            batch_first: cfg.batch_first,
+            nhead: cfg.nhead,
+        };
+        let masks = [
+            opts.tgt_mask.as_ref(),
+            opts.memory_mask.as_ref(),
+            opts.tgt_key_padding_mask.as_ref(),
+            opts.memory_key_padding_mask.as_ref(),
+        ];
+        decoder_masks(who, names, (tgt, memory), masks, layout)
     }
 
     fn sa_block(&self, x: &Tensor, opts: &DecoderOptions, drop: &Dropout) -> Result<Tensor> {

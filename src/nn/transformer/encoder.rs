@@ -3,11 +3,12 @@
 use candle::{Result, Tensor};
 use candle_nn::VarBuilder;
 
+use super::checks::ENCODER_OPTIONS;
 use super::parts::{stack, Norm};
-use super::{EncoderOptions, TransformerEncoderLayer, TransformerEncoderLayerConfig};
+use super::{EncoderOptions, FinalNorm, TransformerEncoderLayer, TransformerEncoderLayerConfig};
 use crate::rng::derive_seed;
 
-/// `num_layers` encoder layers (each with its own parameters) and, with `final_norm`, a layer
+/// `num_layers` encoder layers (each with its own parameters) and, with [`FinalNorm::LayerNorm`], a layer
 /// norm after the last.
 ///
 /// PyTorch equivalent: `nn.TransformerEncoder(encoder_layer, num_layers, norm=nn.LayerNorm(d_model,
@@ -19,12 +20,12 @@ use crate::rng::derive_seed;
 /// ```
 /// use candle::{DType, Device, Tensor};
 /// use candle_mha::candle_nn::VarMap;
-/// use candle_mha::nn::{EncoderOptions, TransformerEncoder, TransformerEncoderLayerConfig};
+/// use candle_mha::nn::{EncoderOptions, FinalNorm, TransformerEncoder, TransformerEncoderLayerConfig};
 /// # fn main() -> candle::Result<()> {
 /// let varmap = VarMap::new();
 /// let vb = candle_mha::seeded_var_builder(&varmap, 0, DType::F32, &Device::Cpu);
 /// let cfg = TransformerEncoderLayerConfig::new(8, 2).with_dim_feedforward(32).with_batch_first(true);
-/// let encoder = TransformerEncoder::new(cfg, 2, true, vb)?;
+/// let encoder = TransformerEncoder::new(cfg, 2, FinalNorm::LayerNorm, vb)?;
 /// let src = Tensor::randn(0f32, 1., (3, 5, 8), &Device::Cpu)?; // (N, S, E)
 /// let padding = Tensor::new(&[[0u8, 0, 0, 0, 0], [0, 0, 0, 1, 1], [0, 0, 0, 0, 1]], &Device::Cpu)?;
 /// let out = encoder.forward(&src, &EncoderOptions::new().with_src_key_padding_mask(padding))?;
@@ -47,12 +48,15 @@ impl TransformerEncoder {
     pub fn new(
         layer_cfg: TransformerEncoderLayerConfig,
         num_layers: usize,
-        final_norm: bool,
+        final_norm: FinalNorm,
         vb: VarBuilder,
     ) -> Result<Self> {
         layer_cfg.validate()?;
-        let norm =
-            final_norm.then_some((layer_cfg.d_model, layer_cfg.layer_norm_eps, layer_cfg.bias));
+        let norm = (final_norm == FinalNorm::LayerNorm).then_some((
+            layer_cfg.d_model,
+            layer_cfg.layer_norm_eps,
+            layer_cfg.bias,
+        ));
         let (layers, norm) = stack(num_layers, layer_cfg.dropout_seed, norm, &vb, |seed, vb| {
             TransformerEncoderLayer::new(layer_cfg.clone().with_dropout_seed(seed), vb)
         })?;
@@ -95,6 +99,9 @@ impl TransformerEncoder {
     /// # Errors
     /// As [`TransformerEncoderLayer::forward`].
     pub fn forward(&self, src: &Tensor, opts: &EncoderOptions) -> Result<Tensor> {
+        if let Some(first) = self.layers.first() {
+            first.check("TransformerEncoder", ENCODER_OPTIONS, src, opts)?;
+        }
         let mut x = src.clone();
         for (i, layer) in self.layers.iter().enumerate() {
             let mut o = opts.clone();

@@ -4,6 +4,7 @@
 use candle::{Result, Tensor};
 use candle_nn::VarBuilder;
 
+use super::checks::{encoder_masks, Layout, ENCODER_OPTIONS};
 use super::parts::{check_input, Dropout, DropoutCalls, FeedForward, Norm};
 use super::{EncoderOptions, TransformerEncoderLayerConfig};
 use crate::{AttentionOptions, MultiheadAttention};
@@ -93,13 +94,7 @@ impl TransformerEncoderLayer {
     /// `src` not 2-/3-D ending in `d_model`, or in another dtype; bad masks (from the attention).
     pub fn forward(&self, src: &Tensor, opts: &EncoderOptions) -> Result<Tensor> {
         let cfg = &self.config;
-        check_input(
-            "TransformerEncoderLayer",
-            "src",
-            src,
-            cfg.d_model,
-            self.norm1.dtype(),
-        )?;
+        self.check("TransformerEncoderLayer", ENCODER_OPTIONS, src, opts)?;
         let drop = self
             .calls
             .dropout(cfg.dropout, cfg.dropout_seed, opts.train, opts.dropout_seed);
@@ -114,6 +109,25 @@ impl TransformerEncoderLayer {
             x = self.norm2.forward(&(&x + self.ff_block(&x, &drop)?)?)?;
         }
         Ok(x)
+    }
+
+    /// Checks `src` and the masks of `opts` before any computation, naming `who` (the layer
+    /// or stack the user called) and the mask options as `names` calls them.
+    pub(crate) fn check(
+        &self,
+        who: &str,
+        names: [&str; 2],
+        src: &Tensor,
+        opts: &EncoderOptions,
+    ) -> Result<()> {
+        let cfg = &self.config;
+        check_input(who, "src", src, cfg.d_model, self.norm1.dtype())?;
+        let layout = Layout {
+            batch_first: cfg.batch_first,
+            nhead: cfg.nhead,
+        };
+        let masks = (opts.mask.as_ref(), opts.src_key_padding_mask.as_ref());
+        encoder_masks(who, names, src, masks, layout)
     }
 
     fn sa_block(&self, x: &Tensor, opts: &EncoderOptions, drop: &Dropout) -> Result<Tensor> {

@@ -19,9 +19,9 @@ use crate::checkpoint::{
 };
 use crate::init::seeded_var_builder;
 use crate::nn::{
-    Activation, Transformer, TransformerConfig, TransformerDecoder, TransformerDecoderLayer,
-    TransformerDecoderLayerConfig, TransformerEncoder, TransformerEncoderLayer,
-    TransformerEncoderLayerConfig,
+    Activation, FinalNorm, Transformer, TransformerConfig, TransformerDecoder,
+    TransformerDecoderLayer, TransformerDecoderLayerConfig, TransformerEncoder,
+    TransformerEncoderLayer, TransformerEncoderLayerConfig,
 };
 
 /// What a checkpoint cannot tell about a Transformer model, and how strictly to load it.
@@ -164,9 +164,11 @@ fn load_module<M>(
     }
     let varmap = VarMap::new();
     let m = build(seeded_var_builder(&varmap, 0, dtype, device))?;
+    // Loaded leniently, so that a strict failure can say which loader the keys fit; the
+    // module is dropped on that error, so nothing reaches the caller.
     let load = LoadOptions::new()
         .with_prefix(&under)
-        .with_strict(strict)
+        .with_strict(false)
         .with_module(module)
         .with_source(
             state_dict
@@ -176,7 +178,58 @@ fn load_module<M>(
                 .unwrap_or("state_dict"),
         );
     let report = load_into_varmap(&varmap, state_dict, &load)?;
+    if strict && !report.is_clean() {
+        return Err(report.strict_error(&other_loader_hint(module, &report)));
+    }
     Ok((m, report))
+}
+
+/// The stack's end as the checkpoint has it (whether it holds `norm.*`).
+fn final_norm(present: bool) -> FinalNorm {
+    match present {
+        true => FinalNorm::LayerNorm,
+        false => FinalNorm::None,
+    }
+}
+
+/// A sentence naming the loader whose module the keys of a failed load fit, when they fit
+/// another one: a decoder's keys (`multihead_attn.*`) given to an encoder loader, the reverse,
+/// or a stack's (`layers.N.*`) given to a layer loader.
+fn other_loader_hint(module: &str, report: &LoadReport) -> String {
+    // Names relative to the module (the unexpected ones carry the checkpoint's prefix).
+    let has = |keys: &[String], part: &str| {
+        keys.iter()
+            .any(|k| k.strip_prefix(&report.prefix).unwrap_or(k).contains(part))
+    };
+    let stack = has(&report.unexpected, "layers.");
+    let fits = match module {
+        "TransformerEncoderLayer" | "TransformerEncoder"
+            if has(&report.unexpected, "multihead_attn.") =>
+        {
+            Some(if stack {
+                "load_transformer_decoder"
+            } else {
+                "load_transformer_decoder_layer"
+            })
+        }
+        "TransformerDecoderLayer" | "TransformerDecoder"
+            if has(&report.missing, "multihead_attn.")
+                && !has(&report.unexpected, "multihead_attn.") =>
+        {
+            Some(if stack || module == "TransformerDecoder" {
+                "load_transformer_encoder"
+            } else {
+                "load_transformer_encoder_layer"
+            })
+        }
+        "TransformerEncoderLayer" if stack => Some("load_transformer_encoder"),
+        "TransformerDecoderLayer" if stack => Some("load_transformer_decoder"),
+        _ => None,
+    };
+    match fits {
+        Some(loader) => format!(" The keys fit another module: load them with {loader}."),
+        None => String::new(),
+    }
 }
 
 /// Loads the encoder layer at `prefix` of `state_dict` in `dtype` on `device`, inferring
@@ -247,7 +300,7 @@ pub fn load_transformer_encoder(
         opts.strict,
         dtype,
         device,
-        |vb| TransformerEncoder::new(cfg, s.num_layers, s.final_norm, vb),
+        |vb| TransformerEncoder::new(cfg, s.num_layers, final_norm(s.final_norm), vb),
     )
 }
 
@@ -272,7 +325,7 @@ pub fn load_transformer_decoder(
         opts.strict,
         dtype,
         device,
-        |vb| TransformerDecoder::new(cfg, s.num_layers, s.final_norm, vb),
+        |vb| TransformerDecoder::new(cfg, s.num_layers, final_norm(s.final_norm), vb),
     )
 }
 

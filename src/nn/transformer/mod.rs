@@ -6,6 +6,7 @@
 //!
 //! Layering: this module sits above the attention core (the rest of `nn` sits below it).
 
+mod checks;
 mod config;
 mod decoder;
 mod decoder_layer;
@@ -17,7 +18,9 @@ mod parts;
 #[allow(clippy::module_inception)]
 mod transformer;
 
-pub use config::{Activation, TransformerDecoderLayerConfig, TransformerEncoderLayerConfig};
+pub use config::{
+    Activation, FinalNorm, TransformerDecoderLayerConfig, TransformerEncoderLayerConfig,
+};
 pub use decoder::TransformerDecoder;
 pub use decoder_layer::TransformerDecoderLayer;
 pub use encoder::TransformerEncoder;

@@ -6,8 +6,8 @@ use candle_nn::VarBuilder;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    Activation, DecoderOptions, EncoderOptions, TransformerDecoder, TransformerDecoderLayerConfig,
-    TransformerEncoder, TransformerEncoderLayerConfig,
+    Activation, DecoderOptions, EncoderOptions, FinalNorm, TransformerDecoder,
+    TransformerDecoderLayerConfig, TransformerEncoder, TransformerEncoderLayerConfig,
 };
 use crate::init::xavier_uniform;
 use crate::rng::derive_seed;
@@ -334,10 +334,18 @@ impl Transformer {
                 &["self_attn", "multihead_attn"],
             )?;
         }
-        let encoder =
-            TransformerEncoder::new(enc_cfg, config.num_encoder_layers, true, vb.pp("encoder"))?;
-        let decoder =
-            TransformerDecoder::new(dec_cfg, config.num_decoder_layers, true, vb.pp("decoder"))?;
+        let encoder = TransformerEncoder::new(
+            enc_cfg,
+            config.num_encoder_layers,
+            FinalNorm::LayerNorm,
+            vb.pp("encoder"),
+        )?;
+        let decoder = TransformerDecoder::new(
+            dec_cfg,
+            config.num_decoder_layers,
+            FinalNorm::LayerNorm,
+            vb.pp("decoder"),
+        )?;
         Ok(Self {
             config,
             encoder,
@@ -397,7 +405,26 @@ impl Transformer {
                 )
             }
         }
-        let memory = self.encoder.forward(src, &opts.encoder_options())?;
-        self.decoder.forward(tgt, &memory, &opts.decoder_options())
+        // Every mask checked first, under the names of `TransformerOptions`.
+        let (enc, dec) = (opts.encoder_options(), opts.decoder_options());
+        if let Some(first) = self.encoder.layers().first() {
+            let names = [
+                "TransformerOptions::src_mask",
+                "TransformerOptions::src_key_padding_mask",
+            ];
+            first.check("Transformer", names, src, &enc)?;
+        }
+        if let Some(first) = self.decoder.layers().first() {
+            let names = [
+                "TransformerOptions::tgt_mask",
+                "TransformerOptions::memory_mask",
+                "TransformerOptions::tgt_key_padding_mask",
+                "TransformerOptions::memory_key_padding_mask",
+            ];
+            // The memory has the source's batch and length.
+            first.check("Transformer", names, (tgt, src), &dec)?;
+        }
+        let memory = self.encoder.forward(src, &enc)?;
+        self.decoder.forward(tgt, &memory, &dec)
     }
 }

@@ -6,7 +6,7 @@ use candle::op::BackpropOp;
 use candle::{CudaStorage, DType, Layout, Result, Shape, Storage, Tensor};
 
 use super::{backward, forward, CudaMasks, Operand, Saved, MAX_HEAD_DIM, OP};
-use crate::attention::fused::decode::{cache_dims, head_map};
+use crate::attention::fused::decode_op::{cache_dims, head_map};
 use crate::attention::fused::kernel::{Geom, RowMap};
 use crate::attention::fused::op::{FusedAttention, Parts};
 

@@ -1,6 +1,7 @@
 //! The backward pass: per (batch, head), key tiles against the query tiles that see them, the
 //! probabilities recomputed from the forward's row log-sum-exp.
 
+use super::panels::{gemm_panels, Panels};
 use super::tiles::{
     drop_of, pack_head_into, pack_head_panels, packed_map, packed_rows, probs_tile, scores_tile,
     weight_index, Keys,
@@ -8,7 +9,7 @@ use super::tiles::{
 use super::{Geom, Masks, Rows, RowsMut};
 use crate::attention::dropout::DropoutMask;
 use crate::cpu::par::for_each_init;
-use crate::cpu::{gemm_panels, Elem, Panels};
+use crate::cpu::Elem;
 
 /// Query rows and key columns per backward tile without a causal mask: 256 at long sequences
 /// (larger products; about 3% faster than 128 at L = 2048 and 512 on a 2-core Zen 3), 64

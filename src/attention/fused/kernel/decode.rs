@@ -7,8 +7,9 @@
 
 use rayon::prelude::*;
 
+use super::small_gemm::tile_gemm;
 use super::Rows;
-use crate::cpu::{gemm, Elem, Threads};
+use crate::cpu::Elem;
 
 /// Queries per block: the scores scratch is `ROWS × S'`.
 const ROWS: usize = 32;
@@ -124,14 +125,13 @@ fn block<T: Elem>(
         // SAFETY: q rows r0..r0+rows and k rows j0..j0+cols of head (b, h) exist with d
         // contiguous elements each (checked by the caller's layouts); sb is rows × s.
         unsafe {
-            gemm(
+            tile_gemm(
                 (rows, cols, d),
                 (sb.as_mut_ptr().add(j0), s, 1),
                 false,
                 (q.data.as_ptr().add(q.map.at(b, h, r0)), q.map.si, 1),
                 (k.data.as_ptr().add(k.map.at(b, h, j0)), 1, k.map.si),
                 T::from_f64(g.scale),
-                Threads::One,
             );
         }
     }
@@ -167,14 +167,13 @@ fn block<T: Elem>(
         // SAFETY: v rows j0..j0+cols of head (b, h) exist with d contiguous elements; sb is
         // rows × s, out rows × d.
         unsafe {
-            gemm(
+            tile_gemm(
                 (rows, d, cols),
                 (out.as_mut_ptr(), d, 1),
                 acc,
                 (sb.as_ptr().add(j0), s, 1),
                 (v.data.as_ptr().add(v.map.at(b, h, j0)), v.map.si, 1),
                 T::ONE,
-                Threads::One,
             );
         }
     }

@@ -1,6 +1,7 @@
 //! The forward pass: online softmax over key tiles per query tile, output rows and the row
 //! log-sum-exp written (FlashAttention-2's order).
 
+use super::panels::gemm_panels;
 use super::tiles::{
     causal_blocks, drop_of, key_tiles, scores_tile, weight_index, AllHeadsKv, Drop, HeadKv, Keys,
     BC, BR,
@@ -8,7 +9,7 @@ use super::tiles::{
 use super::{Geom, Masks, RowMap, Rows, RowsMut};
 use crate::attention::dropout::DropoutMask;
 use crate::cpu::par::for_each_init;
-use crate::cpu::{gemm_panels, Elem};
+use crate::cpu::Elem;
 
 /// Scratch buffers of the forward tasks, made once per rayon job and reused by every task
 /// (query tile, head) it runs.

@@ -11,6 +11,8 @@
 mod backward;
 mod decode;
 mod forward;
+mod panels;
+pub(crate) mod small_gemm;
 mod tiles;
 mod weights;
 

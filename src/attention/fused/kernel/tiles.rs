@@ -1,13 +1,13 @@
 //! What the forward, backward and weights passes share: tile sizes, packed heads, the dropout
 //! in the kernel's dtype, the key tiles of a query tile, a scores tile and its probabilities.
 
+use super::panels::{gemm_panels, pack_rows, pack_transposed, panels_len, Panels};
+use super::small_gemm::tile_gemm;
 use super::{Geom, Masks, RowMap, Rows};
 use crate::attention::dropout::DropoutMask;
 use crate::cpu::par::for_each_chunk_mut;
 use crate::cpu::workspace::{self, Buf};
-use crate::cpu::{
-    gemm, gemm_panels, pack_rows, pack_transposed, panels_len, Elem, Panels, Threads,
-};
+use crate::cpu::Elem;
 
 /// Query rows per forward (and weights) tile.
 pub(super) const BR: usize = 64;
@@ -180,14 +180,13 @@ pub(super) fn scores_tile<T: Elem>(
             let (lhs, alpha) = ((qp, q.map.si, 1), T::from_f64(g.scale));
             let dims = (r1 - r0, needed, g.d);
             match k {
-                Keys::Rows(k) => gemm(
+                Keys::Rows(k) => tile_gemm(
                     dims,
                     (dst, ld, 1),
                     false,
                     lhs,
                     (k.data.as_ptr().add(k.map.at(b, h, j0)), 1, k.map.si),
                     alpha,
-                    Threads::One,
                 ),
                 Keys::Panels(kt) => gemm_panels(dims, (dst, ld), false, lhs, (kt, (0, j0)), alpha),
             }

@@ -1,0 +1,114 @@
+//! `mha`: the command-line interface of candle-mha.
+//!
+//! ```text
+//! mha prepare --text PATH... --out DATA_DIR        encode a corpus once (streaming, parallel)
+//! mha train [--tokens F | --text F... | --data D]  train a next-token predictor (default: synthetic task)
+//! mha generate --checkpoint DIR --prompt "..."      continue a prompt (greedy, or --top-k/--top-p/--temperature)
+//! mha eval --checkpoint DIR [--text F | --data D]   loss, perplexity, accuracy, bits/byte [--baseline bigram]
+//! mha plot RUN_DIR [RUN_DIR...] --png F | --svg F   train/val loss curves from metrics.jsonl
+//! mha inspect --checkpoint DIR --input "..."      attention tables, --png/--svg heatmaps, --dot/--graphml graphs,
+//!                                                  --html: an interactive page of every layer and head
+//! mha vocab-matrix --checkpoint DIR [--tokens F]   vocabulary x vocabulary attention over a corpus [--html PAGE]
+//! mha info FILE [--prefix P]                        tensors, dtypes, shapes, attention modules
+//! mha convert IN.pt OUT.safetensors [--dtype D] [--prefix P]   validated conversion
+//! ```
+
+mod bounds;
+mod checkpoint_dir;
+mod choices;
+mod convert;
+mod device;
+mod eval;
+mod generate;
+mod info;
+mod inspect;
+mod plot;
+mod prepare;
+mod train;
+mod vocab_matrix;
+
+use clap::{Parser, Subcommand};
+
+/// PyTorch's nn.MultiheadAttention on candle: checkpoints, training, analysis.
+///
+/// Each command writes its product (tables, generated text, evaluations, the run's result) on
+/// stdout, and its notices (device, progress, files written, warnings) on stderr.
+#[derive(Parser, Debug)]
+#[command(name = "mha", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Encode a text corpus (or token files) once into a data directory for --data.
+    Prepare(prepare::PrepareArgs),
+    /// Train a next-token predictor (default: the built-in associative-recall task).
+    Train(Box<train::TrainArgs>),
+    /// Continue a prompt with a trained checkpoint.
+    Generate(generate::GenerateArgs),
+    /// Evaluate a checkpoint: loss, perplexity, accuracy.
+    Eval(eval::EvalArgs),
+    /// Plot the train and validation loss of one or more runs (PNG and/or SVG).
+    Plot(plot::PlotArgs),
+    /// Show a trained model's attention on one input: tables, heatmaps, graphs, an HTML page.
+    Inspect(Box<inspect::InspectArgs>),
+    /// Aggregate which token attends to which over a corpus (CSV, safetensors, an HTML page).
+    VocabMatrix(vocab_matrix::VocabMatrixArgs),
+    /// List a checkpoint's tensors (name, dtype, shape) and the attention modules in it.
+    Info(info::InfoArgs),
+    /// Convert a PyTorch checkpoint (.pt/.pth/.bin or safetensors) to safetensors, validated.
+    Convert(convert::ConvertArgs),
+}
+
+/// Sets `RAYON_NUM_THREADS` to candle's default when it is unset. Without it, candle asks
+/// `num_cpus` for the physical cores on every matmul, which parses `/proc/cpuinfo` each
+/// time: most of a one-token decoding step (measured: 420 ms → 150 ms for 256 tokens of
+/// `benches/generate.rs`). Called first, before any thread reads the environment. Under
+/// `mpirun`, the ranks on one machine share its cores (2 ranks on 8 cores: 4 threads each)
+/// rather than each taking them all.
+fn pin_thread_count() {
+    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        let local_ranks = std::env::var("OMPI_COMM_WORLD_LOCAL_SIZE")
+            .or_else(|_| std::env::var("MPI_LOCALNRANKS"))
+            .ok()
+            .and_then(|n| n.parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or(1);
+        let threads = (candle_mha::candle::utils::get_num_threads() / local_ranks).max(1);
+        std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    // Training and corpus passes allocate the same large buffers every step: keep freed memory
+    // for reuse rather than page-faulting it in again (see `candle_mha::runtime`).
+    candle_mha::runtime::retain_freed_memory();
+    pin_thread_count();
+    // Before any candle op starts candle's element-wise pool (see `candle_mha::runtime`).
+    for (name, value) in candle_mha::runtime::recommended_env() {
+        if std::env::var_os(name).is_none() {
+            std::env::set_var(name, value);
+        }
+    }
+    let result = match Cli::parse().command {
+        Command::Prepare(args) => prepare::run(&args),
+        Command::Train(args) => train::run(&args),
+        Command::Generate(args) => generate::run(&args),
+        Command::Eval(args) => eval::run(&args),
+        Command::Plot(args) => plot::run(&args),
+        Command::Inspect(args) => inspect::run(&args),
+        Command::VocabMatrix(args) => vocab_matrix::run(&args),
+        Command::Info(args) => info::run(&args),
+        Command::Convert(args) => convert::run(&args),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // The whole cause chain on one line, no backtrace: these are user errors.
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

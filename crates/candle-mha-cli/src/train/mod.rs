@@ -1,0 +1,334 @@
+//! `mha train`: train a next-token predictor, with progress, evaluation, checkpoints and
+//! `--resume`.
+
+mod args;
+mod distributed;
+#[cfg(feature = "fault-injection")]
+mod fault;
+mod progress;
+mod resume;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use candle_mha_train::data::{DataSpec, PrepareJob, DEFAULT_CHUNK_BYTES};
+use candle_mha_train::distributed::{rank_prefix, Communicator, GradientBuckets};
+use candle_mha_train::{NewData, NewRun, ResumeRun, Session, TrainObserver, BEST_DIR, STATE_FILE};
+use indicatif::{ProgressBar, ProgressStyle};
+
+pub use args::TrainArgs;
+use progress::Progress;
+
+use super::prepare::Notices;
+
+/// Passes over the training tokens above which a run says it will mostly memorise them.
+const MANY_PASSES: f64 = 10.0;
+
+/// A notice when `steps` of `per_step` tokens read the `train_tokens` many times over (a small
+/// corpus: the validation loss then rises after its best), with the steps of one pass.
+fn passes_notice(steps: u64, per_step: f64, train_tokens: u64) -> Option<String> {
+    let passes = steps as f64 * per_step / train_tokens.max(1) as f64;
+    (passes > MANY_PASSES).then(|| {
+        let one = (train_tokens as f64 / per_step).ceil().max(1.0);
+        format!(
+            "note: {steps} steps × {per_step} tokens read the {train_tokens} training tokens about {passes:.0} times over: expect the validation loss to rise after its best (best/ keeps it); about {one} steps make one pass, a few passes (--steps {} to {}) suit this much data",
+            one as u64 * 2,
+            one as u64 * 5
+        )
+    })
+}
+
+/// The options checked before anything is opened, in the CLI's words.
+fn check_options(args: &TrainArgs) -> Result<()> {
+    if let Some(f) = args.val_fraction {
+        if !(0.0..=1.0).contains(&f) {
+            bail!("--val-fraction {f}: expected a fraction in [0, 1]")
+        }
+        if f == 1.0 && args.is_text() {
+            bail!("--val-fraction 1: text needs a training part; expected a fraction below 1")
+        }
+    }
+    if args.grad_accum == Some(0) {
+        bail!("--grad-accum 0: expected at least 1 (1 = no accumulation)")
+    }
+    if args.batch_size == Some(0) {
+        bail!("--batch-size 0: expected at least 1")
+    }
+    if args.eval_windows == Some(0) {
+        bail!("--eval-windows 0: expected at least 1")
+    }
+    Ok(())
+}
+
+/// What a new run trains on, from `--tokens`, `--text`, `--data` or the synthetic task.
+fn new_data(args: &TrainArgs) -> NewData {
+    if let Some(p) = &args.tokens {
+        return NewData::Spec(DataSpec::Tokens {
+            path: p.clone(),
+            val_fraction: args.val_fraction(),
+            seed: args.seed(),
+        });
+    }
+    if let Some(dir) = &args.data {
+        return NewData::Prepared {
+            dir: dir.clone(),
+            tokenizer: args.tokenizer.clone(),
+            val_fraction: args.val_fraction,
+            eval_windows: args.eval_windows(),
+        };
+    }
+    if !args.text.is_empty() {
+        let job = PrepareJob {
+            text: args.text.clone(),
+            tokens: Vec::new(),
+            tokenizer: args.tokenizer.clone(),
+            vocab_size: args.bpe_vocab(),
+            bpe_sample_mb: args.bpe_sample_mb(),
+            val_fraction: args.val_fraction(),
+            chunk_bytes: DEFAULT_CHUNK_BYTES,
+        };
+        return NewData::Text {
+            job,
+            eval_windows: args.eval_windows(),
+        };
+    }
+    let (num_keys, num_values, pairs, train_examples) = args.synthetic();
+    NewData::Spec(DataSpec::Synthetic {
+        num_keys,
+        num_values,
+        pairs,
+        train_examples,
+        val_examples: 1000,
+        seed: args.seed(),
+    })
+}
+
+/// Runs `mha train`: one process, or one rank of a data-parallel run (`mpirun -n N`), which
+/// ends every rank when it fails.
+pub fn run(args: &TrainArgs) -> Result<()> {
+    let (mut device, mut notice) = crate::device::open(&args.device)?;
+    if let Some(spec) = distributed::rank_gpu(&args.device, &device) {
+        (device, notice) = crate::device::open(&spec)?;
+    }
+    let comm = distributed::communicator(args, &device)?;
+    let result = run_rank(args, &*comm, device, &notice);
+    if let Err(e) = &result {
+        if comm.world_size() > 1 {
+            // The others would wait for this rank in their next collective: end them all.
+            eprintln!(
+                "error: {}{e:#}; ending every rank",
+                rank_prefix(comm.rank(), comm.world_size())
+            );
+            comm.abort(1);
+        }
+    }
+    result
+}
+
+/// Only `should_stop` of a data-parallel run's ranks other than 0 (rank 0 reports).
+struct StopOnly(Arc<AtomicBool>);
+
+impl TrainObserver for StopOnly {
+    fn should_stop(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+fn run_rank(
+    args: &TrainArgs,
+    comm: &dyn Communicator,
+    device: candle_mha::candle::Device,
+    notice: &str,
+) -> Result<()> {
+    let (rank, world) = (comm.rank(), comm.world_size());
+    // Rank 0 reports; the others are silent unless they fail.
+    let lead = rank == 0;
+    if lead {
+        eprintln!("{notice}");
+    }
+    check_options(args)?;
+    let mut notices = Notices::new(args.quiet, lead)?;
+    let session = match args.resume {
+        true => {
+            let how = ResumeRun {
+                steps: args.steps,
+                dtype: args.dtype,
+                verify_data: args.verify,
+            };
+            let mut session = Session::resume(&args.out, how, &device, comm, &mut notices)?;
+            let conflicts = resume::conflicts(
+                args,
+                &session.spec,
+                &session.model,
+                &session.trainer,
+                &session.data.codec,
+            )?;
+            if !conflicts.is_empty() {
+                bail!(
+                    "--resume: {} option(s) contradict the run in {} (its data, tokenizer, model, batch, optimizer and seed are kept; --steps, --eval-every, --save-every and --early-stop may change):\n  {}",
+                    conflicts.len(),
+                    args.out.display(),
+                    conflicts.join("\n  ")
+                )
+            }
+            let changes = resume::apply_cadence(args, &mut session.trainer);
+            if lead {
+                let state = session.trainer.state();
+                eprintln!("resuming at step {} of {}", state.step, state.config.steps);
+                for change in changes {
+                    eprintln!("changed on resume: {change}");
+                }
+            }
+            session
+        }
+        false => {
+            if args.out.join(STATE_FILE).exists() {
+                bail!(
+                    "{} already holds a run: pass --resume to continue it, or choose another --out",
+                    args.out.display()
+                )
+            }
+            let mut run = NewRun::new(new_data(args), args.train_config())
+                .with_model(Box::new({
+                    let args = args.clone();
+                    move |vocab, longest| args.model_config(vocab, longest)
+                }))
+                .with_dtype(args.dtype);
+            run.max_len = args.max_len();
+            run.verify_data = args.verify;
+            Session::start(&args.out, run, &device, comm, &mut notices)?
+        }
+    };
+    let mut session = session;
+    if lead {
+        let data = &session.data;
+        eprintln!(
+            "data: {} and {} validation sequences, {} ids, longest {} tokens",
+            data.train.describe(),
+            data.val.len(),
+            data.codec.vocab_size(),
+            data.longest
+        );
+    }
+    let cfg = session.model.clone();
+    let params: usize = session
+        .trainer
+        .varmap()
+        .all_vars()
+        .iter()
+        .map(|v| v.elem_count())
+        .sum();
+    let tc = &session.trainer.state().config;
+    let accum = match tc.grad_accum {
+        1 => String::new(),
+        k => format!(" × {k} accumulated (effective batch {})", k * tc.batch_size),
+    };
+    if lead {
+        eprintln!(
+            "model: {} blocks, embed_dim {}, {} heads, context {}, {params} parameters; {} steps of {} sequences{accum}",
+            cfg.num_layers, cfg.embed_dim, cfg.num_heads, cfg.max_len, tc.steps, tc.batch_size
+        );
+        if let DataSpec::Prepared { train_tokens, .. } = &session.spec {
+            let per_step = (tc.batch_size * tc.grad_accum * cfg.max_len) as f64;
+            if let Some(line) = passes_notice(tc.steps, per_step, *train_tokens) {
+                eprintln!("{line}");
+            }
+        }
+    }
+    if lead && world > 1 {
+        let buckets = GradientBuckets::new(
+            &session.trainer.varmap().all_vars(),
+            candle_mha_train::distributed::DEFAULT_BUCKET_BYTES,
+        )?;
+        eprintln!(
+            "data parallel: {world} ranks ({}), each takes its part of every micro-batch of {} sequences (sizes differ by at most 1); {} bytes of gradients all-reduced per step in {} bucket(s)",
+            comm.backend(),
+            tc.batch_size,
+            buckets.bytes(),
+            buckets.len()
+        );
+    }
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    // A second Ctrl-C exits at once; the first finishes the step and saves a checkpoint.
+    let _ = ctrlc::set_handler(move || {
+        if flag.swap(true, Ordering::Relaxed) {
+            std::process::exit(130);
+        }
+    });
+    let total = session.trainer.state().config.steps;
+    // Without a terminal (CI, pipes) the bar is hidden: log lines instead.
+    let quiet = args.quiet || !std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let bar = if quiet {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(total)
+    };
+    bar.set_style(ProgressStyle::with_template(
+        "{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}",
+    )?);
+    bar.set_position(session.trainer.state().step);
+    let mut progress = Progress {
+        bar,
+        start: Instant::now(),
+        tokens: 0,
+        stop: stop.clone(),
+        quiet,
+    };
+    let mut silent = StopOnly(stop.clone());
+    let observer: &mut dyn TrainObserver = match lead {
+        true => &mut progress,
+        false => {
+            progress.bar.finish_and_clear();
+            &mut silent
+        }
+    };
+    #[cfg(feature = "fault-injection")]
+    let eval = fault::run(&mut session, comm, observer)?;
+    #[cfg(not(feature = "fault-injection"))]
+    let eval = session.run(comm, observer)?;
+    progress.bar.finish_and_clear();
+    let Some(eval) = eval else {
+        // Ranks other than 0: rank 0 evaluates, saves and reports.
+        return Ok(());
+    };
+    let state = session.trainer.state();
+    let step = state.step;
+    if stop.load(Ordering::Relaxed) && step < total {
+        eprintln!(
+            "interrupted at step {step}: checkpoint saved to {}; continue with --resume",
+            args.out.display()
+        );
+    }
+    if state.stopped_early {
+        eprintln!(
+            "stopped early at step {step}: {} evaluations without a new best validation loss",
+            state.config.early_stop
+        );
+    }
+    let verdict = match (&session.spec, eval.accuracy >= 0.95) {
+        (DataSpec::Synthetic { .. }, true) => " — the recall task is solved",
+        (DataSpec::Synthetic { .. }, false) => {
+            " — not solved yet (train longer with --resume --steps N)"
+        }
+        _ => "",
+    };
+    println!("final eval (step {step}): {eval}{verdict}");
+    println!("latest checkpoint: {} (step {step})", args.out.display());
+    if let Some(best) = &state.best {
+        println!(
+            "best checkpoint: {} (step {}, validation loss {:.4}{})",
+            args.out.join(BEST_DIR).display(),
+            best.step,
+            best.eval.loss,
+            best.eval
+                .bits_per_byte
+                .map(|b| format!(", {b:.4} bits/byte"))
+                .unwrap_or_default()
+        );
+    }
+    Ok(())
+}

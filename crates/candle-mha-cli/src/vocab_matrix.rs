@@ -1,0 +1,145 @@
+//! `mha vocab-matrix`: which token attends to which, aggregated over a corpus.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use candle_mha::candle::DType;
+use candle_mha_viz::corpus_vocab_matrix_stream;
+use candle_mha_viz::html::{human_size, vocab_matrix_html, VocabHtmlOptions};
+
+use candle_mha_train::data::{checkpoint_corpus, RunSplit};
+
+/// Arguments of `mha vocab-matrix`.
+#[derive(clap::Args, Debug)]
+pub struct VocabMatrixArgs {
+    /// A checkpoint directory written by `mha train`.
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    /// A token file to aggregate over (default: the run's own training data).
+    #[arg(long, conflicts_with_all = ["text", "data"])]
+    pub tokens: Option<PathBuf>,
+    /// A text file to aggregate over (read and encoded piece by piece, any size).
+    #[arg(long, conflicts_with = "data")]
+    pub text: Option<PathBuf>,
+    /// The training part of a data directory written by `mha prepare`.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// The layer (0-based; default: the last).
+    #[arg(long)]
+    pub layer: Option<usize>,
+    /// One head (0-based; default: the mean over heads).
+    #[arg(long)]
+    pub head: Option<usize>,
+    /// Keys listed per query token in the report.
+    #[arg(long, default_value_t = 3, value_parser = super::bounds::count(1, super::bounds::MAX_COUNT))]
+    pub top_k: usize,
+    /// Where to write vocab_matrix.csv and vocab_matrix.safetensors (default CHECKPOINT/vocab_matrix).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Also write the matrix as one interactive HTML page (sortable, filterable; works
+    /// offline) to this file.
+    #[arg(long, value_name = "PATH")]
+    pub html: Option<PathBuf>,
+    /// Skip the dense `vocab_matrix.safetensors` (sum, count, mean and row share as V × V f64
+    /// matrices: 4·8·V² bytes, 537 MB at V = 4096); the CSV (and the HTML page) hold the
+    /// nonzero cells only.
+    #[arg(long)]
+    pub no_safetensors: bool,
+    /// Sequences per batch.
+    #[arg(long, default_value_t = 64, value_parser = super::bounds::count(1, super::bounds::MAX_COUNT))]
+    pub batch_size: usize,
+    /// Where to run.
+    #[arg(long, default_value = "auto", value_parser = super::choices::DeviceParser)]
+    pub device: String,
+}
+
+/// Runs `mha vocab-matrix`.
+pub fn run(args: &VocabMatrixArgs) -> Result<()> {
+    let (device, notice) = crate::device::open(&args.device)?;
+    eprintln!("{notice}");
+    let ckpt = super::checkpoint_dir::open(&args.checkpoint, DType::F32, &device)?;
+    let len = ckpt.model.config().max_len + 1;
+    let (name, corpus) = checkpoint_corpus(
+        &args.checkpoint,
+        args.tokens.as_deref(),
+        args.text.as_deref(),
+        args.data.as_deref(),
+        &ckpt.codec,
+        len,
+        RunSplit::Train,
+    )?;
+    let layer = args.layer.unwrap_or(ckpt.model.config().num_layers - 1);
+    let sequences = std::cell::Cell::new(0usize);
+    let examples = corpus
+        .examples(len)?
+        .inspect(|_| sequences.set(sequences.get() + 1));
+    let vm = corpus_vocab_matrix_stream(
+        &ckpt.model,
+        examples,
+        layer,
+        args.head,
+        args.batch_size,
+        &device,
+    )?;
+    let labels: Vec<String> = (0..vm.vocab_size() as u32)
+        .map(|i| ckpt.codec.token_label(i))
+        .collect();
+    let heads = args
+        .head
+        .map(|h| format!("head {h}"))
+        .unwrap_or_else(|| "mean over heads".into());
+    println!(
+        "vocabulary matrix: layer {layer}, {heads}, over {name} ({} sequences): {} query positions, total mass {:.1}",
+        sequences.get(),
+        vm.num_queries(),
+        vm.total_mass()
+    );
+    println!(
+        "query token -> top {} key tokens (share of the query token's attention)",
+        args.top_k
+    );
+    for (q, keys) in vm.top_k(args.top_k) {
+        let row: Vec<String> = keys
+            .iter()
+            .map(|(k, share)| format!("{} {:.3}", labels[*k as usize], share))
+            .collect();
+        println!("  {:<10} -> {}", labels[q as usize], row.join(", "));
+    }
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| args.checkpoint.join("vocab_matrix"));
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    candle_mha_train::io::write_atomic(
+        &out.join("vocab_matrix.csv"),
+        vm.to_csv(&labels).as_bytes(),
+    )?;
+    if args.no_safetensors {
+        eprintln!("wrote {}/vocab_matrix.csv", out.display());
+    } else {
+        vm.save_safetensors(out.join("vocab_matrix.safetensors"))?;
+        eprintln!(
+            "wrote {}/vocab_matrix.csv and vocab_matrix.safetensors (about {}; --no-safetensors skips it)",
+            out.display(),
+            human_size(32 * vm.vocab_size() * vm.vocab_size())
+        );
+    }
+    if let Some(path) = &args.html {
+        let opts = VocabHtmlOptions::default()
+            .with_title(format!(
+                "Vocabulary attention matrix: layer {layer}, {heads}, over {name}"
+            ))
+            .with_top_k(args.top_k.max(1));
+        let page = vocab_matrix_html(&vm, &labels, &opts)?;
+        candle_mha_train::io::write_atomic(path, page.as_bytes())
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!(
+            "wrote {} ({}; {} tokens, {} cells)",
+            path.display(),
+            human_size(page.len()),
+            vm.vocab_size(),
+            vm.num_cells()
+        );
+    }
+    Ok(())
+}

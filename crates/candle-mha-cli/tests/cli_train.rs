@@ -1,0 +1,310 @@
+//! `mha train`, `mha generate`, `mha eval` end to end on small data written by the tests,
+//! and their errors on bad data.
+
+use std::path::Path;
+
+#[path = "../../../tests/common/mod.rs"]
+mod common;
+
+use anyhow::Result;
+use common::mha;
+
+/// Event streams with a rule: after `T3` comes `T5` or `T4`, sequences start with `T1`.
+fn write_events(path: &Path, lines: usize) -> Result<()> {
+    let patterns = [
+        "T1 T2 T3 T4 T3 T5",
+        "T1 T3 T5 T2",
+        "T1 T2 T2 T3 T4",
+        "T1 T4 T3 T5 T5",
+    ];
+    let text: Vec<&str> = (0..lines).map(|i| patterns[i % patterns.len()]).collect();
+    std::fs::write(path, text.join("\n") + "\n")?;
+    Ok(())
+}
+
+#[test]
+fn train_generate_eval_resume_on_a_token_file() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let data = dir.path().join("events.txt");
+    write_events(&data, 200)?;
+    let out = dir.path().join("run");
+    let (d, o) = (data.to_str().unwrap(), out.to_str().unwrap());
+    let common = [
+        "--embed-dim",
+        "16",
+        "--num-heads",
+        "2",
+        "--num-layers",
+        "1",
+        "--batch-size",
+        "16",
+        "--quiet",
+    ];
+    let mut args = vec![
+        "train",
+        "--tokens",
+        d,
+        "--out",
+        o,
+        "--steps",
+        "150",
+        "--eval-every",
+        "50",
+        "--save-every",
+        "100",
+    ];
+    args.extend(common);
+    let (ok, stdout, stderr) = mha(&args)?;
+    assert!(ok, "{stdout}{stderr}");
+    // Notices and progress on stderr; the run's result on stdout.
+    assert!(stderr.contains("device: cpu"), "{stderr}");
+    assert!(
+        stderr.contains("data: 180 training and 20 validation sequences, 9 ids, longest 8 tokens"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("step 50: eval loss") && stderr.contains("step 100: checkpoint saved"),
+        "{stderr}"
+    );
+    assert!(stdout.contains("final eval (step 150): loss"), "{stdout}");
+    for f in [
+        "model.safetensors",
+        "config.json",
+        "vocab.json",
+        "optimizer.safetensors",
+        "trainer_state.json",
+    ] {
+        assert!(out.join(f).exists(), "{f} missing");
+    }
+
+    // The rule "T1 first" is learned: greedy generation from BOS starts with T1 ... and
+    // every prompt symbol must be known.
+    let (ok, stdout, stderr) = mha(&[
+        "generate",
+        "--checkpoint",
+        o,
+        "--prompt",
+        "T1 T3",
+        "--max-new-tokens",
+        "3",
+    ])?;
+    assert!(ok, "{stderr}");
+    assert!(stdout.starts_with("T1 T3\n=> T5"), "{stdout}");
+    let (ok, _, stderr) = mha(&["generate", "--checkpoint", o, "--prompt", "T1 T9"])?;
+    assert!(
+        !ok && stderr.contains("\"T9\"") && stderr.contains("not in the vocabulary"),
+        "{stderr}"
+    );
+    let (ok, stdout, stderr) = mha(&[
+        "generate",
+        "--checkpoint",
+        o,
+        "--prompt",
+        "T1",
+        "--top-k",
+        "2",
+        "--seed",
+        "3",
+    ])?;
+    assert!(ok && stdout.starts_with("T1\n=> "), "{stdout}{stderr}");
+
+    let (ok, stdout, stderr) = mha(&["eval", "--checkpoint", o])?;
+    assert!(
+        ok && stdout.contains("eval on the run's validation set (20 sequences): loss"),
+        "{stdout}{stderr}"
+    );
+    let (ok, stdout, _) = mha(&["eval", "--checkpoint", o, "--tokens", d])?;
+    assert!(ok && stdout.contains("(200 sequences)"), "{stdout}");
+
+    // Train further: continues at the saved step.
+    let (ok, stdout, stderr) =
+        mha(&["train", "--out", o, "--resume", "--steps", "160", "--quiet"])?;
+    assert!(
+        ok && stderr.contains("resuming at step 150 of 160")
+            && stdout.contains("final eval (step 160)"),
+        "{stdout}{stderr}"
+    );
+    // Without --resume an existing run is not overwritten.
+    let (ok, _, stderr) = mha(&["train", "--tokens", d, "--out", o, "--steps", "5"])?;
+    assert!(
+        !ok && stderr.contains("already holds a run: pass --resume"),
+        "{stderr}"
+    );
+    Ok(())
+}
+
+#[test]
+fn bad_data_and_checkpoints_are_clear_errors() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let p = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    std::fs::write(p("empty.txt"), "\n\n# only a comment\n")?;
+    let (ok, _, stderr) = mha(&[
+        "train",
+        "--tokens",
+        &p("empty.txt"),
+        "--out",
+        &p("r1"),
+        "--steps",
+        "1",
+    ])?;
+    assert!(
+        !ok && stderr.contains("error: ") && stderr.contains("empty.txt"),
+        "{stderr}"
+    );
+
+    std::fs::write(p("long.txt"), "a b\na b c d e f g h\n")?;
+    let (ok, _, stderr) = mha(&[
+        "train",
+        "--tokens",
+        &p("long.txt"),
+        "--out",
+        &p("r2"),
+        "--max-len",
+        "4",
+        "--steps",
+        "1",
+    ])?;
+    assert!(
+        !ok && stderr.contains("long.txt:2:") && stderr.contains("at most"),
+        "{stderr}"
+    );
+
+    // Hyper-parameters PyTorch would reject (or that train into NaNs) are errors, and no
+    // checkpoint is written.
+    for (flag, message) in [
+        ("--lr=-1", "Invalid learning rate: -1"),
+        ("--lr=nan", "Invalid learning rate: NaN"),
+        ("--weight-decay=-0.5", "Invalid weight_decay value: -0.5"),
+        ("--clip=-1", "clip_norm must be >= 0 (0 = off), got -1"),
+        (
+            "--val-fraction=1.5",
+            "--val-fraction 1.5: expected a fraction in [0, 1]",
+        ),
+        // Finite but diverging: after the first update the evaluation loss is NaN, and the
+        // save refuses.
+        (
+            "--lr=1e30",
+            "evaluation loss is NaN, the weights have diverged",
+        ),
+    ] {
+        let out = p("bad_hparams");
+        let (ok, _, stderr) = mha(&["train", flag, "--out", &out, "--steps", "1"])?;
+        assert!(!ok && stderr.contains(message), "{flag}: {stderr}");
+        assert!(
+            !dir.path().join("bad_hparams/model.safetensors").exists(),
+            "{flag}: a checkpoint was written"
+        );
+    }
+
+    let (ok, _, stderr) = mha(&["train", "--out", &p("r3"), "--resume"])?;
+    assert!(
+        !ok && stderr.contains("has no trainer_state.json"),
+        "{stderr}"
+    );
+    let (ok, _, stderr) = mha(&["train", "--out", &p("r3"), "--dtype", "f16", "--steps", "1"])?;
+    assert!(
+        !ok && stderr.contains("training runs in f32 or f64"),
+        "{stderr}"
+    );
+    let (ok, _, stderr) = mha(&[
+        "train",
+        "--out",
+        &p("r3"),
+        "--device",
+        "cuda:0",
+        "--steps",
+        "1",
+    ])?;
+    assert!(
+        !ok && (stderr.contains("without CUDA support") || stderr.contains("not available")),
+        "{stderr}"
+    );
+
+    // A checkpoint whose config.json does not match its weights.
+    write_events(&dir.path().join("ev.txt"), 20)?;
+    let (ok, _, stderr) = mha(&[
+        "train",
+        "--tokens",
+        &p("ev.txt"),
+        "--out",
+        &p("r4"),
+        "--steps",
+        "2",
+        "--embed-dim",
+        "8",
+        "--num-heads",
+        "2",
+        "--num-layers",
+        "1",
+        "--quiet",
+    ])?;
+    assert!(ok, "{stderr}");
+    let cfg = std::fs::read_to_string(dir.path().join("r4/config.json"))?
+        .replace("\"embed_dim\": 8", "\"embed_dim\": 16");
+    std::fs::write(dir.path().join("r4/config.json"), cfg)?;
+    // checkpoint.json records what the save wrote: the edit is named as such.
+    let (ok, _, stderr) = mha(&["generate", "--checkpoint", &p("r4"), "--prompt", "T1"])?;
+    assert!(
+        !ok && stderr.contains("config.json does not match")
+            && stderr.contains("changed or damaged"),
+        "{stderr}"
+    );
+    // Without it (a checkpoint put together by hand), the load report names the mismatch.
+    std::fs::remove_file(dir.path().join("r4/checkpoint.json"))?;
+    let (ok, _, stderr) = mha(&["generate", "--checkpoint", &p("r4"), "--prompt", "T1"])?;
+    assert!(
+        !ok && stderr.contains("size mismatch for") && stderr.contains("NextTokenPredictor"),
+        "{stderr}"
+    );
+    let (ok, _, stderr) = mha(&["eval", "--checkpoint", &p("missing")])?;
+    assert!(
+        !ok && stderr.contains("cannot read model config"),
+        "{stderr}"
+    );
+    Ok(())
+}
+
+/// Options left out take the library's presets: a token file trains with
+/// `TrainConfig::default()` and the model of `NextTokenPredictorConfig::new`, its context the
+/// data's longest sequence.
+#[test]
+fn options_left_out_take_the_sequence_presets() -> Result<()> {
+    use candle_mha_train::models::NextTokenPredictorConfig;
+    use candle_mha_train::{TrainConfig, TrainerState};
+
+    let dir = tempfile::tempdir()?;
+    let data = dir.path().join("events.txt");
+    write_events(&data, 20)?;
+    let out = dir.path().join("run");
+    let (ok, _, stderr) = mha(&[
+        "train",
+        "--tokens",
+        data.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--steps",
+        "1",
+        "--quiet",
+    ])?;
+    assert!(ok, "{stderr}");
+    let state: TrainerState =
+        serde_json::from_str(&std::fs::read_to_string(out.join("trainer_state.json"))?)?;
+    assert_eq!(
+        state.config,
+        TrainConfig {
+            steps: 1,
+            // The command line decays to a tenth of the peak, as its --help says.
+            min_lr: TrainConfig::default().lr / 10.0,
+            ..TrainConfig::default()
+        }
+    );
+    // 9 ids (4 specials, T1..T5); the longest sequence has 8 tokens (BOS, 6 symbols, EOS).
+    assert_eq!(
+        NextTokenPredictorConfig::load(out.join("config.json"))?,
+        NextTokenPredictorConfig {
+            max_len: 7,
+            ..NextTokenPredictorConfig::new(9)
+        }
+    );
+    Ok(())
+}

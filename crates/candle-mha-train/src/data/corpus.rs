@@ -1,0 +1,153 @@
+//! [`Corpus`]: the data an evaluation or analysis reads from a checkpoint's run: a file given
+//! for it, or the run's own split rebuilt from its [`DataSpec`].
+
+use std::path::{Path, PathBuf};
+
+use candle::Result;
+
+use super::spec::{open_prepared, run_data_spec, TrainData};
+use super::{
+    consecutive_windows, Codec, DataSpec, Dataset, Example, TextTokenizer, TextWindows, TokenData,
+};
+
+/// Which part of a run's own data to use when no file is given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunSplit {
+    /// The training set.
+    Train,
+    /// The validation set.
+    Val,
+}
+
+/// A corpus an evaluation or analysis command reads, streamed as examples of at most the
+/// model's context + 1 tokens.
+pub enum Corpus {
+    /// Sequences in memory (token files, the synthetic task, old text runs, validation windows).
+    Sequences(Dataset),
+    /// A text file, encoded piece by piece.
+    Text {
+        /// The text file.
+        path: PathBuf,
+        /// Its tokenizer (the checkpoint's).
+        tok: Box<TextTokenizer>,
+    },
+    /// A range of prepared tokens, as consecutive windows.
+    Prepared {
+        /// The prepared data.
+        data: Box<TokenData>,
+        /// The tokens read.
+        range: std::ops::Range<u64>,
+    },
+}
+
+impl Corpus {
+    /// The examples, `len` tokens each at most (windows overlap by one token, so every token
+    /// but the first is predicted once).
+    pub fn examples(&self, len: usize) -> Result<Box<dyn Iterator<Item = Result<Example>> + '_>> {
+        Ok(match self {
+            Self::Sequences(d) => Box::new(d.examples.iter().cloned().map(Ok)),
+            Self::Text { path, tok } => Box::new(TextWindows::open(path, tok, len)?),
+            Self::Prepared { data, range } => Box::new(
+                consecutive_windows(range.clone(), len as u64, usize::MAX)
+                    .into_iter()
+                    .map(move |r| Ok(Example::full(data.tokens(r)?))),
+            ),
+        })
+    }
+}
+
+/// The data an analysis or evaluation command reads: `tokens`, `text` or `data` when given
+/// (encoded with, or checked against, the checkpoint's `codec`), else the run's own `split`
+/// rebuilt from `trainer_state.json`. Returns a description for messages and the corpus.
+pub fn checkpoint_corpus(
+    checkpoint: &Path,
+    tokens: Option<&Path>,
+    text: Option<&Path>,
+    data: Option<&Path>,
+    codec: &Codec,
+    max_tokens: usize,
+    split: RunSplit,
+) -> Result<(String, Corpus)> {
+    if let Some(p) = tokens {
+        let spec = DataSpec::Tokens {
+            path: p.to_path_buf(),
+            val_fraction: 0.0,
+            seed: 0,
+        };
+        let TrainData::Sequences(d) = spec
+            .load(Some(codec.clone()), None, 0, Some(max_tokens))?
+            .train
+        else {
+            unreachable!("token files load as sequences")
+        };
+        return Ok((p.display().to_string(), Corpus::Sequences(d)));
+    }
+    if let Some(p) = text {
+        let Codec::Text(tok) = codec else {
+            candle::bail!("this checkpoint uses a symbol vocabulary: give it a token file, not text (mha: --tokens, not --text)")
+        };
+        return Ok((
+            p.display().to_string(),
+            Corpus::Text {
+                path: p.to_path_buf(),
+                tok: tok.clone(),
+            },
+        ));
+    }
+    if let Some(dir) = data {
+        let (d, _) = open_prepared(dir, Some(codec), "the checkpoint's tokenizer")?;
+        let range = match split {
+            RunSplit::Train => d.meta().train_range(),
+            RunSplit::Val => d.meta().val_range(),
+        };
+        let name = format!(
+            "{} ({} part, {} tokens)",
+            dir.display(),
+            if split == RunSplit::Train {
+                "training"
+            } else {
+                "validation"
+            },
+            range.end - range.start
+        );
+        return Ok((
+            name,
+            Corpus::Prepared {
+                data: Box::new(d),
+                range,
+            },
+        ));
+    }
+    let spec = run_data_spec(checkpoint).map_err(|e| {
+        candle::Error::Msg(format!(
+            "the checkpoint's own data cannot be rebuilt (give a token file, a text or a data directory): {e}"
+        ))
+    })?;
+    if let (
+        DataSpec::Prepared {
+            dir, train_tokens, ..
+        },
+        RunSplit::Train,
+    ) = (&spec, split)
+    {
+        let (d, _) = open_prepared(dir, Some(codec), "the checkpoint's tokenizer")?;
+        return Ok((
+            "the run's training tokens".to_string(),
+            Corpus::Prepared {
+                data: Box::new(d),
+                range: 0..*train_tokens,
+            },
+        ));
+    }
+    let data = spec.load(Some(codec.clone()), None, 0, Some(max_tokens))?;
+    Ok(match split {
+        RunSplit::Train => match data.train {
+            TrainData::Sequences(d) => ("the run's training set".to_string(), Corpus::Sequences(d)),
+            TrainData::Stream(_) => unreachable!("handled above"),
+        },
+        RunSplit::Val => (
+            "the run's validation set".to_string(),
+            Corpus::Sequences(data.val),
+        ),
+    })
+}

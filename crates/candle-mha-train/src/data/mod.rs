@@ -1,0 +1,61 @@
+//! Training data: vocabularies, examples, padded batches and seeded, resumable batching.
+//!
+//! - [`Vocab`] maps symbols to ids (specials [`PAD`], [`UNK`], [`BOS`], [`EOS`] at 0..4) and
+//!   is saved as `vocab.json`.
+//! - [`Example`] is one sequence with its loss mask; [`Batch`] pads a few into `(N, L)`
+//!   tensors; [`Dataset`] splits and orders them by seed, so training resumes mid-epoch exactly.
+//! - Sources: [`AssociativeRecall`] (the default synthetic task, solvable only by attention),
+//!   token files ([`read_token_file`], [`encode_sequences`]) and text through a
+//!   [`TextTokenizer`] ([`text_dataset`]).
+//! - [`DataSpec`]: what a run trains on, as its checkpoint records it; [`DataSpec::load`]
+//!   opens it ([`RunData`]); [`checkpoint_corpus`] rebuilds a run's split for evaluation.
+//! - Corpora of any size: [`prepare_text`] / [`prepare_token_files`] encode once, in bounded
+//!   memory, into a data directory ([`TokenData`], memory-mapped); [`TokenWindows`] draws
+//!   training windows from it by (seed, step) and fixes the validation windows;
+//!   [`TextWindows`] streams any text file as windows; [`TextChunks`] and
+//!   [`expand_sources`] read the sources.
+
+mod batch;
+mod codec;
+mod corpus;
+mod dataset;
+mod example;
+mod prepare;
+mod prepare_job;
+mod prepared;
+mod source;
+mod spec;
+mod synthetic;
+mod text;
+mod text_chunks;
+mod text_windows;
+mod token_file;
+mod vocab;
+mod windows;
+
+pub use batch::Batch;
+pub use codec::{Codec, TOKENIZER_FILE, VOCAB_FILE};
+pub use corpus::{checkpoint_corpus, Corpus, RunSplit};
+pub use dataset::Dataset;
+pub use example::Example;
+pub use prepare::{prepare_text, prepare_token_files, PrepareOptions, PrepareProgress};
+pub use prepare_job::{
+    describe_prepared, same_sources, PrepareJob, SetupObserver, DEFAULT_BPE_SAMPLE_MB,
+    DEFAULT_BPE_VOCAB,
+};
+pub use prepared::{
+    sha256_hex, split_point, SourceFile, TokenData, TokenDataMeta, TokenDtype, DATA_FORMAT,
+    META_FILE, TOKENS_FILE,
+};
+pub use source::{EvalSet, TrainSource, WindowSource};
+pub use spec::{
+    example_text_bytes, open_prepared, run_data_spec, target_bytes, DataSpec, RunData, TrainData,
+    DEFAULT_EVAL_WINDOWS,
+};
+pub use synthetic::AssociativeRecall;
+pub use text::{text_dataset, TextTokenizer, MAX_BPE_VOCAB, MIN_BPE_VOCAB};
+pub use text_chunks::{expand_sources, TextChunks, DEFAULT_CHUNK_BYTES, MAX_CHUNK_BYTES};
+pub use text_windows::TextWindows;
+pub use token_file::{encode_sequences, read_token_file};
+pub use vocab::{Vocab, BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, UNK, UNK_ID};
+pub use windows::{consecutive_windows, windows_dataset, TokenWindows};

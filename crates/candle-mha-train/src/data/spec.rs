@@ -1,0 +1,310 @@
+//! [`DataSpec`]: what a run trains on, recorded in its `trainer_state.json` so that a resumed
+//! run, an evaluation or an analysis rebuilds the same data and split: the built-in synthetic
+//! task, a token file, prepared token data, or (older runs) a text file cut into chunks.
+//! [`DataSpec::load`] opens it as [`RunData`].
+
+use std::path::{Path, PathBuf};
+
+use candle::Result;
+use serde::{Deserialize, Serialize};
+
+use super::{
+    encode_sequences, read_token_file, text_dataset, AssociativeRecall, Codec, Dataset, Example,
+    TextTokenizer, TokenData, TokenWindows, TrainSource, Vocab, WindowSource,
+};
+
+/// Validation windows of prepared data evaluated at most (evenly spaced over the tail).
+pub const DEFAULT_EVAL_WINDOWS: usize = 256;
+
+/// A data source, as recorded in `trainer_state.json` (`"data"`).
+///
+/// PyTorch equivalent: none (a training script's own dataset arguments).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum DataSpec {
+    /// Associative recall, generated from a seed.
+    Synthetic {
+        /// Keys of the task's vocabulary.
+        num_keys: usize,
+        /// Values of the task's vocabulary.
+        num_values: usize,
+        /// Key-value pairs per sequence.
+        pairs: usize,
+        /// Training sequences.
+        train_examples: usize,
+        /// Validation sequences.
+        val_examples: usize,
+        /// The generator's seed.
+        seed: u64,
+    },
+    /// One sequence of whitespace-separated symbols per line.
+    Tokens {
+        /// The token file.
+        path: PathBuf,
+        /// Share of the sequences held out for validation.
+        val_fraction: f64,
+        /// The split's seed.
+        seed: u64,
+    },
+    /// Text cut into fixed chunks with a random split (runs made before prepared data; kept
+    /// so they resume and evaluate as they were trained).
+    Text {
+        /// The text file.
+        path: PathBuf,
+        /// Share of the chunks held out for validation.
+        val_fraction: f64,
+        /// The split's seed.
+        seed: u64,
+    },
+    /// A data directory written by `mha prepare` ([`TokenData`]): random training windows from
+    /// `[0, train_tokens)`, fixed validation windows from the rest.
+    Prepared {
+        /// The data directory.
+        dir: PathBuf,
+        /// Tokens of the training part.
+        train_tokens: u64,
+        /// Validation windows evaluated at most (evenly spaced over the rest).
+        eval_windows: usize,
+    },
+}
+
+/// What a run trains on.
+pub enum TrainData {
+    /// A finite set of sequences, shuffled per epoch.
+    Sequences(Dataset),
+    /// A token stream, random windows per step.
+    Stream(Box<WindowSource>),
+}
+
+impl TrainData {
+    /// As a [`TrainSource`] for the trainer.
+    pub fn source(&self) -> &dyn TrainSource {
+        match self {
+            Self::Sequences(d) => d,
+            Self::Stream(w) => w.as_ref(),
+        }
+    }
+
+    /// A line for the log.
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Sequences(d) => format!("{} training", d.len()),
+            Self::Stream(w) => format!(
+                "{} training tokens (random windows of {}: {} offsets)",
+                w.windows.train.end - w.windows.train.start,
+                w.windows.len,
+                w.windows.num_train_offsets()
+            ),
+        }
+    }
+}
+
+/// Training and validation data and the tokenization, as [`DataSpec::load`] opens them.
+pub struct RunData {
+    /// What the steps draw from.
+    pub train: TrainData,
+    /// The validation set.
+    pub val: Dataset,
+    /// Bytes of text the validation targets stand for (text data only).
+    pub val_bytes: Option<u64>,
+    /// The tokenization.
+    pub codec: Codec,
+    /// Tokens per example the model must see (its context `max_len` is this minus 1).
+    pub longest: usize,
+}
+
+impl RunData {
+    /// Sequences split by `(val_fraction, seed)` into training and validation sets.
+    fn split(data: Dataset, val_fraction: f64, seed: u64, codec: Codec) -> Self {
+        let longest = data.max_len();
+        let (train, val) = data.split(val_fraction, seed);
+        Self {
+            train: TrainData::Sequences(train),
+            val,
+            val_bytes: None,
+            codec,
+            longest,
+        }
+    }
+}
+
+/// The UTF-8 bytes of text that the targets of `example` (every token but its first) stand
+/// for; 0 unless `codec` is a text tokenizer.
+pub fn example_text_bytes(codec: &Codec, example: &Example) -> Result<u64> {
+    match codec {
+        Codec::Text(tok) => Ok(tok.decode(&example.tokens[1..])?.len() as u64),
+        Codec::Symbols(_) => Ok(0),
+    }
+}
+
+/// The UTF-8 bytes of text that the targets of `examples` stand for; `None` unless `codec` is
+/// a text tokenizer.
+pub fn target_bytes(codec: &Codec, examples: &[Example]) -> Result<Option<u64>> {
+    if !matches!(codec, Codec::Text(_)) {
+        return Ok(None);
+    }
+    let mut bytes = 0u64;
+    for e in examples {
+        bytes += example_text_bytes(codec, e)?;
+    }
+    Ok(Some(bytes))
+}
+
+/// The data description a run recorded in its `trainer_state.json`; errors when the run was
+/// trained on data it did not describe (a library caller's own dataset).
+pub fn run_data_spec(run: &Path) -> Result<DataSpec> {
+    let path = run.join(crate::STATE_FILE);
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| candle::Error::Msg(format!("reading {}: {e}", path.display())))?;
+    let state: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| candle::Error::Msg(format!("parsing {}: {e}", path.display())))?;
+    match serde_json::from_value::<Option<DataSpec>>(state["data"].clone()) {
+        Ok(Some(spec)) => Ok(spec),
+        Ok(None) => candle::bail!(
+            "{} does not say what the run was trained on (its trainer was given its data directly)",
+            path.display()
+        ),
+        Err(e) => candle::bail!(
+            "{} does not say what the run was trained on: {e}",
+            path.display()
+        ),
+    }
+}
+
+/// Opens prepared data, checking `codec` (a checkpoint's or a given tokenizer's) against it.
+pub fn open_prepared(dir: &Path, codec: Option<&Codec>, what: &str) -> Result<(TokenData, Codec)> {
+    let data = TokenData::open(dir)?;
+    let codec = match codec {
+        Some(c) => {
+            data.check_codec(c, what)?;
+            c.clone()
+        }
+        None => data.codec()?,
+    };
+    Ok((data, codec))
+}
+
+impl DataSpec {
+    /// Loads the data. `codec` is the checkpoint's tokenization when resuming or evaluating
+    /// (the vocabulary must not change); `None` builds it (a vocabulary, or `tokenizer` /
+    /// a BPE of `bpe_vocab` ids for old-style text). `max_tokens` bounds a sequence (the
+    /// model's context + 1) when known; prepared data needs it (its window length).
+    pub fn load(
+        &self,
+        codec: Option<Codec>,
+        tokenizer: Option<&Path>,
+        bpe_vocab: usize,
+        max_tokens: Option<usize>,
+    ) -> Result<RunData> {
+        match self {
+            Self::Synthetic {
+                num_keys,
+                num_values,
+                pairs,
+                train_examples,
+                val_examples,
+                seed,
+            } => {
+                let task = AssociativeRecall {
+                    num_keys: *num_keys,
+                    num_values: *num_values,
+                    pairs: *pairs,
+                };
+                task.validate()?;
+                let codec = codec.unwrap_or_else(|| Codec::Symbols(task.vocab()));
+                let (train, val) = (
+                    task.generate(*train_examples, *seed),
+                    task.generate(*val_examples, seed ^ 0x5eed),
+                );
+                Ok(RunData {
+                    train: TrainData::Sequences(train),
+                    val,
+                    val_bytes: None,
+                    codec,
+                    longest: task.seq_len(),
+                })
+            }
+            Self::Tokens {
+                path,
+                val_fraction,
+                seed,
+            } => {
+                let seqs = read_token_file(path, max_tokens.unwrap_or(usize::MAX))?;
+                let codec = match codec {
+                    Some(c) => c,
+                    None => Codec::Symbols(Vocab::build(seqs.iter().map(|s| s.as_slice()))),
+                };
+                let Codec::Symbols(vocab) = &codec else {
+                    candle::bail!("this checkpoint uses a text tokenizer: give it text, not a token file (mha: --text, not --tokens)")
+                };
+                if let Some(v) = seqs.iter().flatten().find(|s| vocab.id(s).is_none()) {
+                    candle::bail!(
+                        "{}: symbol \"{v}\" is not in the checkpoint's vocabulary",
+                        path.display()
+                    )
+                }
+                let data = encode_sequences(&seqs, vocab);
+                Ok(RunData::split(data, *val_fraction, *seed, codec))
+            }
+            Self::Text {
+                path,
+                val_fraction,
+                seed,
+            } => {
+                let tok = match (codec, tokenizer) {
+                    (Some(Codec::Text(t)), _) => *t,
+                    (Some(Codec::Symbols(_)), _) => {
+                        candle::bail!("this checkpoint uses a symbol vocabulary: give it a token file, not text (mha: --tokens, not --text)")
+                    }
+                    (None, Some(p)) => TextTokenizer::load(p)?,
+                    (None, None) => TextTokenizer::train_bpe(path, bpe_vocab).map_err(|e| {
+                        candle::Error::Msg(format!(
+                            "training a BPE tokenizer on {}: {e}",
+                            path.display()
+                        ))
+                    })?,
+                };
+                let window = max_tokens.unwrap_or(65);
+                let data = text_dataset(path, &tok, window)?;
+                Ok(RunData::split(
+                    data,
+                    *val_fraction,
+                    *seed,
+                    Codec::Text(Box::new(tok)),
+                ))
+            }
+            Self::Prepared {
+                dir,
+                train_tokens,
+                eval_windows,
+            } => {
+                let Some(window) = max_tokens else {
+                    candle::bail!("prepared data needs the model's context (max_tokens)")
+                };
+                let what = match &codec {
+                    Some(_) => "the checkpoint's tokenizer".to_string(),
+                    None => format!("{}", dir.display()),
+                };
+                let (data, codec) = open_prepared(dir, codec.as_ref(), &what)?;
+                if *train_tokens > data.len() {
+                    candle::bail!(
+                        "{}: the run trained on {train_tokens} tokens but the data has {}: it was prepared again",
+                        dir.display(),
+                        data.len()
+                    )
+                }
+                let windows =
+                    TokenWindows::new(window as u64, 0..*train_tokens, *train_tokens..data.len())?;
+                let val = windows.val_dataset(&data, *eval_windows)?;
+                let val_bytes = target_bytes(&codec, &val.examples)?;
+                Ok(RunData {
+                    train: TrainData::Stream(Box::new(WindowSource { data, windows })),
+                    val,
+                    val_bytes,
+                    codec,
+                    longest: window,
+                })
+            }
+        }
+    }
+}

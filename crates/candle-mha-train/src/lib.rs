@@ -1,0 +1,53 @@
+//! # candle-mha-train
+//!
+//! Next-token predictors on [candle-mha](candle_mha): data ([`data`]: vocabularies, BPE on a
+//! user's text, prepared token directories, seeded batching), the model and its generation
+//! ([`models`]), and training ([`Trainer`]: one step, evaluation, checkpoints written as one
+//! unit ([`io::FileSet`]), exact resume, data-parallel runs over MPI/NCCL).
+//!
+//! - `config.rs`: [`TrainConfig`], the run's hyper-parameters and their defaults (token
+//!   sequences: `Default`; text: [`TrainConfig::for_text`]), which `mha train` reads.
+//! - `trainer.rs`: [`Trainer`], one step, evaluation, checkpoints, resume; `run.rs`: the loop
+//!   of a whole run; `state.rs`: what a run records ([`TrainerState`]) and reports
+//!   ([`StepStats`], [`TrainObserver`]).
+//! - `data_parallel.rs`: one data-parallel step ([`Trainer::train_step_distributed`] on a
+//!   rank's [`StepShard`]); `distributed/`: the [`distributed::Communicator`] and its
+//!   backends (one process; MPI and NCCL behind the `mpi` and `nccl` features).
+//! - [`candle_mha::optim::AdamW`] is the optimizer (re-exported here);
+//!   `schedule.rs` ([`LrSchedule`]), `evaluate.rs`, `metrics.rs` (`metrics.jsonl`),
+//!   `baseline.rs` (count models).
+
+#![warn(missing_docs)]
+
+/// The attention core this crate builds on (re-exported so users match its version).
+pub use candle_mha;
+
+pub mod data;
+pub mod io;
+pub mod models;
+
+mod baseline;
+mod config;
+mod data_parallel;
+pub mod distributed;
+mod evaluate;
+mod metrics;
+mod run;
+mod schedule;
+mod session;
+mod state;
+mod trainer;
+
+pub use baseline::{BaselineEvaluation, BigramBaseline};
+pub use candle_mha::optim::{clip_grad_norm, AdamW, AdamWConfig};
+pub use config::TrainConfig;
+pub use data_parallel::StepShard;
+pub use evaluate::{evaluate, evaluate_examples, Evaluation};
+pub use metrics::{append_metrics, read_metrics, truncate_metrics, MetricsRecord, METRICS_FILE};
+pub use schedule::LrSchedule;
+pub use session::{ModelFor, NewData, NewRun, ResumeRun, Session, RUN_DATA_DIR};
+pub use state::{
+    EvalRecord, StepStats, TrainObserver, TrainerState, BEST_DIR, CONFIG_FILE, MODEL_FILE,
+    OPTIMIZER_FILE, STATE_FILE,
+};
+pub use trainer::Trainer;

@@ -1,0 +1,11 @@
+//! Models built on the attention core and the [`nn`](candle_mha::nn) layers: a next-token predictor
+//! and its generation. (`layers` re-exports the layers that moved to `nn`.)
+
+mod config;
+mod generate;
+pub mod layers;
+mod next_token;
+
+pub use config::NextTokenPredictorConfig;
+pub use generate::{generate, generate_batch, generate_stream, sample_next, GenerateConfig};
+pub use next_token::{masked_cross_entropy, Block, NextTokenPredictor};

@@ -1,0 +1,362 @@
+//! [`NextTokenPredictor`]: a small causal transformer over token ids, with PyTorch names.
+
+use candle::{DType, Module, Result, Tensor};
+use candle_nn::VarBuilder;
+
+use super::NextTokenPredictorConfig;
+use candle_mha::attention::dropout::seeded_dropout_at;
+use candle_mha::attention::{
+    AttentionKernel, AttentionOptions, MultiheadAttention, MultiheadAttentionConfig,
+};
+use candle_mha::nn::{Embedding, LayerNorm, Linear};
+use candle_mha::rng::derive_seed;
+
+mod incremental;
+
+/// One pre-LayerNorm transformer block: `x + attn(ln1(x))`, then `x + mlp(ln2(x))`.
+///
+/// PyTorch equivalent: `Block` in `scripts/reference_model.py` (`ln1`, `attn`, `ln2`,
+/// `mlp.fc1`, `mlp.fc2`, exact-erf GELU).
+#[derive(Clone, Debug)]
+pub struct Block {
+    ln1: LayerNorm,
+    attn: MultiheadAttention,
+    ln2: LayerNorm,
+    fc1: Linear,
+    fc2: Linear,
+}
+
+impl Block {
+    fn new(cfg: &NextTokenPredictorConfig, vb: VarBuilder) -> Result<Self> {
+        let e = cfg.embed_dim;
+        let attn_cfg = MultiheadAttentionConfig::new(e, cfg.num_heads)
+            .with_batch_first(true)
+            .with_dropout(cfg.dropout);
+        Ok(Self {
+            ln1: LayerNorm::new(e, 1e-5, vb.pp("ln1"))?,
+            attn: MultiheadAttention::new(attn_cfg, vb.pp("attn"))?,
+            ln2: LayerNorm::new(e, 1e-5, vb.pp("ln2"))?,
+            fc1: Linear::new(e, cfg.ff_dim, true, vb.pp("mlp").pp("fc1"))?,
+            fc2: Linear::new(cfg.ff_dim, e, true, vb.pp("mlp").pp("fc2"))?,
+        })
+    }
+
+    /// The block's attention module.
+    pub fn attn(&self) -> &MultiheadAttention {
+        &self.attn
+    }
+
+    /// `resid`: residual dropout `(p, seed, offset)` in training mode (`offset`: where this
+    /// batch's first row starts in the mask's element stream, see `DropoutMask::with_offset`).
+    fn forward(
+        &self,
+        x: &Tensor,
+        opts: &AttentionOptions,
+        resid: Option<(f64, u64, u64)>,
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        let drop = |t: Tensor, label: &str| -> Result<Tensor> {
+            match resid {
+                Some((p, seed, offset)) if p > 0.0 => {
+                    seeded_dropout_at(&t, p, derive_seed(seed, label), offset)
+                }
+                _ => Ok(t),
+            }
+        };
+        let h = self.ln1.forward(x)?;
+        let attn = self.attn.forward(&h, &h, &h, opts)?;
+        let x = (x + drop(attn.output, "attn")?)?;
+        // The feed-forward part as two ops whose hidden activation never becomes a tensor.
+        let (fc1, fc2) = (&self.fc1, &self.fc2);
+        let m = candle_mha::nn::mlp(
+            &self.ln2.forward(&x)?,
+            (fc1.weight(), fc1.bias()),
+            (fc2.weight(), fc2.bias()),
+        )?;
+        let m = drop(m, "mlp")?;
+        Ok(((x + m)?, attn.weights))
+    }
+}
+
+/// Token embedding + learned positions + causal transformer blocks + LayerNorm + output head.
+///
+/// PyTorch equivalent: `NextTokenPredictor` in `scripts/reference_model.py`, with the same
+/// state_dict names (`token_embedding.weight`, `position_embedding.weight`,
+/// `blocks.{i}.attn.in_proj_weight`, …, `ln_f.*`, `head.*`): checkpoints move both ways.
+///
+/// # Shapes
+/// tokens `(N, L)` u32 with `L ≤ max_len`; key padding mask `(N, L)` u8 (1 = padding);
+/// logits `(N, L, V)`: position `i` predicts token `i + 1`.
+#[derive(Clone, Debug)]
+pub struct NextTokenPredictor {
+    config: NextTokenPredictorConfig,
+    token_embedding: Embedding,
+    position_embedding: Embedding,
+    blocks: Vec<Block>,
+    ln_f: LayerNorm,
+    head: Linear,
+    /// The attention implementation of every block (a runtime choice, not saved).
+    attention_kernel: AttentionKernel,
+}
+
+impl NextTokenPredictor {
+    /// Builds the model under `vb` (PyTorch's initialisation for new parameters).
+    pub fn new(config: NextTokenPredictorConfig, vb: VarBuilder) -> Result<Self> {
+        config.validate()?;
+        let (v, e) = (config.vocab_size, config.embed_dim);
+        let blocks = (0..config.num_layers)
+            .map(|i| Block::new(&config, vb.pp("blocks").pp(i)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            token_embedding: Embedding::new(v, e, vb.pp("token_embedding"))?,
+            position_embedding: Embedding::new(config.max_len, e, vb.pp("position_embedding"))?,
+            blocks,
+            ln_f: LayerNorm::new(e, 1e-5, vb.pp("ln_f"))?,
+            head: Linear::new(e, v, true, vb.pp("head"))?,
+            config,
+            attention_kernel: AttentionKernel::Auto,
+        })
+    }
+
+    /// The same model with every block's attention computed by `kernel` (default
+    /// [`AttentionKernel::Auto`]): to compare the fused kernel with the reference on a whole
+    /// model. Not in PyTorch (its `sdpa_kernel` context plays this role).
+    pub fn with_attention_kernel(mut self, kernel: AttentionKernel) -> Self {
+        self.attention_kernel = kernel;
+        self
+    }
+
+    /// The attention implementation the blocks use.
+    pub fn attention_kernel(&self) -> AttentionKernel {
+        self.attention_kernel
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &NextTokenPredictorConfig {
+        &self.config
+    }
+
+    /// The transformer blocks.
+    pub fn blocks(&self) -> &[Block] {
+        &self.blocks
+    }
+
+    /// Each block's self-attention, in order (what a [`candle_mha::StackKvCache`] caches).
+    pub fn attentions(&self) -> Vec<&MultiheadAttention> {
+        self.blocks.iter().map(Block::attn).collect()
+    }
+
+    fn check_tokens(&self, tokens: &Tensor, kpm: Option<&Tensor>) -> Result<(usize, usize)> {
+        let (n, l) = match tokens.dims() {
+            [n, l] => (*n, *l),
+            d => candle::bail!("tokens must be (N, L), got shape {d:?}"),
+        };
+        if !matches!(tokens.dtype(), DType::U32 | DType::I64) {
+            candle::bail!(
+                "tokens must be u32 or i64 ids, got dtype {:?}",
+                tokens.dtype()
+            )
+        }
+        if l > self.config.max_len {
+            candle::bail!(
+                "sequence of length {l} is longer than the model's context (max_len = {})",
+                self.config.max_len
+            )
+        }
+        if tokens.elem_count() > 0 {
+            let max = tokens
+                .flatten_all()?
+                .to_dtype(DType::I64)?
+                .max(0)?
+                .to_scalar::<i64>()?;
+            let min = tokens
+                .flatten_all()?
+                .to_dtype(DType::I64)?
+                .min(0)?
+                .to_scalar::<i64>()?;
+            if min < 0 || max as usize >= self.config.vocab_size {
+                candle::bail!(
+                    "token ids must be in [0, {}), got ids from {min} to {max}",
+                    self.config.vocab_size
+                )
+            }
+        }
+        if let Some(m) = kpm {
+            if m.dims() != [n, l] {
+                candle::bail!(
+                    "key_padding_mask must be {:?} like the tokens, got {:?}",
+                    [n, l],
+                    m.dims()
+                )
+            }
+        }
+        Ok((n, l))
+    }
+
+    fn run(
+        &self,
+        tokens: &Tensor,
+        kpm: Option<&Tensor>,
+        dropout: Option<(u64, usize)>,
+        need_weights: bool,
+    ) -> Result<(Tensor, Vec<Tensor>)> {
+        let (hidden, weights) = self.hidden(tokens, kpm, dropout, need_weights)?;
+        Ok((self.head.forward(&hidden)?, weights))
+    }
+
+    /// The final hidden states `(N, L, E)` (after `ln_f`, before the head) and the attention
+    /// weights when asked for.
+    fn hidden(
+        &self,
+        tokens: &Tensor,
+        kpm: Option<&Tensor>,
+        dropout: Option<(u64, usize)>,
+        need_weights: bool,
+    ) -> Result<(Tensor, Vec<Tensor>)> {
+        let (_, l) = self.check_tokens(tokens, kpm)?;
+        let dropout_seed = dropout.map(|(seed, _)| seed);
+        let first_row = dropout.map_or(0, |(_, row)| row);
+        // The (N, L, E) dropouts of rows first_row.. of a larger batch.
+        let offset = (first_row * l * self.config.embed_dim) as u64;
+        let dev = tokens.device();
+        let positions = Tensor::arange(0u32, l as u32, dev)?;
+        // One op for both lookups and their sum (one autograd node instead of six).
+        let mut x = candle_mha::nn::embedding_sum(
+            &self.token_embedding,
+            tokens,
+            &self.position_embedding,
+            &positions,
+        )?;
+        let p = self.config.resid_dropout;
+        if let (Some(seed), true) = (dropout_seed, p > 0.0) {
+            x = seeded_dropout_at(&x, p, derive_seed(seed, "embedding"), offset)?;
+        }
+        let mut weights = Vec::new();
+        for (i, block) in self.blocks.iter().enumerate() {
+            // `is_causal` without a mask: the module builds the causal mask where it needs one
+            // and the fused kernel skips the key tiles above the diagonal.
+            let mut opts = AttentionOptions::new()
+                .with_is_causal(true)
+                .with_need_weights(need_weights)
+                .with_average_attn_weights(false)
+                .with_kernel(self.attention_kernel);
+            if let Some(m) = kpm {
+                opts = opts.with_key_padding_mask(m.clone());
+            }
+            if let Some(seed) = dropout_seed {
+                // Each layer's mask comes from (seed, layer): resumable exactly.
+                opts = opts
+                    .with_train(true)
+                    .with_dropout_seed(derive_seed(seed, &i.to_string()))
+                    .with_dropout_first_row(first_row);
+            }
+            let resid = dropout_seed.map(|s| (p, derive_seed(s, &format!("resid/{i}")), offset));
+            let (y, w) = block.forward(&x, &opts, resid)?;
+            x = y;
+            weights.extend(w);
+        }
+        Ok((self.ln_f.forward(&x)?, weights))
+    }
+
+    /// Logits `(N, L, V)` in evaluation mode.
+    ///
+    /// PyTorch equivalent: `model.eval(); model(tokens, key_padding_mask)`.
+    pub fn forward(&self, tokens: &Tensor, kpm: Option<&Tensor>) -> Result<Tensor> {
+        self.run(tokens, kpm, None, false).map(|(logits, _)| logits)
+    }
+
+    /// Logits in training mode: attention dropout drawn from `dropout_seed`.
+    ///
+    /// PyTorch equivalent: `model.train(); model(tokens, key_padding_mask)`.
+    pub fn forward_train(
+        &self,
+        tokens: &Tensor,
+        kpm: Option<&Tensor>,
+        dropout_seed: u64,
+    ) -> Result<Tensor> {
+        self.forward_train_rows(tokens, kpm, dropout_seed, 0)
+    }
+
+    /// [`forward_train`](Self::forward_train) on rows `first_row..` of a larger batch: every
+    /// dropout mask (attention, embeddings, residual stream) is that batch's for these rows,
+    /// so parts of a batch computed apart (data-parallel ranks) drop what the whole batch does,
+    /// as long as they have its sequence length.
+    ///
+    /// PyTorch equivalent: none (PyTorch's dropout draws from a generator's state).
+    pub fn forward_train_rows(
+        &self,
+        tokens: &Tensor,
+        kpm: Option<&Tensor>,
+        dropout_seed: u64,
+        first_row: usize,
+    ) -> Result<Tensor> {
+        self.run(tokens, kpm, Some((dropout_seed, first_row)), false)
+            .map(|(logits, _)| logits)
+    }
+
+    /// The training loss of rows `first_row..` of a batch: [`masked_cross_entropy`] of
+    /// [`forward_train_rows`](Self::forward_train_rows)' logits, with the output head and the
+    /// loss as one op on the CPU in f32/f64 (the `(N, L, V)` logits never become a tensor:
+    /// three buffers as large as them fewer per step, see `nn/linear_cross_entropy.rs`). The
+    /// same value, and for `loss.backward()` the same gradients, bit for bit; what
+    /// `Trainer` trains with.
+    ///
+    /// PyTorch equivalent: `model.train(); F.cross_entropy(model(tokens, kpm)[mask],
+    /// targets[mask])`.
+    ///
+    /// # Shapes
+    /// - `tokens`, `kpm`, `targets`, `mask`: `(N, L)`; result: a scalar.
+    pub fn train_loss(
+        &self,
+        tokens: &Tensor,
+        kpm: Option<&Tensor>,
+        (dropout_seed, first_row): (u64, usize),
+        targets: &Tensor,
+        mask: &Tensor,
+    ) -> Result<Tensor> {
+        let (n, l) = self.check_tokens(tokens, kpm)?;
+        check_loss_args((n, l), targets, mask)?;
+        let (hidden, _) = self.hidden(tokens, kpm, Some((dropout_seed, first_row)), false)?;
+        candle_mha::nn::linear_cross_entropy(
+            &hidden,
+            self.head.weight(),
+            self.head.bias(),
+            &targets.reshape(n * l)?,
+            &mask.reshape(n * l)?,
+        )
+    }
+
+    /// Logits and every layer's per-head attention weights `(N, H, L, L)`, in evaluation mode.
+    pub fn forward_with_attention(
+        &self,
+        tokens: &Tensor,
+        kpm: Option<&Tensor>,
+    ) -> Result<(Tensor, Vec<Tensor>)> {
+        self.run(tokens, kpm, None, true)
+    }
+}
+
+/// Mean cross-entropy of `logits (N, L, V)` against `targets (N, L)` over the positions where
+/// `mask (N, L)` (u8) is nonzero. Errors if no position counts or a counted target is outside
+/// `[0, V)`; positions that do not count may hold any target (padding).
+///
+/// PyTorch equivalent: `F.cross_entropy(logits[mask], targets[mask])`.
+pub fn masked_cross_entropy(logits: &Tensor, targets: &Tensor, mask: &Tensor) -> Result<Tensor> {
+    let (n, l, _) = logits.dims3()?;
+    check_loss_args((n, l), targets, mask)?;
+    // The logits go in as they are: a reshape would be one more autograd node (a zero tensor
+    // and a sum as large as the logits in the backward pass).
+    candle_mha::nn::cross_entropy_rows(logits, &targets.reshape(n * l)?, &mask.reshape(n * l)?)
+}
+
+/// `targets` and `mask` must be `(N, L)`.
+fn check_loss_args((n, l): (usize, usize), targets: &Tensor, mask: &Tensor) -> Result<()> {
+    if targets.dims() != [n, l] || mask.dims() != [n, l] {
+        candle::bail!(
+            "targets {:?} and mask {:?} must be (N, L) = {:?}",
+            targets.dims(),
+            mask.dims(),
+            [n, l]
+        )
+    }
+    Ok(())
+}

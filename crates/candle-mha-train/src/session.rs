@@ -1,0 +1,414 @@
+//! [`Session`]: what `mha train` does with a run directory, as one call a Rust program makes:
+//! own the directory, prepare or open the data, build or resume the model and its trainer;
+//! then [`Session::run`] trains, evaluates and saves into it.
+//!
+//! ```no_run
+//! use candle_mha::candle::{DType, Device};
+//! use candle_mha_train::data::PrepareJob;
+//! use candle_mha_train::distributed::SingleProcess;
+//! use candle_mha_train::models::NextTokenPredictorConfig;
+//! use candle_mha_train::{NewData, NewRun, ResumeRun, Session, TrainConfig};
+//! # fn main() -> candle_mha::candle::Result<()> {
+//! let run = NewRun::new(
+//!     NewData::Text {
+//!         job: PrepareJob::text(vec!["my_corpus.txt".into()]),
+//!         eval_windows: 256,
+//!     },
+//!     TrainConfig::for_text(),
+//! )
+//! .with_max_len(NextTokenPredictorConfig::for_text(0).max_len);
+//! let mut session = Session::start("runs/text".as_ref(), run, &Device::Cpu, &SingleProcess, &mut ())?;
+//! let eval = session.run(&SingleProcess, &mut ())?; // checkpoints in runs/text, best/ beside
+//! println!("{eval:?}");
+//! // Later, in another process: the same run, to 20,000 steps.
+//! let how = ResumeRun { steps: Some(20_000), ..ResumeRun::default() };
+//! let mut session = Session::resume("runs/text".as_ref(), how, &Device::Cpu, &SingleProcess, &mut ())?;
+//! session.run(&SingleProcess, &mut ())?;
+//! # Ok(())
+//! # }
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use candle::{DType, Device, Result};
+use candle_mha::seeded_var_builder;
+use candle_nn::VarMap;
+
+use crate::data::{
+    expand_sources, open_prepared, run_data_spec, same_sources, split_point, Codec, DataSpec,
+    EvalSet, PrepareJob, RunData, SetupObserver, TextTokenizer, TokenData, META_FILE,
+};
+use crate::distributed::{Communicator, SingleProcess};
+use crate::io::{finish_interrupted_commit, remove_stale_temps, DirLock};
+use crate::models::{NextTokenPredictor, NextTokenPredictorConfig};
+use crate::{Evaluation, TrainConfig, TrainObserver, Trainer, BEST_DIR, CONFIG_FILE, STATE_FILE};
+
+/// Where a session prepares the text of [`NewData::Text`], inside the run directory.
+pub const RUN_DATA_DIR: &str = "data";
+
+/// What a new run trains on.
+#[derive(Clone, Debug)]
+pub enum NewData {
+    /// Data described in full: the synthetic task or a token file (prepared data too, with
+    /// its split given).
+    Spec(DataSpec),
+    /// A data directory written by [`PrepareJob`] (`mha prepare`).
+    Prepared {
+        /// The directory.
+        dir: PathBuf,
+        /// A tokenizer the data must have been encoded with (checked).
+        tokenizer: Option<PathBuf>,
+        /// A split other than the one recorded at preparation (the share kept for validation).
+        val_fraction: Option<f64>,
+        /// Validation windows evaluated at most.
+        eval_windows: usize,
+    },
+    /// Text files, prepared into the run's [`RUN_DATA_DIR`] first (reused when an earlier
+    /// attempt prepared the same files).
+    Text {
+        /// The preparation.
+        job: PrepareJob,
+        /// Validation windows evaluated at most.
+        eval_windows: usize,
+    },
+}
+
+/// How to continue a saved run.
+#[derive(Clone, Copy, Debug)]
+pub struct ResumeRun {
+    /// A new total of steps (to train further; this also lifts an early stop); `None`: the
+    /// saved total.
+    pub steps: Option<u64>,
+    /// The parameters' dtype (f32 or f64; not saved with the run).
+    pub dtype: DType,
+    /// Check prepared tokens against their recorded SHA-256 first.
+    pub verify_data: bool,
+}
+
+impl Default for ResumeRun {
+    fn default() -> Self {
+        Self {
+            steps: None,
+            dtype: DType::F32,
+            verify_data: false,
+        }
+    }
+}
+
+/// The model of a new run, given the data's vocabulary size and longest example (tokens: the
+/// context + 1).
+pub type ModelFor = Box<dyn FnOnce(usize, usize) -> NextTokenPredictorConfig>;
+
+/// A run to start: its data, model, training configuration, seed and dtype.
+pub struct NewRun {
+    /// What it trains on.
+    pub data: NewData,
+    /// The model for the data; default: [`NextTokenPredictorConfig::for_text`] for text and
+    /// prepared data, else [`NextTokenPredictorConfig::default`] with the vocabulary and the
+    /// longest example.
+    pub model: ModelFor,
+    /// Steps, batch, optimizer, schedule, evaluation and saving.
+    pub train: TrainConfig,
+    /// The model's context when known before the data is opened (prepared data is cut into
+    /// windows of this plus one tokens); `None`: from the data.
+    pub max_len: Option<usize>,
+    /// The parameters' dtype (f32 or f64).
+    pub dtype: DType,
+    /// Check prepared tokens against their recorded SHA-256 before training.
+    pub verify_data: bool,
+}
+
+impl NewRun {
+    /// A run of `train` on `data`, the default model for the data, f32.
+    pub fn new(data: NewData, train: TrainConfig) -> Self {
+        let text = !matches!(
+            data,
+            NewData::Spec(DataSpec::Synthetic { .. } | DataSpec::Tokens { .. })
+        );
+        Self {
+            data,
+            model: Box::new(move |vocab, longest| match text {
+                true => NextTokenPredictorConfig::for_text(vocab),
+                false => NextTokenPredictorConfig {
+                    max_len: longest.saturating_sub(1).max(1),
+                    ..NextTokenPredictorConfig::new(vocab)
+                },
+            }),
+            train,
+            max_len: None,
+            dtype: DType::F32,
+            verify_data: false,
+        }
+    }
+
+    /// Sets [`model`](Self::model).
+    pub fn with_model(mut self, model: ModelFor) -> Self {
+        self.model = model;
+        self
+    }
+
+    /// Sets [`max_len`](Self::max_len).
+    pub fn with_max_len(mut self, max_len: usize) -> Self {
+        self.max_len = Some(max_len);
+        self
+    }
+
+    /// Sets [`dtype`](Self::dtype).
+    pub fn with_dtype(mut self, dtype: DType) -> Self {
+        self.dtype = dtype;
+        self
+    }
+}
+
+/// A run directory owned by this process, with the data, model and trainer of its run.
+pub struct Session {
+    /// The run directory.
+    pub dir: PathBuf,
+    /// What the run trains on, as its checkpoints record it.
+    pub spec: DataSpec,
+    /// The opened data.
+    pub data: RunData,
+    /// The model's configuration.
+    pub model: NextTokenPredictorConfig,
+    /// The trainer, with the model, optimizer and the run's state.
+    pub trainer: Trainer,
+    /// Whether the run continues a saved one.
+    pub resumed: bool,
+    // Held for the session's life by rank 0 (the one process that writes the directory).
+    _lock: Option<DirLock>,
+}
+
+impl Session {
+    /// Starts a new run in `dir` (created when missing): errors when `dir` already holds one.
+    /// In a data-parallel run (`comm` with several ranks) every rank calls this; rank 0 owns
+    /// the directory and prepares text, the others wait for it.
+    ///
+    /// PyTorch equivalent: the set-up half of a training script (dataset, model, optimizer).
+    pub fn start(
+        dir: &Path,
+        run: NewRun,
+        device: &Device,
+        comm: &dyn Communicator,
+        observer: &mut dyn SetupObserver,
+    ) -> Result<Self> {
+        let lock = own(dir, comm)?;
+        if dir.join(STATE_FILE).exists() {
+            candle::bail!(
+                "{} already holds a run: resume it, or choose another directory",
+                dir.display()
+            )
+        }
+        check_dtype(run.dtype)?;
+        let spec = new_spec(dir, run.data, comm, observer)?;
+        if run.verify_data && comm.rank() == 0 {
+            verify(&spec, observer)?;
+        }
+        let max_tokens = run.max_len.map(|m| m + 1);
+        let data = spec.load(None, None, 0, max_tokens)?;
+        let cfg = (run.model)(data.codec.vocab_size(), data.longest);
+        let varmap = VarMap::new();
+        let seed = run.train.seed;
+        let vb = seeded_var_builder(&varmap, seed, run.dtype, device);
+        let model = NextTokenPredictor::new(cfg.clone(), vb)?;
+        // Checks everything before anything is written into the directory.
+        let trainer = Trainer::new(model, varmap, run.train, Some(spec.clone()))?;
+        if comm.rank() == 0 {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| candle::Error::Msg(format!("creating {}: {e}", dir.display())))?;
+            data.codec.save_dir(dir)?;
+        }
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            trainer: trainer.with_codec(data.codec.clone()),
+            spec,
+            data,
+            model: cfg,
+            resumed: false,
+            _lock: lock,
+        })
+    }
+
+    /// Continues the run saved in `dir` with its data, tokenizer, model and configuration;
+    /// `steps` replaces its total when given. Finishes a save that a kill interrupted first.
+    ///
+    /// PyTorch equivalent: `model.load_state_dict(...)`, `optimizer.load_state_dict(...)` and
+    /// the script's own step counter.
+    pub fn resume(
+        dir: &Path,
+        how: ResumeRun,
+        device: &Device,
+        comm: &dyn Communicator,
+        observer: &mut dyn SetupObserver,
+    ) -> Result<Self> {
+        let lock = own(dir, comm)?;
+        if !dir.join(STATE_FILE).exists() {
+            candle::bail!("{} has no {STATE_FILE} to resume from", dir.display())
+        }
+        check_dtype(how.dtype)?;
+        let spec = run_data_spec(dir)?;
+        if how.verify_data && comm.rank() == 0 {
+            verify(&spec, observer)?;
+        }
+        let cfg = NextTokenPredictorConfig::load(dir.join(CONFIG_FILE))?;
+        let codec = Codec::load_dir(dir)?;
+        let data = spec.load(Some(codec), None, 0, Some(cfg.max_len + 1))?;
+        let varmap = VarMap::new();
+        let vb = seeded_var_builder(&varmap, 0, how.dtype, device);
+        let model = NextTokenPredictor::new(cfg.clone(), vb)?;
+        let trainer = Trainer::resume(model, varmap, dir, how.steps)?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            trainer: trainer.with_codec(data.codec.clone()),
+            spec,
+            data,
+            model: cfg,
+            resumed: true,
+            _lock: lock,
+        })
+    }
+
+    /// Trains to the end of the run (or until `observer` stops it), evaluating and saving
+    /// into the directory as configured; rank 0 returns the final evaluation, other ranks
+    /// `None`.
+    pub fn run(
+        &mut self,
+        comm: &dyn Communicator,
+        observer: &mut dyn TrainObserver,
+    ) -> Result<Option<Evaluation>> {
+        let val = EvalSet {
+            data: &self.data.val,
+            text_bytes: self.data.val_bytes,
+        };
+        let source = self.data.train.source();
+        self.trainer
+            .run_distributed(comm, source, &val, Some(&self.dir), observer)
+    }
+}
+
+/// Takes `dir` for this process (rank 0 only): its lock, then a save a kill interrupted is
+/// finished (or undone) and temporary files of killed writes are removed.
+fn own(dir: &Path, comm: &dyn Communicator) -> Result<Option<DirLock>> {
+    if comm.rank() != 0 {
+        return Ok(None);
+    }
+    let lock = DirLock::acquire(dir, "training")?;
+    remove_stale_temps(dir);
+    finish_interrupted_commit(dir)?;
+    finish_interrupted_commit(&dir.join(BEST_DIR))?;
+    Ok(Some(lock))
+}
+
+fn check_dtype(dtype: DType) -> Result<()> {
+    if !matches!(dtype, DType::F32 | DType::F64) {
+        candle::bail!(
+            "dtype {dtype:?}: training runs in f32 or f64 (half precision is for inference)"
+        )
+    }
+    Ok(())
+}
+
+/// The [`DataSpec`] of a new run: as given, or prepared data (made from text into
+/// `dir/data` first, or reused from an earlier attempt on the same files).
+fn new_spec(
+    dir: &Path,
+    data: NewData,
+    comm: &dyn Communicator,
+    observer: &mut dyn SetupObserver,
+) -> Result<DataSpec> {
+    let (data_dir, tokenizer, val_fraction, eval_windows) = match data {
+        NewData::Spec(spec) => return Ok(spec),
+        NewData::Prepared {
+            dir,
+            tokenizer,
+            val_fraction,
+            eval_windows,
+        } => (dir, tokenizer, val_fraction, eval_windows),
+        NewData::Text { job, eval_windows } => {
+            if job.val_fraction >= 1.0 {
+                candle::bail!(
+                    "val_fraction {}: text needs a training part; expected a fraction below 1",
+                    job.val_fraction
+                )
+            }
+            let tokenizer = job.tokenizer.clone();
+            (
+                prepare_run_text(dir, &job, comm, observer)?,
+                tokenizer,
+                None,
+                eval_windows,
+            )
+        }
+    };
+    let given = tokenizer.as_deref().map(TextTokenizer::load).transpose()?;
+    let given = given.map(|t| Codec::Text(Box::new(t)));
+    let what = match &tokenizer {
+        Some(p) => format!("the tokenizer {}", p.display()),
+        None => String::new(),
+    };
+    let (tokens, _) = open_prepared(&data_dir, given.as_ref(), &what)?;
+    let train_tokens = match val_fraction {
+        Some(f) => split_point(tokens.len(), f)?,
+        None => tokens.meta().train_tokens,
+    };
+    Ok(DataSpec::Prepared {
+        dir: data_dir,
+        train_tokens,
+        eval_windows,
+    })
+}
+
+/// Prepares `job` into `dir/data`, or reuses what an earlier attempt prepared there from the
+/// same files (same paths and sizes). In a data-parallel run rank 0 prepares and the others
+/// wait, then reuse it.
+fn prepare_run_text(
+    dir: &Path,
+    job: &PrepareJob,
+    comm: &dyn Communicator,
+    observer: &mut dyn SetupObserver,
+) -> Result<PathBuf> {
+    if comm.world_size() > 1 {
+        let prepared = match comm.rank() {
+            0 => Some(prepare_run_text(dir, job, &SingleProcess, observer)?),
+            _ => None,
+        };
+        comm.barrier("barrier after rank 0 prepared the text")?;
+        if let Some(data) = prepared {
+            return Ok(data);
+        }
+    }
+    let data = dir.join(RUN_DATA_DIR);
+    if data.join(META_FILE).exists() {
+        let prepared = TokenData::open(&data)?;
+        let files = expand_sources(&job.text)?;
+        if !same_sources(&prepared.meta().sources, &files) {
+            candle::bail!(
+                "{} holds data prepared from other files; remove it or choose another directory",
+                data.display()
+            )
+        }
+        if comm.rank() == 0 {
+            observer.notice(&format!("reusing the data prepared in {}", data.display()));
+        }
+        return Ok(data);
+    }
+    let meta = job.run(&data, observer)?;
+    observer.notice(&crate::data::describe_prepared(&meta, &data));
+    Ok(data)
+}
+
+/// Checks prepared tokens against their recorded SHA-256.
+fn verify(spec: &DataSpec, observer: &mut dyn SetupObserver) -> Result<()> {
+    if let DataSpec::Prepared { dir, .. } = spec {
+        match TokenData::open(dir)?.verify()? {
+            true => observer.notice(&format!(
+                "verified {}: tokens.bin matches its SHA-256",
+                dir.display()
+            )),
+            false => observer.notice(&format!(
+                "{}: no SHA-256 recorded to verify (prepared by an older version)",
+                dir.display()
+            )),
+        }
+    }
+    Ok(())
+}

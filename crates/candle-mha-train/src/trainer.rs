@@ -1,0 +1,474 @@
+//! [`Trainer`]: a run's model, optimizer and state: seeded batches, one step of AdamW with
+//! clipping and a schedule, evaluation, atomic checkpoints, exact resume. The loop over a
+//! whole run is in `run.rs`.
+
+use std::path::Path;
+
+use candle::backprop::GradStore;
+use candle::{DType, Device, Result, Tensor};
+use candle_nn::VarMap;
+
+use super::state::{
+    EvalRecord, StepStats, TrainerState, CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE,
+};
+use super::{
+    clip_grad_norm, evaluate_examples, AdamW, AdamWConfig, Evaluation, LrSchedule, TrainConfig,
+};
+use crate::data::DataSpec;
+use crate::data::{Batch, Codec, Dataset, EvalSet, Example, TrainSource};
+use crate::io::{recover_file_set, CommitPoint, FileSet};
+use crate::models::NextTokenPredictor;
+use candle_mha::checkpoint::{state_dict_of, NamedParameters, StateDict};
+use candle_mha::rng::derive_seed;
+
+/// The dropout label of micro-batch `m` of step `step`: `dropout/{step}` for the first,
+/// `dropout/{step}/{m}` after it (every rank of a data-parallel run uses the same).
+fn micro_batch_label(step: u64, m: usize) -> String {
+    match m {
+        0 => format!("dropout/{step}"),
+        m => format!("dropout/{step}/{m}"),
+    }
+}
+
+/// The error of a non-finite training loss at step `step` (0-based) with learning rate `lr`.
+pub(super) fn non_finite_loss(value: f64, step: u64, lr: f64) -> candle::Error {
+    candle::Error::Msg(format!(
+        "training loss is {value} at step {} (lr {lr:.3e}): stopping; lower the learning rate or check the data. The weights were not updated.",
+        step + 1
+    ))
+}
+
+/// The sizes of a step's (global) batch, for its [`StepStats`].
+pub(super) struct StepSizes {
+    /// Target positions counted in the loss.
+    pub tokens: usize,
+    /// Input positions (`N × L` summed over the micro-batches).
+    pub input_tokens: usize,
+    /// Sequences.
+    pub sequences: usize,
+}
+
+/// Trains a [`NextTokenPredictor`] whose parameters live in a `VarMap`.
+///
+/// PyTorch equivalent: the `for step in range(steps): loss.backward(); clip; opt.step()`
+/// loop of a training script, with `torch.save` of model, optimizer and step.
+pub struct Trainer {
+    model: NextTokenPredictor,
+    varmap: VarMap,
+    // The data-parallel step (data_parallel.rs) reads these two.
+    pub(super) optimizer: AdamW,
+    pub(super) schedule: LrSchedule,
+    // The loop of a run (run.rs) reads and updates it.
+    pub(super) state: TrainerState,
+    codec: Option<Codec>,
+}
+
+impl Trainer {
+    /// A fresh run of `config` on `model` (its parameters in `varmap`). `data` describes what
+    /// it trains on when that can be rebuilt ([`DataSpec`]; saved with every checkpoint for a
+    /// resume or an evaluation to reopen), `None` when the caller passes its own data to
+    /// [`run`](Self::run).
+    pub fn new(
+        model: NextTokenPredictor,
+        varmap: VarMap,
+        config: TrainConfig,
+        data: Option<DataSpec>,
+    ) -> Result<Self> {
+        if config.batch_size == 0 {
+            candle::bail!("batch_size must be greater than 0")
+        }
+        if config.grad_accum == 0 {
+            candle::bail!("grad_accum must be at least 1 (1 = no accumulation), got 0")
+        }
+        let optimizer = AdamW::from_varmap(
+            &varmap,
+            AdamWConfig {
+                lr: config.lr,
+                beta1: config.beta1,
+                beta2: config.beta2,
+                weight_decay: config.weight_decay,
+                // PyTorch's eps (1e-8).
+                ..AdamWConfig::default()
+            },
+        )?;
+        // After the optimizer, which checks lr (min_lr derives from it in the CLI).
+        if config.clip_norm.is_nan() || config.clip_norm < 0.0 {
+            candle::bail!("clip_norm must be >= 0 (0 = off), got {}", config.clip_norm)
+        }
+        if !(0.0..f64::INFINITY).contains(&config.min_lr) {
+            candle::bail!("min_lr must be finite and >= 0, got {}", config.min_lr)
+        }
+        let schedule = LrSchedule {
+            base_lr: config.lr,
+            min_lr: config.min_lr,
+            warmup_steps: config.warmup_steps,
+            total_steps: config.steps,
+        };
+        let state = TrainerState {
+            step: 0,
+            config,
+            losses: Vec::new(),
+            evals: Vec::new(),
+            data,
+            best: None,
+            stopped_early: false,
+        };
+        Ok(Self {
+            model,
+            varmap,
+            optimizer,
+            schedule,
+            state,
+            codec: None,
+        })
+    }
+
+    /// Continues the run saved in `dir`: weights, optimizer moments, step and history.
+    /// `model` and `varmap` must be built from the directory's `config.json`; `steps`
+    /// replaces the saved total when given (to train further; this also lifts an early stop).
+    pub fn resume(
+        model: NextTokenPredictor,
+        varmap: VarMap,
+        dir: &Path,
+        steps: Option<u64>,
+    ) -> Result<Self> {
+        // A save that a crash interrupted is finished (or was never begun): the files read
+        // below are one checkpoint.
+        recover_file_set(dir)?;
+        let text = std::fs::read_to_string(dir.join(STATE_FILE)).map_err(|e| {
+            candle::Error::Msg(format!(
+                "cannot resume from {}: {e}",
+                dir.join(STATE_FILE).display()
+            ))
+        })?;
+        let mut state: TrainerState = serde_json::from_str(&text).map_err(|e| {
+            candle::Error::Msg(format!("invalid {}: {e}", dir.join(STATE_FILE).display()))
+        })?;
+        if let Some(steps) = steps {
+            state.config.steps = steps;
+            // Asked to train further: an early stop of the saved run does not end this one.
+            state.stopped_early = false;
+        }
+        let weights = StateDict::load(dir.join(MODEL_FILE))?;
+        let opts = candle_mha::checkpoint::LoadOptions::new()
+            .with_module("NextTokenPredictor")
+            .with_source(&dir.join(MODEL_FILE).display().to_string());
+        candle_mha::checkpoint::load_into_varmap(&varmap, &weights, &opts)?;
+        let mut trainer = Self::new(model, varmap, state.config.clone(), state.data.clone())?;
+        trainer
+            .optimizer
+            .load_state_dict(&StateDict::load(dir.join(OPTIMIZER_FILE))?)?;
+        trainer.state = state;
+        Ok(trainer)
+    }
+
+    /// Changes how often the run evaluates and saves and after how many evaluations without a
+    /// new best it stops (`None` keeps the run's value): what a resumed run may change without
+    /// changing its batches, weights or optimizer.
+    pub fn set_cadence(
+        &mut self,
+        eval_every: Option<u64>,
+        save_every: Option<u64>,
+        early_stop: Option<u64>,
+    ) {
+        let c = &mut self.state.config;
+        c.eval_every = eval_every.unwrap_or(c.eval_every);
+        c.save_every = save_every.unwrap_or(c.save_every);
+        c.early_stop = early_stop.unwrap_or(c.early_stop);
+    }
+
+    /// Saves `codec` (`vocab.json` / `tokenizer.json`) with every checkpoint, `best/`
+    /// included, so each is usable on its own.
+    pub fn with_codec(mut self, codec: Codec) -> Self {
+        self.codec = Some(codec);
+        self
+    }
+
+    /// The model.
+    pub fn model(&self) -> &NextTokenPredictor {
+        &self.model
+    }
+
+    /// The trainable variables.
+    pub fn varmap(&self) -> &VarMap {
+        &self.varmap
+    }
+
+    /// The run's state (step, losses, evaluations).
+    pub fn state(&self) -> &TrainerState {
+        &self.state
+    }
+
+    /// The batch of step `step`: epoch `step / batches_per_epoch`, position in a seeded
+    /// permutation; a function of the step alone, which makes resume exact.
+    pub fn batch_for_step(&self, train: &Dataset, step: u64, device: &Device) -> Result<Batch> {
+        let bs = self.state.config.batch_size;
+        let per_epoch = train.num_batches(bs).max(1) as u64;
+        train.batch(
+            bs,
+            step / per_epoch,
+            (step % per_epoch) as usize,
+            self.state.config.seed,
+            device,
+        )
+    }
+
+    /// One optimizer step on `batch`. A non-finite loss stops with an error and leaves the
+    /// weights unchanged.
+    pub fn train_step(&mut self, batch: &Batch) -> Result<StepStats> {
+        self.train_step_accumulated(std::slice::from_ref(batch))
+    }
+
+    /// One optimizer step on the gradients of several micro-batches, each micro-batch's mean
+    /// loss weighted by its share of the counted tokens, so the update is that of one batch
+    /// holding them all (up to float rounding). Micro-batch `m > 0` draws its dropout from
+    /// `"dropout/{step}/{m}"`. A non-finite loss stops with an error and leaves the weights
+    /// unchanged.
+    ///
+    /// PyTorch equivalent: `for x in micro: (loss(x) * n_x / n).backward()`, then clip and
+    /// `opt.step()`.
+    ///
+    /// The step runs inside candle's CPU thread pool (`Device::with_context`), so the calling
+    /// thread takes part in every parallel op instead of handing each one to rayon's global
+    /// pool and sleeping until it ends: 2–5% of a step on 2 cores (`BENCHMARKS.md`).
+    pub fn train_step_accumulated(&mut self, batches: &[Batch]) -> Result<StepStats> {
+        let device = self.device();
+        device.with_context(|| self.step_accumulated(batches))
+    }
+
+    fn step_accumulated(&mut self, batches: &[Batch]) -> Result<StepStats> {
+        let step = self.state.step;
+        let lr = self.schedule.lr(step);
+        self.optimizer.set_lr(lr);
+        let total: usize = batches.iter().map(|b| b.num_tokens).sum();
+        if batches.is_empty() || total == 0 {
+            candle::bail!("step {}: the batch has no position to predict", step + 1)
+        }
+        let mut grads: Option<GradStore> = None;
+        let mut loss_value = 0f64;
+        for (m, batch) in batches.iter().enumerate() {
+            if batch.num_tokens == 0 {
+                continue;
+            }
+            let weight = (batches.len() > 1).then(|| batch.num_tokens as f64 / total as f64);
+            let value = self.micro_batch_backward(m, 0, batch, weight, &mut grads)?;
+            if !value.is_finite() {
+                return Err(non_finite_loss(value, step, lr));
+            }
+            loss_value += value;
+        }
+        let Some(mut grads) = grads else {
+            candle::bail!(
+                "step {}: no micro-batch has a position to predict",
+                step + 1
+            )
+        };
+        let sizes = StepSizes {
+            tokens: total,
+            input_tokens: batches.iter().map(|b| b.input.elem_count()).sum(),
+            sequences: batches.iter().map(Batch::batch_size).sum(),
+        };
+        self.finish_step(&mut grads, lr, loss_value, sizes, 0.0)
+    }
+
+    /// Forward and backward of micro-batch `m` of the current step in training mode, on its
+    /// rows `first_row..` (a data-parallel rank's part; 0 for all of it) with the one-process
+    /// run's dropout masks of those rows: the loss, times `weight` when given (the
+    /// micro-batch's share of the step's tokens), and its gradients added into `grads`.
+    /// Returns the (weighted) loss.
+    pub(super) fn micro_batch_backward(
+        &self,
+        m: usize,
+        first_row: usize,
+        batch: &Batch,
+        weight: Option<f64>,
+        grads: &mut Option<GradStore>,
+    ) -> Result<f64> {
+        let label = micro_batch_label(self.state.step, m);
+        let dropout_seed = derive_seed(self.state.config.seed, &label);
+        // No mask when no sequence is padded: the attention skips the masking work.
+        let kpm = batch.padded.then_some(&batch.key_padding_mask);
+        let mut loss = self.model.train_loss(
+            &batch.input,
+            kpm,
+            (dropout_seed, first_row),
+            &batch.targets,
+            &batch.loss_mask,
+        )?;
+        if let Some(w) = weight {
+            loss = loss.affine(w, 0.0)?;
+        }
+        let value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+        let g = loss.backward()?;
+        *grads = Some(match grads.take() {
+            None => g,
+            Some(acc) => self.add_grads(acc, g)?,
+        });
+        Ok(value)
+    }
+
+    /// The end of a step, one process or data-parallel: clipping with the configured norm (or
+    /// only measuring it), a stop on a non-finite norm with the weights unchanged, the
+    /// optimizer step, and the step's record.
+    pub(super) fn finish_step(
+        &mut self,
+        grads: &mut GradStore,
+        lr: f64,
+        loss_value: f64,
+        sizes: StepSizes,
+        comm_seconds: f64,
+    ) -> Result<StepStats> {
+        let step = self.state.step;
+        let clip = match self.state.config.clip_norm {
+            c if c > 0.0 => c,
+            _ => f64::INFINITY,
+        };
+        let grad_norm = clip_grad_norm(grads, &self.optimizer.vars(), clip)?;
+        if !grad_norm.is_finite() {
+            candle::bail!(
+                "gradient norm is {grad_norm} at step {}: stopping; the weights were not updated.",
+                step + 1
+            )
+        }
+        self.optimizer.step(grads)?;
+        self.state.step += 1;
+        let loss_value = loss_value as f32;
+        self.state.losses.push(loss_value);
+        Ok(StepStats {
+            loss: loss_value,
+            grad_norm,
+            lr,
+            tokens: sizes.tokens,
+            input_tokens: sizes.input_tokens,
+            sequences: sizes.sequences,
+            comm_seconds,
+        })
+    }
+
+    /// `acc + g` for every trainable variable, detached (candle leaves gradients attached to
+    /// their graph; keeping them would keep every micro-batch's activations alive).
+    fn add_grads(&self, mut acc: GradStore, g: GradStore) -> Result<GradStore> {
+        for var in self.optimizer.vars() {
+            let t: &Tensor = &var;
+            let sum = match (acc.get(t), g.get(t)) {
+                (Some(a), Some(b)) => Some((a.detach() + b.detach())?),
+                (None, Some(b)) => Some(b.detach()),
+                _ => None,
+            };
+            if let Some(sum) = sum {
+                acc.insert(t, sum);
+            }
+        }
+        Ok(acc)
+    }
+
+    /// The micro-batches of step `step`: `batch_size × grad_accum` examples from `train`,
+    /// cut into `grad_accum` batches of `batch_size` in order.
+    pub fn batches_for_step(
+        &self,
+        train: &dyn TrainSource,
+        step: u64,
+        device: &Device,
+    ) -> Result<Vec<Batch>> {
+        let cfg = &self.state.config;
+        let examples = train.examples(cfg.seed, step, cfg.batch_size * cfg.grad_accum)?;
+        examples
+            .chunks(cfg.batch_size)
+            .map(|chunk| {
+                let refs: Vec<&Example> = chunk.iter().collect();
+                Batch::from_examples(&refs, device)
+            })
+            .collect()
+    }
+
+    /// Evaluates on a validation set (with bits per byte when it has them) and records it.
+    pub fn evaluate_set(&mut self, set: &EvalSet) -> Result<Evaluation> {
+        let eval = evaluate_examples(
+            &self.model,
+            set.data.examples.iter().cloned().map(Ok),
+            self.state.config.batch_size,
+            &self.device(),
+            set.text_bytes,
+        )?;
+        self.state.evals.push(EvalRecord {
+            step: self.state.step,
+            eval,
+        });
+        Ok(eval)
+    }
+
+    /// Evaluates on `dataset` and records it in the history.
+    pub fn evaluate(&mut self, dataset: &Dataset) -> Result<Evaluation> {
+        self.evaluate_set(&EvalSet {
+            data: dataset,
+            text_bytes: None,
+        })
+    }
+
+    /// Where the parameters live.
+    pub(super) fn device(&self) -> Device {
+        self.optimizer
+            .vars()
+            .first()
+            .map(|v| v.device().clone())
+            .unwrap_or(Device::Cpu)
+    }
+
+    /// Writes `model.safetensors` (PyTorch names), `config.json`, `optimizer.safetensors`,
+    /// `trainer_state.json` and the codec given to [`Trainer::with_codec`] into `dir` as one
+    /// unit ([`FileSet`]: a crash at any point leaves this checkpoint or the previous one
+    /// whole, never a mix); writes nothing and errors, naming the parameter, when a parameter
+    /// holds NaN or infinity.
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        self.save_with(dir, &mut |_| Ok(()))
+    }
+
+    /// [`save`](Self::save) with `hook` called at each point of the commit (an error stops
+    /// the save there, as a crash would).
+    pub(super) fn save_with(
+        &self,
+        dir: &Path,
+        hook: &mut dyn FnMut(&CommitPoint) -> Result<()>,
+    ) -> Result<()> {
+        // A diverged run (a learning rate far too high) must not replace a good checkpoint.
+        for (name, var) in self
+            .varmap
+            .data()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
+            let values = var
+                .flatten_all()?
+                .to_dtype(candle::DType::F64)?
+                .to_vec1::<f64>()?;
+            if !values.iter().all(|x| x.is_finite()) {
+                candle::bail!(
+                    "step {}: parameter {name} holds NaN or infinite values (learning rate too high?): not saved, {} keeps its previous checkpoint",
+                    self.state.step,
+                    dir.display()
+                )
+            }
+        }
+        let mut set = FileSet::new(dir);
+        if let Some(codec) = &self.codec {
+            set.add(codec.file_name(), codec.to_json()?.into_bytes())?;
+        }
+        let params: &dyn NamedParameters = &self.varmap;
+        set.add(
+            MODEL_FILE,
+            state_dict_of(&[("", params)]).to_safetensors_bytes()?,
+        )?;
+        set.add(CONFIG_FILE, self.model.config().to_json().into_bytes())?;
+        set.add(
+            OPTIMIZER_FILE,
+            self.optimizer.state_dict()?.to_safetensors_bytes()?,
+        )?;
+        let state = serde_json::to_string_pretty(&self.state)
+            .map_err(|e| candle::Error::Msg(format!("serializing trainer state: {e}")))?;
+        set.add(STATE_FILE, state.into_bytes())?;
+        set.commit(hook).map_err(|e| {
+            candle::Error::Msg(format!("saving the checkpoint in {}: {e}", dir.display()))
+        })
+    }
+}

@@ -1,0 +1,525 @@
+//! [`AdamW`] with PyTorch's update and a state that can be saved and restored, and
+//! [`clip_grad_norm`].
+//!
+//! candle-nn's `AdamW` keeps its moments private, so a run cannot be checkpointed and resumed
+//! exactly; this one exposes them as a [`StateDict`]. Its CPU update is one fused pass per
+//! parameter (`cpu.rs`).
+//!
+//! PyTorch equivalent: `torch.optim.AdamW`, `torch.nn.utils.clip_grad_norm_`.
+
+use candle::backprop::GradStore;
+use candle::{DType, Result, Tensor, Var};
+use candle_nn::VarMap;
+
+mod cpu;
+
+use self::cpu::{adamw_update_in_place, sum_of_squares, Update};
+use crate::checkpoint::StateDict;
+
+/// AdamW hyper-parameters; defaults are `torch.optim.AdamW`'s.
+///
+/// PyTorch equivalent: `torch.optim.AdamW(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
+/// weight_decay=0.01)` (no `amsgrad`, no `maximize`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct AdamWConfig {
+    /// Learning rate. Default `1e-3`.
+    pub lr: f64,
+    /// First-moment decay. Default `0.9`.
+    pub beta1: f64,
+    /// Second-moment decay. Default `0.999`.
+    pub beta2: f64,
+    /// Denominator term. Default `1e-8`.
+    pub eps: f64,
+    /// Decoupled weight decay, applied to every parameter. Default `0.01`.
+    pub weight_decay: f64,
+}
+
+impl Default for AdamWConfig {
+    fn default() -> Self {
+        Self {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+        }
+    }
+}
+
+impl AdamWConfig {
+    /// Checks the hyper-parameters with PyTorch's messages (`Invalid learning rate: -1`, …).
+    ///
+    /// PyTorch equivalent: the checks of `torch.optim.AdamW.__init__`: `lr`, `eps` and
+    /// `weight_decay` ≥ 0, each beta in `[0, 1)`. Deliberately also rejected: infinite `lr`,
+    /// `eps` and `weight_decay`, which PyTorch accepts and which turn every weight into NaN.
+    pub fn validate(&self) -> Result<()> {
+        let checks = [
+            (
+                "Invalid learning rate",
+                self.lr,
+                (0.0..f64::INFINITY).contains(&self.lr),
+            ),
+            (
+                "Invalid epsilon value",
+                self.eps,
+                (0.0..f64::INFINITY).contains(&self.eps),
+            ),
+            (
+                "Invalid beta parameter at index 0",
+                self.beta1,
+                (0.0..1.0).contains(&self.beta1),
+            ),
+            (
+                "Invalid beta parameter at index 1",
+                self.beta2,
+                (0.0..1.0).contains(&self.beta2),
+            ),
+            (
+                "Invalid weight_decay value",
+                self.weight_decay,
+                (0.0..f64::INFINITY).contains(&self.weight_decay),
+            ),
+        ];
+        match checks.iter().find(|c| !c.2) {
+            Some((what, value, _)) => candle::bail!("AdamW: {what}: {value}"),
+            None => Ok(()),
+        }
+    }
+}
+
+struct Slot {
+    name: String,
+    var: Var,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    step: u64,
+}
+
+impl Slot {
+    /// The step in candle's tensor ops, where `adamw_update_in_place` does not apply (CUDA,
+    /// other dtypes, strided tensors): the same operations in the same order.
+    fn tensor_update(&mut self, u: &Update, g: &Tensor) -> Result<()> {
+        let p = (self.var.as_tensor().detach() * u.decay)?;
+        // m.lerp_(g, 1 - β1) = m + (1 - β1)(g - m)
+        self.exp_avg = (&self.exp_avg + ((g - &self.exp_avg)? * (1.0 - u.beta1))?)?;
+        self.exp_avg_sq = ((&self.exp_avg_sq * u.beta2)? + (g.sqr()? * (1.0 - u.beta2))?)?;
+        // A true division, as PyTorch's and the CPU loop's (`tensor / f64` would multiply by
+        // the reciprocal, one rounding apart).
+        let bias2_sqrt = Tensor::new(u.bias2_sqrt, g.device())?.to_dtype(g.dtype())?;
+        let denom = (self.exp_avg_sq.sqrt()?.broadcast_div(&bias2_sqrt)? + u.eps)?;
+        let update = ((&self.exp_avg / denom)? * u.step_size)?;
+        self.var.set(&(p - update)?)
+    }
+}
+
+/// AdamW over named variables.
+///
+/// PyTorch equivalent: `torch.optim.AdamW` (single-tensor path): per parameter,
+/// `p *= 1 - lr·wd; m.lerp_(g, 1-β1); v = β2 v + (1-β2) g²;
+/// p -= lr/(1-β1ᵗ) · m / (√v/√(1-β2ᵗ) + eps)`, with a step count per parameter; a
+/// parameter without gradient is skipped, as PyTorch skips `grad is None`.
+pub struct AdamW {
+    slots: Vec<Slot>,
+    config: AdamWConfig,
+}
+
+impl AdamW {
+    /// An optimizer over `params` (name, variable); errors when [`AdamWConfig::validate`]
+    /// does.
+    pub fn new(params: Vec<(String, Var)>, config: AdamWConfig) -> Result<Self> {
+        config.validate()?;
+        let slots = params
+            .into_iter()
+            .map(|(name, var)| {
+                // Two storages: the CPU step updates the moments in place.
+                let zeros = || var.as_tensor().zeros_like();
+                Ok(Slot {
+                    name,
+                    exp_avg: zeros()?,
+                    exp_avg_sq: zeros()?,
+                    var,
+                    step: 0,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self { slots, config })
+    }
+
+    /// An optimizer over every variable of `varmap`, in name order (deterministic).
+    pub fn from_varmap(varmap: &VarMap, config: AdamWConfig) -> Result<Self> {
+        let data = varmap.data().lock().unwrap_or_else(|p| p.into_inner());
+        let mut params: Vec<(String, Var)> =
+            data.iter().map(|(n, v)| (n.clone(), v.clone())).collect();
+        params.sort_by(|a, b| a.0.cmp(&b.0));
+        drop(data);
+        Self::new(params, config)
+    }
+
+    /// The hyper-parameters.
+    pub fn config(&self) -> &AdamWConfig {
+        &self.config
+    }
+
+    /// The current learning rate.
+    pub fn lr(&self) -> f64 {
+        self.config.lr
+    }
+
+    /// Sets the learning rate (for schedules).
+    ///
+    /// PyTorch equivalent: `for g in opt.param_groups: g["lr"] = lr`.
+    pub fn set_lr(&mut self, lr: f64) {
+        self.config.lr = lr;
+    }
+
+    /// The variables, in optimizer order.
+    pub fn vars(&self) -> Vec<Var> {
+        self.slots.iter().map(|s| s.var.clone()).collect()
+    }
+
+    /// One update from `grads`; errors, changing nothing, when the hyper-parameters (a
+    /// learning rate from [`set_lr`](Self::set_lr)) do not pass [`AdamWConfig::validate`].
+    ///
+    /// PyTorch equivalent: `optimizer.step()`.
+    pub fn step(&mut self, grads: &GradStore) -> Result<()> {
+        self.step_with(grads, true)
+    }
+
+    /// [`step`](Self::step), in place on the CPU when `in_place` (the tests compare both).
+    fn step_with(&mut self, grads: &GradStore, in_place: bool) -> Result<()> {
+        self.config.validate()?;
+        let AdamWConfig {
+            lr,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+        } = self.config;
+        for slot in self.slots.iter_mut() {
+            let Some(g) = grads.get(slot.var.as_tensor()) else {
+                continue;
+            };
+            // Detached: candle leaves a variable's gradient attached to the forward graph, and
+            // moments built from it would chain every step's graph (all its activations) onto
+            // the next step's, so memory would grow by one forward pass per step.
+            let g = &g.detach();
+            slot.step += 1;
+            let t = slot.step as i32;
+            let u = Update {
+                decay: 1.0 - lr * weight_decay,
+                beta1,
+                beta2,
+                step_size: lr / (1.0 - beta1.powi(t)),
+                bias2_sqrt: (1.0 - beta2.powi(t)).sqrt(),
+                eps,
+            };
+            let (p, m, v) = (slot.var.as_tensor(), &slot.exp_avg, &slot.exp_avg_sq);
+            if !(in_place && adamw_update_in_place(&u, p, g, m, v)?) {
+                slot.tensor_update(&u, g)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The moments and step counts: `exp_avg.<name>`, `exp_avg_sq.<name>`, `step.<name>`
+    /// (f64 scalar), and the hyper-parameters in the metadata.
+    ///
+    /// PyTorch equivalent: `optimizer.state_dict()`.
+    pub fn state_dict(&self) -> Result<StateDict> {
+        let mut tensors = Vec::new();
+        for s in &self.slots {
+            // Copies: the moments are updated in place by later steps.
+            tensors.push((format!("exp_avg.{}", s.name), s.exp_avg.copy()?));
+            tensors.push((format!("exp_avg_sq.{}", s.name), s.exp_avg_sq.copy()?));
+            tensors.push((
+                format!("step.{}", s.name),
+                Tensor::new(s.step as f64, s.var.device())?,
+            ));
+        }
+        let c = &self.config;
+        Ok(StateDict::from_tensors(tensors)
+            .with_metadata("lr", &c.lr.to_string())
+            .with_metadata("beta1", &c.beta1.to_string())
+            .with_metadata("beta2", &c.beta2.to_string())
+            .with_metadata("eps", &c.eps.to_string())
+            .with_metadata("weight_decay", &c.weight_decay.to_string()))
+    }
+
+    /// Restores what [`state_dict`](Self::state_dict) saved; every parameter must be present
+    /// with its shape.
+    ///
+    /// PyTorch equivalent: `optimizer.load_state_dict(state)`.
+    pub fn load_state_dict(&mut self, sd: &StateDict) -> Result<()> {
+        for s in self.slots.iter_mut() {
+            let get = |key: String, like: &Tensor| -> Result<Tensor> {
+                let t = sd
+                    .get(&key)
+                    .ok_or_else(|| candle::Error::Msg(format!("optimizer state has no {key}")))?;
+                if t.dims() != like.dims() {
+                    candle::bail!(
+                        "optimizer state {key} has shape {:?}, expected {:?}",
+                        t.dims(),
+                        like.dims()
+                    )
+                }
+                // A copy of its own: the steps update the moments in place, and `sd`'s
+                // tensors must not change with them.
+                t.to_dtype(like.dtype())?
+                    .to_device(like.device())?
+                    .contiguous()?
+                    .copy()
+            };
+            s.exp_avg = get(format!("exp_avg.{}", s.name), s.var.as_tensor())?;
+            s.exp_avg_sq = get(format!("exp_avg_sq.{}", s.name), s.var.as_tensor())?;
+            let step = sd.get(&format!("step.{}", s.name)).ok_or_else(|| {
+                candle::Error::Msg(format!("optimizer state has no step.{}", s.name))
+            })?;
+            s.step = step.to_dtype(DType::F64)?.to_scalar::<f64>()? as u64;
+        }
+        Ok(())
+    }
+}
+
+/// The candle-nn optimizer interface, so that AdamW drops into a candle-nn training loop
+/// (`opt.backward_step(&loss)`) in place of `candle_nn::AdamW`, with PyTorch's update and a
+/// saveable state. Variables given without names are named by their index (`"0"`, `"1"`,
+/// ...), as PyTorch's `optimizer.state_dict()` keys them.
+///
+/// PyTorch equivalent: `torch.optim.AdamW(params, ...)`, `loss.backward(); opt.step()`.
+impl candle_nn::Optimizer for AdamW {
+    type Config = AdamWConfig;
+
+    fn new(vars: Vec<Var>, config: AdamWConfig) -> Result<Self> {
+        let params = vars
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| (i.to_string(), v))
+            .collect();
+        AdamW::new(params, config)
+    }
+
+    fn step(&mut self, grads: &GradStore) -> Result<()> {
+        AdamW::step(self, grads)
+    }
+
+    fn learning_rate(&self) -> f64 {
+        self.lr()
+    }
+
+    fn set_learning_rate(&mut self, lr: f64) {
+        self.set_lr(lr)
+    }
+}
+
+/// Scales the gradients of `vars` so that their global L2 norm is at most `max_norm`, and
+/// returns the norm before clipping.
+///
+/// PyTorch equivalent: `torch.nn.utils.clip_grad_norm_(params, max_norm)`: the scale is
+/// `min(1, max_norm / (norm + 1e-6))`; `f64::INFINITY` only measures. Deliberately, a negative
+/// or NaN `max_norm` is an error (PyTorch would flip or NaN the gradients).
+pub fn clip_grad_norm(grads: &mut GradStore, vars: &[Var], max_norm: f64) -> Result<f64> {
+    if max_norm.is_nan() || max_norm < 0.0 {
+        candle::bail!("clip_grad_norm: max_norm must be >= 0 (inf: no clipping), got {max_norm}")
+    }
+    let mut sq = 0f64;
+    for v in vars {
+        if let Some(g) = grads.get(v.as_tensor()) {
+            sq += match sum_of_squares(g) {
+                Some(s) => s,
+                None => g
+                    .to_dtype(DType::F64)?
+                    .sqr()?
+                    .sum_all()?
+                    .to_scalar::<f64>()?,
+            };
+        }
+    }
+    let norm = sq.sqrt();
+    let scale = (max_norm / (norm + 1e-6)).min(1.0);
+    if scale == 1.0 {
+        // PyTorch multiplies by 1 in place; here that would be a new copy of every gradient.
+        return Ok(norm);
+    }
+    for v in vars {
+        if let Some(g) = grads.get(v.as_tensor()) {
+            // Detached for the same reason as in `AdamW::step`.
+            let scaled = (g.detach() * scale)?;
+            grads.insert(v.as_tensor(), scaled);
+        }
+    }
+    Ok(norm)
+}
+
+#[cfg(test)]
+mod tests {
+    use candle::{DType, Device, Var};
+
+    use super::*;
+
+    #[test]
+    fn bad_hyper_parameters_are_errors_with_pytorchs_messages() -> Result<()> {
+        let var = Var::zeros(3, DType::F32, &Device::Cpu)?;
+        let params = || vec![("w".to_string(), var.clone())];
+        for (config, message) in [
+            (
+                AdamWConfig {
+                    lr: -1.0,
+                    ..Default::default()
+                },
+                "Invalid learning rate: -1",
+            ),
+            (
+                AdamWConfig {
+                    lr: f64::NAN,
+                    ..Default::default()
+                },
+                "Invalid learning rate: NaN",
+            ),
+            (
+                AdamWConfig {
+                    lr: f64::INFINITY,
+                    ..Default::default()
+                },
+                "Invalid learning rate: inf",
+            ),
+            (
+                AdamWConfig {
+                    eps: -1e-8,
+                    ..Default::default()
+                },
+                "Invalid epsilon value",
+            ),
+            (
+                AdamWConfig {
+                    beta1: 1.0,
+                    ..Default::default()
+                },
+                "Invalid beta parameter at index 0: 1",
+            ),
+            (
+                AdamWConfig {
+                    beta2: -0.1,
+                    ..Default::default()
+                },
+                "Invalid beta parameter at index 1",
+            ),
+            (
+                AdamWConfig {
+                    weight_decay: -0.5,
+                    ..Default::default()
+                },
+                "Invalid weight_decay value: -0.5",
+            ),
+        ] {
+            let e = AdamW::new(params(), config).err().expect("an error");
+            assert!(e.to_string().contains(message), "{e}");
+        }
+        // A learning rate set later is checked at the step, before anything changes.
+        let mut opt = AdamW::new(params(), AdamWConfig::default())?;
+        opt.set_lr(f64::NAN);
+        let loss = (var.as_tensor() - 1.0)?.sqr()?.sum_all()?;
+        let mut grads = loss.backward()?;
+        let e = opt.step(&grads).unwrap_err();
+        assert!(e.to_string().contains("Invalid learning rate: NaN"), "{e}");
+        assert_eq!(var.to_vec1::<f32>()?, [0.0; 3]);
+
+        let e = clip_grad_norm(&mut grads, std::slice::from_ref(&var), -1.0).unwrap_err();
+        assert!(e.to_string().contains("max_norm must be >= 0"), "{e}");
+        let norm = clip_grad_norm(&mut grads, std::slice::from_ref(&var), f64::INFINITY)?;
+        assert!((norm - 12f64.sqrt()).abs() < 1e-6, "{norm}");
+        Ok(())
+    }
+
+    /// The values of every tensor of a state, by name.
+    fn values(sd: &StateDict) -> Result<Vec<(String, Vec<f64>)>> {
+        sd.tensors()
+            .iter()
+            .map(|(name, t)| {
+                Ok((
+                    name.clone(),
+                    t.to_dtype(DType::F64)?.flatten_all()?.to_vec1()?,
+                ))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn in_place_steps_equal_the_tensor_path_and_leave_saved_states_alone() -> Result<()> {
+        let dev = Device::Cpu;
+        let init: Vec<f64> = (0..12).map(|i| (i as f64 * 0.37).sin()).collect();
+        for dtype in [DType::F32, DType::F64] {
+            let var = || -> Result<Var> {
+                Var::from_tensor(&Tensor::from_vec(init.clone(), (3, 4), &dev)?.to_dtype(dtype)?)
+            };
+            let grads = |w: &Var| (w.as_tensor() * 1.7)?.sin()?.sum_all()?.backward();
+            let (a, b, c) = (var()?, var()?, var()?);
+            let opt = |w: &Var| AdamW::new(vec![("w".to_string(), w.clone())], Default::default());
+            let (mut in_place, mut tensors, mut loaded) = (opt(&a)?, opt(&b)?, opt(&c)?);
+            let mut saved = None;
+            for step in 0..4 {
+                if step == 2 {
+                    let sd = in_place.state_dict()?;
+                    let before = values(&sd)?;
+                    loaded.load_state_dict(&sd)?;
+                    c.set(a.as_tensor())?;
+                    saved = Some((sd, before));
+                }
+                in_place.step(&grads(&a)?)?;
+                tensors.step_with(&grads(&b)?, false)?;
+                if step >= 2 {
+                    loaded.step(&grads(&c)?)?;
+                }
+                assert_eq!(
+                    a.flatten_all()?.to_dtype(DType::F64)?.to_vec1::<f64>()?,
+                    b.flatten_all()?.to_dtype(DType::F64)?.to_vec1::<f64>()?,
+                    "{dtype:?} step {step}"
+                );
+                assert_eq!(
+                    values(&in_place.state_dict()?)?,
+                    values(&tensors.state_dict()?)?
+                );
+            }
+            // The optimizer that resumed from the saved state went the same way, and neither
+            // step changed that state.
+            assert_eq!(
+                values(&loaded.state_dict()?)?,
+                values(&in_place.state_dict()?)?
+            );
+            let (sd, before) = saved.expect("saved at step 2");
+            assert_eq!(values(&sd)?, before, "{dtype:?}");
+            assert_ne!(values(&in_place.state_dict()?)?, before);
+        }
+        Ok(())
+    }
+
+    /// Tensors sharing a storage take the tensor path (nested write locks on one storage would
+    /// wait forever), as do strided ones; distinct contiguous ones are updated in place.
+    #[test]
+    fn the_in_place_step_declines_shared_and_strided_tensors() -> Result<()> {
+        let dev = Device::Cpu;
+        let u = Update {
+            decay: 1.0,
+            beta1: 0.9,
+            beta2: 0.999,
+            step_size: 1e-3,
+            bias2_sqrt: 1.0,
+            eps: 1e-8,
+        };
+        let t = |x: f32| Tensor::full(x, (2, 3), &dev);
+        let (p, g, m, v) = (t(1.0)?, t(0.5)?, t(0.0)?, t(0.0)?);
+        assert!(!adamw_update_in_place(&u, &p, &g, &m, &m)?);
+        assert!(!adamw_update_in_place(&u, &p, &p, &m, &v)?);
+        assert!(!adamw_update_in_place(
+            &u,
+            &p.t()?,
+            &g.t()?,
+            &m.t()?,
+            &v.t()?
+        )?);
+        assert_eq!(p.flatten_all()?.to_vec1::<f32>()?, [1.0; 6]);
+        assert!(adamw_update_in_place(&u, &p, &g, &m, &v)?);
+        assert!(p.flatten_all()?.to_vec1::<f32>()?.iter().all(|&x| x < 1.0));
+        assert_eq!(m.flatten_all()?.to_vec1::<f32>()?, [0.05; 6]);
+        Ok(())
+    }
+}
