@@ -16,7 +16,7 @@
 //!
 //! A shape may be causal (`is_causal`: ours builds no mask, the kernel skips masked tiles;
 //! PyTorch gets the float causal mask as `attn_mask` with `is_causal=True`, with which its
-//! training path runs sdpa's causal kernel; its eval fast path was faster with the float mask
+//! training path runs sdpa's causal kernel; its eval fast path is faster with the float mask
 //! than with the bool one).
 //!
 //! Modes, each in a child process of its own (allocator settings are process-wide), both by
@@ -59,9 +59,10 @@
 //! `MHA_BENCH_PYTHON` (a Python with torch; unset: `python3`, then `python`),
 //! `RAYON_NUM_THREADS` (candle's threads; torch gets the same).
 
+#[path = "attention_cpu/memory.rs"]
+mod memory;
 mod support;
 
-use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use candle::{DType, Device, Result, Tensor, Var};
@@ -138,7 +139,7 @@ enum Backward {
 
 /// Warm-up time per measure at least, in milliseconds (`MHA_BENCH_WARMUP_MS`, default 250):
 /// besides the `warmup` calls, calls continue until this long has passed. Right after the other
-/// side's cell, a 7 ms call ran 5–10% slower for a few calls (both sides get the same rule).
+/// side's cell, the first few calls run slower (both sides get the same rule).
 fn warmup_ms() -> f64 {
     env_usize("MHA_BENCH_WARMUP_MS").unwrap_or(250) as f64
 }
@@ -192,8 +193,8 @@ fn setup(s: Shape4, trainable: bool) -> Result<(MultiheadAttention, Tensor, VarM
 
 /// The machine's matrix-product rate in FLOP/s: a 1024³ candle `matmul` (the `gemm` crate,
 /// on all threads), 20 runs after 5 warmup: the fastest (the best the machine gave, so that
-/// the floor derived from it is a low one) and the median. PyTorch's MKL reached the same
-/// rates within noise on the machine of `BENCHMARKS.md`.
+/// the floor derived from it is a low one) and the median. PyTorch's MKL reaches the same
+/// rate within noise, so one floor serves both sides (`docs/benchmarks.md`).
 fn gemm_rate() -> Result<(f64, f64)> {
     let n = 1024;
     let a = normal(0.0, 1.0, (n, n), DType::F32, &Device::Cpu, 3)?;
@@ -295,96 +296,10 @@ fn torch_run(
     Some(Cell::new([get("fwd_nw")?, get("fwd_w")?, get("step")?]))
 }
 
-/// `VmRSS` and `VmHWM` of this process in bytes.
-fn rss() -> (u64, u64) {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse::<u64>().ok())
-            .map_or(0, |kb| kb * 1024)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
-}
-
-/// The child process of the memory measurement: one forward, then a JSON line.
-fn memory_child(l: usize, kernel: &str) -> Result<()> {
-    let (n, e, h) = (1, 512, 8);
-    let (base, _) = rss();
-    let (mha, x, _) = setup(Shape4::new(n, l, e, h, false), false)?;
-    let kernel = match kernel {
-        "reference" => AttentionKernel::Reference,
-        _ => AttentionKernel::Fused,
-    };
-    let opts = AttentionOptions::new()
-        .with_need_weights(false)
-        .with_kernel(kernel);
-    let t = Instant::now();
-    let out = mha.forward(&x, &x, &x, &opts)?.output;
-    let secs = t.elapsed().as_secs_f64();
-    let (_, peak) = rss();
-    drop(out);
-    let f = 4u64;
-    let tokens = (n * l) as u64;
-    let e = e as u64;
-    let params = mha.num_parameters() as u64 * f;
-    // input + output + parameters + saved: packed qkv, attention context, row lse.
-    let accounted =
-        tokens * e * f * 2 + params + tokens * 3 * e * f + tokens * e * f + (n * h * l) as u64 * f;
-    println!(
-        "{}",
-        serde_json::json!({"l": l, "base": base, "peak": peak, "accounted": accounted, "secs": secs})
-    );
-    Ok(())
-}
-
-fn memory_rows() -> Vec<Vec<String>> {
-    let exe = match std::env::current_exe() {
-        Ok(p) => p,
-        Err(_) => return Vec::new(),
-    };
-    let mut rows = Vec::new();
-    for (l, kernel) in [(8192, "fused"), (4096, "fused"), (4096, "reference")] {
-        let out = Command::new(&exe)
-            .env("MHA_BENCH_MEMORY_CHILD", format!("{l},{kernel}"))
-            .stderr(Stdio::inherit())
-            .output();
-        let rec: Option<serde_json::Value> = out.ok().and_then(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .find_map(|l| serde_json::from_str(l).ok())
-        });
-        let Some(rec) = rec else {
-            rows.push(vec![
-                format!("{kernel} L={l}"),
-                "failed".into(),
-                String::new(),
-                String::new(),
-                String::new(),
-                String::new(),
-            ]);
-            continue;
-        };
-        let mb = |k: &str| rec[k].as_f64().unwrap_or(0.0) / 1048576.0;
-        let (base, peak, acc) = (mb("base"), mb("peak"), mb("accounted"));
-        rows.push(vec![
-            format!("{kernel}, N=1 L={l} E=512 H=8"),
-            format!("{:.0}", rec["secs"].as_f64().unwrap_or(0.0) * 1e3),
-            format!("{peak:.1}"),
-            format!("{base:.1}"),
-            format!("{acc:.1}"),
-            format!("{:.2} ({:.2})", peak / acc, (peak - base) / acc),
-        ]);
-    }
-    rows
-}
-
 fn main() -> Result<()> {
     if let Ok(spec) = std::env::var("MHA_BENCH_MEMORY_CHILD") {
         let (l, kernel) = spec.split_once(',').unwrap_or(("8192", "fused"));
-        return memory_child(l.parse().unwrap_or(8192), kernel);
+        return memory::memory_child(l.parse().unwrap_or(8192), kernel);
     }
     match mode_children(
         "MHA_BENCH_MODE",
@@ -396,7 +311,7 @@ fn main() -> Result<()> {
         None => {
             // The memory part once, after the modes (it runs in children of its own).
             if std::env::var("MHA_BENCH_MEMORY").as_deref() != Ok("0") {
-                print_memory();
+                memory::print_memory();
             }
             Ok(())
         }
@@ -447,9 +362,9 @@ fn run_mode(mode: &str) -> Result<()> {
     let shapes = shapes();
     // Measured again each round: the best rate of the run, and each round's median.
     let mut rates = vec![gemm_rate()?];
-    // The reference path once (it is 2-7x slower); the fused path and PyTorch alternate shape
-    // by shape for several rounds: on a shared machine the load drifts, and each ratio should
-    // compare runs seconds apart.
+    // The reference path once (it is several times slower); the fused path and PyTorch
+    // alternate shape by shape for several rounds: on a shared machine the load drifts, and each
+    // ratio should compare runs seconds apart.
     let mut reference = Vec::new();
     if with_reference {
         for &s in &shapes {
@@ -577,22 +492,6 @@ fn run_mode(mode: &str) -> Result<()> {
     );
     println!("\nratio < 1: candle-mha is faster than PyTorch; > 1: slower.");
     Ok(())
-}
-
-fn print_memory() {
-    println!("\nmemory of one need_weights=false forward (child process, glibc defaults, MiB):");
-    let header: Vec<String> = [
-        "run",
-        "ms",
-        "peak RSS",
-        "RSS before",
-        "accounted",
-        "peak/accounted (growth/accounted)",
-    ]
-    .map(String::from)
-    .to_vec();
-    print_table(&header, &memory_rows());
-    println!("accounted = input + output + parameters + packed qkv + context + row lse (f32).");
 }
 
 /// The `backward` modes: our training step with its backward pass started in four ways, in

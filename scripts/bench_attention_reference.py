@@ -48,7 +48,7 @@ def bench_shape(shape, reps, warmup, causal=False, backward="grad", warmup_ms=0.
         mha = torch.nn.MultiheadAttention(e, h, batch_first=True)
         _MODULES[tuple(shape)] = (mha, torch.randn(n, l, e), torch.randn(n, l, e))
     mha, x, r = _MODULES[tuple(shape)]
-    # The float mask: PyTorch's eval fast path was faster with it than with the bool one.
+    # The float mask: PyTorch's eval fast path is faster with it than with the bool one.
     mask = torch.nn.Transformer.generate_square_subsequent_mask(l) if causal else None
     mha.eval()
 

@@ -5,7 +5,7 @@
 # × 1 thread on one rank's half batch (a rank's compute alone), and the seconds rank 0
 # spends in the all-reduces (`comm_s` of metrics.jsonl). Median over steps 6..STEPS.
 #
-#   cargo build --release --features mpi
+#   cargo build --release -p candle-mha-cli --features mpi
 #   scripts/bench_data_parallel.sh [CORPUS]    # default: Debian's license texts
 set -euo pipefail
 cd "$(dirname "$0")/.."

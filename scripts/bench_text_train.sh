@@ -4,7 +4,7 @@
 #   scripts/bench_text_train.sh TEXT...                (files, directories, globs)
 #   MHA_BENCH_TEXT="TEXT..." scripts/bench_text_train.sh
 #
-# Prints two Markdown tables (see BENCHMARKS.md, "Training on text" and "mha prepare
+# Prints two Markdown tables (see docs/benchmarks.md, "Training on text" and "mha prepare
 # throughput"):
 #
 # 1. Training. The corpus is prepared once (`mha prepare --text TEXT --vocab-size V`) into a

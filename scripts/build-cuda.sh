@@ -3,7 +3,7 @@
 # binaries a GPU machine needs into one compressed archive.
 #
 #   scripts/build-cuda.sh                 # -> target/gpu-pack.tar.xz (CLI, examples, GPU tests, bench)
-#   scripts/build-cuda.sh --check         # only `cargo check --features cuda,nccl --all-targets` (run by CI;
+#   scripts/build-cuda.sh --check         # only `cargo check --workspace --features cuda,nccl --all-targets` (run by CI;
 #                                         #  `cuda` alone when Open MPI, which `nccl` needs, is missing)
 #
 # On the GPU machine (CUDA 13 driver; no Rust needed):
@@ -36,14 +36,14 @@ if [ "${1:-}" = "--check" ]; then
   else
     echo "mpicc not found (apt install libopenmpi-dev libclang-dev): checking --features cuda without nccl" >&2
   fi
-  cargo check --release --features "$features" --all-targets
+  cargo check --release --workspace --features "$features" --all-targets
   exit 0
 fi
 
 TESTS=${GPU_TESTS:-"cuda_fused cuda_parity transformer pytorch_parity golden model training"}
 # The examples that take their device from MHA_DEVICE (gpu-check.sh runs each on both).
 EXAMPLES=${GPU_EXAMPLES:-"quickstart attention_graph embedding_fusion export_for_pytorch glove_walkthrough import_transformer vocab_importance"}
-cargo build --release --features cuda --bin mha
+cargo build --release -p candle-mha-cli --features cuda --bin mha
 for e in $EXAMPLES; do cargo build --release --features cuda --example "$e"; done
 cargo build --release --features cuda --bench gpu_attention
 test_args=(); for t in $TESTS; do test_args+=(--test "$t"); done

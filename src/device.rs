@@ -49,8 +49,8 @@ pub fn select_device(spec: &str) -> Result<(Device, String)> {
 
 /// Keeps the memory that candle frees on a CUDA `device` in CUDA's memory pool for the next
 /// allocation, instead of handing it back to the driver at every synchronisation (the pool's
-/// default release threshold is 0): every call then paid for mapping its large buffers
-/// afresh (a quarter of a training step's time on an H200, `BENCHMARKS.md`). Process-wide and
+/// default release threshold is 0), where every call would pay for mapping its large buffers
+/// afresh, a sizeable share of a training step (`docs/benchmarks.md`). Process-wide and
 /// opt-in: the library never calls it; the `mha` CLI and the examples do, right after choosing
 /// the device. The memory then stays with the process, as PyTorch's does. A no-op on other
 /// devices and where the GPU has no memory pools.

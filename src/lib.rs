@@ -24,19 +24,17 @@
 //! 1. Foundations, importing nothing of the crate but each other: [`rng`] (seeded, portable
 //!    randomness), [`init`] (PyTorch's initialisers, drawn from `rng`), [`autograd`] (backward
 //!    from a given gradient), [`device`] (a device from a string), [`io`] (atomic file writes),
-//!    [`alloc`] (keeping freed memory between steps), and `cpu`, the crate-private CPU kernel
-//!    layer every fused op shares (one element trait, the SIMD math, one storage-slice helper,
-//!    one gemm wrapper, the fused linear, one dtype error, one side channel).
-//! 2. [`attention`]: the module itself, with its fused CPU kernels (`attention/fused/`).
-//! 3. [`checkpoint`]: PyTorch state_dicts in and out.
-//! 4. [`nn`]: layers with PyTorch's names and the models' fused CPU ops, PyTorch's Transformer
-//!    encoder/decoder layers around the attention and their loaders from checkpoints (on
-//!    `attention` and `checkpoint`); [`models`]: the next-token predictor, its key/value cache
-//!    and generation, on `attention` and `nn`.
-//! 5. [`data`] (vocabularies, token files, batching), [`training`] (AdamW, the trainer),
-//!    [`analysis`] (reading attention, pictures, interactive HTML pages).
-//! 6. The `mha` binary (`src/main.rs`, `src/cli/`; the default `cli` feature), on the public
-//!    API only.
+//!    [`runtime`] (the process settings a program may opt into; the library sets none), and
+//!    `cpu`, the crate-private CPU kernel layer every fused op shares.
+//! 2. [`nn`]'s layers ([`nn::Linear`], [`nn::LayerNorm`], [`nn::Embedding`], the fused GELU,
+//!    MLP and cross-entropy ops), then [`attention`]: the module itself, its key/value caches
+//!    and fused kernels.
+//! 3. [`checkpoint`]: PyTorch state_dicts in and out; [`optim`]: AdamW and clipping.
+//! 4. [`nn::transformer`]: PyTorch's Transformer layers, stacks and `nn.Transformer`, with their
+//!    loaders from checkpoints.
+//!
+//! Beside this crate, in the same workspace: `candle-mha-train` (data, the next-token
+//! predictor, training), `candle-mha-viz` (reading attention) and `candle-mha-cli` (`mha`).
 //!
 //! [`torch.nn.MultiheadAttention`]: https://pytorch.org/docs/stable/generated/torch.nn.MultiheadAttention.html
 //! [candle]: https://github.com/huggingface/candle

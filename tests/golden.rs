@@ -1,4 +1,4 @@
-//! Golden facts measured on PyTorch 2.15 (spec §9 and issue #2), reproduced exactly.
+//! Golden facts measured on PyTorch 2.15 (spec §9), reproduced exactly.
 
 use anyhow::Result;
 use candle_mha::candle::{DType, Device, ModuleT, Tensor};

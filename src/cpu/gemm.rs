@@ -149,8 +149,8 @@ pub(crate) unsafe fn gemm_from<T: Elem>(
 }
 
 /// candle's thread count, read once: `candle::utils::get_num_threads` parses `/proc/cpuinfo`
-/// on every call when `RAYON_NUM_THREADS` is unset (~25–30 µs, a third of a one-token
-/// decoding step measured at cache length 512, E = 256).
+/// on every call when `RAYON_NUM_THREADS` is unset, which costs a sizeable share of a
+/// one-token decoding step.
 fn num_threads() -> usize {
     static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *THREADS.get_or_init(candle::utils::get_num_threads)

@@ -1,18 +1,17 @@
 //! Parallel loops that stay on the calling thread when the work is small.
 //!
 //! A parallel loop started from outside rayon's pool hands its jobs to the pool's threads and
-//! sleeps until they are done: two thread wake-ups. On the 2-core VM of `BENCHMARKS.md` one
-//! such fork-join cost 27–38 µs when the pool was still awake and 120–320 µs after 1–3 ms of
-//! other work (measured around two 200 µs halves), while a (1,16,64,4) attention forward pass
-//! is about 20 µs of arithmetic. Below [`SERIAL_BELOW`] the kernels run their tasks in order
-//! on the calling thread instead, and with one rayon thread they always do (that thread would
-//! only be woken to run what the caller could). The tasks are the same either way and write
-//! disjoint outputs, so the results are identical.
+//! sleeps until they are done: two thread wake-ups, which cost more than the whole arithmetic
+//! of a small attention forward pass, and several times more once the pool's threads have gone
+//! back to sleep (`docs/benchmarks.md`). Below [`SERIAL_BELOW`] the kernels run their tasks
+//! in order on the calling thread instead, and with one rayon thread they always do (that
+//! thread would only be woken to run what the caller could). The tasks are the same either way
+//! and write disjoint outputs, so the results are identical.
 
 use rayon::prelude::*;
 
-/// Multiply-adds below which a kernel's tasks run on the calling thread (about 40 µs on one
-/// core at 50 GFLOP/s: a fork-join's cost, as measured above).
+/// Multiply-adds below which a kernel's tasks run on the calling thread: on one core they take
+/// about as long as a fork-join costs (see above).
 pub(crate) const SERIAL_BELOW: usize = 1 << 21;
 
 /// Whether `work` multiply-adds are worth the pool: at least [`SERIAL_BELOW`], and more
@@ -26,9 +25,9 @@ pub(crate) fn parallel(work: usize) -> bool {
 }
 
 /// [`parallel`] for a memory-bound pass over `elements` elements (a fill, a sum of rows):
-/// each costs about as long as 4 multiply-adds of a product (on one Zen 3 core a fill of 2²¹
-/// f32 elements took 190 µs and their column sums 160 µs with the data in cache; a product
-/// of 2²¹ multiply-adds ~40 µs), so such a pass goes to the pool from 2¹⁹ elements.
+/// each costs about as long as 4 multiply-adds of a product (memory traffic, not arithmetic,
+/// bounds it, even with the data in cache), so such a pass goes to the pool from 2¹⁹
+/// elements.
 pub(crate) fn parallel_pass(elements: usize) -> bool {
     parallel(elements.saturating_mul(4))
 }

@@ -77,9 +77,9 @@ impl<T: Elem> Pool<T> {
     /// [`take`] from this pool.
     fn take(&'static self, len: usize) -> Buf<T> {
         // Room to start on a cache line: glibc's large blocks start 16 bytes past one, so a
-        // packed panel's 64-byte rows each straddled two lines (one of every two vector loads
-        // of the register tiles split). Paired A/B of the linear products on the Zen 3 of
-        // `BENCHMARKS.md`: 0.97–1.01× the time, median 0.99×.
+        // packed panel's 64-byte rows would each straddle two lines (one of every two vector
+        // loads of the register tiles split). The gain on the linear products is small but
+        // not negative (`docs/benchmarks.md`).
         let pad = ALIGN / std::mem::size_of::<T>();
         let len_in = len;
         let len = len + pad;

@@ -48,9 +48,9 @@ impl CustomOp1 for GeluErf {
 ///
 /// Off the CPU, an f32/f64 input that autograd tracks is not given to candle's `gelu_erf`:
 /// its backward writes 1/√(2π) as `0.398942`, a 7·10⁻⁷ relative error in the gradient that
-/// an f64 comparison with PyTorch shows (seen on an H200). `x·Φ(x)` built from `erf` has
-/// candle's exact `erf` backward instead. Half precision and inference keep `gelu_erf` (one
-/// kernel; its forward is exact).
+/// an f64 comparison with PyTorch shows. `x·Φ(x)` built from `erf` has candle's exact `erf`
+/// backward instead. Half precision and inference keep `gelu_erf` (one kernel; its forward is
+/// exact).
 ///
 /// PyTorch equivalent: `F.gelu(x)` (`approximate="none"`).
 pub(crate) fn gelu_erf(x: &Tensor) -> Result<Tensor> {

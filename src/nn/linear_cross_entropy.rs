@@ -107,7 +107,7 @@ fn backward_scaled<T: Elem>(
 crate::cpu::op_with_optional_bias!(LinearCrossEntropy, "fused-linear-cross-entropy");
 
 /// Mean of `−log softmax(x·wᵀ + b)[r][targets[r]]` over the rows `r` where `mask[r] != 0`:
-/// [`crate::cpu::linear`] then [`cross_entropy_rows`], as one op on the CPU in f32/f64 (the
+/// a linear layer then [`cross_entropy_rows`], as one op on the CPU in f32/f64 (the
 /// logits `(R, V)` are never a tensor), the two ops elsewhere. Errors as they do.
 ///
 /// PyTorch equivalent: `F.cross_entropy(F.linear(x, w, b)[mask], targets[mask])`.

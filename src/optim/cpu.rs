@@ -104,11 +104,10 @@ fn with_elems_mut<T: Writable>(t: &Tensor, f: &dyn Fn(&mut [T]) -> Result<()>) -
 /// a strided tensor, or two of the four sharing a storage (their write locks would wait on each
 /// other). The caller's tensor path then runs.
 ///
-/// The previous version wrote three new tensors per parameter (41 MiB per step for the
-/// medium `train_step` model's 3.4 M parameters) and copied the new parameter into the
-/// variable; this allocates nothing. (Under glibc's defaults those large frees had raised
-/// glibc's `mmap` and trim thresholds, to the benefit of candle's smaller per-step tensors:
-/// see `BENCHMARKS.md`, sixth session.)
+/// This allocates nothing, where the tensor path writes three new tensors per parameter (41 MiB
+/// per step for the medium `train_step` model's 3.4 M parameters) and copies the new parameter
+/// into the variable. (Under glibc's defaults such large frees raise glibc's `mmap` and trim
+/// thresholds, to the benefit of candle's smaller per-step tensors: see `docs/benchmarks.md`.)
 pub(super) fn adamw_update_in_place(
     u: &Update,
     p: &Tensor,

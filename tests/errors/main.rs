@@ -15,6 +15,7 @@ use candle_nn::{VarBuilder, VarMap};
 
 mod config;
 mod inputs;
+mod kv_cache;
 mod loading;
 mod masks;
 mod ranks;

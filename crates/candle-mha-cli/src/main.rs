@@ -63,11 +63,10 @@ enum Command {
 }
 
 /// Sets `RAYON_NUM_THREADS` to candle's default when it is unset. Without it, candle asks
-/// `num_cpus` for the physical cores on every matmul, which parses `/proc/cpuinfo` each
-/// time: most of a one-token decoding step (measured: 420 ms → 150 ms for 256 tokens of
-/// `benches/generate.rs`). Called first, before any thread reads the environment. Under
-/// `mpirun`, the ranks on one machine share its cores (2 ranks on 8 cores: 4 threads each)
-/// rather than each taking them all.
+/// `num_cpus` for the physical cores on every matmul, parsing `/proc/cpuinfo` each time: most
+/// of a one-token decoding step (`docs/benchmarks.md`). Called first, before any thread reads
+/// the environment. Under `mpirun`, the ranks on one machine share its cores (2 ranks on 8
+/// cores: 4 threads each) rather than each taking them all.
 fn pin_thread_count() {
     if std::env::var_os("RAYON_NUM_THREADS").is_none() {
         let local_ranks = std::env::var("OMPI_COMM_WORLD_LOCAL_SIZE")

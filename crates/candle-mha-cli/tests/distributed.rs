@@ -33,14 +33,14 @@ const TINY: &[&str] = &[
 ];
 
 /// The key bias's noise level after these short runs (see [`weight_diff`]): in f64 a few
-/// `lr · 1e-17 / eps` per step (measured: 1.4e-12); in f32 the noise (~1e-9) is near AdamW's
-/// eps, so its steps approach AdamW's bound of about `lr` each: at most the sum of the 50
-/// warmup learning rates, 0.04 (measured: 5e-4).
+/// `lr · 1e-17 / eps` per step; in f32 the noise (~1e-9) is near AdamW's eps, so its steps
+/// approach AdamW's bound of about `lr` each: at most the sum of the 50 warmup learning rates,
+/// 0.04. Both bounds leave the runs' actual differences far below them.
 const F64_KEY: f64 = 1e-9;
 const F32_KEY: f64 = 0.04;
 
-/// One test at a time: ranks that wait in a collective poll the CPU, and several `mpirun`
-/// jobs at once on 2 cores slow each other down tenfold.
+/// One test at a time: ranks that wait in a collective poll the CPU, so several `mpirun`
+/// jobs at once on a machine with few cores slow each other down many times over.
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     LOCK.lock().unwrap_or_else(|p| p.into_inner())

@@ -8,7 +8,7 @@
 //! MHA_BENCH_PYTHON=.venv-torch/bin/python MHA_BENCH_ROUNDS=3 cargo bench --bench generate
 //! ```
 //!
-//! The task (issue 18): 256 new tokens after a 256-token prompt (random ids, seeded), model
+//! The task: 256 new tokens after a 256-token prompt (random ids, seeded), model
 //! of 4 layers × 256 wide (8 heads, MLP 1024, vocabulary 512, context `max_len` 512, so the
 //! context never slides), f32, greedy. A run is one `generate` call (prefill + 256 steps);
 //! tokens/s = 256 / its time. The weights are ours (seeded), saved to a temporary
@@ -16,7 +16,7 @@
 //! table says how many agree).
 //!
 //! Rounds: for `MHA_BENCH_ROUNDS` rounds (default 3), ours with the cache, ours without, and
-//! PyTorch's, one after the other (this shared machine's load drifts within minutes); a cell
+//! PyTorch's, one after the other (a shared machine's load drifts within minutes); a cell
 //! is the median over rounds of each round's median, "per round" the range over rounds.
 //!
 //! Environment: `MHA_BENCH_ROUNDS`; `MHA_BENCH_REPEATS` (timed runs per round with the

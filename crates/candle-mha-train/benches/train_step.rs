@@ -282,8 +282,8 @@ fn bench_ours(shape: &BenchShape) -> Result<Timing> {
     let mut times = Vec::with_capacity(shape.steps);
     let mut phases: [Vec<f64>; 4] = Default::default();
     // Warm-up: at least `warmup` steps and `MHA_BENCH_WARMUP_MS` (default 250) milliseconds,
-    // on both sides (the small model's 4 ms steps ran slower for a few steps after the other
-    // side's cell).
+    // on both sides (right after the other side's cell, a small model's short steps run slower
+    // for a few steps).
     let warmup_ms = env_usize("MHA_BENCH_WARMUP_MS").unwrap_or(250) as f64;
     let start = Instant::now();
     let mut step = 0;

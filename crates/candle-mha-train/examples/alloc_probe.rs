@@ -1,5 +1,5 @@
 //! Times and page faults per call of the attention module under one allocator setting: the
-//! tool behind the allocator rows of `BENCHMARKS.md` (the setting is process-wide, so each
+//! tool behind the allocator rows of `docs/benchmarks.md` (the setting is process-wide, so each
 //! setting needs its own process; alternate them for an A/B).
 //!
 //! ```sh
@@ -12,12 +12,13 @@
 //! and with head-mean weights (plain tensors, no graph), and the training step three ways:
 //! `autograd::backward_with(&out, &r)` and `out.sum_all()?.backward()` (what a plain user
 //! writes) with `x` a variable, and the latter with `x` plain data (no gradient of `x`, so no
-//! product for it). Each line: fastest and median milliseconds, minor page faults per call (Linux:
-//! `/proc/self/stat`; 0 elsewhere) and those of the last call: a mean over warming calls
-//! and a last call of 0 is a heap still growing to its steady size, not a cost every call
-//! pays (at (4,1024,1024,16) the forward's heap grows for about 14 calls in either setting). `model:small|medium|large`: one `NextTokenPredictor`
-//! training step as `benches/train_step` times it (`train_loss`, backward, `clip_grad_norm`,
-//! AdamW; its shapes), on one fixed batch.
+//! product for it). Each line: fastest and median milliseconds, minor page faults per call
+//! (Linux: `/proc/self/stat`; 0 elsewhere) and those of the last call: a mean over warming
+//! calls and a last call of 0 is a heap still growing to its steady size, not a cost every
+//! call pays (a large shape's forward heap keeps growing for a dozen or so calls in either
+//! setting). `model:small|medium|large`: one `NextTokenPredictor` training step as
+//! `benches/train_step` times it (`train_loss`, backward, `clip_grad_norm`, AdamW; its
+//! shapes), on one fixed batch.
 //! `MHA_BENCH_REPS` / `MHA_BENCH_WARMUP` (default 10 / 3).
 
 use std::time::Instant;

@@ -3,7 +3,29 @@
 //! Next-token predictors on [candle-mha](candle_mha): data ([`data`]: vocabularies, BPE on a
 //! user's text, prepared token directories, seeded batching), the model and its generation
 //! ([`models`]), and training ([`Trainer`]: one step, evaluation, checkpoints written as one
-//! unit ([`io::FileSet`]), exact resume, data-parallel runs over MPI/NCCL).
+//! unit ([`io::FileSet`]), exact resume, data-parallel runs over MPI/NCCL). [`Session`] is the
+//! one call behind `mha train`; the pieces below it are public for your own loop:
+//!
+//! ```
+//! use candle_mha::candle::{DType, Device};
+//! use candle_mha::seeded_var_builder;
+//! use candle_mha_train::data::AssociativeRecall;
+//! use candle_mha_train::models::{NextTokenPredictor, NextTokenPredictorConfig};
+//! use candle_mha_train::{TrainConfig, Trainer};
+//! # fn main() -> candle_mha::candle::Result<()> {
+//! let task = AssociativeRecall { num_keys: 6, num_values: 6, pairs: 3 };
+//! let (train, val) = (task.generate(256, 1), task.generate(32, 2));
+//! let cfg = NextTokenPredictorConfig { max_len: task.seq_len() - 1, ..NextTokenPredictorConfig::new(task.vocab().len()) };
+//! let varmap = candle_mha::candle_nn::VarMap::new();
+//! let model = NextTokenPredictor::new(cfg, seeded_var_builder(&varmap, 0, DType::F32, &Device::Cpu))?;
+//! let config = TrainConfig { steps: 20, eval_every: 0, save_every: 0, ..TrainConfig::default() };
+//! let mut trainer = Trainer::new(model, varmap, config, None)?; // None: our own data, not a DataSpec
+//! let eval = trainer.run(&train, &val, None, &mut ())?; // no directory: nothing saved
+//! assert_eq!(trainer.state().step, 20);
+//! assert!(eval.loss.is_finite());
+//! # Ok(())
+//! # }
+//! ```
 //!
 //! - `config.rs`: [`TrainConfig`], the run's hyper-parameters and their defaults (token
 //!   sequences: `Default`; text: [`TrainConfig::for_text`]), which `mha train` reads.

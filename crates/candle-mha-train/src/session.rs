@@ -104,7 +104,7 @@ pub struct NewRun {
     /// What it trains on.
     pub data: NewData,
     /// The model for the data; default: [`NextTokenPredictorConfig::for_text`] for text and
-    /// prepared data, else [`NextTokenPredictorConfig::default`] with the vocabulary and the
+    /// prepared data, else [`NextTokenPredictorConfig::new`] with the vocabulary and the
     /// longest example.
     pub model: ModelFor,
     /// Steps, batch, optimizer, schedule, evaluation and saving.

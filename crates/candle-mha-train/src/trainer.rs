@@ -230,7 +230,8 @@ impl Trainer {
     ///
     /// The step runs inside candle's CPU thread pool (`Device::with_context`), so the calling
     /// thread takes part in every parallel op instead of handing each one to rayon's global
-    /// pool and sleeping until it ends: 2–5% of a step on 2 cores (`BENCHMARKS.md`).
+    /// pool and sleeping until it ends, a cost that shows most on few cores
+    /// (`docs/benchmarks.md`).
     pub fn train_step_accumulated(&mut self, batches: &[Batch]) -> Result<StepStats> {
         let device = self.device();
         device.with_context(|| self.step_accumulated(batches))

@@ -1,4 +1,4 @@
-//! Incremental decoding of `NextTokenPredictor` through its key/value cache (issue 18):
+//! Incremental decoding of `NextTokenPredictor` through its key/value cache:
 //! logits fed in blocks equal the full forward's, generation gives the same tokens with and
 //! without the cache (also past `max_len`), a batch of prompts gives each prompt's single
 //! result, and a misused cache is a clear error.

@@ -243,7 +243,7 @@ pub struct Ablation {
 /// [`head_mask`](AttentionOptions::head_mask) (the caller's own `head_mask`, if any, is kept
 /// for the other heads). The weights are not computed. This tests what reading the weights
 /// cannot: whether the output depends on the head at all (see the [module
-/// docs](crate::analysis)).
+/// docs](crate)).
 ///
 /// Not in PyTorch (Hugging Face models take a `head_mask` argument for the same purpose).
 ///

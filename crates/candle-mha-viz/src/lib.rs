@@ -1,8 +1,27 @@
 //! # candle-mha-viz
 //!
-//! Reading attention from [candle-mha](candle_mha) models: head views, labelled tables, heatmaps, a vocabulary × vocabulary matrix
-//! over a corpus, attention graphs (rollout, flow), source segments, word vectors; and line
-//! charts of training curves.
+//! Reading attention from [candle-mha](candle_mha) models: head statistics and ablation
+//! ([`heads`]), labelled tables, PNG/SVG heatmaps, a vocabulary × vocabulary matrix over a
+//! corpus, attention graphs, rollout and flow, source segments, word vectors, line charts of
+//! training curves, and self-contained interactive HTML pages ([`html`]).
+//!
+//! ```
+//! use candle_mha::candle::{DType, Device, Tensor};
+//! use candle_mha::{seeded_var_builder, AttentionOptions, MultiheadAttention, MultiheadAttentionConfig};
+//! use candle_mha_viz::{format_table, heatmap_png, HeatmapOptions, TableOptions};
+//! # fn main() -> candle_mha::candle::Result<()> {
+//! let varmap = candle_mha::candle_nn::VarMap::new();
+//! let vb = seeded_var_builder(&varmap, 0, DType::F32, &Device::Cpu);
+//! let mha = MultiheadAttention::new(MultiheadAttentionConfig::new(8, 2), vb)?;
+//! let x = Tensor::randn(0f32, 1., (3, 8), &Device::Cpu)?; // (L, E): unbatched
+//! let w = mha.forward(&x, &x, &x, &AttentionOptions::new())?.weights.unwrap(); // (L, S)
+//! let tokens: Vec<String> = ["the", "cat", "sat"].map(String::from).to_vec();
+//! println!("{}", format_table(&w, &tokens, &tokens, &TableOptions::default())?);
+//! let png = heatmap_png(&w, &tokens, &tokens, &HeatmapOptions::default())?; // bytes of a PNG
+//! assert!(png.starts_with(b"\x89PNG"));
+//! # Ok(())
+//! # }
+//! ```
 //!
 //! # What attention weights do and do not explain
 //! Attention weights say how much each query position mixes each key position's *value* in one
@@ -50,8 +69,18 @@ pub use word_vectors::{
     cosine_attention, cosine_similarity_matrix, load_glove, read_glove, self_attention, WordVectors,
 };
 
-/// The workspace README's examples, compiled and run as doctests here: this crate sees the
-/// attention core, the training crate and itself.
-#[doc = include_str!("../../../README.md")]
+/// The workspace README's and guides' examples, compiled and run as doctests here: this crate
+/// sees the attention core, the training crate and itself.
 #[cfg(doctest)]
-pub struct ReadmeDoctests;
+mod guides {
+    #[doc = include_str!("../../../README.md")]
+    pub struct Readme;
+    #[doc = include_str!("../../../docs/checkpoints.md")]
+    pub struct Checkpoints;
+    #[doc = include_str!("../../../docs/reading-attention.md")]
+    pub struct ReadingAttention;
+    #[doc = include_str!("../../../docs/training.md")]
+    pub struct Training;
+    #[doc = include_str!("../../../docs/masks-and-differences.md")]
+    pub struct Masks;
+}

@@ -3,8 +3,8 @@
 //! the ranks ([`shard_range`]) and the bucketed gradient all-reduce ([`GradientBuckets`]).
 //!
 //! - `single.rs`: [`SingleProcess`], one rank, no dependency (today's `mha train`).
-//! - `mpi.rs` (feature `mpi`): [`MpiCommunicator`] on the system's MPI (`mpirun -n N`).
-//! - `nccl.rs` (feature `nccl`): [`NcclCommunicator`], MPI for everything but the gradient
+//! - `mpi.rs` (feature `mpi`): `MpiCommunicator` on the system's MPI (`mpirun -n N`).
+//! - `nccl.rs` (feature `nccl`): `NcclCommunicator`, MPI for everything but the gradient
 //!   all-reduce, which NCCL does on the GPU (one process per GPU).
 //! - `watchdog.rs`: the timeout on collectives that stops a run whose peer died or hangs.
 //! - `buckets.rs`: gradients flattened in the optimizer's fixed order into buckets.

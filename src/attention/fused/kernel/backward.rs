@@ -12,8 +12,8 @@ use crate::cpu::par::for_each_init;
 use crate::cpu::Elem;
 
 /// Query rows and key columns per backward tile without a causal mask: 256 at long sequences
-/// (larger products; about 3% faster than 128 at L = 2048 and 512 on a 2-core Zen 3), 64
-/// up to L = 128.
+/// (larger products amortise each tile's packing and row bookkeeping better than 128 do; see
+/// `docs/benchmarks.md`), 64 up to L = 128.
 fn tile(l: usize) -> usize {
     if l <= 128 {
         64

@@ -3,18 +3,18 @@
 //!
 //! The `gemm` crate packs both operands on every call; for the tiles of the attention kernels
 //! (inner dimension the head dim, 32–128, or a tile of 32–256 keys) that packing and the
-//! call's set-up cost as much as the product: a (32, 32, 32) product ran at 54 GFLOP/s and a
-//! (64, 64, 64) at 100 on one Zen 3 core whose peak is ~125. Here the right-hand operand is read
-//! by rows of vectors, as it lies (unit column stride) or packed once per head in panels
-//! (`super::panels`), and the left-hand one one element at a time (broadcast), with any
-//! strides: register tiles of up to `MR` rows × two vectors (`crate::cpu::lanes`),
-//! accumulated over the whole inner dimension. [`tile_gemm`] takes this product where the
-//! tile fits it and the CPU layer's `gemm` (on the calling thread) elsewhere.
+//! call's set-up cost as much as the product itself, so such tiles run far below the core's
+//! peak. Here the right-hand operand is read by rows of vectors, as it lies (unit column
+//! stride) or packed once per head in panels (`super::panels`), and the left-hand one one
+//! element at a time (broadcast), with any strides: register tiles of up to `MR` rows × two
+//! vectors (`crate::cpu::lanes`), accumulated over the whole inner dimension. [`tile_gemm`]
+//! takes this product where the tile fits it and the CPU layer's `gemm` (on the calling
+//! thread) elsewhere.
 //!
-//! AVX-512 is chosen at run time where the CPU has it and the `force-avx2` feature is off (twice the
-//! lanes and registers: on the Zen 5 of `BENCHMARKS.md` the (1,2048,512,8) forward went from
-//! 54 to 38 ms with these tiles), else AVX2 + FMA, else the caller's fallback. The `gemm` crate
-//! is built with its `x86-v4` feature for the same reason.
+//! AVX-512 is chosen at run time where the CPU has it and the `force-avx2` feature is off
+//! (twice the lanes and registers, so each register tile does twice the work per instruction;
+//! see `docs/benchmarks.md`), else AVX2 + FMA, else the caller's fallback. The `gemm` crate is
+//! built with its `x86-v4` feature for the same reason.
 
 use crate::cpu::lanes::Lanes;
 #[cfg(target_arch = "x86_64")]
@@ -26,8 +26,8 @@ use crate::cpu::{gemm, Elem, Operand, Start, Threads};
 pub(crate) const PANEL: usize = 16;
 
 /// The largest dimensions [`tile_gemm`] sends to the unpacked product: with 256-row tiles read
-/// by rows (not packed) the `gemm` crate's packed kernel was as fast or faster, with tiles of
-/// 32–128 the unpacked one faster.
+/// by rows (not packed) the `gemm` crate's packed kernel is as fast or faster, with tiles of
+/// 32–128 the unpacked one is faster.
 const SMALL_GEMM: usize = 128;
 
 /// `dst[m×n] = [dst +] alpha · lhs[m×k] · rhs[k×n]` on the calling thread (the kernels' tasks
