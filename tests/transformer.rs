@@ -180,7 +180,10 @@ fn bad_input_is_named() -> Result<()> {
         )
         .unwrap_err()
         .to_string();
-    assert!(err.contains("attn_mask"), "{err}");
+    assert!(
+        err.contains("EncoderOptions::mask has shape [3, 3]") && err.contains("(4, 4)"),
+        "{err}"
+    );
     let dec = TransformerDecoder::new(
         TransformerDecoderLayerConfig::new(8, 2).with_dim_feedforward(16),
         1,
