@@ -1,5 +1,5 @@
 //! The attention core: [`MultiheadAttention`] and its configuration, options and output, and
-//! the key/value caches of incremental decoding ([`KvCache`], [`MemoryCache`]).
+//! the key/value caches of incremental decoding ([`KvCache`], [`StackKvCache`], [`MemoryCache`]).
 //!
 //! PyTorch equivalent: `torch.nn.MultiheadAttention` and `F.multi_head_attention_forward`.
 
