@@ -13,17 +13,7 @@ use candle_mha::nn::{
     TransformerEncoderLayerConfig, TransformerOptions,
 };
 use candle_mha::seeded_var_builder;
-
-fn randn(shape: &[usize], seed: u64) -> Result<Tensor> {
-    Ok(candle_mha::rng::normal(
-        0.0,
-        1.0,
-        shape,
-        DType::F32,
-        &Device::Cpu,
-        seed,
-    )?)
-}
+use common::randn;
 
 /// In training mode with dropout, one backward reaches every parameter of the whole model.
 #[test]

@@ -2,6 +2,8 @@
 //! layer the user called, its option and `batch_first`, with a hint when the shapes fit the
 //! other `batch_first`.
 
+mod common;
+
 use anyhow::Result;
 use candle_mha::candle::{DType, Device, Tensor};
 use candle_mha::candle_nn::VarMap;
@@ -10,17 +12,7 @@ use candle_mha::nn::{
     TransformerEncoderLayerConfig, TransformerOptions,
 };
 use candle_mha::seeded_var_builder;
-
-fn randn(shape: &[usize], seed: u64) -> Result<Tensor> {
-    Ok(candle_mha::rng::normal(
-        0.0,
-        1.0,
-        shape,
-        DType::F32,
-        &Device::Cpu,
-        seed,
-    )?)
-}
+use common::randn;
 
 /// A mask built for the other `batch_first` is reported by the layer the user called, under
 /// its own option's name, with the hint; PyTorch would only fail inside the attention.

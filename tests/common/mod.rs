@@ -80,6 +80,18 @@ impl Fixture {
     }
 }
 
+/// A seeded standard-normal f32 tensor on the CPU (`candle_mha::rng::normal`).
+pub fn randn(shape: &[usize], seed: u64) -> Result<Tensor> {
+    Ok(candle_mha::rng::normal(
+        0.0,
+        1.0,
+        shape,
+        DType::F32,
+        &Device::Cpu,
+        seed,
+    )?)
+}
+
 /// The repository's root: the workspace holding the crate under test (the root package, or
 /// two levels above a crate in `crates/`).
 pub fn repo_root() -> PathBuf {

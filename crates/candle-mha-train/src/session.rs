@@ -6,7 +6,6 @@
 //! use candle_mha::candle::{DType, Device};
 //! use candle_mha_train::data::PrepareJob;
 //! use candle_mha_train::distributed::SingleProcess;
-//! use candle_mha_train::models::NextTokenPredictorConfig;
 //! use candle_mha_train::{NewData, NewRun, ResumeRun, Session, TrainConfig};
 //! # fn main() -> candle_mha::candle::Result<()> {
 //! let run = NewRun::new(
@@ -15,8 +14,7 @@
 //!         eval_windows: 256,
 //!     },
 //!     TrainConfig::for_text(),
-//! )
-//! .with_max_len(NextTokenPredictorConfig::for_text(0).max_len);
+//! );
 //! let mut session = Session::start("runs/text".as_ref(), run, &Device::Cpu, &SingleProcess, &mut ())?;
 //! let eval = session.run(&SingleProcess, &mut ())?; // checkpoints in runs/text, best/ beside
 //! println!("{eval:?}");
@@ -110,7 +108,8 @@ pub struct NewRun {
     /// Steps, batch, optimizer, schedule, evaluation and saving.
     pub train: TrainConfig,
     /// The model's context when known before the data is opened (prepared data is cut into
-    /// windows of this plus one tokens); `None`: from the data.
+    /// windows of this plus one tokens); `None`: from the data (token sequences). Default:
+    /// [`NextTokenPredictorConfig::for_text`]'s for text and prepared data.
     pub max_len: Option<usize>,
     /// The parameters' dtype (f32 or f64).
     pub dtype: DType,
@@ -135,7 +134,7 @@ impl NewRun {
                 },
             }),
             train,
-            max_len: None,
+            max_len: text.then(|| NextTokenPredictorConfig::for_text(0).max_len),
             dtype: DType::F32,
             verify_data: false,
         }

@@ -2,10 +2,14 @@
 //! directory refused to a second new run, the run resumed further with the same data, the
 //! checkpoint recording its data, and the options checked before anything is written.
 
+#[path = "../../../tests/common/mod.rs"]
+mod common;
+
 use anyhow::Result;
 use candle_mha::candle::{DType, Device};
-use candle_mha_train::data::{run_data_spec, DataSpec};
+use candle_mha_train::data::{run_data_spec, DataSpec, PrepareJob};
 use candle_mha_train::distributed::SingleProcess;
+use candle_mha_train::models::NextTokenPredictorConfig;
 use candle_mha_train::{NewData, NewRun, ResumeRun, Session, TrainConfig, STATE_FILE};
 
 fn synthetic() -> NewData {
@@ -108,5 +112,35 @@ fn bad_options_fail_before_anything_is_written() -> Result<()> {
     .expect("nothing to resume")
     .to_string();
     assert!(e.contains("to resume from"), "{e}");
+    Ok(())
+}
+
+/// Text with nothing but the defaults: prepared into the run's `data/`, the text model's
+/// context, a BPE of the asked size.
+#[test]
+fn text_starts_with_the_text_defaults() -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("run");
+    let mut job = PrepareJob::text(vec![common::gpl_text().into()]);
+    job.vocab_size = 300;
+    let data = NewData::Text {
+        job,
+        eval_windows: 4,
+    };
+    let session = Session::start(
+        &dir,
+        NewRun::new(data, config(1)),
+        &Device::Cpu,
+        &SingleProcess,
+        &mut (),
+    )?;
+    assert_eq!(
+        session.model.max_len,
+        NextTokenPredictorConfig::for_text(0).max_len
+    );
+    assert_eq!(session.data.longest, session.model.max_len + 1);
+    assert_eq!(session.data.codec.vocab_size(), 300);
+    assert!(matches!(session.spec, DataSpec::Prepared { .. }));
+    assert!(dir.join("data/tokens.bin").exists());
     Ok(())
 }

@@ -150,7 +150,7 @@ fn run_rank(
     }
     check_options(args)?;
     let mut notices = Notices::new(args.quiet, lead)?;
-    let session = match args.resume {
+    let mut session = match args.resume {
         true => {
             let how = ResumeRun {
                 steps: args.steps,
@@ -201,7 +201,6 @@ fn run_rank(
             Session::start(&args.out, run, &device, comm, &mut notices)?
         }
     };
-    let mut session = session;
     if lead {
         let data = &session.data;
         eprintln!(
