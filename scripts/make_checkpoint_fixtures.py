@@ -308,6 +308,11 @@ def main():
     w.pt("views_dtypes.pt", {**readable, **unreadable}, "views and dtypes")
     w.st("views_dtypes_expected.safetensors", contiguous_expected(readable), {"format": "pt"})
 
+    # ---- a view far larger than its storage: one float expanded to 2**29 elements (2 GiB if
+    # materialised, 1.5 KB on disk)
+    w.pt("expanded_view.pt", {"x": torch.zeros(1).expand(2 ** 29)},
+         "one float expanded to 2**29 elements")
+
     # ---- a pickled custom module with buffers
     seed("tagged_module")
     tagged = randomize(Tagged())

@@ -1,18 +1,177 @@
-//! Small file helpers shared by every layer that writes files (checkpoints, prepared data and
-//! vocabularies, training records, pictures): below all of them, importing nothing of the crate.
+//! Small file helpers shared by every layer that reads or writes files (checkpoints, prepared
+//! data and vocabularies, training records, pictures): below all of them, importing nothing of
+//! the crate.
 //!
-//! [`write_atomic`]: a temporary file beside the target, flushed, then renamed over it, so a
-//! crash or Ctrl-C never leaves a half-written file.
+//! - [`write_atomic`]: a temporary file beside the target (created exclusively under an
+//!   unpredictable name), flushed, then renamed over it, so a crash or Ctrl-C never leaves a
+//!   half-written file and no write goes through a link planted at the temporary's name.
+//! - [`open_input`] / [`read_input`]: the one way a path a user gives is opened for reading:
+//!   devices, FIFOs and sockets are refused (they have no end, or block), and what is read is
+//!   bounded.
+//! - [`open_no_follow`], [`refuse_link`]: files a program owns (a lock, a log it appends to)
+//!   are opened without following a link.
 
-use std::io::Write;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
 use std::path::Path;
 
 use candle::Result;
 
-/// Writes `bytes` to `path` atomically (temp file in the same directory + `fsync` + rename).
+fn io_err(what: &str, path: &Path, e: std::io::Error) -> candle::Error {
+    candle::Error::Msg(format!("{what} {}: {e}", path.display()))
+}
+
+/// What kind of file `md` describes, in words, for errors.
+fn kind(md: &std::fs::Metadata) -> &'static str {
+    let ft = md.file_type();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if ft.is_char_device() {
+            return "a character device";
+        }
+        if ft.is_block_device() {
+            return "a block device";
+        }
+        if ft.is_fifo() {
+            return "a FIFO";
+        }
+        if ft.is_socket() {
+            return "a socket";
+        }
+    }
+    if ft.is_dir() {
+        "a directory"
+    } else if ft.is_symlink() {
+        "a symbolic link"
+    } else if ft.is_file() {
+        "a regular file"
+    } else {
+        "not a regular file"
+    }
+}
+
+/// Errors when `path` is a symbolic link (a missing path is fine): files a program writes
+/// or replaces in its own directories are never links, so nothing outside is changed through
+/// one.
+pub fn refuse_link(path: &Path) -> Result<()> {
+    match std::fs::symlink_metadata(path) {
+        Ok(md) if md.file_type().is_symlink() => candle::bail!(
+            "{} is a symbolic link: refusing to write through or replace it (give the path it points to, or remove the link)",
+            path.display()
+        ),
+        _ => Ok(()),
+    }
+}
+
+/// Opens `path` with `opts` without following a link at its last component, and checks that
+/// it is a regular file: a link, a directory, a FIFO or a device there is an error naming it.
+/// A FIFO is never waited on (it is opened non-blocking, then refused).
 ///
-/// PyTorch equivalent: none (`torch.save` writes in place).
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+/// PyTorch equivalent: none.
+pub fn open_no_follow(path: &Path, opts: &mut OpenOptions) -> Result<File> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
+    }
+    #[cfg(not(unix))]
+    refuse_link(path)?;
+    let file = opts.open(path).map_err(|e| {
+        // O_NOFOLLOW on a link fails with ELOOP: say what it means.
+        if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
+            candle::Error::Msg(format!(
+                "{} is a symbolic link: refusing to open it (a file this program owns is never a link)",
+                path.display()
+            ))
+        } else {
+            io_err("opening", path, e)
+        }
+    })?;
+    check_regular(path, &file)?;
+    Ok(file)
+}
+
+fn check_regular(path: &Path, file: &File) -> Result<()> {
+    let md = file.metadata().map_err(|e| io_err("reading", path, e))?;
+    if !md.is_file() {
+        candle::bail!(
+            "{}: {}, not a regular file; expected a file",
+            path.display(),
+            kind(&md)
+        )
+    }
+    Ok(())
+}
+
+/// Opens a file a user gave for reading. Links are followed (the path is the user's), but
+/// what it names must be a regular file: a directory, a device (`/dev/zero`), a FIFO or a
+/// socket is an error naming the path, at once (a FIFO is not waited on).
+///
+/// PyTorch equivalent: `open(path, "rb")`.
+pub fn open_input(path: &Path) -> Result<File> {
+    let mut opts = OpenOptions::new();
+    opts.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        // Opening a FIFO for reading would block until a writer comes.
+        opts.custom_flags(libc::O_NONBLOCK);
+    }
+    let file = opts
+        .open(path)
+        .map_err(|e| io_err("cannot read", path, e))?;
+    check_regular(path, &file)?;
+    Ok(file)
+}
+
+/// [`open_input`] and the file's size, checked to be at most `max_bytes`.
+pub fn open_input_bounded(path: &Path, max_bytes: u64) -> Result<(File, u64)> {
+    let file = open_input(path)?;
+    let len = file
+        .metadata()
+        .map_err(|e| io_err("cannot read", path, e))?
+        .len();
+    if len > max_bytes {
+        candle::bail!(
+            "{}: {len} bytes, more than the {max_bytes} bytes such a file may have",
+            path.display()
+        )
+    }
+    Ok((file, len))
+}
+
+/// The bytes of a file a user gave ([`open_input`]), at most `max_bytes` of them: a larger
+/// file is an error naming its size and the limit, before anything is read.
+pub fn read_input(path: &Path, max_bytes: u64) -> Result<Vec<u8>> {
+    let (file, len) = open_input_bounded(path, max_bytes)?;
+    let mut bytes = Vec::new();
+    bytes.try_reserve_exact(len as usize).map_err(|_| {
+        candle::Error::Msg(format!(
+            "{}: {len} bytes do not fit in memory",
+            path.display()
+        ))
+    })?;
+    // `take`: a file that grows while it is read still stops at the limit.
+    file.take(max_bytes)
+        .read_to_end(&mut bytes)
+        .map_err(|e| io_err("cannot read", path, e))?;
+    Ok(bytes)
+}
+
+/// [`read_input`] as UTF-8 text; errors name the path.
+pub fn read_input_string(path: &Path, max_bytes: u64) -> Result<String> {
+    String::from_utf8(read_input(path, max_bytes)?).map_err(|e| {
+        candle::Error::Msg(format!(
+            "{}: not UTF-8 text (invalid byte at offset {})",
+            path.display(),
+            e.utf8_error().valid_up_to()
+        ))
+    })
+}
+
+/// The directory and file name of `path`, for a write beside it.
+fn dir_and_name(path: &Path) -> Result<(&Path, String)> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -23,21 +182,40 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
             path.display()
         ))
     })?;
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let write = || -> std::io::Result<()> {
-        let mut file = std::fs::File::create(&tmp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        std::fs::rename(&tmp, path)
-    };
-    write().map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        candle::Error::Msg(format!("writing {}: {e}", path.display()))
-    })
+    Ok((dir, name.to_string_lossy().into_owned()))
+}
+
+/// A new temporary file beside `path`, named `.NAME.tmp-PID-RANDOM`: created exclusively
+/// (`O_CREAT | O_EXCL`, so never through a link planted there), removed when dropped unless
+/// [`persist`](tempfile::NamedTempFile::persist)ed. [`remove_stale_temps`] knows the name.
+pub fn temp_beside(path: &Path) -> Result<tempfile::NamedTempFile> {
+    let (dir, name) = dir_and_name(path)?;
+    let prefix = format!(".{name}.tmp-{}-", std::process::id());
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(&prefix);
+    #[cfg(unix)]
+    {
+        // As `File::create`: the process's umask decides, not tempfile's private 0600.
+        use std::os::unix::fs::PermissionsExt;
+        builder.permissions(std::fs::Permissions::from_mode(0o666));
+    }
+    builder
+        .tempfile_in(dir)
+        .map_err(|e| io_err("cannot create a temporary file in", dir, e))
+}
+
+/// Writes `bytes` to `path` atomically: a temporary file beside it ([`temp_beside`]),
+/// flushed, then renamed over it. A link at `path` is refused ([`refuse_link`]).
+///
+/// PyTorch equivalent: none (`torch.save` writes in place).
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    refuse_link(path)?;
+    let mut tmp = temp_beside(path)?;
+    let written = tmp.write_all(bytes).and_then(|_| tmp.as_file().sync_all());
+    written.map_err(|e| io_err("writing", path, e))?;
+    tmp.persist(path)
+        .map_err(|e| io_err("writing", path, e.error))?;
+    Ok(())
 }
 
 /// Whether process `pid` may be running: `false` only where `/proc` shows it is not (Linux);
@@ -47,9 +225,15 @@ fn pid_may_run(pid: u32) -> bool {
     !proc.join("self").exists() || proc.join(pid.to_string()).exists()
 }
 
-/// Removes the temporary files ([`write_atomic`]'s `.NAME.tmp-PID`) that processes which are no
-/// longer running left in `dir` (killed while writing); returns how many. A live process's
-/// file is left alone.
+/// The pid in a temporary file's name (`.NAME.tmp-PID-RANDOM`, or `.NAME.tmp-PID`).
+fn temp_pid(name: &str) -> Option<u32> {
+    let (_, rest) = name.strip_prefix('.')?.rsplit_once(".tmp-")?;
+    rest.split('-').next()?.parse().ok()
+}
+
+/// Removes the temporary files ([`temp_beside`]'s `.NAME.tmp-PID-…`) that processes which
+/// are no longer running left in `dir` (killed while writing); returns how many. A live
+/// process's file is left alone; a link is removed as a link.
 pub fn remove_stale_temps(dir: &Path) -> usize {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
@@ -57,11 +241,7 @@ pub fn remove_stale_temps(dir: &Path) -> usize {
     let mut removed = 0;
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        let pid = name
-            .strip_prefix('.')
-            .and_then(|n| n.rsplit_once(".tmp-"))
-            .and_then(|(_, pid)| pid.parse::<u32>().ok());
-        if let Some(pid) = pid {
+        if let Some(pid) = temp_pid(&name) {
             if pid != std::process::id()
                 && !pid_may_run(pid)
                 && std::fs::remove_file(entry.path()).is_ok()
@@ -71,4 +251,68 @@ pub fn remove_stale_temps(dir: &Path) -> usize {
         }
     }
     removed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn temporary_names_carry_the_pid() {
+        assert_eq!(temp_pid(".model.safetensors.tmp-42-aB3xYz"), Some(42));
+        assert_eq!(temp_pid(".tokens.bin.tmp-7"), Some(7));
+        assert_eq!(temp_pid("model.safetensors"), None);
+        assert_eq!(temp_pid(".x.tmp-abc"), None);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn writes_never_follow_a_link() -> Result<()> {
+        let tmp = tempfile::tempdir()?;
+        let outside = tmp.path().join("outside.txt");
+        std::fs::write(&outside, b"keep")?;
+        let dir = tmp.path().join("run");
+        std::fs::create_dir(&dir)?;
+        let link = dir.join("config.json");
+        std::os::unix::fs::symlink(&outside, &link)?;
+        let e = write_atomic(&link, b"new").unwrap_err().to_string();
+        assert!(
+            e.contains("symbolic link") && e.contains("config.json"),
+            "{e}"
+        );
+        let mut opts = OpenOptions::new();
+        opts.append(true).create(true);
+        let e = open_no_follow(&link, &mut opts).unwrap_err().to_string();
+        assert!(e.contains("symbolic link"), "{e}");
+        // A dangling link is not created through either.
+        let dangling = dir.join(".lock");
+        std::os::unix::fs::symlink(tmp.path().join("made.txt"), &dangling)?;
+        assert!(open_no_follow(&dangling, &mut opts).is_err());
+        assert!(!tmp.path().join("made.txt").exists());
+        assert_eq!(std::fs::read(&outside)?, b"keep");
+        Ok(())
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn inputs_that_never_end_are_refused_at_once() -> Result<()> {
+        for dev in ["/dev/zero", "/dev/urandom"] {
+            let e = read_input(Path::new(dev), 1 << 20).unwrap_err().to_string();
+            assert!(e.contains(dev) && e.contains("character device"), "{e}");
+        }
+        let tmp = tempfile::tempdir()?;
+        let fifo = tmp.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let e = read_input(&fifo, 1 << 20).unwrap_err().to_string();
+        assert!(e.contains("FIFO"), "{e}");
+        let e = read_input(tmp.path(), 1 << 20).unwrap_err().to_string();
+        assert!(e.contains("directory"), "{e}");
+        let big = tmp.path().join("big");
+        std::fs::write(&big, vec![b'x'; 100])?;
+        let e = read_input(&big, 99).unwrap_err().to_string();
+        assert!(e.contains("100 bytes") && e.contains("99"), "{e}");
+        assert_eq!(read_input(&big, 100)?.len(), 100);
+        Ok(())
+    }
 }

@@ -396,6 +396,8 @@ fn bad_files_are_errors_not_panics() -> Result<()> {
         "cannot read checkpoint",
     ));
     cases.push((ckpt("no_tensors.pt"), "holds no tensors"));
+    // A zero-stride view of 2**29 elements over one float: refused before any allocation.
+    cases.push((ckpt("expanded_view.pt"), "more than the 268435456 bytes"));
     let mut failures = Vec::new();
     for (path, needle) in &cases {
         let result = std::panic::catch_unwind(|| StateDict::load(path).map(|sd| sd.len()));

@@ -275,8 +275,9 @@ impl StateDict {
         // What this crate noted about the source file, not the file's own metadata.
         metadata.retain(|k, _| k != "nested_under" && k != "pickled_module");
         metadata.insert("format".into(), "pt".into());
-        safetensors::serialize(tensors, Some(metadata))
-            .map_err(|e| candle::Error::Msg(format!("serializing safetensors: {e}")))
+        let bytes = safetensors::serialize(tensors, Some(metadata))
+            .map_err(|e| candle::Error::Msg(format!("serializing safetensors: {e}")))?;
+        Ok(sort_metadata(bytes))
     }
 
     /// Writes the tensors as safetensors to `path`, atomically.
@@ -291,6 +292,42 @@ impl StateDict {
     pub fn with_metadata(mut self, key: &str, value: &str) -> Self {
         self.metadata.insert(key.into(), value.into());
         self
+    }
+}
+
+/// Safetensors bytes with the `__metadata__` entries in sorted order: the `safetensors` crate
+/// writes them in a `HashMap`'s order, which varies from process to process, so that the same
+/// tensors gave different bytes. The header keeps its length (the same entries, reordered).
+fn sort_metadata(mut bytes: Vec<u8>) -> Vec<u8> {
+    const PREFIX: &str = "{\"__metadata__\":";
+    let Some(n) = bytes
+        .get(..8)
+        .map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
+    else {
+        return bytes;
+    };
+    let Some(header) = bytes.get(8..8 + n as usize) else {
+        return bytes;
+    };
+    let Some(rest) = std::str::from_utf8(header)
+        .ok()
+        .and_then(|h| h.strip_prefix(PREFIX))
+    else {
+        return bytes;
+    };
+    let mut stream = serde_json::Deserializer::from_str(rest)
+        .into_iter::<std::collections::BTreeMap<String, String>>();
+    let Some(Ok(sorted)) = stream.next() else {
+        return bytes;
+    };
+    let end = stream.byte_offset();
+    match serde_json::to_string(&sorted) {
+        Ok(text) if text.len() == end => {
+            let at = 8 + PREFIX.len();
+            bytes[at..at + end].copy_from_slice(text.as_bytes());
+            bytes
+        }
+        _ => bytes,
     }
 }
 

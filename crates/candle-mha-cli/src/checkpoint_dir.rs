@@ -19,11 +19,44 @@ pub struct Checkpoint {
 
 /// Loads `config.json`, `model.safetensors` (strictly: a config that does not match the
 /// weights is an error with the load report) and the vocabulary or tokenizer, after checking
-/// them against the checkpoint's `checkpoint.json`.
-pub fn open(dir: &Path, dtype: DType, device: &Device) -> Result<Checkpoint> {
+/// them against the checkpoint's `checkpoint.json`. What `config.json` says is bounded before
+/// anything is built: its sizes as the options' ranges, its parameters by the weights file's
+/// size, and the model with batches of `batch` sequences by this machine's memory.
+pub fn open(dir: &Path, dtype: DType, device: &Device, batch: usize) -> Result<Checkpoint> {
+    let config = dir.join(CONFIG_FILE);
+    if std::fs::symlink_metadata(&config).is_err() {
+        anyhow::bail!(
+            "cannot read model config {}: no such file; expected a checkpoint directory written by `mha train`",
+            config.display()
+        )
+    }
     // The files below must be one checkpoint, not parts of two saves.
-    candle_mha_train::io::verify_file_set(dir)?;
+    let codec_file = Codec::file_in(dir)?;
+    candle_mha_train::verify_checkpoint(dir, &[CONFIG_FILE, MODEL_FILE, codec_file])?;
     let cfg = NextTokenPredictorConfig::load(dir.join(CONFIG_FILE))?;
+    let path = dir.join(MODEL_FILE);
+    let file_bytes = std::fs::metadata(&path)
+        .with_context(|| format!("reading {}", path.display()))?
+        .len();
+    // Every parameter takes at least 2 bytes in the file (bf16/f16; the trainer writes f32).
+    let params = cfg.parameter_count();
+    if u128::from(file_bytes) < params * 2 {
+        anyhow::bail!(
+            "{}: config.json describes a model of {params} parameters, but {MODEL_FILE} has only {file_bytes} bytes: they are not one checkpoint",
+            dir.display()
+        )
+    }
+    if let Some(limit) = crate::bounds::memory_limit() {
+        let tokens = batch.max(1) as u128 * cfg.max_len as u128;
+        cfg.memory(dtype, tokens, false)
+            .check(limit, "running this model")?;
+        if file_bytes > limit {
+            anyhow::bail!(
+                "{}: {file_bytes} bytes, more than this machine's memory ({limit} bytes)",
+                path.display()
+            )
+        }
+    }
     let codec = Codec::load_dir(dir)?;
     if codec.vocab_size() > cfg.vocab_size {
         anyhow::bail!(
@@ -35,7 +68,6 @@ pub fn open(dir: &Path, dtype: DType, device: &Device) -> Result<Checkpoint> {
     }
     let varmap = VarMap::new();
     let model = NextTokenPredictor::new(cfg, seeded_var_builder(&varmap, 0, dtype, device))?;
-    let path = dir.join(MODEL_FILE);
     let weights = StateDict::load(&path)?;
     let opts = LoadOptions::new()
         .with_module("NextTokenPredictor")

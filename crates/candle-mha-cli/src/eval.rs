@@ -111,7 +111,7 @@ fn print_baselines(
 pub fn run(args: &EvalArgs) -> Result<()> {
     let (device, notice) = crate::device::open(&args.device)?;
     eprintln!("{notice}");
-    let ckpt = super::checkpoint_dir::open(&args.checkpoint, args.dtype, &device)?;
+    let ckpt = super::checkpoint_dir::open(&args.checkpoint, args.dtype, &device, args.batch_size)?;
     let len = ckpt.model.config().max_len + 1;
     let (name, corpus) = checkpoint_corpus(
         &args.checkpoint,

@@ -76,7 +76,7 @@ fn parse_temperature(s: &str) -> Result<f64, String> {
 pub fn run(args: &GenerateArgs) -> Result<()> {
     let (device, notice) = crate::device::open(&args.device)?;
     eprintln!("{notice}");
-    let ckpt = super::checkpoint_dir::open(&args.checkpoint, args.dtype, &device)?;
+    let ckpt = super::checkpoint_dir::open(&args.checkpoint, args.dtype, &device, 1)?;
     let prompts = args
         .prompt
         .iter()

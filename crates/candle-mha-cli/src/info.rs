@@ -28,8 +28,10 @@ pub fn run(args: &InfoArgs) -> Result<()> {
         if dir.join(candle_mha_train::data::META_FILE).exists() {
             return data_info(dir);
         }
-        candle_mha_train::io::verify_file_set(dir)?;
         let model = dir.join(candle_mha_train::MODEL_FILE);
+        if model.exists() {
+            candle_mha_train::verify_checkpoint(dir, &[candle_mha_train::MODEL_FILE])?;
+        }
         if !model.exists() {
             anyhow::bail!(
                 "{} is a directory, but neither a data directory (meta.json) nor a checkpoint directory (model.safetensors); expected one of those, or a checkpoint file",

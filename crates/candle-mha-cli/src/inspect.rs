@@ -84,7 +84,7 @@ pub struct InspectArgs {
 pub fn run(args: &InspectArgs) -> Result<()> {
     let (device, notice) = crate::device::open(&args.device)?;
     eprintln!("{notice}");
-    let ckpt = super::checkpoint_dir::open(&args.checkpoint, DType::F32, &device)?;
+    let ckpt = super::checkpoint_dir::open(&args.checkpoint, DType::F32, &device, 1)?;
     let (fusion, rollout_fusion) = args.fusion.head_and_rollout();
     let max_len = ckpt.model.config().max_len;
     let ids = match (&args.input, &args.input_file, &ckpt.codec) {

@@ -91,6 +91,19 @@ fn main() -> std::process::ExitCode {
             std::env::set_var(name, value);
         }
     }
+    // Paths end up in JSON records (trainer_state.json, meta.json): refused at start, not
+    // at the first save after the compute.
+    let bad = std::env::args_os()
+        .enumerate()
+        .skip(1)
+        .find(|(_, a)| a.to_str().is_none());
+    if let Some((i, arg)) = bad {
+        eprintln!(
+            "error: argument {i} ({}) is not valid UTF-8; paths and options must be UTF-8",
+            arg.to_string_lossy()
+        );
+        return std::process::ExitCode::from(2);
+    }
     let result = match Cli::parse().command {
         Command::Prepare(args) => prepare::run(&args),
         Command::Train(args) => train::run(&args),
@@ -103,7 +116,11 @@ fn main() -> std::process::ExitCode {
         Command::Convert(args) => convert::run(&args),
     };
     match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        // A run stopped by SIGINT or SIGTERM saved its checkpoint, and says it stopped early.
+        Ok(()) => match train::signals::caught() {
+            Some(sig) => std::process::ExitCode::from(train::signals::exit_status(sig)),
+            None => std::process::ExitCode::SUCCESS,
+        },
         Err(e) => {
             // The whole cause chain on one line, no backtrace: these are user errors.
             eprintln!("error: {e:#}");

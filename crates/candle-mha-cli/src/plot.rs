@@ -69,7 +69,11 @@ pub fn run(args: &PlotArgs) -> Result<()> {
                 dir.display()
             );
         }
-        let records = read_metrics(&path)?;
+        let log = read_metrics(&path)?;
+        for warning in &log.skipped {
+            eprintln!("warning: {warning}");
+        }
+        let records = log.records;
         println!("{}", summary(&name, &records));
         runs.push(Run { name, records });
     }

@@ -4,8 +4,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use candle_mha::candle::DType;
-use candle_mha_viz::corpus_vocab_matrix_stream;
 use candle_mha_viz::html::{human_size, vocab_matrix_html, VocabHtmlOptions};
+use candle_mha_viz::{corpus_vocab_matrix_stream, MAX_DENSE_VOCAB};
 
 use candle_mha_train::data::{checkpoint_corpus, RunSplit};
 
@@ -40,9 +40,9 @@ pub struct VocabMatrixArgs {
     /// offline) to this file.
     #[arg(long, value_name = "PATH")]
     pub html: Option<PathBuf>,
-    /// Skip the dense `vocab_matrix.safetensors` (sum, count, mean and row share as V × V f64
-    /// matrices: 4·8·V² bytes, 537 MB at V = 4096); the CSV (and the HTML page) hold the
-    /// nonzero cells only.
+    /// Skip `vocab_matrix.safetensors` (sum, count, mean and row share as V × V f64 matrices:
+    /// 4·8·V² bytes, 537 MB at V = 4096; above 8192 ids the nonzero cells as vectors); the
+    /// CSV (and the HTML page) hold the nonzero cells only.
     #[arg(long)]
     pub no_safetensors: bool,
     /// Sequences per batch.
@@ -57,7 +57,7 @@ pub struct VocabMatrixArgs {
 pub fn run(args: &VocabMatrixArgs) -> Result<()> {
     let (device, notice) = crate::device::open(&args.device)?;
     eprintln!("{notice}");
-    let ckpt = super::checkpoint_dir::open(&args.checkpoint, DType::F32, &device)?;
+    let ckpt = super::checkpoint_dir::open(&args.checkpoint, DType::F32, &device, args.batch_size)?;
     let len = ckpt.model.config().max_len + 1;
     let (name, corpus) = checkpoint_corpus(
         &args.checkpoint,
@@ -116,12 +116,21 @@ pub fn run(args: &VocabMatrixArgs) -> Result<()> {
     )?;
     if args.no_safetensors {
         eprintln!("wrote {}/vocab_matrix.csv", out.display());
-    } else {
+    } else if vm.vocab_size() <= MAX_DENSE_VOCAB {
         vm.save_safetensors(out.join("vocab_matrix.safetensors"))?;
         eprintln!(
             "wrote {}/vocab_matrix.csv and vocab_matrix.safetensors (about {}; --no-safetensors skips it)",
             out.display(),
             human_size(32 * vm.vocab_size() * vm.vocab_size())
+        );
+    } else {
+        // V × V dense would not fit in memory at GPT-2's 50,257 ids (81 GB): the cells only.
+        vm.save_sparse_safetensors(out.join("vocab_matrix.safetensors"))?;
+        eprintln!(
+            "wrote {}/vocab_matrix.csv and vocab_matrix.safetensors ({} nonzero cells as query/key/sum/count/mean/row_share vectors: {} ids are more than the {MAX_DENSE_VOCAB} written dense)",
+            out.display(),
+            vm.num_cells(),
+            vm.vocab_size()
         );
     }
     if let Some(path) = &args.html {

@@ -30,6 +30,7 @@ fn opts(chunk_bytes: usize) -> PrepareOptions {
     PrepareOptions {
         val_fraction: 0.1,
         chunk_bytes,
+        bpe: None,
     }
 }
 

@@ -1,6 +1,7 @@
 //! [`TrainConfig`]: a run's hyper-parameters and their defaults, the one place the
 //! command line takes them from.
 
+use candle::Result;
 use serde::{Deserialize, Serialize};
 
 /// Training hyper-parameters. The `Default`s are those of token sequences;
@@ -84,6 +85,27 @@ impl TrainConfig {
             eval_every: 100,
             ..Self::default()
         }
+    }
+}
+
+impl TrainConfig {
+    /// Checks every count against the crate's [limits](crate::limits) (the command line's
+    /// ranges; a `trainer_state.json` is held to them too); names the field on error. The
+    /// rates are checked by the optimizer and the trainer.
+    pub fn validate(&self) -> Result<()> {
+        use crate::limits::{check_range, MAX_COUNT, MAX_GRAD_ACCUM, MAX_STEPS};
+        check_range("batch_size", self.batch_size, 1, MAX_COUNT)?;
+        check_range("grad_accum", self.grad_accum, 1, MAX_GRAD_ACCUM)?;
+        for (name, v) in [
+            ("steps", self.steps),
+            ("warmup_steps", self.warmup_steps),
+            ("early_stop", self.early_stop),
+            ("eval_every", self.eval_every),
+            ("save_every", self.save_every),
+        ] {
+            check_range(name, v, 0, MAX_STEPS)?;
+        }
+        Ok(())
     }
 }
 

@@ -2,15 +2,48 @@
 //! digests as the commit record, then renames), their recovery and verification, and
 //! [`DirLock`], the ownership of a run or data directory by one process.
 //!
+//! A directory is untrusted input (run directories are shared like `.pt` files): a manifest
+//! is checked before it is believed (plain names from the set's fixed list, no duplicates, a
+//! bounded size), recovery renames only `.NAME.staged` to `NAME` inside the directory, and no
+//! file of the set is written or read through a symbolic link.
+//!
 //! Single files are written with [`candle_mha::io::write_atomic`] (re-exported here).
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use candle::Result;
-pub use candle_mha::io::{remove_stale_temps, write_atomic};
+use candle_mha::io::open_no_follow;
+pub use candle_mha::io::{refuse_link, remove_stale_temps, write_atomic};
 /// The commit record of a [`FileSet`] in its directory.
 pub const MANIFEST_FILE: &str = "checkpoint.json";
+
+/// The largest [`MANIFEST_FILE`] read (a checkpoint's is a few hundred bytes).
+pub const MAX_MANIFEST_BYTES: u64 = 64 * 1024;
+
+/// How long a reader waits for a save in progress to finish before saying so.
+const SAVE_WAIT: Duration = Duration::from_secs(3);
+
+/// The files of a [`FileSet`] directory: those its manifest may list (`allowed`: any other
+/// name makes the manifest invalid) and those a reader is about to load (`read`: each must be
+/// listed when there is a manifest, and none may be a link).
+///
+/// PyTorch equivalent: none.
+#[derive(Clone, Copy, Debug)]
+pub struct SetFiles<'a> {
+    /// Every name the set may hold.
+    pub allowed: &'a [&'a str],
+    /// The names the caller reads.
+    pub read: &'a [&'a str],
+}
+
+impl<'a> SetFiles<'a> {
+    /// Any of `allowed`, reading none (a writer's view).
+    pub fn writer(allowed: &'a [&'a str]) -> Self {
+        Self { allowed, read: &[] }
+    }
+}
 
 /// One point of a [`FileSet::commit`], given to its hook before and after each file write and
 /// rename: a crash (or a hook's error) there leaves the files as they are at that point.
@@ -24,26 +57,29 @@ pub struct CommitPoint {
 }
 
 /// Files written into a directory as one unit: each is first staged under a hidden name
-/// (`.NAME.staged`, flushed), then the manifest [`MANIFEST_FILE`] (each file's name, size and
-/// SHA-256) is written atomically as the commit record, then each staged file is renamed into
-/// place. A crash before the manifest leaves the previous set whole; after it,
-/// [`recover_file_set`] (which [`FileSet::commit`] runs first, and readers should run before
-/// reading) finishes the renames. Files of the directory that are not in the set are left
-/// alone.
+/// (`.NAME.staged`, created exclusively, flushed), then the manifest [`MANIFEST_FILE`] (each
+/// file's name, size and SHA-256) is written atomically as the commit record, then each staged
+/// file is renamed into place. A crash before the manifest leaves the previous set whole (a
+/// failed save removes what it staged); after it, [`recover_file_set`] (which
+/// [`FileSet::commit`] runs first) finishes the renames. Files of the directory that are not
+/// in the set are left alone; a set file that is a link is an error, never written through.
 ///
 /// PyTorch equivalent: none (`torch.save` writes each file in place).
 #[derive(Debug)]
-pub struct FileSet {
+pub struct FileSet<'a> {
     dir: std::path::PathBuf,
+    allowed: &'a [&'a str],
     files: Vec<(String, Vec<u8>)>,
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 struct Manifest {
     files: Vec<ManifestEntry>,
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 struct ManifestEntry {
     name: String,
     bytes: u64,
@@ -80,23 +116,39 @@ fn sync_dir(dir: &Path) -> Result<()> {
         .map_err(|e| io_err("flushing directory", dir, e))
 }
 
-impl FileSet {
-    /// An empty set for `dir` (created by [`commit`](Self::commit) when missing).
-    pub fn new(dir: &Path) -> Self {
+/// Whether `name` is a plain file name a set may hold: no separator, no leading dot, not the
+/// manifest, short, printable ASCII.
+fn plain_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 255
+        && !name.starts_with('.')
+        && name != MANIFEST_FILE
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+impl<'a> FileSet<'a> {
+    /// An empty set for `dir` (created by [`commit`](Self::commit) when missing) whose files
+    /// are among `allowed` (the manifest of an interrupted commit is checked against it too).
+    pub fn new(dir: &Path, allowed: &'a [&'a str]) -> Self {
         Self {
             dir: dir.to_path_buf(),
+            allowed,
             files: Vec::new(),
         }
     }
 
-    /// Adds file `name` (a plain file name, no directory) with `bytes`.
+    /// Adds file `name` (one of the set's allowed names) with `bytes`.
     pub fn add(&mut self, name: &str, bytes: Vec<u8>) -> Result<()> {
-        let plain = !name.is_empty()
-            && !name.starts_with('.')
-            && !name.contains(['/', '\\'])
-            && name != MANIFEST_FILE;
-        if !plain || self.files.iter().any(|(n, _)| n == name) {
-            candle::bail!("file set: {name:?} is not a new plain file name")
+        if !plain_name(name)
+            || !self.allowed.contains(&name)
+            || self.files.iter().any(|(n, _)| n == name)
+        {
+            candle::bail!(
+                "file set: {name:?} is not a new file name among {:?}",
+                self.allowed
+            )
         }
         self.files.push((name.to_string(), bytes));
         Ok(())
@@ -108,39 +160,62 @@ impl FileSet {
         let dir = &self.dir;
         std::fs::create_dir_all(dir).map_err(|e| io_err("cannot create directory", dir, e))?;
         // An interrupted commit is finished first: staging would overwrite its staged files.
-        finish_interrupted_commit(dir)?;
+        finish_interrupted_commit(dir, SetFiles::writer(self.allowed))?;
+        // Every file this commit replaces: none may be a link (checked before any write).
+        for (name, _) in &self.files {
+            refuse_link(&dir.join(name))?;
+        }
+        refuse_link(&dir.join(MANIFEST_FILE))?;
         let mut index = 0;
         let mut point = |what: String| {
             let p = CommitPoint { index, what };
             index += 1;
             hook(&p)
         };
-        for (name, bytes) in &self.files {
-            let staged = dir.join(staged_name(name));
-            point(format!("before staging {name}"))?;
-            let write = || -> std::io::Result<()> {
-                let mut file = std::fs::File::create(&staged)?;
-                file.write_all(bytes)?;
-                file.sync_all()
+        let mut staged = Vec::new();
+        let staging = (|| -> Result<()> {
+            for (name, bytes) in &self.files {
+                let path = dir.join(staged_name(name));
+                point(format!("before staging {name}"))?;
+                // Whatever sits at the staged name (a link included) is replaced, never
+                // written through: the new file is created exclusively.
+                let _ = std::fs::remove_file(&path);
+                staged.push(path.clone());
+                let write = || -> std::io::Result<()> {
+                    let mut file = std::fs::OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .open(&path)?;
+                    file.write_all(bytes)?;
+                    file.sync_all()
+                };
+                write().map_err(|e| io_err("writing", &path, e))?;
+                point(format!("after staging {name}"))?;
+            }
+            let manifest = Manifest {
+                files: self
+                    .files
+                    .iter()
+                    .map(|(name, bytes)| ManifestEntry {
+                        name: name.clone(),
+                        bytes: bytes.len() as u64,
+                        sha256: sha256_hex(bytes),
+                    })
+                    .collect(),
             };
-            write().map_err(|e| io_err("writing", &staged, e))?;
-            point(format!("after staging {name}"))?;
+            let json = serde_json::to_string_pretty(&manifest)
+                .map_err(|e| candle::Error::Msg(format!("serializing {MANIFEST_FILE}: {e}")))?;
+            point(format!("before writing {MANIFEST_FILE}"))?;
+            write_atomic(&dir.join(MANIFEST_FILE), json.as_bytes())
+        })();
+        if let Err(e) = staging {
+            // Before the commit record: the previous set stands; what was staged only fills
+            // the disk (a disk-full failure would keep it full).
+            for path in &staged {
+                let _ = std::fs::remove_file(path);
+            }
+            return Err(e);
         }
-        let manifest = Manifest {
-            files: self
-                .files
-                .iter()
-                .map(|(name, bytes)| ManifestEntry {
-                    name: name.clone(),
-                    bytes: bytes.len() as u64,
-                    sha256: sha256_hex(bytes),
-                })
-                .collect(),
-        };
-        let json = serde_json::to_string_pretty(&manifest)
-            .map_err(|e| candle::Error::Msg(format!("serializing {MANIFEST_FILE}: {e}")))?;
-        point(format!("before writing {MANIFEST_FILE}"))?;
-        write_atomic(&dir.join(MANIFEST_FILE), json.as_bytes())?;
         point(format!("after writing {MANIFEST_FILE}"))?;
         for (name, _) in &self.files {
             point(format!("before renaming {name}"))?;
@@ -152,16 +227,20 @@ impl FileSet {
     }
 }
 
-/// [`recover_file_set`] where a commit left staged files in `dir` (it stopped, or is being
-/// finished); nothing, not even reading the files, where none is left.
-pub fn finish_interrupted_commit(dir: &Path) -> Result<()> {
-    let staged = std::fs::read_dir(dir).is_ok_and(|entries| {
+/// Whether `dir` holds a staged file (a commit in progress or interrupted).
+fn has_staged(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|entries| {
         entries
             .flatten()
             .any(|e| is_staged(&e.file_name().to_string_lossy()))
-    });
-    if staged {
-        recover_file_set(dir)?;
+    })
+}
+
+/// [`recover_file_set`] where a commit left staged files in `dir` (it stopped, or is being
+/// finished); nothing, not even reading the files, where none is left.
+pub fn finish_interrupted_commit(dir: &Path, files: SetFiles) -> Result<()> {
+    if has_staged(dir) {
+        recover_file_set(dir, files)?;
     }
     Ok(())
 }
@@ -179,78 +258,38 @@ pub enum FileSetState {
     },
 }
 
-/// Makes the file set of `dir` whole: every file its [`MANIFEST_FILE`] lists must match its
-/// size and SHA-256, where needed after renaming its staged copy into place (the end of a
-/// commit a crash interrupted); staged files of commits that never wrote their manifest are
-/// removed. Errors, naming the file, when a listed file matches neither itself nor a staged
-/// copy (changed or damaged after its commit).
-pub fn recover_file_set(dir: &Path) -> Result<FileSetState> {
-    check_file_set(dir, true)
-}
-
-/// Checks, without changing anything, that every file the [`MANIFEST_FILE`] of `dir` lists
-/// matches it (for readers: another process may be writing the directory). Errors, naming the
-/// file, when one does not: a commit in progress or interrupted (its staged copy matches), or
-/// a file changed or damaged after its commit.
-pub fn verify_file_set(dir: &Path) -> Result<FileSetState> {
-    check_file_set(dir, false)
-}
-
-fn check_file_set(dir: &Path, finish: bool) -> Result<FileSetState> {
-    let manifest_path = dir.join(MANIFEST_FILE);
-    let text = match std::fs::read_to_string(&manifest_path) {
-        Ok(t) => Some(t),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(io_err("reading", &manifest_path, e)),
-    };
-    let manifest: Option<Manifest> = text
-        .map(|t| {
-            serde_json::from_str(&t).map_err(|e| {
-                candle::Error::Msg(format!("invalid {}: {e}", manifest_path.display()))
-            })
-        })
+/// Makes the file set of `dir` whole (for its writer, which holds the directory's
+/// [`DirLock`]): every file its [`MANIFEST_FILE`] lists must match its size and SHA-256,
+/// where needed after renaming its staged copy into place (the end of a commit a crash
+/// interrupted); staged files of commits that never wrote their manifest are removed.
+/// Errors, naming the file: an invalid manifest (see [`SetFiles`]), a link where a set file
+/// or its staged copy should be, a listed file that matches neither itself nor a staged copy
+/// (changed or damaged after its commit).
+pub fn recover_file_set(dir: &Path, files: SetFiles) -> Result<FileSetState> {
+    let text = read_manifest(dir)?;
+    let manifest = text
+        .as_deref()
+        .map(|t| parse_manifest(dir, t, files))
         .transpose()?;
+    check_unlisted_links(dir, files)?;
     let mut finished = 0;
     if let Some(m) = &manifest {
         for entry in &m.files {
             let path = dir.join(&entry.name);
-            let staged = dir.join(staged_name(&entry.name));
-            let matches = |p: &Path| -> bool {
-                std::fs::metadata(p).is_ok_and(|md| md.is_file() && md.len() == entry.bytes)
-                    && std::fs::read(p).is_ok_and(|b| sha256_hex(&b) == entry.sha256)
-            };
-            if matches(&path) {
+            if matches(&path, entry)? {
                 continue;
             }
-            if matches(&staged) {
-                if !finish {
-                    candle::bail!(
-                        "{} is being saved, or its save was interrupted ({} is not in place yet): retry, or resume the run to finish it",
-                        dir.display(),
-                        entry.name
-                    )
-                }
+            let staged = dir.join(staged_name(&entry.name));
+            if matches(&staged, entry)? {
                 std::fs::rename(&staged, &path).map_err(|e| io_err("renaming", &staged, e))?;
                 finished += 1;
                 continue;
             }
-            candle::bail!(
-                "{} does not match {} (size {} bytes, sha256 {}): it was changed or damaged after it was written",
-                path.display(),
-                manifest_path.display(),
-                entry.bytes,
-                entry.sha256
-            )
+            return Err(damaged(dir, &path, entry));
         }
         if finished > 0 {
             sync_dir(dir)?;
         }
-    }
-    if !finish {
-        return Ok(match manifest {
-            None => FileSetState::Unrecorded,
-            Some(_) => FileSetState::Whole { finished: 0 },
-        });
     }
     // Staged files of a commit that stopped before its manifest, and the manifest's own
     // temporary file from a write that stopped.
@@ -269,13 +308,181 @@ fn check_file_set(dir: &Path, finish: bool) -> Result<FileSetState> {
     })
 }
 
+/// Checks, without changing anything, that the [`MANIFEST_FILE`] of `dir` is valid and that
+/// every file it lists matches it (for readers: another process may be saving into the
+/// directory). A save seen in progress is waited for, a few seconds at most, then reported as
+/// such ("being saved"), never as damage. Errors, naming the file: an invalid manifest or a
+/// link (see [`SetFiles`]), a save in progress or interrupted, a file changed or damaged
+/// after its commit.
+pub fn verify_file_set(dir: &Path, files: SetFiles) -> Result<FileSetState> {
+    let deadline = Instant::now() + SAVE_WAIT;
+    loop {
+        let staged_before = has_staged(dir);
+        let before = read_manifest(dir)?;
+        let Some(text) = &before else {
+            check_unlisted_links(dir, files)?;
+            return Ok(FileSetState::Unrecorded);
+        };
+        let manifest = parse_manifest(dir, text, files)?;
+        check_unlisted_links(dir, files)?;
+        let mut mismatch = None;
+        for entry in &manifest.files {
+            let path = dir.join(&entry.name);
+            if !matches(&path, entry)? {
+                mismatch = Some((path, entry));
+                break;
+            }
+        }
+        let Some((path, entry)) = mismatch else {
+            return Ok(FileSetState::Whole { finished: 0 });
+        };
+        // A commit renames files only after replacing the manifest and while staged files
+        // exist: with neither seen around the check, the file itself is wrong.
+        let saving = staged_before || has_staged(dir) || read_manifest(dir)? != before;
+        if !saving {
+            return Err(damaged(dir, &path, entry));
+        }
+        if Instant::now() >= deadline {
+            candle::bail!(
+                "{} is being saved, or its save was interrupted ({} is not in place yet): retry in a moment; if no training process is writing it, resuming the run finishes the save",
+                dir.display(),
+                entry.name
+            )
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn damaged(dir: &Path, path: &Path, entry: &ManifestEntry) -> candle::Error {
+    candle::Error::Msg(format!(
+        "{} does not match {} (size {} bytes, sha256 {}): it was changed or damaged after it was written",
+        path.display(),
+        dir.join(MANIFEST_FILE).display(),
+        entry.bytes,
+        entry.sha256
+    ))
+}
+
+/// The manifest's text, `None` when there is none; bounded, and never through a link.
+fn read_manifest(dir: &Path) -> Result<Option<String>> {
+    let path = dir.join(MANIFEST_FILE);
+    match std::fs::symlink_metadata(&path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_err("reading", &path, e)),
+        Ok(_) => {}
+    }
+    let file = open_no_follow(&path, std::fs::OpenOptions::new().read(true))?;
+    let mut text = String::new();
+    file.take(MAX_MANIFEST_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| io_err("reading", &path, e))?;
+    if text.len() as u64 > MAX_MANIFEST_BYTES {
+        candle::bail!(
+            "{} is not a valid checkpoint manifest: larger than {MAX_MANIFEST_BYTES} bytes; the directory cannot be trusted",
+            path.display()
+        )
+    }
+    Ok(Some(text))
+}
+
+/// The manifest, checked: entries are plain names among `files.allowed`, each once, with a
+/// 64-digit hex SHA-256; every name in `files.read` is listed.
+fn parse_manifest(dir: &Path, text: &str, files: SetFiles) -> Result<Manifest> {
+    let path = dir.join(MANIFEST_FILE);
+    let invalid = |why: String| {
+        candle::Error::Msg(format!(
+            "{} is not a valid checkpoint manifest: {why}; the directory cannot be trusted (nothing was read or renamed)",
+            path.display()
+        ))
+    };
+    let manifest: Manifest =
+        serde_json::from_str(text).map_err(|e| invalid(format!("not its JSON ({e})")))?;
+    for (i, entry) in manifest.files.iter().enumerate() {
+        if !plain_name(&entry.name) || !files.allowed.contains(&entry.name.as_str()) {
+            return Err(invalid(format!(
+                "entry {:?} is not one of the files such a directory has ({})",
+                entry.name,
+                files.allowed.join(", ")
+            )));
+        }
+        if manifest.files[..i].iter().any(|e| e.name == entry.name) {
+            return Err(invalid(format!("{:?} is listed twice", entry.name)));
+        }
+        let hex = entry.sha256.len() == 64
+            && entry
+                .sha256
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        if !hex {
+            return Err(invalid(format!(
+                "the sha256 of {:?} is not 64 lowercase hex digits",
+                entry.name
+            )));
+        }
+    }
+    if let Some(name) = files
+        .read
+        .iter()
+        .find(|n| !manifest.files.iter().any(|e| e.name == **n))
+    {
+        return Err(invalid(format!(
+            "it does not list {name}, which is read from the directory (a file added or replaced after the save)"
+        )));
+    }
+    Ok(manifest)
+}
+
+/// Errors when a file the caller reads is a link (readers do not follow one out of the
+/// directory).
+fn check_unlisted_links(dir: &Path, files: SetFiles) -> Result<()> {
+    for name in files.read {
+        refuse_link(&dir.join(name))?;
+    }
+    Ok(())
+}
+
+/// Whether the file at `path` is a regular file of the entry's size and SHA-256 (hashed in
+/// pieces); a link there is an error, a missing file `false`.
+fn matches(path: &Path, entry: &ManifestEntry) -> Result<bool> {
+    let md = match std::fs::symlink_metadata(path) {
+        Ok(md) => md,
+        Err(_) => return Ok(false),
+    };
+    if md.file_type().is_symlink() {
+        refuse_link(path)?;
+    }
+    if !md.is_file() || md.len() != entry.bytes {
+        return Ok(false);
+    }
+    let Ok(file) = open_no_follow(path, std::fs::OpenOptions::new().read(true)) else {
+        return Ok(false);
+    };
+    use sha2::Digest;
+    let mut hasher = sha2::Sha256::new();
+    let mut reader = std::io::BufReader::with_capacity(1 << 20, file);
+    loop {
+        let buf = match std::io::BufRead::fill_buf(&mut reader) {
+            Ok(b) => b,
+            Err(_) => return Ok(false),
+        };
+        if buf.is_empty() {
+            break;
+        }
+        hasher.update(buf);
+        let n = buf.len();
+        std::io::BufRead::consume(&mut reader, n);
+    }
+    Ok(hex(&hasher.finalize()) == entry.sha256)
+}
+
 /// The lock file of a directory owned by one process ([`DirLock`]).
 pub const LOCK_FILE: &str = ".lock";
 
 /// An advisory lock on a directory: while it lives, no other process gets one on the same
 /// directory. The operating system releases it when the process ends, however it ends, so a
 /// lock file left behind never blocks. Its file holds the owner's pid and role, which the
-/// error of a second process names.
+/// error of a second process names. A link, directory or FIFO at the lock's name is an error
+/// naming it (never written through).
 ///
 /// PyTorch equivalent: none.
 #[derive(Debug)]
@@ -289,17 +496,19 @@ impl DirLock {
     pub fn acquire(dir: &Path, role: &str) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| io_err("cannot create directory", dir, e))?;
         let path = dir.join(LOCK_FILE);
-        let mut file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(|e| io_err("opening", &path, e))?;
+        let mut file = open_no_follow(
+            &path,
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false),
+        )?;
         match file.try_lock() {
             Ok(()) => {}
             Err(std::fs::TryLockError::WouldBlock) => {
-                let holder = std::fs::read_to_string(&path).unwrap_or_default();
+                let mut holder = String::new();
+                let _ = (&file).take(256).read_to_string(&mut holder);
                 let holder = holder.trim();
                 candle::bail!(
                     "{} is in use by another process ({}): wait for it to finish, or choose another directory",
@@ -312,6 +521,7 @@ impl DirLock {
         let owner = format!("pid {}, {role}\n", std::process::id());
         let write = |f: &mut std::fs::File| -> std::io::Result<()> {
             f.set_len(0)?;
+            std::io::Seek::seek(f, std::io::SeekFrom::Start(0))?;
             f.write_all(owner.as_bytes())?;
             f.flush()
         };
@@ -324,9 +534,15 @@ impl DirLock {
 mod tests {
     use super::*;
 
-    fn set(dir: &Path, version: u8) -> FileSet {
-        let mut s = FileSet::new(dir);
-        for name in ["a.bin", "b.json", "c.txt"] {
+    const NAMES: [&str; 3] = ["a.bin", "b.json", "c.txt"];
+
+    fn files() -> SetFiles<'static> {
+        SetFiles::writer(&NAMES)
+    }
+
+    fn set(dir: &Path, version: u8) -> FileSet<'static> {
+        let mut s = FileSet::new(dir, &NAMES);
+        for name in NAMES {
             s.add(name, vec![version; 100 + name.len()]).unwrap();
         }
         s
@@ -334,15 +550,23 @@ mod tests {
 
     /// The files as one version, or `None` for a mix.
     fn version(dir: &Path) -> Option<u8> {
-        let v: Vec<u8> = ["a.bin", "b.json", "c.txt"]
+        let v: Vec<u8> = NAMES
             .iter()
             .map(|n| std::fs::read(dir.join(n)).unwrap()[0])
             .collect();
         v.iter().all(|x| *x == v[0]).then_some(v[0])
     }
 
+    fn staged_count(dir: &Path) -> usize {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".staged"))
+            .count()
+    }
+
     /// A commit stopped at any point leaves, after recovery, the old set or the new one whole,
-    /// and no staged file.
+    /// and no staged file; a stop before the manifest removes what it staged at once.
     #[test]
     fn a_commit_stopped_anywhere_recovers_whole() -> Result<()> {
         let mut points = 0;
@@ -361,20 +585,25 @@ mod tests {
                 false => Ok(()),
             });
             assert!(stopped.is_err());
+            if at < 7 {
+                assert_eq!(staged_count(dir), 0, "stopped at point {at}");
+            }
             // Readers see an interrupted rename as such; the writer's recovery finishes it.
-            let verified = verify_file_set(dir);
-            let state = recover_file_set(dir)?;
+            let verified = verify_file_set(dir, files());
+            let state = recover_file_set(dir, files())?;
             let v = version(dir).expect("a mix of two commits");
             assert_eq!(v, if at < 7 { 1 } else { 2 }, "stopped at point {at}");
-            assert_eq!(verify_file_set(dir)?, FileSetState::Whole { finished: 0 });
+            assert_eq!(
+                verify_file_set(dir, files())?,
+                FileSetState::Whole { finished: 0 }
+            );
             if let FileSetState::Whole { finished } = state {
                 assert_eq!(finished > 0, verified.is_err(), "point {at}");
+                if let Err(e) = verified {
+                    assert!(e.to_string().contains("being saved"), "{e}");
+                }
             }
-            let staged = std::fs::read_dir(dir)?
-                .flatten()
-                .filter(|e| e.file_name().to_string_lossy().ends_with(".staged"))
-                .count();
-            assert_eq!(staged, 0);
+            assert_eq!(staged_count(dir), 0);
         }
         Ok(())
     }
@@ -382,17 +611,119 @@ mod tests {
     #[test]
     fn a_damaged_file_is_named() -> Result<()> {
         let tmp = tempfile::tempdir()?;
-        assert_eq!(recover_file_set(tmp.path())?, FileSetState::Unrecorded);
+        assert_eq!(
+            recover_file_set(tmp.path(), files())?,
+            FileSetState::Unrecorded
+        );
         set(tmp.path(), 1).commit(&mut |_| Ok(()))?;
         std::fs::write(tmp.path().join("b.json"), b"edited")?;
-        for e in [verify_file_set(tmp.path()), recover_file_set(tmp.path())] {
+        for e in [
+            verify_file_set(tmp.path(), files()),
+            recover_file_set(tmp.path(), files()),
+        ] {
             let e = e.unwrap_err().to_string();
             assert!(
                 e.contains("b.json") && e.contains("changed or damaged"),
                 "{e}"
             );
         }
-        assert!(FileSet::new(tmp.path()).add("../x", vec![]).is_err());
+        assert!(FileSet::new(tmp.path(), &NAMES)
+            .add("../x", vec![])
+            .is_err());
+        assert!(FileSet::new(tmp.path(), &NAMES)
+            .add("d.bin", vec![])
+            .is_err());
+        Ok(())
+    }
+
+    fn manifest_with(entries: &[(&str, &[u8])]) -> String {
+        let files: Vec<serde_json::Value> = entries
+            .iter()
+            .map(|(name, bytes)| {
+                serde_json::json!({"name": name, "bytes": bytes.len(), "sha256": sha256_hex(bytes)})
+            })
+            .collect();
+        serde_json::json!({ "files": files }).to_string()
+    }
+
+    /// A crafted manifest is refused as invalid (never "resume it"), and recovery renames
+    /// nothing: names outside the set, paths, duplicates, an oversized manifest, one that
+    /// omits a file the reader loads.
+    #[test]
+    fn a_crafted_manifest_is_refused_and_nothing_is_renamed() -> Result<()> {
+        let tmp = tempfile::tempdir()?;
+        let outside = tmp.path().join("outside.txt");
+        std::fs::write(&outside, b"keep")?;
+        let dir = tmp.path().join("run");
+        std::fs::create_dir(&dir)?;
+        let payload: &[u8] = b"payload";
+        let absolute = outside.display().to_string();
+        let cases = [
+            manifest_with(&[(&absolute, payload)]),
+            manifest_with(&[("../outside.txt", payload)]),
+            manifest_with(&[("d.bin", payload)]),
+            manifest_with(&[("a.bin", payload), ("a.bin", payload)]),
+            format!("{{\"files\":[], \"pad\": \"{}\"}}", "x".repeat(70_000)),
+            "{\"files\": [{\"name\": \"a.bin\", \"bytes\": 1, \"sha256\": \"zz\"}]}".into(),
+        ];
+        for (i, manifest) in cases.iter().enumerate() {
+            std::fs::write(dir.join(MANIFEST_FILE), manifest)?;
+            std::fs::write(dir.join(".a.bin.staged"), payload)?;
+            for e in [
+                verify_file_set(&dir, files()),
+                recover_file_set(&dir, files()),
+            ] {
+                let e = e.unwrap_err().to_string();
+                assert!(
+                    e.contains("not a valid checkpoint manifest") && !e.contains("resum"),
+                    "case {i}: {e}"
+                );
+            }
+            assert_eq!(std::fs::read(&outside)?, b"keep", "case {i}");
+            assert!(!dir.join("a.bin").exists(), "case {i}");
+        }
+        // Every file the reader loads must be listed.
+        std::fs::write(dir.join("a.bin"), payload)?;
+        std::fs::write(dir.join("b.json"), b"tampered")?;
+        std::fs::write(
+            dir.join(MANIFEST_FILE),
+            manifest_with(&[("a.bin", payload)]),
+        )?;
+        let read = SetFiles {
+            allowed: &NAMES,
+            read: &["a.bin", "b.json"],
+        };
+        let e = verify_file_set(&dir, read).unwrap_err().to_string();
+        assert!(e.contains("does not list b.json"), "{e}");
+        std::fs::write(dir.join(MANIFEST_FILE), "{\"files\": []}")?;
+        assert!(verify_file_set(&dir, read).is_err());
+        Ok(())
+    }
+
+    /// Links planted where a commit or a recovery writes (the files, their staged names, the
+    /// manifest) never get the target changed.
+    #[cfg(unix)]
+    #[test]
+    fn links_in_the_directory_are_never_written_through() -> Result<()> {
+        let targets = |dir: &Path| {
+            let mut v: Vec<String> = NAMES.iter().map(|n| n.to_string()).collect();
+            v.extend(NAMES.iter().map(|n| staged_name(n)));
+            v.push(MANIFEST_FILE.into());
+            v.into_iter().map(|n| dir.join(n)).collect::<Vec<_>>()
+        };
+        let tmp = tempfile::tempdir()?;
+        let dir = tmp.path().join("run");
+        for (i, link) in targets(&dir).into_iter().enumerate() {
+            let _ = std::fs::remove_dir_all(&dir);
+            set(&dir, 1).commit(&mut |_| Ok(()))?;
+            let outside = tmp.path().join(format!("outside-{i}"));
+            std::fs::write(&outside, b"keep")?;
+            let _ = std::fs::remove_file(&link);
+            std::os::unix::fs::symlink(&outside, &link)?;
+            let _ = set(&dir, 2).commit(&mut |_| Ok(()));
+            let _ = recover_file_set(&dir, files());
+            assert_eq!(std::fs::read(&outside)?, b"keep", "{}", link.display());
+        }
         Ok(())
     }
 
@@ -413,6 +744,37 @@ mod tests {
         drop(first);
         assert!(tmp.path().join(LOCK_FILE).exists());
         DirLock::acquire(tmp.path(), "mha prepare")?;
+        Ok(())
+    }
+
+    /// A link (dangling or not), a directory or a FIFO at the lock's name is refused; nothing
+    /// outside is created or truncated.
+    #[cfg(unix)]
+    #[test]
+    fn a_lock_is_never_taken_through_a_link() -> Result<()> {
+        let tmp = tempfile::tempdir()?;
+        let outside = tmp.path().join("outside.txt");
+        std::fs::write(&outside, b"keep")?;
+        let dir = tmp.path().join("run");
+        std::fs::create_dir(&dir)?;
+        std::os::unix::fs::symlink(&outside, dir.join(LOCK_FILE))?;
+        let e = DirLock::acquire(&dir, "t").unwrap_err().to_string();
+        assert!(e.contains("symbolic link") && e.contains(LOCK_FILE), "{e}");
+        assert_eq!(std::fs::read(&outside)?, b"keep");
+        std::fs::remove_file(dir.join(LOCK_FILE))?;
+        std::os::unix::fs::symlink(tmp.path().join("new.txt"), dir.join(LOCK_FILE))?;
+        assert!(DirLock::acquire(&dir, "t").is_err());
+        assert!(!tmp.path().join("new.txt").exists());
+        std::fs::remove_file(dir.join(LOCK_FILE))?;
+        std::fs::create_dir(dir.join(LOCK_FILE))?;
+        assert!(DirLock::acquire(&dir, "t").is_err());
+        std::fs::remove_dir(dir.join(LOCK_FILE))?;
+        let made = std::process::Command::new("mkfifo")
+            .arg(dir.join(LOCK_FILE))
+            .status()?;
+        assert!(made.success());
+        let e = DirLock::acquire(&dir, "t").unwrap_err().to_string();
+        assert!(e.contains("FIFO"), "{e}");
         Ok(())
     }
 }

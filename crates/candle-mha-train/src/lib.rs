@@ -46,6 +46,7 @@ pub use candle_mha;
 
 pub mod data;
 pub mod io;
+pub mod limits;
 pub mod models;
 
 mod baseline;
@@ -65,11 +66,13 @@ pub use candle_mha::optim::{clip_grad_norm, AdamW, AdamWConfig};
 pub use config::TrainConfig;
 pub use data_parallel::StepShard;
 pub use evaluate::{evaluate, evaluate_examples, Evaluation};
-pub use metrics::{append_metrics, read_metrics, truncate_metrics, MetricsRecord, METRICS_FILE};
+pub use metrics::{
+    append_metrics, read_metrics, truncate_metrics, MetricsLog, MetricsRecord, METRICS_FILE,
+};
 pub use schedule::LrSchedule;
 pub use session::{ModelFor, NewData, NewRun, ResumeRun, Session, RUN_DATA_DIR};
 pub use state::{
-    EvalRecord, StepStats, TrainObserver, TrainerState, BEST_DIR, CONFIG_FILE, MODEL_FILE,
-    OPTIMIZER_FILE, STATE_FILE,
+    verify_checkpoint, EvalRecord, StepStats, TrainObserver, TrainerState, BEST_DIR,
+    CHECKPOINT_FILES, CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE,
 };
 pub use trainer::Trainer;

@@ -62,57 +62,73 @@ pub struct MetricsRecord {
 pub fn append_metrics(path: &Path, record: &MetricsRecord) -> Result<()> {
     let line = serde_json::to_string(record)
         .map_err(|e| candle::Error::Msg(format!("serializing a metrics record: {e}")))?;
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .map_err(|e| candle::Error::Msg(format!("opening {}: {e}", path.display())))?;
+    // Never through a link: the run directory may come from someone else.
+    let mut file = candle_mha::io::open_no_follow(
+        path,
+        std::fs::OpenOptions::new().create(true).append(true),
+    )?;
     writeln!(file, "{line}")
         .map_err(|e| candle::Error::Msg(format!("writing {}: {e}", path.display())))
 }
 
-/// Reads every record of a `metrics.jsonl`; errors name the file and the line. Blank lines
-/// are skipped; a last line cut short (a run killed mid-write) is ignored.
-pub fn read_metrics(path: &Path) -> Result<Vec<MetricsRecord>> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| candle::Error::Msg(format!("reading {}: {e}", path.display())))?;
+/// The records of a `metrics.jsonl`, and the lines that were not records.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MetricsLog {
+    /// The records, in file order.
+    pub records: Vec<MetricsRecord>,
+    /// One warning per line skipped (`PATH:LINE: not a metrics record (…)`): a damaged or
+    /// edited line costs that line, not the run's history.
+    pub skipped: Vec<String>,
+}
+
+/// The largest `metrics.jsonl` read.
+pub const MAX_METRICS_BYTES: u64 = 1 << 30;
+
+/// Reads every record of a `metrics.jsonl` (never through a link, at most
+/// [`MAX_METRICS_BYTES`]). Blank lines are skipped silently, a last line cut short (a run
+/// killed mid-write) too; any other line that is not a record is skipped with a warning
+/// naming the file and the line.
+pub fn read_metrics(path: &Path) -> Result<MetricsLog> {
+    crate::io::refuse_link(path)?;
+    let bytes = candle_mha::io::read_input(path, MAX_METRICS_BYTES)?;
+    let text = String::from_utf8_lossy(&bytes);
     let lines: Vec<&str> = text.lines().collect();
-    let mut out = Vec::with_capacity(lines.len());
+    let mut log = MetricsLog::default();
     for (i, line) in lines.iter().enumerate() {
         if line.trim().is_empty() {
             continue;
         }
         match serde_json::from_str::<MetricsRecord>(line) {
-            Ok(r) => out.push(r),
+            Ok(r) => log.records.push(r),
             Err(_) if i + 1 == lines.len() && !text.ends_with('\n') => break,
-            Err(e) => candle::bail!(
-                "{}:{}: not a metrics record ({e}); expected one JSON object per line",
+            Err(e) => log.skipped.push(format!(
+                "{}:{}: not a metrics record ({e}); line skipped",
                 path.display(),
                 i + 1
-            ),
+            )),
         }
     }
-    Ok(out)
+    Ok(log)
 }
 
-/// Keeps only the records with `step <= step` (atomically rewritten), for a resumed run.
-/// A missing file is left missing.
-pub fn truncate_metrics(path: &Path, step: u64) -> Result<()> {
+/// Keeps only the records with `step <= step` (atomically rewritten), for a resumed run;
+/// lines that are not records are dropped. Returns the warnings of those lines. A missing
+/// file is left missing.
+pub fn truncate_metrics(path: &Path, step: u64) -> Result<Vec<String>> {
+    crate::io::refuse_link(path)?;
     if !path.exists() {
-        return Ok(());
+        return Ok(Vec::new());
     }
-    let kept: Vec<MetricsRecord> = read_metrics(path)?
-        .into_iter()
-        .filter(|r| r.step <= step)
-        .collect();
+    let log = read_metrics(path)?;
     let mut text = String::new();
-    for r in &kept {
+    for r in log.records.iter().filter(|r| r.step <= step) {
         let line = serde_json::to_string(r)
             .map_err(|e| candle::Error::Msg(format!("serializing a metrics record: {e}")))?;
         text.push_str(&line);
         text.push('\n');
     }
-    crate::io::write_atomic(path, text.as_bytes())
+    crate::io::write_atomic(path, text.as_bytes())?;
+    Ok(log.skipped)
 }
 
 #[cfg(test)]
@@ -139,23 +155,38 @@ mod tests {
         };
         append_metrics(&path, &a)?;
         append_metrics(&path, &b)?;
-        assert_eq!(read_metrics(&path)?, vec![a.clone(), b]);
+        assert_eq!(read_metrics(&path)?.records, vec![a.clone(), b]);
         let text = std::fs::read_to_string(&path)?;
         assert!(
             !text.contains("grad_norm"),
             "absent fields are not written: {text}"
         );
-        truncate_metrics(&path, 1)?;
-        assert_eq!(read_metrics(&path)?, vec![a.clone()]);
+        assert!(truncate_metrics(&path, 1)?.is_empty());
+        assert_eq!(read_metrics(&path)?.records, vec![a.clone()]);
         // A line cut short at the end is ignored; one in the middle is an error naming it.
         std::fs::write(
             &path,
             format!("{}\n{{\"step\":", serde_json::to_string(&a).unwrap()),
         )?;
-        assert_eq!(read_metrics(&path)?, vec![a]);
-        std::fs::write(&path, "{\"step\":\n{\"step\":3}\n")?;
-        let e = read_metrics(&path).unwrap_err().to_string();
-        assert!(e.contains("metrics.jsonl:1"), "{e}");
+        assert_eq!(read_metrics(&path)?.records, vec![a]);
+        // A bad line in the middle is skipped with a warning naming it; the rest is kept.
+        std::fs::write(&path, "{\"step\":\ngarbage\n{\"step\":3}\n")?;
+        let log = read_metrics(&path)?;
+        assert_eq!(log.records.len(), 1);
+        assert_eq!(log.skipped.len(), 2);
+        assert!(
+            log.skipped[0].contains("metrics.jsonl:1"),
+            "{:?}",
+            log.skipped
+        );
+        assert!(
+            log.skipped[1].contains("metrics.jsonl:2"),
+            "{:?}",
+            log.skipped
+        );
+        let warnings = truncate_metrics(&path, 5)?;
+        assert_eq!(warnings.len(), 2);
+        assert_eq!(read_metrics(&path)?.skipped, Vec::<String>::new());
         std::fs::remove_dir_all(&dir)?;
         Ok(())
     }

@@ -113,7 +113,9 @@ impl Trainer {
                 candle::Error::Msg(format!("cannot create run directory {}: {e}", d.display()))
             })?;
             // A resumed run continues the file from its checkpoint's step.
-            truncate_metrics(m, self.state.step)?;
+            for warning in truncate_metrics(m, self.state.step)? {
+                observer.notice(&warning);
+            }
         }
         let has_val = !val.data.is_empty();
         while self.state.step < cfg.steps {
@@ -226,6 +228,8 @@ impl Trainer {
             self.state.best = Some(EvalRecord { step, eval: *eval });
             if let Some(dir) = dir {
                 let best = dir.join(BEST_DIR);
+                // A link there would have the save write into whatever it points to.
+                crate::io::refuse_link(&best)?;
                 self.save_with(&best, &mut |p| observer.at_commit_point(&best, p))?;
                 observer.on_best(step, eval, &best);
             }

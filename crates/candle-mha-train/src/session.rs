@@ -33,13 +33,21 @@ use candle_mha::seeded_var_builder;
 use candle_nn::VarMap;
 
 use crate::data::{
-    expand_sources, open_prepared, run_data_spec, same_sources, split_point, Codec, DataSpec,
-    EvalSet, PrepareJob, RunData, SetupObserver, TextTokenizer, TokenData, META_FILE,
+    expand_sources, open_prepared, same_sources, split_point, Codec, DataSpec, EvalSet, PrepareJob,
+    RunData, SetupObserver, TextTokenizer, TokenData, META_FILE,
 };
 use crate::distributed::{Communicator, SingleProcess};
-use crate::io::{finish_interrupted_commit, remove_stale_temps, DirLock};
+use crate::io::{
+    finish_interrupted_commit, recover_file_set, refuse_link, remove_stale_temps, verify_file_set,
+    DirLock, SetFiles,
+};
+use crate::metrics::{read_metrics, METRICS_FILE};
 use crate::models::{NextTokenPredictor, NextTokenPredictorConfig};
-use crate::{Evaluation, TrainConfig, TrainObserver, Trainer, BEST_DIR, CONFIG_FILE, STATE_FILE};
+use crate::state::{device_kind, CHECKPOINT_FILES};
+use crate::{
+    Evaluation, TrainConfig, TrainObserver, Trainer, TrainerState, BEST_DIR, CONFIG_FILE,
+    MODEL_FILE, OPTIMIZER_FILE, STATE_FILE,
+};
 
 /// Where a session prepares the text of [`NewData::Text`], inside the run directory.
 pub const RUN_DATA_DIR: &str = "data";
@@ -72,25 +80,19 @@ pub enum NewData {
 }
 
 /// How to continue a saved run.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct ResumeRun {
     /// A new total of steps (to train further; this also lifts an early stop); `None`: the
     /// saved total.
     pub steps: Option<u64>,
-    /// The parameters' dtype (f32 or f64; not saved with the run).
-    pub dtype: DType,
+    /// The parameters' dtype: `None` takes the run's (recorded with it; f32 for runs saved
+    /// before it was); another than the run's is an error.
+    pub dtype: Option<DType>,
     /// Check prepared tokens against their recorded SHA-256 first.
     pub verify_data: bool,
-}
-
-impl Default for ResumeRun {
-    fn default() -> Self {
-        Self {
-            steps: None,
-            dtype: DType::F32,
-            verify_data: false,
-        }
-    }
+    /// Bytes of memory the run may need at most ([`crate::limits::MemoryEstimate`], checked
+    /// before the model is built); `None`: no check.
+    pub memory_limit: Option<u64>,
 }
 
 /// The model of a new run, given the data's vocabulary size and longest example (tokens: the
@@ -115,6 +117,9 @@ pub struct NewRun {
     pub dtype: DType,
     /// Check prepared tokens against their recorded SHA-256 before training.
     pub verify_data: bool,
+    /// Bytes of memory the run may need at most ([`crate::limits::MemoryEstimate`] of the
+    /// model and a batch, checked before the model is built); `None`: no check.
+    pub memory_limit: Option<u64>,
 }
 
 impl NewRun {
@@ -137,6 +142,7 @@ impl NewRun {
             max_len: text.then(|| NextTokenPredictorConfig::for_text(0).max_len),
             dtype: DType::F32,
             verify_data: false,
+            memory_limit: None,
         }
     }
 
@@ -173,14 +179,17 @@ pub struct Session {
     pub trainer: Trainer,
     /// Whether the run continues a saved one.
     pub resumed: bool,
-    // Held for the session's life by rank 0 (the one process that writes the directory).
+    // Held for the session's life by rank 0 (the one process that writes the directory),
+    // with the lock of the run's own data directory when it has one.
     _lock: Option<DirLock>,
+    _data_lock: Option<DirLock>,
 }
 
 impl Session {
-    /// Starts a new run in `dir` (created when missing): errors when `dir` already holds one.
-    /// In a data-parallel run (`comm` with several ranks) every rank calls this; rank 0 owns
-    /// the directory and prepares text, the others wait for it.
+    /// Starts a new run in `dir` (created when missing): errors when `dir` already holds one,
+    /// or holds files a run does not write (nothing is prepared or written then). In a
+    /// data-parallel run (`comm` with several ranks) every rank calls this; rank 0 owns the
+    /// directory (and its `data/`) and prepares text, the others wait for it.
     ///
     /// PyTorch equivalent: the set-up half of a training script (dataset, model, optimizer).
     pub fn start(
@@ -198,24 +207,29 @@ impl Session {
             )
         }
         check_dtype(run.dtype)?;
-        let spec = new_spec(dir, run.data, comm, observer)?;
+        run.train.validate()?;
+        if comm.rank() == 0 {
+            check_fresh(dir, matches!(run.data, NewData::Text { .. }))?;
+        }
+        let (spec, data_lock) = new_spec(dir, run.data, comm, observer)?;
         if run.verify_data && comm.rank() == 0 {
             verify(&spec, observer)?;
         }
         let max_tokens = run.max_len.map(|m| m + 1);
         let data = spec.load(None, None, 0, max_tokens)?;
         let cfg = (run.model)(data.codec.vocab_size(), data.longest);
+        cfg.validate()?;
+        if let Some(limit) = run.memory_limit {
+            let tokens = run.train.batch_size as u128 * cfg.max_len as u128;
+            cfg.memory(run.dtype, tokens, true)
+                .check(limit, "training this model")?;
+        }
         let varmap = VarMap::new();
         let seed = run.train.seed;
         let vb = seeded_var_builder(&varmap, seed, run.dtype, device);
         let model = NextTokenPredictor::new(cfg.clone(), vb)?;
         // Checks everything before anything is written into the directory.
         let trainer = Trainer::new(model, varmap, run.train, Some(spec.clone()))?;
-        if comm.rank() == 0 {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| candle::Error::Msg(format!("creating {}: {e}", dir.display())))?;
-            data.codec.save_dir(dir)?;
-        }
         Ok(Self {
             dir: dir.to_path_buf(),
             trainer: trainer.with_codec(data.codec.clone()),
@@ -224,11 +238,14 @@ impl Session {
             model: cfg,
             resumed: false,
             _lock: lock,
+            _data_lock: data_lock,
         })
     }
 
-    /// Continues the run saved in `dir` with its data, tokenizer, model and configuration;
-    /// `steps` replaces its total when given. Finishes a save that a kill interrupted first.
+    /// Continues the run saved in `dir` with its data, tokenizer, model, dtype and
+    /// configuration; `steps` replaces its total when given. Finishes a save that a kill
+    /// interrupted first. The data must be the run's: the same tokenizer, number of ids and
+    /// recorded SHA-256 (a data directory inside the run is found wherever the run was moved).
     ///
     /// PyTorch equivalent: `model.load_state_dict(...)`, `optimizer.load_state_dict(...)` and
     /// the script's own step counter.
@@ -243,16 +260,67 @@ impl Session {
         if !dir.join(STATE_FILE).exists() {
             candle::bail!("{} has no {STATE_FILE} to resume from", dir.display())
         }
-        check_dtype(how.dtype)?;
-        let spec = run_data_spec(dir)?;
+        let codec_file = Codec::file_in(dir)?;
+        let files = SetFiles {
+            allowed: &CHECKPOINT_FILES,
+            read: &[
+                STATE_FILE,
+                CONFIG_FILE,
+                MODEL_FILE,
+                OPTIMIZER_FILE,
+                codec_file,
+            ],
+        };
+        match comm.rank() {
+            0 => recover_file_set(dir, files)?,
+            _ => verify_file_set(dir, files)?,
+        };
+        let state = TrainerState::load(dir)?;
+        let dtype = state.dtype()?;
+        match how.dtype {
+            Some(d) if d != dtype => candle::bail!(
+                "dtype {}: the run in {} trains in {} (a resumed run keeps its dtype)",
+                d.as_str(),
+                dir.display(),
+                dtype.as_str()
+            ),
+            _ => {}
+        }
+        check_dtype(dtype)?;
+        let Some(spec) = state.data.clone() else {
+            candle::bail!(
+                "{} does not say what the run was trained on (its trainer was given its data directly): resume it with Trainer::resume",
+                dir.join(STATE_FILE).display()
+            )
+        };
+        if let Some(kind) = state.device.as_deref() {
+            if kind != device_kind(device) && comm.rank() == 0 {
+                observer.notice(&format!(
+                    "the run trained on {kind} and continues on {}: its numbers will differ from an uninterrupted run's in the last bits",
+                    device_kind(device)
+                ));
+            }
+        }
+        // The run's own data directory is the run's: no `mha prepare` may change it meanwhile.
+        let data_lock = match (&spec, comm.rank()) {
+            (DataSpec::Prepared { dir: data, .. }, 0) if inside(data, dir) => {
+                Some(DirLock::acquire(data, "training (its data)")?)
+            }
+            _ => None,
+        };
         if how.verify_data && comm.rank() == 0 {
             verify(&spec, observer)?;
         }
         let cfg = NextTokenPredictorConfig::load(dir.join(CONFIG_FILE))?;
+        if let Some(limit) = how.memory_limit {
+            let tokens = state.config.batch_size as u128 * cfg.max_len as u128;
+            cfg.memory(dtype, tokens, true)
+                .check(limit, "training this model")?;
+        }
         let codec = Codec::load_dir(dir)?;
         let data = spec.load(Some(codec), None, 0, Some(cfg.max_len + 1))?;
         let varmap = VarMap::new();
-        let vb = seeded_var_builder(&varmap, 0, how.dtype, device);
+        let vb = seeded_var_builder(&varmap, 0, dtype, device);
         let model = NextTokenPredictor::new(cfg.clone(), vb)?;
         let trainer = Trainer::resume(model, varmap, dir, how.steps)?;
         Ok(Self {
@@ -263,6 +331,7 @@ impl Session {
             model: cfg,
             resumed: true,
             _lock: lock,
+            _data_lock: data_lock,
         })
     }
 
@@ -291,9 +360,12 @@ fn own(dir: &Path, comm: &dyn Communicator) -> Result<Option<DirLock>> {
         return Ok(None);
     }
     let lock = DirLock::acquire(dir, "training")?;
+    let best = dir.join(BEST_DIR);
+    refuse_link(&best)?;
     remove_stale_temps(dir);
-    finish_interrupted_commit(dir)?;
-    finish_interrupted_commit(&dir.join(BEST_DIR))?;
+    remove_stale_temps(&best);
+    finish_interrupted_commit(dir, SetFiles::writer(&CHECKPOINT_FILES))?;
+    finish_interrupted_commit(&best, SetFiles::writer(&CHECKPOINT_FILES))?;
     Ok(Some(lock))
 }
 
@@ -306,16 +378,78 @@ fn check_dtype(dtype: DType) -> Result<()> {
     Ok(())
 }
 
+/// Whether `path` lies inside the directory `dir` (both as they are on disk).
+fn inside(path: &Path, dir: &Path) -> bool {
+    match (path.canonicalize(), dir.canonicalize()) {
+        (Ok(p), Ok(d)) => p.starts_with(d),
+        _ => false,
+    }
+}
+
+/// Errors, listing them, when the directory of a new run holds files a run does not write
+/// (checked before any work): only its lock, the `data/` of text runs, a `best/` checkpoint
+/// and a `metrics.jsonl` of an earlier attempt that stopped before its first checkpoint, and
+/// temporary files may be there. A link at any of these names is refused too.
+fn check_fresh(dir: &Path, text: bool) -> Result<()> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(());
+    };
+    let mut stray = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let path = entry.path();
+        let Ok(md) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        if md.file_type().is_symlink() {
+            refuse_link(&path)?;
+        }
+        let ours = match name.as_str() {
+            crate::io::LOCK_FILE => true,
+            RUN_DATA_DIR => text && md.is_dir(),
+            BEST_DIR => md.is_dir() && holds_only_checkpoint(&path),
+            METRICS_FILE => read_metrics(&path).is_ok_and(|log| log.skipped.is_empty()),
+            n => n.starts_with('.') && (n.contains(".tmp-") || n.ends_with(".staged")),
+        };
+        if !ours {
+            stray.push(name);
+        }
+    }
+    if !stray.is_empty() {
+        stray.sort();
+        candle::bail!(
+            "{} holds files a run did not write ({}): nothing was changed; choose a new or empty directory, or remove them",
+            dir.display(),
+            stray.join(", ")
+        )
+    }
+    Ok(())
+}
+
+/// Whether directory `dir` holds nothing but a checkpoint's files (and its bookkeeping).
+fn holds_only_checkpoint(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|entries| {
+        entries.flatten().all(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            CHECKPOINT_FILES.contains(&name.as_str())
+                || name == crate::io::MANIFEST_FILE
+                || (name.starts_with('.') && (name.contains(".tmp-") || name.ends_with(".staged")))
+        })
+    })
+}
+
 /// The [`DataSpec`] of a new run: as given, or prepared data (made from text into
-/// `dir/data` first, or reused from an earlier attempt on the same files).
+/// `dir/data` first, or reused from an earlier attempt on the same files), recording the
+/// data's number of ids and SHA-256; with the lock of `dir/data` when the run prepared there.
 fn new_spec(
     dir: &Path,
     data: NewData,
     comm: &dyn Communicator,
     observer: &mut dyn SetupObserver,
-) -> Result<DataSpec> {
+) -> Result<(DataSpec, Option<DirLock>)> {
+    let mut data_lock = None;
     let (data_dir, tokenizer, val_fraction, eval_windows) = match data {
-        NewData::Spec(spec) => return Ok(spec),
+        NewData::Spec(spec) => return Ok((spec.absolute()?, None)),
         NewData::Prepared {
             dir,
             tokenizer,
@@ -330,12 +464,9 @@ fn new_spec(
                 )
             }
             let tokenizer = job.tokenizer.clone();
-            (
-                prepare_run_text(dir, &job, comm, observer)?,
-                tokenizer,
-                None,
-                eval_windows,
-            )
+            let (prepared, lock) = prepare_run_text(dir, &job, comm, observer)?;
+            data_lock = lock;
+            (prepared, tokenizer, None, eval_windows)
         }
     };
     let given = tokenizer.as_deref().map(TextTokenizer::load).transpose()?;
@@ -349,33 +480,37 @@ fn new_spec(
         Some(f) => split_point(tokens.len(), f)?,
         None => tokens.meta().train_tokens,
     };
-    Ok(DataSpec::Prepared {
+    let spec = DataSpec::Prepared {
         dir: data_dir,
         train_tokens,
         eval_windows,
-    })
+        num_tokens: Some(tokens.len()),
+        tokens_sha256: tokens.meta().tokens_sha256.clone(),
+    };
+    Ok((spec.absolute()?, data_lock))
 }
 
 /// Prepares `job` into `dir/data`, or reuses what an earlier attempt prepared there from the
-/// same files (same paths and sizes). In a data-parallel run rank 0 prepares and the others
-/// wait, then reuse it.
+/// same files (same paths and sizes) and settings; returns it with its lock (held by the
+/// process that prepared it). In a data-parallel run rank 0 prepares and the others wait,
+/// then reuse it.
 fn prepare_run_text(
     dir: &Path,
     job: &PrepareJob,
     comm: &dyn Communicator,
     observer: &mut dyn SetupObserver,
-) -> Result<PathBuf> {
+) -> Result<(PathBuf, Option<DirLock>)> {
+    let data = dir.join(RUN_DATA_DIR);
     if comm.world_size() > 1 {
         let prepared = match comm.rank() {
             0 => Some(prepare_run_text(dir, job, &SingleProcess, observer)?),
             _ => None,
         };
         comm.barrier("barrier after rank 0 prepared the text")?;
-        if let Some(data) = prepared {
-            return Ok(data);
-        }
+        return Ok(prepared.unwrap_or((data, None)));
     }
-    let data = dir.join(RUN_DATA_DIR);
+    refuse_link(&data)?;
+    let lock = DirLock::acquire(&data, "training (preparing its data)")?;
     if data.join(META_FILE).exists() {
         let prepared = TokenData::open(&data)?;
         let files = expand_sources(&job.text)?;
@@ -385,14 +520,20 @@ fn prepare_run_text(
                 data.display()
             )
         }
-        if comm.rank() == 0 {
-            observer.notice(&format!("reusing the data prepared in {}", data.display()));
+        let differences = job.differences(prepared.meta())?;
+        if !differences.is_empty() {
+            candle::bail!(
+                "{} holds data prepared from these files with other settings ({}); remove it or choose another directory",
+                data.display(),
+                differences.join("; ")
+            )
         }
-        return Ok(data);
+        observer.notice(&format!("reusing the data prepared in {}", data.display()));
+        return Ok((data, Some(lock)));
     }
     let meta = job.run(&data, observer)?;
     observer.notice(&crate::data::describe_prepared(&meta, &data));
-    Ok(data)
+    Ok((data, Some(lock)))
 }
 
 /// Checks prepared tokens against their recorded SHA-256.

@@ -37,6 +37,73 @@ pub struct TrainerState {
     /// Whether the run stopped early (`early_stop` evaluations without improvement).
     #[serde(default)]
     pub stopped_early: bool,
+    /// The file's format: [`STATE_VERSION`]; 0 (absent) in runs saved before paths were
+    /// recorded relative to the checkpoint directory (theirs are as given, relative to the
+    /// working directory of the run).
+    #[serde(default)]
+    pub version: u32,
+    /// The parameters' dtype (`"f32"`, `"f64"`), which a resume keeps; `None` in runs saved
+    /// before it was recorded (they trained in f32 unless told otherwise).
+    #[serde(default)]
+    pub dtype: Option<String>,
+    /// The kind of device the run last trained on (`"cpu"`, `"cuda"`, `"metal"`); `None` in
+    /// runs saved before it was recorded.
+    #[serde(default)]
+    pub device: Option<String>,
+}
+
+/// The [`TrainerState::version`] this crate writes.
+pub const STATE_VERSION: u32 = 2;
+
+impl TrainerState {
+    /// Reads the `trainer_state.json` of checkpoint directory `dir` (at most
+    /// [`MAX_STATE_BYTES`](crate::limits::MAX_STATE_BYTES), never through a link), checks its
+    /// configuration as [`crate::Trainer::new`] does, and resolves the paths of its data
+    /// ([`DataSpec::resolved_in`]: relative to `dir`; relative to the working directory in
+    /// files of version 0).
+    pub fn load(dir: &Path) -> candle::Result<Self> {
+        let path = dir.join(STATE_FILE);
+        crate::io::refuse_link(&path)?;
+        let text = candle_mha::io::read_input_string(&path, crate::limits::MAX_STATE_BYTES)?;
+        let mut state: Self = serde_json::from_str(&text)
+            .map_err(|e| candle::Error::Msg(format!("invalid {}: {e}", path.display())))?;
+        if state.version > STATE_VERSION {
+            candle::bail!(
+                "{}: version {}, newer than this program reads ({STATE_VERSION})",
+                path.display(),
+                state.version
+            )
+        }
+        state
+            .config
+            .validate()
+            .map_err(|e| candle::Error::Msg(format!("{}: {e}", path.display())))?;
+        if state.version >= 2 {
+            state.data = state.data.map(|d| d.resolved_in(dir));
+        }
+        Ok(state)
+    }
+
+    /// The recorded dtype (f32 when none is).
+    pub fn dtype(&self) -> candle::Result<candle::DType> {
+        match self.dtype.as_deref() {
+            None => Ok(candle::DType::F32),
+            Some(name) => name.parse().map_err(|_| {
+                candle::Error::Msg(format!(
+                    "{STATE_FILE}: dtype {name:?}; expected \"f32\" or \"f64\""
+                ))
+            }),
+        }
+    }
+}
+
+/// The name of a device's kind, as [`TrainerState::device`] records it.
+pub fn device_kind(device: &candle::Device) -> &'static str {
+    match device {
+        candle::Device::Cpu => "cpu",
+        candle::Device::Cuda(_) => "cuda",
+        candle::Device::Metal(_) => "metal",
+    }
 }
 
 /// What one step did.
@@ -67,6 +134,8 @@ pub trait TrainObserver {
     fn on_eval(&mut self, _step: u64, _eval: &Evaluation) {}
     /// After each checkpoint.
     fn on_save(&mut self, _step: u64, _dir: &Path) {}
+    /// A line worth telling the user (a damaged line of `metrics.jsonl` skipped, …).
+    fn notice(&mut self, _line: &str) {}
     /// After a validation evaluation that set a new best loss and was saved into `dir`.
     fn on_best(&mut self, _step: u64, _eval: &Evaluation, _dir: &Path) {}
     /// At each point of a checkpoint save into `dir` (before and after each file write and
@@ -97,3 +166,26 @@ pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 pub const STATE_FILE: &str = "trainer_state.json";
 /// The subdirectory of a run directory holding the checkpoint of the best validation loss.
 pub const BEST_DIR: &str = "best";
+/// Every file a checkpoint's manifest (`checkpoint.json`) may list.
+pub const CHECKPOINT_FILES: [&str; 6] = [
+    MODEL_FILE,
+    CONFIG_FILE,
+    OPTIMIZER_FILE,
+    STATE_FILE,
+    crate::data::VOCAB_FILE,
+    crate::data::TOKENIZER_FILE,
+];
+
+/// Checks the checkpoint in `dir` before `read` (file names) are loaded from it: its manifest
+/// is valid and lists each of them, each matches it, none is a link. A save in progress is
+/// waited for a moment, then reported as such. See [`crate::io::verify_file_set`].
+pub fn verify_checkpoint(dir: &Path, read: &[&str]) -> candle::Result<()> {
+    crate::io::verify_file_set(
+        dir,
+        crate::io::SetFiles {
+            allowed: &CHECKPOINT_FILES,
+            read,
+        },
+    )
+    .map(|_| ())
+}

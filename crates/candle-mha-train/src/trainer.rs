@@ -9,14 +9,15 @@ use candle::{DType, Device, Result, Tensor};
 use candle_nn::VarMap;
 
 use super::state::{
-    EvalRecord, StepStats, TrainerState, CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE,
+    device_kind, EvalRecord, StepStats, TrainerState, CHECKPOINT_FILES, CONFIG_FILE, MODEL_FILE,
+    OPTIMIZER_FILE, STATE_FILE, STATE_VERSION,
 };
 use super::{
     clip_grad_norm, evaluate_examples, AdamW, AdamWConfig, Evaluation, LrSchedule, TrainConfig,
 };
 use crate::data::DataSpec;
 use crate::data::{Batch, Codec, Dataset, EvalSet, Example, TrainSource};
-use crate::io::{recover_file_set, CommitPoint, FileSet};
+use crate::io::{recover_file_set, CommitPoint, FileSet, SetFiles};
 use crate::models::NextTokenPredictor;
 use candle_mha::checkpoint::{state_dict_of, NamedParameters, StateDict};
 use candle_mha::rng::derive_seed;
@@ -80,6 +81,7 @@ impl Trainer {
         if config.grad_accum == 0 {
             candle::bail!("grad_accum must be at least 1 (1 = no accumulation), got 0")
         }
+        config.validate()?;
         let optimizer = AdamW::from_varmap(
             &varmap,
             AdamWConfig {
@@ -104,15 +106,29 @@ impl Trainer {
             warmup_steps: config.warmup_steps,
             total_steps: config.steps,
         };
+        let first = varmap
+            .all_vars()
+            .first()
+            .map(|v| (v.dtype(), v.device().clone()));
         let state = TrainerState {
             step: 0,
             config,
             losses: Vec::new(),
             evals: Vec::new(),
-            data,
+            data: data.map(|d| d.absolute()).transpose()?,
             best: None,
             stopped_early: false,
+            version: STATE_VERSION,
+            dtype: first.as_ref().map(|(d, _)| d.as_str().to_string()),
+            device: first.as_ref().map(|(_, d)| device_kind(d).to_string()),
         };
+        // What every save writes must be writable now, not after the compute: a data path
+        // that is not UTF-8 cannot go into trainer_state.json.
+        serde_json::to_string(&state).map_err(|e| {
+            candle::Error::Msg(format!(
+                "the run cannot be recorded in {STATE_FILE} ({e}): give paths in UTF-8"
+            ))
+        })?;
         Ok(Self {
             model,
             varmap,
@@ -124,8 +140,9 @@ impl Trainer {
     }
 
     /// Continues the run saved in `dir`: weights, optimizer moments, step and history.
-    /// `model` and `varmap` must be built from the directory's `config.json`; `steps`
-    /// replaces the saved total when given (to train further; this also lifts an early stop).
+    /// `model` and `varmap` must be built from the directory's `config.json` in the run's
+    /// dtype ([`TrainerState::dtype`]; another is an error); `steps` replaces the saved total
+    /// when given (to train further; this also lifts an early stop).
     pub fn resume(
         model: NextTokenPredictor,
         varmap: VarMap,
@@ -134,16 +151,27 @@ impl Trainer {
     ) -> Result<Self> {
         // A save that a crash interrupted is finished (or was never begun): the files read
         // below are one checkpoint.
-        recover_file_set(dir)?;
-        let text = std::fs::read_to_string(dir.join(STATE_FILE)).map_err(|e| {
-            candle::Error::Msg(format!(
-                "cannot resume from {}: {e}",
-                dir.join(STATE_FILE).display()
-            ))
+        recover_file_set(
+            dir,
+            SetFiles {
+                allowed: &CHECKPOINT_FILES,
+                read: &[STATE_FILE, MODEL_FILE, OPTIMIZER_FILE],
+            },
+        )?;
+        let mut state = TrainerState::load(dir).map_err(|e| {
+            candle::Error::Msg(format!("cannot resume from {}: {e}", dir.display()))
         })?;
-        let mut state: TrainerState = serde_json::from_str(&text).map_err(|e| {
-            candle::Error::Msg(format!("invalid {}: {e}", dir.join(STATE_FILE).display()))
-        })?;
+        let run_dtype = state.dtype()?;
+        if let Some(var) = varmap.all_vars().first() {
+            if var.dtype() != run_dtype {
+                candle::bail!(
+                    "cannot resume from {}: the run trains in {}, the model was built in {}",
+                    dir.display(),
+                    run_dtype.as_str(),
+                    var.dtype().as_str()
+                )
+            }
+        }
         if let Some(steps) = steps {
             state.config.steps = steps;
             // Asked to train further: an early stop of the saved run does not end this one.
@@ -158,6 +186,11 @@ impl Trainer {
         trainer
             .optimizer
             .load_state_dict(&StateDict::load(dir.join(OPTIMIZER_FILE))?)?;
+        // From now on this run is saved in this version, on this device.
+        state.version = STATE_VERSION;
+        state.dtype = trainer.state.dtype.clone();
+        state.device = trainer.state.device.clone();
+        state.data = trainer.state.data.clone();
         trainer.state = state;
         Ok(trainer)
     }
@@ -451,7 +484,7 @@ impl Trainer {
                 )
             }
         }
-        let mut set = FileSet::new(dir);
+        let mut set = FileSet::new(dir, &CHECKPOINT_FILES);
         if let Some(codec) = &self.codec {
             set.add(codec.file_name(), codec.to_json()?.into_bytes())?;
         }
@@ -465,7 +498,10 @@ impl Trainer {
             OPTIMIZER_FILE,
             self.optimizer.state_dict()?.to_safetensors_bytes()?,
         )?;
-        let state = serde_json::to_string_pretty(&self.state)
+        // The data's paths as seen from `dir`: a run moved as a whole still finds its data.
+        let mut state = self.state.clone();
+        state.data = state.data.map(|d| d.recorded_in(dir));
+        let state = serde_json::to_string_pretty(&state)
             .map_err(|e| candle::Error::Msg(format!("serializing trainer state: {e}")))?;
         set.add(STATE_FILE, state.into_bytes())?;
         set.commit(hook).map_err(|e| {

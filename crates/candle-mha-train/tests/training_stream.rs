@@ -140,7 +140,7 @@ fn best_checkpoint_early_stop_and_metrics() -> Result<()> {
 
     // metrics.jsonl: one training line per step, losses as the state recorded them, and
     // the validation fields at each evaluation.
-    let records = read_metrics(&run.join(METRICS_FILE))?;
+    let records = read_metrics(&run.join(METRICS_FILE))?.records;
     let train: Vec<_> = records.iter().filter(|r| r.train_loss.is_some()).collect();
     assert_eq!(train.len() as u64, state.step);
     for (r, l) in train.iter().zip(&state.losses) {
@@ -197,8 +197,8 @@ fn resume_with_random_windows_and_accumulation_is_exact() -> Result<()> {
     let resumed = run_to(&dir.path().join("b"), &source, &val, 24, true, 2)?;
     assert_eq!(straight, resumed, "bit-identical weights");
     let (a, b) = (
-        read_metrics(&dir.path().join("a").join(METRICS_FILE))?,
-        read_metrics(&dir.path().join("b").join(METRICS_FILE))?,
+        read_metrics(&dir.path().join("a").join(METRICS_FILE))?.records,
+        read_metrics(&dir.path().join("b").join(METRICS_FILE))?.records,
     );
     let losses = |r: &[candle_mha_train::MetricsRecord]| -> Vec<Option<f64>> {
         r.iter()

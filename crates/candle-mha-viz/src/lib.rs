@@ -53,7 +53,10 @@ pub mod rollout;
 pub mod vocab_matrix;
 pub use graph::{is_symmetric, max_asymmetry, AttentionGraph, GraphOptions};
 pub use rollout::{attention_flow, attention_rollout, RolloutFusion, ATTENTION_FLOW_MAX_LEN};
-pub use vocab_matrix::{corpus_vocab_matrix, corpus_vocab_matrix_stream, VocabMatrix};
+pub use vocab_matrix::{
+    corpus_vocab_matrix, corpus_vocab_matrix_stream, VocabMatrix, DEFAULT_MAX_CELLS,
+    MAX_DENSE_VOCAB,
+};
 mod canvas;
 mod escape;
 mod font;

@@ -35,8 +35,12 @@ use candle_mha_train::models::NextTokenPredictor;
 /// puts on token `k` *when `k` is in its view*, and [`row_normalized`](Self::row_normalized)
 /// is each query token's share of attention over key tokens.
 ///
-/// The cells are a sparse map, so large vocabularies cost memory only for the pairs seen; the
-/// dense exports ([`sum`](Self::sum), [`mean`](Self::mean), …) allocate `V × V` f64s.
+/// The cells are a sparse map, so large vocabularies cost memory only for the pairs seen, and
+/// at most [`DEFAULT_MAX_CELLS`] of them ([`with_max_cells`](Self::with_max_cells)): a corpus
+/// that would add more is an error naming the count, not an unbounded allocation. The dense
+/// exports ([`sum`](Self::sum), [`mean`](Self::mean), …) allocate `V × V` f64s and are refused
+/// above [`MAX_DENSE_VOCAB`] ids; [`save_sparse_safetensors`](Self::save_sparse_safetensors)
+/// writes the nonzero cells of any vocabulary.
 ///
 /// PyTorch equivalent: none (a `torch.zeros(V, V).index_put_((q_ids, k_ids), w,
 /// accumulate=True)` loop over batches).
@@ -48,7 +52,17 @@ pub struct VocabMatrix {
     query_counts: HashMap<u32, u64>,
     num_queries: u64,
     total_mass: f64,
+    /// The most cells kept (`None`: [`DEFAULT_MAX_CELLS`]).
+    max_cells: Option<usize>,
 }
+
+/// The most nonzero cells a [`VocabMatrix`] keeps unless told otherwise (about 1.5 GiB with
+/// the exports' copies).
+pub const DEFAULT_MAX_CELLS: usize = 1 << 24;
+
+/// The largest vocabulary whose matrices are exported dense (`V × V` f64: 512 MiB each at
+/// this size); larger ones are written sparse.
+pub const MAX_DENSE_VOCAB: usize = 8192;
 
 /// `t` as a flat vector of ids, checking dtype and range.
 fn ids_of(name: &str, t: &Tensor, vocab_size: usize) -> Result<Vec<u32>> {
@@ -80,6 +94,13 @@ impl VocabMatrix {
             vocab_size,
             ..Self::default()
         }
+    }
+
+    /// The same accumulator keeping at most `max_cells` nonzero cells: an
+    /// [`add`](Self::add) that would make more is an error and changes nothing.
+    pub fn with_max_cells(mut self, max_cells: usize) -> Self {
+        self.max_cells = Some(max_cells);
+        self
     }
 
     /// The number of token ids `V`.
@@ -173,6 +194,26 @@ impl VocabMatrix {
                 }
             }
         }
+        // The cells this batch would add, counted before anything changes.
+        let limit = self.max_cells.unwrap_or(DEFAULT_MAX_CELLS);
+        let mut new_cells = std::collections::HashSet::new();
+        for b in 0..n {
+            for i in (0..l).filter(|&i| !skip[b * l + i]) {
+                let row = &w[(b * l + i) * s..(b * l + i + 1) * s];
+                let qi = q[b * l + i];
+                for (j, _) in row.iter().enumerate().filter(|(_, x)| **x > 0.0) {
+                    let cell = (qi, k[b * s + j]);
+                    if !self.cells.contains_key(&cell)
+                        && new_cells.insert(cell)
+                        && self.cells.len() + new_cells.len() > limit
+                    {
+                        candle::bail!(
+                            "the vocabulary matrix would hold more than {limit} nonzero cells (query × key token pairs seen): aggregate over a smaller corpus, or raise the limit (with_max_cells)"
+                        )
+                    }
+                }
+            }
+        }
         // Checked: now accumulate. Per query row, merge the key positions by token first so
         // that `count` grows by one per (query position, key token), not per occurrence.
         let mut per_token: HashMap<u32, f64> = HashMap::new();
@@ -263,11 +304,13 @@ impl VocabMatrix {
     /// elsewhere.
     fn dense(&self, f: impl Fn(f64, u64, f64) -> f64) -> Result<Tensor> {
         let v = self.vocab_size;
-        let len = v.checked_mul(v).ok_or_else(|| {
-            candle::Error::Msg(format!(
-                "a dense {v} x {v} matrix does not fit in memory; use cells() or to_csv()"
-            ))
-        })?;
+        if v > MAX_DENSE_VOCAB {
+            candle::bail!(
+                "a dense {v} x {v} matrix of f64 takes {} bytes: vocabularies above {MAX_DENSE_VOCAB} ids are exported sparse (cells(), to_csv(), save_sparse_safetensors())",
+                (v as u128) * (v as u128) * 8
+            )
+        }
+        let len = v * v;
         let totals = self.row_totals();
         let mut data = vec![0f64; len];
         for (&(q, k), &(sum, count)) in &self.cells {
@@ -379,20 +422,63 @@ impl VocabMatrix {
     /// PyTorch equivalent: `safetensors.torch.save_file({"sum": ..., ...}, path, metadata)`;
     /// read back with `safetensors.torch.load_file(path)`.
     pub fn save_safetensors(&self, path: impl AsRef<Path>) -> Result<()> {
-        StateDict::from_tensors([
+        self.with_metadata(StateDict::from_tensors([
             ("sum".to_string(), self.sum()?),
             ("count".to_string(), self.count()?),
             ("mean".to_string(), self.mean()?),
             ("row_normalized".to_string(), self.row_normalized()?),
-        ])
-        .with_metadata("vocab_size", &self.vocab_size.to_string())
-        .with_metadata("num_queries", &self.num_queries.to_string())
-        .with_metadata("total_mass", &self.total_mass.to_string())
+        ]))
         .with_metadata(
             "description",
             "vocabulary x vocabulary attention: row = query token, column = key token",
         )
         .save_safetensors(path)
+    }
+
+    /// Writes the nonzero cells, in [`cells`](Self::cells)' order, as six 1-D tensors of one
+    /// entry per cell to a safetensors file, atomically: `query` and `key` (u32 ids), `sum`,
+    /// `count`, `mean` and `row_share` (f64), with the metadata of
+    /// [`save_safetensors`](Self::save_safetensors) and `layout: coo`. Any vocabulary size.
+    ///
+    /// PyTorch equivalent: `torch.sparse_coo_tensor(torch.stack([query, key]), sum, (V, V))`
+    /// from the loaded tensors.
+    pub fn save_sparse_safetensors(&self, path: impl AsRef<Path>) -> Result<()> {
+        let totals = self.row_totals();
+        let cells = self.cells();
+        let n = cells.len();
+        let (mut qs, mut ks) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let (mut sums, mut counts) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let (mut means, mut shares) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        for ((q, k), (sum, count)) in cells {
+            let total = totals.get(&q).copied().unwrap_or(0.0);
+            qs.push(q);
+            ks.push(k);
+            sums.push(sum);
+            counts.push(count as f64);
+            means.push(if count > 0 { sum / count as f64 } else { 0.0 });
+            shares.push(if total > 0.0 { sum / total } else { 0.0 });
+        }
+        let dev = &Device::Cpu;
+        self.with_metadata(StateDict::from_tensors([
+            ("query".to_string(), Tensor::from_vec(qs, n, dev)?),
+            ("key".to_string(), Tensor::from_vec(ks, n, dev)?),
+            ("sum".to_string(), Tensor::from_vec(sums, n, dev)?),
+            ("count".to_string(), Tensor::from_vec(counts, n, dev)?),
+            ("mean".to_string(), Tensor::from_vec(means, n, dev)?),
+            ("row_share".to_string(), Tensor::from_vec(shares, n, dev)?),
+        ]))
+        .with_metadata("layout", "coo")
+        .with_metadata(
+            "description",
+            "vocabulary x vocabulary attention, nonzero cells: query token, key token and their values",
+        )
+        .save_safetensors(path)
+    }
+
+    fn with_metadata(&self, sd: StateDict) -> StateDict {
+        sd.with_metadata("vocab_size", &self.vocab_size.to_string())
+            .with_metadata("num_queries", &self.num_queries.to_string())
+            .with_metadata("total_mass", &self.total_mass.to_string())
     }
 }
 

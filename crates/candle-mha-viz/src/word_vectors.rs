@@ -138,9 +138,8 @@ impl WordVectors {
 /// than the first (ragged), a value that is not a finite number, a word seen before, invalid
 /// UTF-8, a header that disagrees with the file; or a file with no words.
 pub fn load_glove(path: &Path) -> Result<WordVectors> {
-    let file = std::fs::File::open(path).map_err(|e| {
-        candle::Error::Msg(format!("load_glove: cannot open {}: {e}", path.display()))
-    })?;
+    let file = candle_mha::io::open_input(path)
+        .map_err(|e| candle::Error::Msg(format!("load_glove: {e}")))?;
     read_glove(std::io::BufReader::new(file), &path.display().to_string())
 }
 

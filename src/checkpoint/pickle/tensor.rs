@@ -207,6 +207,10 @@ pub(super) fn rebuild_tensor(
     })
 }
 
+/// The most bytes a view larger than its storage (an `expand`ed tensor, stride 0) is
+/// materialised into.
+pub const MAX_EXPANDED_BYTES: u64 = 256 << 20;
+
 /// The tensor's elements, gathered contiguously from its storage's bytes.
 pub(super) fn materialize(t: &TensorRef, storage: &[u8]) -> Result<Tensor> {
     let es = t.elem_size;
@@ -219,7 +223,15 @@ pub(super) fn materialize(t: &TensorRef, storage: &[u8]) -> Result<Tensor> {
         )
     }
     let numel: usize = t.size.iter().product();
-    // An expanded view (stride 0) may describe far more elements than its storage holds.
+    // An expanded view (stride 0) may describe far more elements than its storage holds: a
+    // 1.5 KB file could ask for gigabytes. Such a view is materialised up to a stated size.
+    let want = numel.saturating_mul(es);
+    let stored = t.storage_numel.saturating_mul(es);
+    if want > stored && want as u64 > MAX_EXPANDED_BYTES {
+        candle::bail!(
+            "its view repeats its storage of {stored} bytes into {numel} elements of {es} bytes ({want} bytes): more than the {MAX_EXPANDED_BYTES} bytes an expanded view may take"
+        )
+    }
     let mut bytes = Vec::new();
     bytes
         .try_reserve_exact(numel.saturating_mul(es))

@@ -84,13 +84,13 @@ pub struct TrainArgs {
     #[arg(long)]
     pub resume: bool,
     /// Optimizer steps (with --resume: the new total).
-    #[arg(long, value_parser = crate::bounds::count_u64(0, 1_000_000_000_000), help = run_default("Optimizer steps (with --resume: the new total)", |c| c.steps))]
+    #[arg(long, value_parser = crate::bounds::count_u64(0, crate::bounds::MAX_STEPS), help = run_default("Optimizer steps (with --resume: the new total)", |c| c.steps))]
     pub steps: Option<u64>,
     /// Sequences per micro-batch.
     #[arg(long, value_parser = crate::bounds::count(1, crate::bounds::MAX_COUNT), help = run_default("Sequences per micro-batch", |c| c.batch_size))]
     pub batch_size: Option<usize>,
     /// Micro-batches accumulated into one update (effective batch = batch size × this).
-    #[arg(long, value_parser = crate::bounds::count(1, 1_000_000), help = run_default(
+    #[arg(long, value_parser = crate::bounds::count(1, crate::bounds::MAX_GRAD_ACCUM), help = run_default(
         "Micro-batches accumulated into one update (effective batch = batch size × this)",
         |c| c.grad_accum,
     ))]
@@ -99,7 +99,7 @@ pub struct TrainArgs {
     #[arg(long, help = run_default("Peak learning rate (warmup, then cosine to lr/10)", |c| c.lr))]
     pub lr: Option<f64>,
     /// Warmup steps.
-    #[arg(long, value_parser = crate::bounds::count_u64(0, 1_000_000_000_000), help = run_default("Warmup steps", |c| c.warmup_steps))]
+    #[arg(long, value_parser = crate::bounds::count_u64(0, crate::bounds::MAX_STEPS), help = run_default("Warmup steps", |c| c.warmup_steps))]
     pub warmup: Option<u64>,
     /// AdamW weight decay.
     #[arg(long, help = run_default("AdamW weight decay", |c| c.weight_decay))]
@@ -114,7 +114,7 @@ pub struct TrainArgs {
     #[arg(long, value_parser = crate::bounds::count(1, crate::bounds::MAX_DIM), help = model_default("Attention heads per block", |c| c.num_heads))]
     pub num_heads: Option<usize>,
     /// Transformer blocks.
-    #[arg(long, value_parser = crate::bounds::count(1, 4096), help = model_default("Transformer blocks", |c| c.num_layers))]
+    #[arg(long, value_parser = crate::bounds::count(1, crate::bounds::MAX_LAYERS), help = model_default("Transformer blocks", |c| c.num_layers))]
     pub num_layers: Option<usize>,
     /// MLP width (default 4 × embed_dim).
     #[arg(long, value_parser = crate::bounds::count(1, crate::bounds::MAX_CONTEXT))]
@@ -135,13 +135,13 @@ pub struct TrainArgs {
     ))]
     pub resid_dropout: Option<f64>,
     /// Evaluate every N steps.
-    #[arg(long, value_parser = crate::bounds::count_u64(0, 1_000_000_000_000), help = run_default("Evaluate every N steps", |c| c.eval_every))]
+    #[arg(long, value_parser = crate::bounds::count_u64(0, crate::bounds::MAX_STEPS), help = run_default("Evaluate every N steps", |c| c.eval_every))]
     pub eval_every: Option<u64>,
     /// Checkpoint every N steps.
-    #[arg(long, value_parser = crate::bounds::count_u64(0, 1_000_000_000_000), help = run_default("Checkpoint every N steps", |c| c.save_every))]
+    #[arg(long, value_parser = crate::bounds::count_u64(0, crate::bounds::MAX_STEPS), help = run_default("Checkpoint every N steps", |c| c.save_every))]
     pub save_every: Option<u64>,
     /// Stop after N evaluations without a new best validation loss (0 = never).
-    #[arg(long, value_parser = crate::bounds::count_u64(0, 1_000_000_000_000), help = run_default(
+    #[arg(long, value_parser = crate::bounds::count_u64(0, crate::bounds::MAX_STEPS), help = run_default(
         "Stop after N evaluations without a new best validation loss (0 = never)",
         |c| c.early_stop,
     ))]
@@ -169,14 +169,14 @@ pub struct TrainArgs {
     /// Where to run.
     #[arg(long, default_value = "auto", value_parser = crate::choices::DeviceParser)]
     pub device: String,
-    /// Parameter dtype (training runs in f32 or f64).
-    #[arg(long, default_value = "f32", value_parser = crate::choices::DtypeParser)]
-    pub dtype: DType,
+    /// Parameter dtype: f32 or f64 [default: f32; with --resume, the run's].
+    #[arg(long, value_parser = crate::choices::DtypeParser)]
+    pub dtype: Option<DType>,
     /// Synthetic task: number of keys.
     #[arg(long, value_parser = crate::bounds::count(1, 1_000_000), help = "Synthetic task: number of keys [default: 16]")]
     pub keys: Option<usize>,
     /// Synthetic task: number of values.
-    #[arg(long, value_parser = crate::bounds::count(1, 1_000), value_parser = crate::bounds::count(1, 1_000_000), help = "Synthetic task: number of values [default: 16]")]
+    #[arg(long, value_parser = crate::bounds::count(1, 1_000_000), help = "Synthetic task: number of values [default: 16]")]
     pub values: Option<usize>,
     /// Synthetic task: key–value pairs shown per example.
     #[arg(

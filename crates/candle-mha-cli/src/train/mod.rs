@@ -7,12 +7,12 @@ mod distributed;
 mod fault;
 mod progress;
 mod resume;
+pub mod signals;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
+use candle_mha::candle::DType;
 use candle_mha_train::data::{DataSpec, PrepareJob, DEFAULT_CHUNK_BYTES};
 use candle_mha_train::distributed::{rank_prefix, Communicator, GradientBuckets};
 use candle_mha_train::{NewData, NewRun, ResumeRun, Session, TrainObserver, BEST_DIR, STATE_FILE};
@@ -128,11 +128,11 @@ pub fn run(args: &TrainArgs) -> Result<()> {
 }
 
 /// Only `should_stop` of a data-parallel run's ranks other than 0 (rank 0 reports).
-struct StopOnly(Arc<AtomicBool>);
+struct StopOnly;
 
 impl TrainObserver for StopOnly {
     fn should_stop(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
+        signals::caught().is_some()
     }
 }
 
@@ -152,10 +152,12 @@ fn run_rank(
     let mut notices = Notices::new(args.quiet, lead)?;
     let mut session = match args.resume {
         true => {
+            // The run's dtype: a --dtype that contradicts it is listed with the others below.
             let how = ResumeRun {
                 steps: args.steps,
-                dtype: args.dtype,
+                dtype: None,
                 verify_data: args.verify,
+                memory_limit: crate::bounds::memory_limit(),
             };
             let mut session = Session::resume(&args.out, how, &device, comm, &mut notices)?;
             let conflicts = resume::conflicts(
@@ -195,9 +197,10 @@ fn run_rank(
                     let args = args.clone();
                     move |vocab, longest| args.model_config(vocab, longest)
                 }))
-                .with_dtype(args.dtype);
+                .with_dtype(args.dtype.unwrap_or(DType::F32));
             run.max_len = args.max_len();
             run.verify_data = args.verify;
+            run.memory_limit = crate::bounds::memory_limit();
             Session::start(&args.out, run, &device, comm, &mut notices)?
         }
     };
@@ -250,14 +253,8 @@ fn run_rank(
         );
     }
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let flag = stop.clone();
-    // A second Ctrl-C exits at once; the first finishes the step and saves a checkpoint.
-    let _ = ctrlc::set_handler(move || {
-        if flag.swap(true, Ordering::Relaxed) {
-            std::process::exit(130);
-        }
-    });
+    // A second Ctrl-C (or SIGTERM) exits at once; the first finishes the step and saves.
+    signals::install();
     let total = session.trainer.state().config.steps;
     // Without a terminal (CI, pipes) the bar is hidden: log lines instead.
     let quiet = args.quiet || !std::io::IsTerminal::is_terminal(&std::io::stderr());
@@ -274,10 +271,9 @@ fn run_rank(
         bar,
         start: Instant::now(),
         tokens: 0,
-        stop: stop.clone(),
         quiet,
     };
-    let mut silent = StopOnly(stop.clone());
+    let mut silent = StopOnly;
     let observer: &mut dyn TrainObserver = match lead {
         true => &mut progress,
         false => {
@@ -296,11 +292,14 @@ fn run_rank(
     };
     let state = session.trainer.state();
     let step = state.step;
-    if stop.load(Ordering::Relaxed) && step < total {
-        eprintln!(
-            "interrupted at step {step}: checkpoint saved to {}; continue with --resume",
-            args.out.display()
-        );
+    if let Some(sig) = signals::caught() {
+        if step < total {
+            eprintln!(
+                "interrupted at step {step} (signal {sig}): checkpoint saved to {}; continue with `mha train --out {} --resume`",
+                args.out.display(),
+                args.out.display()
+            );
+        }
     }
     if state.stopped_early {
         eprintln!(

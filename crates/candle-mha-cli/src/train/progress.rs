@@ -1,8 +1,6 @@
 //! The progress display of `mha train`: a bar on a terminal (log lines otherwise), on
-//! stderr, and the Ctrl-C flag that stops a run at a checkpoint.
+//! stderr, and the signal that stops a run at a checkpoint.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Instant;
 
 use candle_mha_train::{Evaluation, StepStats, TrainObserver};
@@ -13,7 +11,6 @@ pub struct Progress {
     pub bar: ProgressBar,
     pub start: Instant,
     pub tokens: usize,
-    pub stop: Arc<AtomicBool>,
     pub quiet: bool,
 }
 
@@ -60,7 +57,10 @@ impl TrainObserver for Progress {
             dir.display()
         ));
     }
+    fn notice(&mut self, line: &str) {
+        self.line(format!("warning: {line}"));
+    }
     fn should_stop(&self) -> bool {
-        self.stop.load(Ordering::Relaxed)
+        super::signals::caught().is_some()
     }
 }

@@ -56,12 +56,41 @@ pub fn conflicts(
         }
     }
     // The run's prepared data, opened (a scan of its ids) once, when an option needs it.
+    let shapes_data = !args.text.is_empty()
+        || args.val_fraction.is_some()
+        || args.bpe_vocab.is_some()
+        || args.bpe_sample_mb.is_some();
     let prepared = match spec {
-        DataSpec::Prepared { dir, .. } if !args.text.is_empty() || args.val_fraction.is_some() => {
-            Some(TokenData::open(dir)?)
-        }
+        DataSpec::Prepared { dir, .. } if shapes_data => Some(TokenData::open(dir)?),
         _ => None,
     };
+    // The BPE the text was prepared with.
+    let bpe = prepared.as_ref().and_then(|d| d.meta().bpe);
+    if let Some(v) = args.bpe_vocab {
+        match (&prepared, bpe) {
+            (_, Some(b)) => differ("--bpe-vocab", v.to_string(), b.vocab_size.to_string()),
+            (Some(d), None) if d.meta().text => differ(
+                "--bpe-vocab",
+                v.to_string(),
+                format!("a tokenizer of {} ids", d.meta().vocab_size),
+            ),
+            _ => differ(
+                "--bpe-vocab",
+                v.to_string(),
+                format!("{kind}, with no BPE of its own"),
+            ),
+        }
+    }
+    if let Some(mb) = args.bpe_sample_mb {
+        match bpe {
+            Some(b) => differ("--bpe-sample-mb", mb.to_string(), b.sample_mb.to_string()),
+            None => differ(
+                "--bpe-sample-mb",
+                mb.to_string(),
+                format!("{kind}, with no BPE trained for it"),
+            ),
+        }
+    }
     if !args.text.is_empty() {
         let given = args
             .text
@@ -135,6 +164,13 @@ pub fn conflicts(
                     differ(option, g.to_string(), run.to_string());
                 }
             }
+        }
+    }
+    // The parameters' dtype.
+    if let Some(d) = args.dtype {
+        let run = trainer.state().dtype()?;
+        if d != run {
+            differ("--dtype", d.as_str().to_string(), run.as_str().to_string());
         }
     }
     // The model.

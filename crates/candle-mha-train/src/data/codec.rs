@@ -24,18 +24,29 @@ pub enum Codec {
 }
 
 impl Codec {
-    /// Reads `vocab.json` or `tokenizer.json` from a checkpoint directory.
-    pub fn load_dir(dir: &Path) -> Result<Self> {
-        let (vocab, tok) = (dir.join(VOCAB_FILE), dir.join(TOKENIZER_FILE));
-        if vocab.exists() {
-            Ok(Self::Symbols(Vocab::load(&vocab)?))
-        } else if tok.exists() {
-            Ok(Self::Text(Box::new(TextTokenizer::load(&tok)?)))
+    /// The tokenization file [`load_dir`](Self::load_dir) reads in `dir`: `vocab.json` when
+    /// present, else `tokenizer.json`; an error when neither is.
+    pub fn file_in(dir: &Path) -> Result<&'static str> {
+        let present = |name: &str| std::fs::symlink_metadata(dir.join(name)).is_ok();
+        if present(VOCAB_FILE) {
+            Ok(VOCAB_FILE)
+        } else if present(TOKENIZER_FILE) {
+            Ok(TOKENIZER_FILE)
         } else {
             candle::bail!(
                 "{} has neither {VOCAB_FILE} nor {TOKENIZER_FILE}",
                 dir.display()
             )
+        }
+    }
+
+    /// Reads `vocab.json` or `tokenizer.json` from a checkpoint directory.
+    pub fn load_dir(dir: &Path) -> Result<Self> {
+        match Self::file_in(dir)? {
+            VOCAB_FILE => Ok(Self::Symbols(Vocab::load(&dir.join(VOCAB_FILE))?)),
+            _ => Ok(Self::Text(Box::new(TextTokenizer::load(
+                &dir.join(TOKENIZER_FILE),
+            )?))),
         }
     }
 

@@ -131,6 +131,7 @@ pub fn checkpoint_corpus(
     ) = (&spec, split)
     {
         let (d, _) = open_prepared(dir, Some(codec), "the checkpoint's tokenizer")?;
+        spec.check_prepared(&d)?;
         return Ok((
             "the run's training tokens".to_string(),
             Corpus::Prepared {

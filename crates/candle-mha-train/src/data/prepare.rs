@@ -10,8 +10,8 @@ use sha2::{Digest, Sha256};
 
 use super::codec::{Codec, TOKENIZER_FILE, VOCAB_FILE};
 use super::prepared::{
-    split_point, SourceFile, TokenDataMeta, TokenDtype, DATA_FORMAT, DATA_VERSION, META_FILE,
-    TOKENS_FILE,
+    split_point, BpeSettings, SourceFile, TokenDataMeta, TokenDtype, DATA_FORMAT, DATA_VERSION,
+    META_FILE, TOKENS_FILE,
 };
 use super::text::TextTokenizer;
 use super::text_chunks::{text_file_sizes, TextChunks, DEFAULT_CHUNK_BYTES};
@@ -27,6 +27,8 @@ pub struct PrepareOptions {
     pub val_fraction: f64,
     /// Bytes of text encoded at a time per thread. Default 1 MiB.
     pub chunk_bytes: usize,
+    /// How the tokenizer was trained, recorded in `meta.json` (`None`: given, or symbols).
+    pub bpe: Option<BpeSettings>,
 }
 
 impl Default for PrepareOptions {
@@ -34,6 +36,7 @@ impl Default for PrepareOptions {
         Self {
             val_fraction: 0.1,
             chunk_bytes: DEFAULT_CHUNK_BYTES,
+            bpe: None,
         }
     }
 }
@@ -49,11 +52,11 @@ pub struct PrepareProgress {
     pub tokens: u64,
 }
 
-/// `tokens.bin` being written: a temporary file renamed into place by [`TokenWriter::finish`].
+/// `tokens.bin` being written: a temporary file (created exclusively beside it, removed if
+/// dropped) renamed into place by [`TokenWriter::finish`].
 struct TokenWriter {
-    tmp: PathBuf,
     path: PathBuf,
-    out: std::io::BufWriter<std::fs::File>,
+    out: std::io::BufWriter<tempfile::NamedTempFile>,
     dtype: TokenDtype,
     vocab_size: usize,
     count: u64,
@@ -65,13 +68,11 @@ struct TokenWriter {
 impl TokenWriter {
     fn create(dir: &Path, vocab_size: usize) -> Result<Self> {
         let path = dir.join(TOKENS_FILE);
-        let tmp = dir.join(format!(".{TOKENS_FILE}.tmp-{}", std::process::id()));
-        let file = std::fs::File::create(&tmp)
-            .map_err(|e| candle::Error::Msg(format!("creating {}: {e}", tmp.display())))?;
+        crate::io::refuse_link(&path)?;
+        let tmp = candle_mha::io::temp_beside(&path)?;
         Ok(Self {
-            tmp,
             path,
-            out: std::io::BufWriter::with_capacity(1 << 20, file),
+            out: std::io::BufWriter::with_capacity(1 << 20, tmp),
             dtype: TokenDtype::for_vocab(vocab_size),
             vocab_size,
             count: 0,
@@ -98,35 +99,27 @@ impl TokenWriter {
         self.hasher.update(&buf);
         self.out
             .write_all(&buf)
-            .map_err(|e| candle::Error::Msg(format!("writing {}: {e}", self.tmp.display())))?;
+            .map_err(|e| candle::Error::Msg(format!("writing {}: {e}", self.path.display())))?;
         self.count += ids.len() as u64;
         Ok(())
     }
 
     /// Renames the file into place; returns the number of ids, the largest and the file's
     /// SHA-256.
-    fn finish(mut self) -> Result<(u64, Option<u32>, String)> {
-        self.out
-            .flush()
-            .and_then(|_| self.out.get_ref().sync_all())
-            .and_then(|_| std::fs::rename(&self.tmp, &self.path))
-            .map_err(|e| candle::Error::Msg(format!("writing {}: {e}", self.path.display())))?;
-        let sha256 = hex(&std::mem::take(&mut self.hasher).finalize());
+    fn finish(self) -> Result<(u64, Option<u32>, String)> {
+        let err =
+            |e: std::io::Error| candle::Error::Msg(format!("writing {}: {e}", self.path.display()));
+        let tmp = self.out.into_inner().map_err(|e| err(e.into_error()))?;
+        tmp.as_file().sync_all().map_err(err)?;
+        tmp.persist(&self.path).map_err(|e| err(e.error))?;
+        let sha256 = hex(&self.hasher.finalize());
         Ok((self.count, self.max_id, sha256))
-    }
-}
-
-impl Drop for TokenWriter {
-    fn drop(&mut self) {
-        // Gone already after a successful rename; after an error, do not leave it behind.
-        let _ = std::fs::remove_file(&self.tmp);
     }
 }
 
 /// Size and SHA-256 of a file, read in pieces.
 fn hash_file(path: &Path) -> Result<(u64, String)> {
-    let file = std::fs::File::open(path)
-        .map_err(|e| candle::Error::Msg(format!("reading {}: {e}", path.display())))?;
+    let file = candle_mha::io::open_input(path)?;
     let mut reader = std::io::BufReader::with_capacity(1 << 20, file);
     let mut hasher = Sha256::new();
     let mut n = 0u64;
@@ -217,6 +210,7 @@ fn finish_dir(
         sources,
         max_id,
         tokens_sha256: Some(tokens_sha256),
+        bpe: opts.bpe,
     };
     codec.save_dir(out)?;
     let json = serde_json::to_string_pretty(&meta)
@@ -297,8 +291,8 @@ fn for_each_line(path: &Path, mut f: impl FnMut(&str) -> Result<()>) -> Result<(
     if path.is_dir() {
         candle::bail!("{} is a directory; expected a token file", path.display())
     }
-    let file = std::fs::File::open(path)
-        .map_err(|e| candle::Error::Msg(format!("reading token file {}: {e}", path.display())))?;
+    let file = candle_mha::io::open_input(path)
+        .map_err(|e| candle::Error::Msg(format!("reading token file: {e}")))?;
     let mut reader = std::io::BufReader::new(file);
     let mut line = Vec::new();
     let mut n = 0usize;

@@ -7,8 +7,8 @@ use std::time::Instant;
 use candle::Result;
 
 use super::{
-    expand_sources, prepare_text, prepare_token_files, PrepareOptions, PrepareProgress,
-    TextTokenizer, TokenDataMeta, DEFAULT_CHUNK_BYTES,
+    expand_sources, prepare_text, prepare_token_files, BpeSettings, PrepareOptions,
+    PrepareProgress, TextTokenizer, TokenDataMeta, DEFAULT_CHUNK_BYTES,
 };
 
 /// The default vocabulary of a BPE trained on the text (`mha prepare --vocab-size`).
@@ -76,9 +76,10 @@ impl PrepareJob {
         if self.chunk_bytes == 0 {
             candle::bail!("chunk_bytes 0: expected at least 1")
         }
-        let opts = PrepareOptions {
+        let mut opts = PrepareOptions {
             val_fraction: self.val_fraction,
             chunk_bytes: self.chunk_bytes,
+            bpe: None,
         };
         let started = Instant::now();
         if !self.tokens.is_empty() {
@@ -88,7 +89,13 @@ impl PrepareJob {
         let files = expand_sources(&self.text)?;
         let tok = match &self.tokenizer {
             Some(p) => TextTokenizer::load(p)?,
-            None => self.train_bpe(&files, observer)?,
+            None => {
+                opts.bpe = Some(BpeSettings {
+                    vocab_size: self.vocab_size,
+                    sample_mb: self.bpe_sample_mb,
+                });
+                self.train_bpe(&files, observer)?
+            }
         };
         let meta = prepare_text(&files, &tok, out, &opts, &mut |p| observer.progress(&p))?;
         let secs = started.elapsed().as_secs_f64();
@@ -148,6 +155,57 @@ pub fn describe_prepared(meta: &TokenDataMeta, dir: &Path) -> String {
         meta.num_tokens - meta.train_tokens,
         100.0 * meta.val_fraction
     )
+}
+
+impl PrepareJob {
+    /// What in this job differs from how the data of `meta` was prepared (the sources aside):
+    /// the BPE's settings, a tokenizer given or not, the split; one line each, as
+    /// `vocab_size 1000: the data's BPE was asked for 512`. Empty when it would prepare the
+    /// same data.
+    pub fn differences(&self, meta: &TokenDataMeta) -> Result<Vec<String>> {
+        let mut out = Vec::new();
+        match (&self.tokenizer, &meta.bpe) {
+            (Some(p), _) => {
+                let given = super::Codec::Text(Box::new(TextTokenizer::load(p)?));
+                if given.fingerprint()? != meta.codec_sha256 {
+                    out.push(format!(
+                        "tokenizer {}: the data was encoded with another tokenization",
+                        p.display()
+                    ));
+                }
+            }
+            (None, Some(bpe)) => {
+                if bpe.vocab_size != self.vocab_size {
+                    out.push(format!(
+                        "vocab_size {}: the data's BPE was asked for {}",
+                        self.vocab_size, bpe.vocab_size
+                    ));
+                }
+                if bpe.sample_mb != self.bpe_sample_mb {
+                    out.push(format!(
+                        "bpe_sample_mb {}: the data's BPE was trained on {} MB",
+                        self.bpe_sample_mb, bpe.sample_mb
+                    ));
+                }
+            }
+            // Prepared before the settings were recorded: the ids it has are all we know.
+            (None, None) => {
+                if meta.vocab_size > self.vocab_size {
+                    out.push(format!(
+                        "vocab_size {}: the data's tokenizer has {} ids",
+                        self.vocab_size, meta.vocab_size
+                    ));
+                }
+            }
+        }
+        if self.val_fraction != meta.val_fraction {
+            out.push(format!(
+                "val_fraction {}: the data was split with {}",
+                self.val_fraction, meta.val_fraction
+            ));
+        }
+        Ok(out)
+    }
 }
 
 /// Whether `files` are the sources recorded in prepared data (same paths and sizes, in order).

@@ -112,6 +112,21 @@ pub struct TokenDataMeta {
     /// it was recorded).
     #[serde(default)]
     pub tokens_sha256: Option<String>,
+    /// The byte-level BPE trained for the text, as asked (`None`: a tokenizer was given, the
+    /// sources are token files, or the data was prepared before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bpe: Option<BpeSettings>,
+}
+
+/// How the BPE of prepared text was trained (what `--bpe-vocab` and `--bpe-sample-mb` asked).
+///
+/// PyTorch equivalent: none (the `vocab_size` given to a tokenizer trainer).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BpeSettings {
+    /// Ids asked for (the tokenizer may have fewer: `vocab_size` says how many it has).
+    pub vocab_size: usize,
+    /// Megabytes of text sampled to train it.
+    pub sample_mb: f64,
 }
 
 impl TokenDataMeta {
@@ -172,12 +187,12 @@ impl TokenData {
             )
         }
         let meta_path = dir.join(META_FILE);
-        let text = std::fs::read_to_string(&meta_path).map_err(|e| {
-            candle::Error::Msg(format!(
-                "{}: {e}; expected the {META_FILE} that `mha prepare` writes",
-                meta_path.display()
-            ))
-        })?;
+        let text = candle_mha::io::read_input_string(&meta_path, crate::limits::MAX_JSON_BYTES)
+            .map_err(|e| {
+                candle::Error::Msg(format!(
+                    "{e}; expected the {META_FILE} that `mha prepare` writes"
+                ))
+            })?;
         let meta: TokenDataMeta = serde_json::from_str(&text).map_err(|e| {
             candle::Error::Msg(format!(
                 "{}: not a prepared-data description ({e})",
@@ -201,8 +216,7 @@ impl TokenData {
             )
         }
         let path = dir.join(TOKENS_FILE);
-        let file = std::fs::File::open(&path)
-            .map_err(|e| candle::Error::Msg(format!("{}: {e}", path.display())))?;
+        let file = candle_mha::io::open_input(&path)?;
         let len = file
             .metadata()
             .map_err(|e| candle::Error::Msg(format!("{}: {e}", path.display())))?

@@ -59,12 +59,21 @@ pub enum DataSpec {
     /// A data directory written by `mha prepare` ([`TokenData`]): random training windows from
     /// `[0, train_tokens)`, fixed validation windows from the rest.
     Prepared {
-        /// The data directory.
+        /// The data directory (in `trainer_state.json`: relative to the checkpoint directory
+        /// when it lies inside the run, else absolute).
         dir: PathBuf,
         /// Tokens of the training part.
         train_tokens: u64,
         /// Validation windows evaluated at most (evenly spaced over the rest).
         eval_windows: usize,
+        /// Ids in the data when the run began (`None`: runs recorded before it was); a data
+        /// directory with another count is not the run's.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        num_tokens: Option<u64>,
+        /// The SHA-256 of `tokens.bin` its `meta.json` recorded when the run began (`None`:
+        /// not recorded); a data directory recording another is not the run's.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tokens_sha256: Option<String>,
     },
 }
 
@@ -150,23 +159,16 @@ pub fn target_bytes(codec: &Codec, examples: &[Example]) -> Result<Option<u64>> 
     Ok(Some(bytes))
 }
 
-/// The data description a run recorded in its `trainer_state.json`; errors when the run was
+/// The data description a run recorded in the `trainer_state.json` of checkpoint directory
+/// `run` (its paths resolved: see [`crate::TrainerState::load`]); errors when the run was
 /// trained on data it did not describe (a library caller's own dataset).
 pub fn run_data_spec(run: &Path) -> Result<DataSpec> {
-    let path = run.join(crate::STATE_FILE);
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| candle::Error::Msg(format!("reading {}: {e}", path.display())))?;
-    let state: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| candle::Error::Msg(format!("parsing {}: {e}", path.display())))?;
-    match serde_json::from_value::<Option<DataSpec>>(state["data"].clone()) {
-        Ok(Some(spec)) => Ok(spec),
-        Ok(None) => candle::bail!(
+    let state = crate::TrainerState::load(run)?;
+    match state.data {
+        Some(spec) => Ok(spec),
+        None => candle::bail!(
             "{} does not say what the run was trained on (its trainer was given its data directly)",
-            path.display()
-        ),
-        Err(e) => candle::bail!(
-            "{} does not say what the run was trained on: {e}",
-            path.display()
+            run.join(crate::STATE_FILE).display()
         ),
     }
 }
@@ -182,6 +184,131 @@ pub fn open_prepared(dir: &Path, codec: Option<&Codec>, what: &str) -> Result<(T
         None => data.codec()?,
     };
     Ok((data, codec))
+}
+
+/// `path` lexically normalised: `.` dropped, `a/..` folded (no file system access).
+fn normalise(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir
+                if matches!(out.components().next_back(), Some(Component::Normal(_))) =>
+            {
+                out.pop();
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `path` absolute and canonical when it exists (else absolute and normalised).
+pub(crate) fn absolute(path: &Path) -> Result<PathBuf> {
+    if let Ok(p) = path.canonicalize() {
+        return Ok(p);
+    }
+    let cwd = std::env::current_dir()
+        .map_err(|e| candle::Error::Msg(format!("the working directory: {e}")))?;
+    Ok(normalise(&cwd.join(path)))
+}
+
+impl DataSpec {
+    /// The paths it names, made absolute (canonical where they exist): what a run holds in
+    /// memory, whatever the working directory later becomes.
+    pub fn absolute(&self) -> Result<Self> {
+        let mut spec = self.clone();
+        match &mut spec {
+            Self::Tokens { path, .. } | Self::Text { path, .. } => *path = absolute(path)?,
+            Self::Prepared { dir, .. } => *dir = absolute(dir)?,
+            Self::Synthetic { .. } => {}
+        }
+        Ok(spec)
+    }
+
+    /// As recorded in the `trainer_state.json` of checkpoint directory `ckpt`: a data
+    /// directory inside the run (`ckpt`, or the run holding `ckpt` when it is the run's
+    /// `best/`) relative to `ckpt`, so that the run can be moved; other paths as held
+    /// (absolute).
+    pub fn recorded_in(&self, ckpt: &Path) -> Self {
+        let mut spec = self.clone();
+        if let Self::Prepared { dir, .. } = &mut spec {
+            let here = absolute(ckpt).unwrap_or_else(|_| ckpt.to_path_buf());
+            let run = match here.file_name().is_some_and(|n| n == crate::BEST_DIR) {
+                true => here.parent().map(Path::to_path_buf),
+                false => None,
+            };
+            if let Ok(rel) = dir.strip_prefix(&here) {
+                *dir = rel.to_path_buf();
+            } else if let Some(rel) = run.as_deref().and_then(|r| dir.strip_prefix(r).ok()) {
+                *dir = Path::new("..").join(rel);
+            }
+        }
+        spec
+    }
+
+    /// The inverse of [`recorded_in`](Self::recorded_in): relative paths joined to `ckpt`.
+    pub fn resolved_in(&self, ckpt: &Path) -> Self {
+        let mut spec = self.clone();
+        let join = |p: &mut PathBuf| {
+            if p.is_relative() {
+                let joined = normalise(&ckpt.join(&*p));
+                *p = absolute(&joined).unwrap_or(joined);
+            }
+        };
+        match &mut spec {
+            Self::Tokens { path, .. } | Self::Text { path, .. } => join(path),
+            Self::Prepared { dir, .. } => join(dir),
+            Self::Synthetic { .. } => {}
+        }
+        spec
+    }
+
+    /// Errors, naming what differs, unless `data` is the prepared data this spec was made
+    /// from: the same number of ids and the same recorded SHA-256 of `tokens.bin` (where the
+    /// spec recorded them), and at least `train_tokens` ids.
+    pub fn check_prepared(&self, data: &TokenData) -> Result<()> {
+        let Self::Prepared {
+            dir,
+            train_tokens,
+            num_tokens,
+            tokens_sha256,
+            ..
+        } = self
+        else {
+            return Ok(());
+        };
+        let other = "it is not the data the run was trained on (moved or prepared again?); give the run's own data directory";
+        if let Some(n) = num_tokens {
+            if *n != data.len() {
+                candle::bail!(
+                    "{}: {} tokens, but the run recorded {n}: {other}",
+                    dir.display(),
+                    data.len()
+                )
+            }
+        }
+        if let Some(want) = tokens_sha256 {
+            let got = data.meta().tokens_sha256.as_deref().unwrap_or("none");
+            if got != want {
+                candle::bail!(
+                    "{}: tokens.bin's recorded SHA-256 is {}…, but the run recorded {}…: {other}",
+                    dir.display(),
+                    &got[..12.min(got.len())],
+                    &want[..12.min(want.len())]
+                )
+            }
+        }
+        if *train_tokens > data.len() {
+            candle::bail!(
+                "{}: the run trained on {train_tokens} tokens but the data has {}: {other}",
+                dir.display(),
+                data.len()
+            )
+        }
+        Ok(())
+    }
 }
 
 impl DataSpec {
@@ -277,6 +404,7 @@ impl DataSpec {
                 dir,
                 train_tokens,
                 eval_windows,
+                ..
             } => {
                 let Some(window) = max_tokens else {
                     candle::bail!("prepared data needs the model's context (max_tokens)")
@@ -286,13 +414,7 @@ impl DataSpec {
                     None => format!("{}", dir.display()),
                 };
                 let (data, codec) = open_prepared(dir, codec.as_ref(), &what)?;
-                if *train_tokens > data.len() {
-                    candle::bail!(
-                        "{}: the run trained on {train_tokens} tokens but the data has {}: it was prepared again",
-                        dir.display(),
-                        data.len()
-                    )
-                }
+                self.check_prepared(&data)?;
                 let windows =
                     TokenWindows::new(window as u64, 0..*train_tokens, *train_tokens..data.len())?;
                 let val = windows.val_dataset(&data, *eval_windows)?;

@@ -65,8 +65,8 @@ fn read_text(path: &Path, what: &str) -> Result<String> {
             path.display()
         )));
     }
-    let bytes = std::fs::read(path)
-        .map_err(|e| candle::Error::Msg(format!("reading {what} {}: {e}", path.display())))?;
+    let bytes = candle_mha::io::read_input(path, crate::limits::MAX_JSON_BYTES)
+        .map_err(|e| candle::Error::Msg(format!("reading {what}: {e}")))?;
     String::from_utf8(bytes).map_err(|e| {
         let at = e.utf8_error().valid_up_to();
         let line = e.as_bytes()[..at].iter().filter(|&&b| b == b'\n').count() + 1;

@@ -76,8 +76,7 @@ impl TextChunks {
         if path.is_dir() {
             candle::bail!("{} is a directory; expected a text file", path.display())
         }
-        let file = std::fs::File::open(path)
-            .map_err(|e| candle::Error::Msg(format!("reading {}: {e}", path.display())))?;
+        let file = candle_mha::io::open_input(path)?;
         Ok(Self {
             path: path.to_path_buf(),
             file,
@@ -150,9 +149,8 @@ pub(crate) fn text_file_sizes(files: &[PathBuf]) -> Result<Vec<u64>> {
     files
         .iter()
         .map(|f| {
-            let len = std::fs::metadata(f)
-                .map_err(|e| candle::Error::Msg(format!("reading {}: {e}", f.display())))?
-                .len();
+            // A device or a FIFO (`/dev/zero`) has no size to plan with, nor an end.
+            let (_, len) = candle_mha::io::open_input_bounded(f, u64::MAX)?;
             if len == 0 {
                 candle::bail!("{} is empty; expected some text", f.display())
             }

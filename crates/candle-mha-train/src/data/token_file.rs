@@ -16,6 +16,9 @@ use super::dataset::Dataset;
 use super::example::Example;
 use super::vocab::{Vocab, BOS_ID, EOS_ID, UNK_ID};
 
+/// The largest token file read into memory (larger corpora: `mha prepare`, then `--data`).
+pub const MAX_TOKEN_FILE_BYTES: u64 = 1 << 32;
+
 /// Reads the sequences of a token file: one per line, whitespace-separated symbols, skipping
 /// blank lines and lines whose first non-blank character is `#`. The symbols are returned
 /// without BOS/EOS; [`encode_sequences`] adds them, so each line becomes `BOS sym… EOS`.
@@ -33,8 +36,8 @@ pub fn read_token_file(path: &Path, max_tokens: usize) -> Result<Vec<Vec<String>
             path.display()
         )));
     }
-    let bytes = std::fs::read(path)
-        .map_err(|e| candle::Error::Msg(format!("reading token file {}: {e}", path.display())))?;
+    let bytes = candle_mha::io::read_input(path, MAX_TOKEN_FILE_BYTES)
+        .map_err(|e| candle::Error::Msg(format!("reading token file: {e}")))?;
     let text = String::from_utf8(bytes).map_err(|e| {
         let at = e.utf8_error().valid_up_to();
         let line = e.as_bytes()[..at].iter().filter(|&&b| b == b'\n').count() + 1;

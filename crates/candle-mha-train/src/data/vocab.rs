@@ -187,9 +187,8 @@ impl Vocab {
     ///
     /// PyTorch equivalent: `torch.load(path)`.
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            candle::Error::Msg(format!("reading vocabulary {}: {e}", path.display()))
-        })?;
+        let text = candle_mha::io::read_input_string(path, crate::limits::MAX_JSON_BYTES)
+            .map_err(|e| candle::Error::Msg(format!("reading vocabulary: {e}")))?;
         let symbols: Vec<String> = serde_json::from_str(&text).map_err(|e| {
             candle::Error::Msg(format!(
                 "{}: not a vocabulary ({e}); expected a JSON array of strings \

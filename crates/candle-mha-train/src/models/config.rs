@@ -2,8 +2,13 @@
 
 use std::path::Path;
 
-use candle::Result;
+use candle::{DType, Result};
 use serde::{Deserialize, Serialize};
+
+use crate::limits::{
+    check_range, dtype_bytes, MemoryEstimate, MAX_CONFIG_BYTES, MAX_CONTEXT, MAX_DIM, MAX_LAYERS,
+    MAX_VOCAB,
+};
 
 /// Hyper-parameters of a [`NextTokenPredictor`](super::NextTokenPredictor).
 ///
@@ -70,19 +75,21 @@ impl NextTokenPredictorConfig {
         }
     }
 
-    /// Checks sizes; names the field and the value on error.
+    /// Checks sizes against the crate's [limits](crate::limits) (the same as the command
+    /// line's options); names the field and the value on error.
     pub fn validate(&self) -> Result<()> {
-        for (name, v) in [
-            ("vocab_size", self.vocab_size),
-            ("max_len", self.max_len),
-            ("embed_dim", self.embed_dim),
-            ("num_heads", self.num_heads),
-            ("num_layers", self.num_layers),
-            ("ff_dim", self.ff_dim),
+        for (name, v, hi) in [
+            ("vocab_size", self.vocab_size, MAX_VOCAB),
+            ("max_len", self.max_len, MAX_CONTEXT),
+            ("embed_dim", self.embed_dim, MAX_DIM),
+            ("num_heads", self.num_heads, MAX_DIM),
+            ("num_layers", self.num_layers, MAX_LAYERS),
+            ("ff_dim", self.ff_dim, MAX_CONTEXT),
         ] {
             if v == 0 {
                 candle::bail!("model config: {name} must be greater than 0, got 0")
             }
+            check_range(&format!("model config: {name}"), v, 1, hi)?;
         }
         if !self.embed_dim.is_multiple_of(self.num_heads) {
             candle::bail!(
@@ -106,12 +113,58 @@ impl NextTokenPredictorConfig {
         Ok(())
     }
 
-    /// Reads `config.json`.
+    /// The number of parameters.
+    ///
+    /// PyTorch equivalent: `sum(p.numel() for p in model.parameters())`.
+    pub fn parameter_count(&self) -> u128 {
+        let [v, l, e, f, n] = [
+            self.vocab_size,
+            self.max_len,
+            self.embed_dim,
+            self.ff_dim,
+            self.num_layers,
+        ]
+        .map(|x| x as u128);
+        // Embeddings; per block the attention (4 E² + 4 E), two layer norms, the MLP; the
+        // final norm and the head.
+        let block = 4 * e * e + 4 * e + 4 * e + 2 * e * f + f + e;
+        v * e + l * e + n * block + 2 * e + e * v + v
+    }
+
+    /// About how much memory the model needs in `dtype` for batches of `batch_tokens`
+    /// positions (sequences × context): for `training`, the parameters four times
+    /// (weights, gradients, AdamW's two moments) and every block's activations; else the
+    /// weights and one block's activations. A rough upper estimate, meant to refuse sizes far
+    /// beyond a machine before allocating them.
+    pub fn memory(&self, dtype: DType, batch_tokens: u128, training: bool) -> MemoryEstimate {
+        let bytes = u128::from(dtype_bytes(dtype));
+        let [v, l, e, f, h, n] = [
+            self.vocab_size,
+            self.max_len,
+            self.embed_dim,
+            self.ff_dim,
+            self.num_heads,
+            self.num_layers,
+        ]
+        .map(|x| x as u128);
+        // Per position and block: the projections, norms and residuals (~20 E), the MLP's
+        // hidden layer (~4 F), each head's scores and probabilities (~4 H L); the logits.
+        let per_block = 20 * e + 4 * f + 4 * h * l;
+        let (copies, blocks) = if training { (4, n) } else { (1, 1) };
+        MemoryEstimate {
+            parameters: copies * self.parameter_count() * bytes,
+            activations: batch_tokens
+                .saturating_mul(blocks * per_block + 4 * v)
+                .saturating_mul(bytes),
+        }
+    }
+
+    /// Reads `config.json` (at most [`MAX_CONFIG_BYTES`]); its sizes are checked as
+    /// [`validate`](Self::validate) does.
     pub fn load(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            candle::Error::Msg(format!("cannot read model config {}: {e}", path.display()))
-        })?;
+        let text = candle_mha::io::read_input_string(path, MAX_CONFIG_BYTES)
+            .map_err(|e| candle::Error::Msg(format!("cannot read model config: {e}")))?;
         let cfg: Self = serde_json::from_str(&text).map_err(|e| {
             candle::Error::Msg(format!("invalid model config {}: {e}", path.display()))
         })?;

@@ -1,0 +1,771 @@
+//! A run directory is untrusted input (they are shared like `.pt` files): a crafted manifest,
+//! links planted where a save or a recovery writes, files that never end, sizes no machine
+//! holds. Each case ends in a clear error (exit 1 or 2, naming the file or option) or a
+//! correct run: nothing outside the run is written, nothing aborts, nothing hangs.
+
+#[path = "../../../tests/common/mod.rs"]
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use candle_mha_train::io::sha256_hex;
+use common::{gpl_text, mha, mha_exe, train_tiny_run, TINY_TEXT_MODEL};
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("UTF-8 temp path")
+}
+
+/// Runs `mha` with a deadline: (exit code, stderr); a run past it is killed and fails the
+/// test as a hang. A signal's death (an abort) has no code and fails too.
+fn mha_within(args: &[&str], secs: u64) -> Result<(i32, String)> {
+    let mut child = Command::new(mha_exe()?)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(status) = child.try_wait()? {
+            let mut err = String::new();
+            std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err)?;
+            let code = status
+                .code()
+                .with_context(|| format!("mha {args:?} died of a signal: {status}\n{err}"))?;
+            return Ok((code, err));
+        }
+        if Instant::now() > deadline {
+            child.kill()?;
+            anyhow::bail!("mha {args:?} still running after {secs} s: it hangs")
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A clear error: exit 1 or 2 and `needle` in the message.
+fn assert_refused(args: &[&str], needle: &str) -> Result<()> {
+    let (code, err) = mha_within(args, 60)?;
+    assert!(
+        (code == 1 || code == 2) && err.contains(needle),
+        "mha {args:?}: exit {code}, expected 1 or 2 with {needle:?}:\n{err}"
+    );
+    Ok(())
+}
+
+fn mkfifo(path: &Path) -> Result<()> {
+    let made = Command::new("mkfifo").arg(path).status()?;
+    anyhow::ensure!(made.success(), "mkfifo {}", path.display());
+    Ok(())
+}
+
+fn manifest_entry(name: &str, bytes: &[u8]) -> serde_json::Value {
+    serde_json::json!({"name": name, "bytes": bytes.len(), "sha256": sha256_hex(bytes)})
+}
+
+/// `checkpoint.json` entries that name files outside the run, with their payloads planted
+/// where a recovery would look: `--resume` refuses the directory as invalid and writes
+/// nothing; the readers say "invalid", never "resume it".
+#[test]
+fn a_crafted_manifest_never_writes_outside_the_run() -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let run = train_tiny_run(tmp.path())?;
+    let outside = tmp.path().join("outside.txt");
+    let payload = b"planted payload".to_vec();
+    for name in [s(&outside).to_string(), "../outside.txt".to_string()] {
+        std::fs::write(&outside, b"keep")?;
+        let manifest = serde_json::json!({"files": [manifest_entry(&name, &payload)]});
+        std::fs::write(run.join("checkpoint.json"), manifest.to_string())?;
+        // Where a recovery of that entry would take its staged copy from.
+        let staged = PathBuf::from(format!("{}/.{name}.staged", s(&run)));
+        if let Some(parent) = staged.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(&staged, &payload)?;
+        assert_refused(
+            &[
+                "train",
+                "--out",
+                s(&run),
+                "--resume",
+                "--steps",
+                "25",
+                "--quiet",
+            ],
+            "not a valid checkpoint manifest",
+        )?;
+        assert_eq!(std::fs::read(&outside)?, b"keep", "entry {name}");
+        for args in [
+            vec!["eval", "--checkpoint", s(&run)],
+            vec!["info", s(&run)],
+            vec!["generate", "--checkpoint", s(&run), "--prompt", "T1"],
+            vec!["inspect", "--checkpoint", s(&run), "--input", "T1 T2"],
+        ] {
+            let (code, err) = mha_within(&args, 60)?;
+            assert!(
+                code == 1
+                    && err.contains("not a valid checkpoint manifest")
+                    && !err.contains("resum"),
+                "{args:?}: {err}"
+            );
+        }
+    }
+    // A manifest that omits the weights, or lists nothing, does not vouch for a tampered file.
+    std::fs::write(run.join("checkpoint.json"), r#"{"files": []}"#)?;
+    assert_refused(
+        &["eval", "--checkpoint", s(&run)],
+        "does not list config.json",
+    )?;
+    Ok(())
+}
+
+/// For every file a save or a recovery writes (the lock, each checkpoint file and its staged
+/// name, the manifest, `metrics.jsonl`, `best/` and the files in it, the data directory of a
+/// text run, temporary names of the next pids), a link to a file outside the run: training,
+/// resuming and preparing never change that file.
+#[test]
+fn links_planted_in_a_run_are_never_written_through() -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let base = train_tiny_run(tmp.path())?;
+    let outside = tmp.path().join("outside.txt");
+    let outside_dir = tmp.path().join("outside_dir");
+    let ckpt = [
+        "model.safetensors",
+        "config.json",
+        "optimizer.safetensors",
+        "trainer_state.json",
+        "vocab.json",
+    ];
+    let mut names: Vec<String> = vec![
+        ".lock".into(),
+        "checkpoint.json".into(),
+        "metrics.jsonl".into(),
+    ];
+    for f in ckpt {
+        names.push(f.into());
+        names.push(format!(".{f}.staged"));
+        names.push(format!("best/{f}"));
+    }
+    let pid = std::process::id();
+    for p in pid..pid + 20 {
+        names.push(format!(".checkpoint.json.tmp-{p}"));
+        names.push(format!(".metrics.jsonl.tmp-{p}"));
+    }
+    let mut planted = 0;
+    for name in &names {
+        let run = tmp.path().join("run-copy");
+        let _ = std::fs::remove_dir_all(&run);
+        copy_dir(&base, &run)?;
+        std::fs::write(&outside, b"keep")?;
+        let link = run.join(name);
+        if std::fs::symlink_metadata(&link).is_ok() {
+            std::fs::remove_file(&link)?;
+        }
+        std::os::unix::fs::symlink(&outside, &link)?;
+        planted += 1;
+        let (code, err) = mha_within(
+            &[
+                "train",
+                "--out",
+                s(&run),
+                "--resume",
+                "--steps",
+                "26",
+                "--save-every",
+                "2",
+                "--quiet",
+            ],
+            120,
+        )?;
+        assert_eq!(
+            std::fs::read(&outside)?,
+            b"keep",
+            "through {name}: exit {code}\n{err}"
+        );
+        assert!(code == 0 || code == 1, "{name}: exit {code}\n{err}");
+    }
+    // best/ as a link to a directory outside: its files are never replaced.
+    let run = tmp.path().join("run-best");
+    copy_dir(&base, &run)?;
+    std::fs::create_dir_all(&outside_dir)?;
+    std::fs::write(outside_dir.join("config.json"), b"keep")?;
+    std::fs::remove_dir_all(run.join("best"))?;
+    std::os::unix::fs::symlink(&outside_dir, run.join("best"))?;
+    assert_refused(
+        &[
+            "train",
+            "--out",
+            s(&run),
+            "--resume",
+            "--steps",
+            "26",
+            "--quiet",
+        ],
+        "symbolic link",
+    )?;
+    assert_eq!(std::fs::read(outside_dir.join("config.json"))?, b"keep");
+    // A text run's data directory, and its lock, as links.
+    let corpus = gpl_text();
+    let text_run = tmp.path().join("text-run");
+    std::fs::create_dir_all(&text_run)?;
+    std::os::unix::fs::symlink(&outside_dir, text_run.join("data"))?;
+    let mut train = vec![
+        "train",
+        "--text",
+        &corpus,
+        "--out",
+        s(&text_run),
+        "--steps",
+        "2",
+        "--quiet",
+    ];
+    train.extend(TINY_TEXT_MODEL);
+    assert_refused(&train, "symbolic link")?;
+    assert_eq!(
+        std::fs::read_dir(&outside_dir)?.count(),
+        1,
+        "nothing prepared outside"
+    );
+    let data = tmp.path().join("data");
+    std::fs::create_dir_all(&data)?;
+    std::os::unix::fs::symlink(&outside, data.join(".lock"))?;
+    std::fs::write(&outside, b"keep")?;
+    assert_refused(
+        &["prepare", "--text", &corpus, "--out", s(&data)],
+        "symbolic link",
+    )?;
+    assert_eq!(std::fs::read(&outside)?, b"keep");
+    assert!(planted > 40);
+    Ok(())
+}
+
+fn copy_dir(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target)?;
+        }
+    }
+    Ok(())
+}
+
+/// Reading a run while it saves every step: a reader sees a whole checkpoint or "being
+/// saved", never a false "changed or damaged".
+#[test]
+fn readers_never_report_damage_during_a_save() -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let data = tmp.path().join("ev.txt");
+    std::fs::write(&data, "T1 T2 T3 T4\nT1 T3 T5 T2\n".repeat(20))?;
+    let run = tmp.path().join("run");
+    let mut child = Command::new(mha_exe()?)
+        .args([
+            "train",
+            "--tokens",
+            s(&data),
+            "--out",
+            s(&run),
+            "--steps",
+            "400",
+            "--save-every",
+            "1",
+            "--eval-every",
+            "5",
+            "--embed-dim",
+            "8",
+            "--num-heads",
+            "2",
+            "--num-layers",
+            "1",
+            "--quiet",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let reads = [
+        candle_mha_train::CONFIG_FILE,
+        candle_mha_train::MODEL_FILE,
+        candle_mha_train::STATE_FILE,
+    ];
+    let (mut whole, mut saving) = (0, 0);
+    while child.try_wait()?.is_none() {
+        for dir in [run.clone(), run.join("best")] {
+            if !dir.join("checkpoint.json").exists() {
+                continue;
+            }
+            match candle_mha_train::verify_checkpoint(&dir, &reads) {
+                Ok(()) => whole += 1,
+                Err(e) => {
+                    let e = e.to_string();
+                    assert!(!e.contains("damaged"), "a false report during a save: {e}");
+                    saving += 1;
+                }
+            }
+        }
+    }
+    assert!(child.wait()?.success());
+    assert!(whole > 50, "{whole} whole reads, {saving} during a save");
+    Ok(())
+}
+
+/// A run moved as a whole resumes and evaluates from another working directory, ending bit
+/// for bit where the uninterrupted run ends; a data directory substituted for the run's (the
+/// same tokenizer, other tokens) is refused naming what differs; options that shaped the text
+/// and a contradicting dtype are listed as contradictions.
+#[test]
+fn a_moved_run_resumes_exactly_and_substituted_data_is_refused() -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let corpus = gpl_text();
+    // All steps inside the warmup: the schedule of 6 steps is that of 12 for their first 6.
+    let common = [
+        "--warmup",
+        "100",
+        "--eval-every",
+        "4",
+        "--save-every",
+        "100",
+        "--quiet",
+    ];
+    let train = |out: &Path, steps: &str, resume: bool| -> Result<()> {
+        let mut args = vec!["train", "--out", s(out), "--steps", steps];
+        if resume {
+            args.push("--resume");
+        } else {
+            args.extend(["--text", &corpus]);
+            args.extend(TINY_TEXT_MODEL);
+        }
+        args.extend(common);
+        let (ok, _, err) = mha(&args)?;
+        anyhow::ensure!(ok, "mha {args:?}: {err}");
+        Ok(())
+    };
+    let whole = tmp.path().join("whole");
+    train(&whole, "12", false)?;
+    let first = tmp.path().join("a/run");
+    std::fs::create_dir_all(tmp.path().join("a"))?;
+    train(&first, "6", false)?;
+    let state = std::fs::read_to_string(first.join("trainer_state.json"))?;
+    assert!(state.contains("\"dir\": \"data\""), "{state}");
+    assert!(
+        std::fs::read_to_string(first.join("best/trainer_state.json"))?
+            .contains("\"dir\": \"../data\"")
+    );
+    let moved = tmp.path().join("b/moved");
+    std::fs::create_dir_all(tmp.path().join("b"))?;
+    std::fs::rename(&first, &moved)?;
+    // From another working directory.
+    let elsewhere = tmp.path().join("elsewhere");
+    std::fs::create_dir_all(&elsewhere)?;
+    let out = Command::new(mha_exe()?)
+        .current_dir(&elsewhere)
+        .args(["train", "--out", s(&moved), "--resume", "--steps", "12"])
+        .args(common)
+        .output()?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read(whole.join("model.safetensors"))?,
+        std::fs::read(moved.join("model.safetensors"))?,
+        "the moved run ends where the uninterrupted one does"
+    );
+    assert_eq!(
+        std::fs::read(whole.join("optimizer.safetensors"))?,
+        std::fs::read(moved.join("optimizer.safetensors"))?,
+    );
+    let out = Command::new(mha_exe()?)
+        .current_dir(&elsewhere)
+        .args(["eval", "--checkpoint", s(&moved.join("best"))])
+        .output()?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Options that shape the data, and the dtype, contradict the run: listed.
+    let (ok, _, err) = mha(&[
+        "train",
+        "--out",
+        s(&moved),
+        "--resume",
+        "--bpe-vocab",
+        "1000",
+        "--dtype",
+        "f64",
+    ])?;
+    assert!(
+        !ok && err.contains("--bpe-vocab 1000: the run has 300")
+            && err.contains("--dtype f64: the run has f32"),
+        "{err}"
+    );
+
+    // A run on a data directory outside it; that directory replaced by other tokens made
+    // with the same tokenizer.
+    let data = tmp.path().join("data");
+    let (ok, _, err) = mha(&[
+        "prepare",
+        "--text",
+        &corpus,
+        "--out",
+        s(&data),
+        "--vocab-size",
+        "300",
+    ])?;
+    assert!(ok, "{err}");
+    let run = tmp.path().join("on-data");
+    let (ok, _, err) = mha(&[
+        "train",
+        "--data",
+        s(&data),
+        "--out",
+        s(&run),
+        "--steps",
+        "2",
+        "--embed-dim",
+        "16",
+        "--num-heads",
+        "2",
+        "--num-layers",
+        "1",
+        "--quiet",
+    ])?;
+    assert!(ok, "{err}");
+    let tokenizer = tmp.path().join("tokenizer.json");
+    std::fs::copy(data.join("tokenizer.json"), &tokenizer)?;
+    std::fs::remove_dir_all(&data)?;
+    let half = tmp.path().join("half.txt");
+    let text = std::fs::read_to_string(&corpus)?;
+    std::fs::write(&half, &text[..text.len() / 2])?;
+    let (ok, _, err) = mha(&[
+        "prepare",
+        "--text",
+        s(&half),
+        "--out",
+        s(&data),
+        "--tokenizer",
+        s(&tokenizer),
+    ])?;
+    assert!(ok, "{err}");
+    assert_refused(
+        &[
+            "train",
+            "--out",
+            s(&run),
+            "--resume",
+            "--steps",
+            "4",
+            "--quiet",
+        ],
+        "not the data the run was trained on",
+    )?;
+    assert_refused(
+        &["eval", "--checkpoint", s(&run)],
+        "not the data the run was trained on",
+    )?;
+    Ok(())
+}
+
+/// `train --text` holds the lock of its `OUT/data`: `mha prepare` into it is refused while the
+/// run lives.
+#[test]
+fn a_text_run_holds_its_data_directory() -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let run = tmp.path().join("run");
+    let corpus = gpl_text();
+    let mut args = vec![
+        "train",
+        "--text",
+        &corpus,
+        "--out",
+        s(&run),
+        "--steps",
+        "100000",
+        "--quiet",
+    ];
+    args.extend(TINY_TEXT_MODEL);
+    let mut child = Command::new(mha_exe()?)
+        .args(&args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !run.join("data/meta.json").exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the run did not prepare its data"
+        );
+        assert!(child.try_wait()?.is_none(), "the run ended early");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let result = assert_refused(
+        &["prepare", "--text", &corpus, "--out", s(&run.join("data"))],
+        "in use by another process",
+    );
+    child.kill()?;
+    child.wait()?;
+    result
+}
+
+/// What a file says is bounded like what a flag says: a `config.json` far beyond its weights
+/// or the machine, an expanded view of 2 GiB in a 1.6 KB `.pt`, batches and models no memory
+/// holds: errors naming the quantity, never an abort.
+#[test]
+fn sizes_from_files_and_flags_are_bounded() -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let run = train_tiny_run(tmp.path())?;
+    std::fs::remove_file(run.join("checkpoint.json"))?;
+    let config = std::fs::read_to_string(run.join("config.json"))?;
+    let cases = [
+        (
+            "\"vocab_size\": 9",
+            "\"vocab_size\": 1000000000",
+            "vocab_size 1000000000",
+        ),
+        ("\"embed_dim\": 8", "\"embed_dim\": 65536", "parameters"),
+        (
+            "\"max_len\": 6",
+            "\"max_len\": 1000000000",
+            "max_len 1000000000",
+        ),
+        (
+            "\"ff_dim\": 32",
+            "\"ff_dim\": 1000000000",
+            "ff_dim 1000000000",
+        ),
+    ];
+    for (from, to, needle) in cases {
+        assert!(config.contains(from), "{config}");
+        std::fs::write(run.join("config.json"), config.replace(from, to))?;
+        for args in [
+            vec!["eval", "--checkpoint", s(&run)],
+            vec!["generate", "--checkpoint", s(&run), "--prompt", "T1"],
+        ] {
+            assert_refused(&args, needle)?;
+        }
+    }
+    std::fs::write(run.join("config.json"), &config)?;
+    let state = std::fs::read_to_string(run.join("trainer_state.json"))?;
+    std::fs::write(
+        run.join("trainer_state.json"),
+        state.replace("\"batch_size\": 64", "\"batch_size\": 1000000000000"),
+    )?;
+    assert_refused(
+        &["train", "--out", s(&run), "--resume", "--steps", "30"],
+        "batch_size 1000000000000",
+    )?;
+    let expanded = common::fixtures_dir().join("checkpoints/expanded_view.pt");
+    assert_refused(&["info", s(&expanded)], "an expanded view may take")?;
+    for extra in [
+        vec!["--batch-size", "100000000"],
+        vec![
+            "--embed-dim",
+            "16384",
+            "--num-layers",
+            "64",
+            "--num-heads",
+            "16",
+        ],
+    ] {
+        let out = tmp.path().join(format!("big-{}", extra.len()));
+        let mut args = vec!["train", "--out", s(&out), "--steps", "1", "--quiet"];
+        args.extend(extra);
+        assert_refused(&args, "of memory")?;
+    }
+    Ok(())
+}
+
+/// Every path option that reads a file refuses a device and a FIFO at once: no read until
+/// memory runs out, no wait for a writer that never comes.
+#[test]
+fn devices_and_fifos_are_refused_by_every_input_option() -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let run = train_tiny_run(tmp.path())?;
+    let corpus = gpl_text();
+    let text_run = tmp.path().join("text-run");
+    let mut train = vec![
+        "train",
+        "--text",
+        &corpus,
+        "--out",
+        s(&text_run),
+        "--steps",
+        "2",
+        "--quiet",
+    ];
+    train.extend(TINY_TEXT_MODEL);
+    let (ok, _, err) = mha(&train)?;
+    assert!(ok, "{err}");
+    let fifo = tmp.path().join("fifo");
+    mkfifo(&fifo)?;
+    for input in ["/dev/zero", "/dev/urandom", s(&fifo)] {
+        let out = tmp.path().join("out");
+        let o = s(&out);
+        let cases: Vec<Vec<&str>> = vec![
+            vec!["prepare", "--text", input, "--out", o],
+            vec!["prepare", "--tokens", input, "--out", o],
+            vec![
+                "prepare",
+                "--text",
+                &corpus,
+                "--tokenizer",
+                input,
+                "--out",
+                o,
+            ],
+            vec!["train", "--tokens", input, "--out", o],
+            vec!["train", "--text", input, "--out", o],
+            vec!["train", "--text", &corpus, "--tokenizer", input, "--out", o],
+            vec!["eval", "--checkpoint", s(&text_run), "--text", input],
+            vec!["eval", "--checkpoint", s(&run), "--tokens", input],
+            vec![
+                "vocab-matrix",
+                "--checkpoint",
+                s(&text_run),
+                "--text",
+                input,
+                "--out",
+                o,
+            ],
+            vec![
+                "inspect",
+                "--checkpoint",
+                s(&text_run),
+                "--input-file",
+                input,
+            ],
+            vec!["info", input],
+        ];
+        for args in cases {
+            let (code, err) = mha_within(&args, 30)?;
+            assert!(
+                code == 1 && err.contains(input) && err.contains("not a regular file"),
+                "{args:?}: exit {code}\n{err}"
+            );
+            let _ = std::fs::remove_dir_all(&out);
+        }
+    }
+    Ok(())
+}
+
+/// The smaller items: a non-UTF-8 path is refused at start; a stray file in a new run's
+/// directory is refused before any work; a bad line of `metrics.jsonl` is skipped with a
+/// warning on resume; SIGINT and SIGTERM save, then exit 130 and 143; identical runs write
+/// identical bytes.
+#[test]
+fn small_items_of_trust() -> Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let tmp = tempfile::tempdir()?;
+    let bad = tmp.path().join(std::ffi::OsStr::from_bytes(b"run-\xff"));
+    let out = Command::new(mha_exe()?)
+        .args(["train", "--out"])
+        .arg(&bad)
+        .args(["--steps", "1"])
+        .output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.code() == Some(2) && err.contains("not valid UTF-8"),
+        "{err}"
+    );
+    assert!(!bad.exists());
+
+    let stray = tmp.path().join("stray");
+    std::fs::create_dir_all(&stray)?;
+    std::fs::write(stray.join("metrics.jsonl"), "my own notes\n")?;
+    std::fs::write(stray.join("notes.txt"), "mine")?;
+    let corpus = gpl_text();
+    let mut train = vec![
+        "train",
+        "--text",
+        &corpus,
+        "--out",
+        s(&stray),
+        "--steps",
+        "2",
+        "--quiet",
+    ];
+    train.extend(TINY_TEXT_MODEL);
+    assert_refused(
+        &train,
+        "holds files a run did not write (metrics.jsonl, notes.txt)",
+    )?;
+    assert!(!stray.join("data").exists(), "nothing prepared");
+    assert_eq!(
+        std::fs::read_to_string(stray.join("metrics.jsonl"))?,
+        "my own notes\n"
+    );
+
+    // Identical runs, identical bytes (the optimizer file's metadata included).
+    let run = train_tiny_run(tmp.path())?;
+    let again = tmp.path().join("again");
+    std::fs::create_dir_all(&again)?;
+    let other = train_tiny_run(&again)?;
+    for f in [
+        "model.safetensors",
+        "optimizer.safetensors",
+        "config.json",
+        "vocab.json",
+    ] {
+        let same = std::fs::read(run.join(f))? == std::fs::read(other.join(f))?;
+        assert!(same, "{f} differs between two identical runs");
+    }
+
+    let metrics = std::fs::read_to_string(run.join("metrics.jsonl"))?;
+    std::fs::write(run.join("metrics.jsonl"), format!("garbage\n{metrics}"))?;
+    let (ok, _, err) = mha(&["train", "--out", s(&run), "--resume", "--steps", "22"])?;
+    assert!(
+        ok && err.contains("metrics.jsonl:1") && err.contains("skipped"),
+        "{err}"
+    );
+
+    for (sig, code) in [(libc_sigint(), 130), (libc_sigterm(), 143)] {
+        let out = tmp.path().join(format!("sig{sig}"));
+        let mut child = Command::new(mha_exe()?)
+            .args([
+                "train",
+                "--out",
+                s(&out),
+                "--steps",
+                "1000000",
+                "--save-every",
+                "0",
+                "--quiet",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !out.join("metrics.jsonl").exists() {
+            assert!(Instant::now() < deadline, "the run did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(child.id().to_string())
+            .status()?;
+        let status = child.wait()?;
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err)?;
+        assert_eq!(status.code(), Some(code), "{err}");
+        assert!(
+            out.join("trainer_state.json").exists() && err.contains("--resume"),
+            "{err}"
+        );
+    }
+    Ok(())
+}
+
+fn libc_sigint() -> i32 {
+    2
+}
+
+fn libc_sigterm() -> i32 {
+    15
+}
