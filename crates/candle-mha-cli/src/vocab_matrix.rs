@@ -109,6 +109,9 @@ pub fn run(args: &VocabMatrixArgs) -> Result<()> {
         .out
         .clone()
         .unwrap_or_else(|| args.checkpoint.join("vocab_matrix"));
+    // The default lies inside the checkpoint, which may come from someone else: never
+    // written through a link there.
+    candle_mha_train::io::refuse_link(&out)?;
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     candle_mha_train::io::write_atomic(
         &out.join("vocab_matrix.csv"),

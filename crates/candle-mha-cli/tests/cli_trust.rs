@@ -254,8 +254,8 @@ fn copy_dir(from: &Path, to: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Reading a run while it saves every step: a reader sees a whole checkpoint or "being
-/// saved", never a false "changed or damaged".
+/// Reading a run while it saves every step: `mha info` (and the library's check) sees a whole
+/// checkpoint or "being saved", never a false "changed or damaged".
 #[test]
 fn readers_never_report_damage_during_a_save() -> Result<()> {
     let tmp = tempfile::tempdir()?;
@@ -270,7 +270,7 @@ fn readers_never_report_damage_during_a_save() -> Result<()> {
             "--out",
             s(&run),
             "--steps",
-            "400",
+            "100000",
             "--save-every",
             "1",
             "--eval-every",
@@ -291,24 +291,37 @@ fn readers_never_report_damage_during_a_save() -> Result<()> {
         candle_mha_train::MODEL_FILE,
         candle_mha_train::STATE_FILE,
     ];
-    let (mut whole, mut saving) = (0, 0);
-    while child.try_wait()?.is_none() {
-        for dir in [run.clone(), run.join("best")] {
-            if !dir.join("checkpoint.json").exists() {
+    let (mut whole, mut saving, mut calls) = (0, 0, 0);
+    let result = (|| -> Result<()> {
+        while calls < 300 {
+            anyhow::ensure!(child.try_wait()?.is_none(), "the run ended early");
+            if !run.join("checkpoint.json").exists() {
+                std::thread::sleep(Duration::from_millis(10));
                 continue;
             }
-            match candle_mha_train::verify_checkpoint(&dir, &reads) {
-                Ok(()) => whole += 1,
-                Err(e) => {
+            calls += 1;
+            let (code, err) = mha_within(&["info", s(&run)], 60)?;
+            anyhow::ensure!(
+                !err.contains("damaged"),
+                "call {calls}: a false report: {err}"
+            );
+            match code {
+                0 => whole += 1,
+                _ => saving += 1,
+            }
+            for dir in [run.clone(), run.join("best")] {
+                if let Err(e) = candle_mha_train::verify_checkpoint(&dir, &reads) {
                     let e = e.to_string();
-                    assert!(!e.contains("damaged"), "a false report during a save: {e}");
-                    saving += 1;
+                    anyhow::ensure!(!e.contains("damaged"), "a false report: {e}");
                 }
             }
         }
-    }
-    assert!(child.wait()?.success());
-    assert!(whole > 50, "{whole} whole reads, {saving} during a save");
+        Ok(())
+    })();
+    child.kill()?;
+    child.wait()?;
+    result?;
+    assert!(whole > 100, "{whole} whole reads, {saving} during a save");
     Ok(())
 }
 
@@ -420,7 +433,7 @@ fn a_moved_run_resumes_exactly_and_substituted_data_is_refused() -> Result<()> {
     ])?;
     assert!(ok, "{err}");
     let run = tmp.path().join("on-data");
-    let (ok, _, err) = mha(&[
+    let mut args = vec![
         "train",
         "--data",
         s(&data),
@@ -428,14 +441,11 @@ fn a_moved_run_resumes_exactly_and_substituted_data_is_refused() -> Result<()> {
         s(&run),
         "--steps",
         "2",
-        "--embed-dim",
-        "16",
-        "--num-heads",
-        "2",
-        "--num-layers",
-        "1",
         "--quiet",
-    ])?;
+    ];
+    // The tiny model without its BPE size (the data has its tokenizer).
+    args.extend(&TINY_TEXT_MODEL[2..]);
+    let (ok, _, err) = mha(&args)?;
     assert!(ok, "{err}");
     let tokenizer = tmp.path().join("tokenizer.json");
     std::fs::copy(data.join("tokenizer.json"), &tokenizer)?;
@@ -768,4 +778,107 @@ fn libc_sigint() -> i32 {
 
 fn libc_sigterm() -> i32 {
     15
+}
+
+/// `mha vocab-matrix` on a model of GPT-2's 50,257 ids: the V × V dense buffer (81 GB) is
+/// never asked for; the cells are written sparse.
+#[test]
+fn vocab_matrix_runs_on_a_gpt2_sized_vocabulary() -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    // 50,253 symbols and the 4 specials: 50,257 ids.
+    let symbols: Vec<String> = (0..50_253).map(|i| format!("w{i}")).collect();
+    let lines: Vec<String> = symbols.chunks(8).map(|c| c.join(" ")).collect();
+    let tokens = tmp.path().join("tokens.txt");
+    std::fs::write(&tokens, lines.join("\n"))?;
+    let run = tmp.path().join("run");
+    let (ok, _, err) = mha(&[
+        "train",
+        "--tokens",
+        s(&tokens),
+        "--out",
+        s(&run),
+        "--steps",
+        "1",
+        "--batch-size",
+        "8",
+        "--embed-dim",
+        "8",
+        "--num-heads",
+        "2",
+        "--num-layers",
+        "1",
+        "--val-fraction",
+        "0.01",
+        "--quiet",
+    ])?;
+    assert!(ok, "{err}");
+    let corpus = tmp.path().join("corpus.txt");
+    std::fs::write(&corpus, lines[..200].join("\n"))?;
+    let out = tmp.path().join("vm");
+    let (code, err) = mha_within(
+        &[
+            "vocab-matrix",
+            "--checkpoint",
+            s(&run),
+            "--tokens",
+            s(&corpus),
+            "--out",
+            s(&out),
+        ],
+        300,
+    )?;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("50257 ids are more than the 8192 written dense"),
+        "{err}"
+    );
+    let sd = candle_mha::checkpoint::StateDict::load(out.join("vocab_matrix.safetensors"))?;
+    let cells = sd.get("sum").expect("sum").dims1()?;
+    // 200 sequences of 8 symbols (9 positions with BOS), causal: at most 200 × 45 cells.
+    assert!(cells > 200 && cells <= 200 * 45, "{cells} cells");
+    Ok(())
+}
+
+/// An f64 run stopped and resumed with a plain `--resume` (what the stop message suggests)
+/// continues in f64 and ends bit for bit where the uninterrupted run ends.
+#[test]
+fn an_f64_run_resumed_plainly_stays_f64() -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let (whole, parts) = (tmp.path().join("whole"), tmp.path().join("parts"));
+    // Inside the default warmup (100 steps): the schedule of 6 steps is that of 12 for its first
+    // 6; the defaults' evaluation (every 250) and save (every 500) happen at the end only.
+    let run = |out: &Path, steps: &str, extra: &[&str]| -> Result<()> {
+        let mut args = vec![
+            "train",
+            "--out",
+            s(out),
+            "--steps",
+            steps,
+            "--train-examples",
+            "500",
+        ];
+        args.extend([
+            "--embed-dim",
+            "16",
+            "--num-heads",
+            "2",
+            "--num-layers",
+            "1",
+            "--quiet",
+        ]);
+        args.extend(extra);
+        let (ok, _, err) = mha(&args)?;
+        anyhow::ensure!(ok, "{args:?}: {err}");
+        Ok(())
+    };
+    run(&whole, "12", &["--dtype", "f64"])?;
+    run(&parts, "6", &["--dtype", "f64"])?;
+    run(&parts, "12", &["--resume"])?;
+    for f in ["model.safetensors", "optimizer.safetensors"] {
+        let same = std::fs::read(whole.join(f))? == std::fs::read(parts.join(f))?;
+        assert!(same, "{f}: the f64 run resumed with --resume differs");
+    }
+    let state = std::fs::read_to_string(parts.join("trainer_state.json"))?;
+    assert!(state.contains("\"dtype\": \"f64\""), "{state}");
+    Ok(())
 }

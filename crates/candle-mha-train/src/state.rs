@@ -79,7 +79,7 @@ impl TrainerState {
             .validate()
             .map_err(|e| candle::Error::Msg(format!("{}: {e}", path.display())))?;
         if state.version >= 2 {
-            state.data = state.data.map(|d| d.resolved_in(dir));
+            state.data = state.data.map(|d| d.resolved_in(dir)).transpose()?;
         }
         Ok(state)
     }

@@ -23,6 +23,16 @@ fn synthetic() -> NewData {
     })
 }
 
+/// The GPL's text with a BPE of 300 ids, four validation windows.
+fn gpl_text_data() -> NewData {
+    let mut job = PrepareJob::text(vec![common::gpl_text().into()]);
+    job.vocab_size = 300;
+    NewData::Text {
+        job,
+        eval_windows: 4,
+    }
+}
+
 fn config(steps: u64) -> TrainConfig {
     TrainConfig {
         steps,
@@ -121,12 +131,7 @@ fn bad_options_fail_before_anything_is_written() -> Result<()> {
 fn text_starts_with_the_text_defaults() -> Result<()> {
     let tmp = tempfile::tempdir()?;
     let dir = tmp.path().join("run");
-    let mut job = PrepareJob::text(vec![common::gpl_text().into()]);
-    job.vocab_size = 300;
-    let data = NewData::Text {
-        job,
-        eval_windows: 4,
-    };
+    let data = gpl_text_data();
     let session = Session::start(
         &dir,
         NewRun::new(data, config(1)),
@@ -142,5 +147,129 @@ fn text_starts_with_the_text_defaults() -> Result<()> {
     assert_eq!(session.data.codec.vocab_size(), 300);
     assert!(matches!(session.spec, DataSpec::Prepared { .. }));
     assert!(dir.join("data/tokens.bin").exists());
+    Ok(())
+}
+
+/// Stops a run after `at` steps (as Ctrl-C would: the loop saves, then returns).
+struct StopAt(u64, u64);
+
+impl candle_mha_train::TrainObserver for StopAt {
+    fn on_step(&mut self, step: u64, _: &candle_mha_train::StepStats) {
+        self.1 = step;
+    }
+    fn should_stop(&self) -> bool {
+        self.1 >= self.0
+    }
+}
+
+/// An f64 run resumed with the defaults (no dtype given) continues in f64 and ends bit for bit
+/// where the uninterrupted run ends; a contradicting dtype is refused; the state records the
+/// dtype, the device and its format.
+#[test]
+fn a_resumed_run_keeps_its_dtype() -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let run = |dir: &std::path::Path, stop: Option<u64>| -> Result<()> {
+        let new = NewRun::new(synthetic(), config(8)).with_dtype(DType::F64);
+        let mut session = Session::start(dir, new, &Device::Cpu, &SingleProcess, &mut ())?;
+        match stop {
+            Some(at) => session.run(&SingleProcess, &mut StopAt(at, 0))?,
+            None => session.run(&SingleProcess, &mut ())?,
+        };
+        Ok(())
+    };
+    let whole = tmp.path().join("whole");
+    run(&whole, None)?;
+    let parts = tmp.path().join("parts");
+    run(&parts, Some(3))?;
+    let state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(parts.join(STATE_FILE))?)?;
+    assert_eq!(state["step"], 3);
+    assert_eq!(state["dtype"], "f64");
+    assert_eq!(state["device"], "cpu");
+    assert_eq!(state["version"], 2);
+
+    let f32 = ResumeRun {
+        dtype: Some(DType::F32),
+        ..ResumeRun::default()
+    };
+    let e = Session::resume(&parts, f32, &Device::Cpu, &SingleProcess, &mut ())
+        .err()
+        .expect("f32 on an f64 run")
+        .to_string();
+    assert!(
+        e.contains("dtype f32") && e.contains("trains in f64"),
+        "{e}"
+    );
+
+    let mut session = Session::resume(
+        &parts,
+        ResumeRun::default(),
+        &Device::Cpu,
+        &SingleProcess,
+        &mut (),
+    )?;
+    assert_eq!(session.trainer.varmap().all_vars()[0].dtype(), DType::F64);
+    session.run(&SingleProcess, &mut ())?;
+    drop(session);
+    for f in ["model.safetensors", "optimizer.safetensors"] {
+        let same = std::fs::read(whole.join(f))? == std::fs::read(parts.join(f))?;
+        assert!(
+            same,
+            "{f}: the resumed f64 run differs from the uninterrupted one"
+        );
+    }
+    Ok(())
+}
+
+/// A text run records its data directory relative to each checkpoint (`data`, and `../data`
+/// from `best/`), so that the run moved elsewhere reopens it; the data's count and SHA-256
+/// are recorded too.
+#[test]
+fn a_text_run_records_its_data_relative_to_the_run() -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("run");
+    let data = gpl_text_data();
+    let train = TrainConfig {
+        eval_every: 1,
+        ..config(2)
+    };
+    let mut session = Session::start(
+        &dir,
+        NewRun::new(data, train)
+            .with_model(Box::new(|vocab, _| NextTokenPredictorConfig {
+                max_len: 16,
+                embed_dim: 16,
+                num_heads: 2,
+                num_layers: 1,
+                ff_dim: 32,
+                ..NextTokenPredictorConfig::for_text(vocab)
+            }))
+            .with_max_len(16),
+        &Device::Cpu,
+        &SingleProcess,
+        &mut (),
+    )?;
+    session.run(&SingleProcess, &mut ())?;
+    drop(session);
+    for (ckpt, want) in [(dir.clone(), "data"), (dir.join("best"), "../data")] {
+        let state: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(ckpt.join(STATE_FILE))?)?;
+        assert_eq!(state["data"]["dir"], want, "{}", ckpt.display());
+        assert!(state["data"]["num_tokens"]
+            .as_u64()
+            .is_some_and(|n| n > 1000));
+        assert_eq!(
+            state["data"]["tokens_sha256"].as_str().map(str::len),
+            Some(64)
+        );
+    }
+    let moved = tmp.path().join("moved");
+    std::fs::rename(&dir, &moved)?;
+    for ckpt in [moved.clone(), moved.join("best")] {
+        match run_data_spec(&ckpt)? {
+            DataSpec::Prepared { dir, .. } => assert_eq!(dir, moved.join("data").canonicalize()?),
+            other => panic!("{other:?}"),
+        }
+    }
     Ok(())
 }

@@ -355,3 +355,46 @@ fn corpus_matrix_rejects_bad_layer_and_head() -> Result<()> {
     assert!(e.contains("batch_size 0"), "{e}");
     Ok(())
 }
+
+/// Large vocabularies: the dense exports are refused above `MAX_DENSE_VOCAB` ids (a V × V
+/// buffer of GPT-2's 50,257 ids would take 20 GB each) while the sparse export holds the same
+/// cells; a cell budget bounds the accumulator, and an `add` past it changes nothing.
+#[test]
+fn large_vocabularies_export_sparse_within_a_cell_budget() -> Result<()> {
+    let v = 50_257;
+    let dev = Device::Cpu;
+    let ids = Tensor::new(&[[50_256u32, 7, 50_256]], &dev)?;
+    let w =
+        Tensor::new(&[[1.0f64, 0., 0.], [0.25, 0.75, 0.], [0.5, 0.2, 0.3]], &dev)?.unsqueeze(0)?;
+    let mut m = VocabMatrix::new(v);
+    m.add(&ids, &ids, &w, None)?;
+    let e = m.sum().unwrap_err().to_string();
+    assert!(e.contains("50257 x 50257") && e.contains("sparse"), "{e}");
+    let tmp = tempfile::tempdir()?;
+    let path = tmp.path().join("vm.safetensors");
+    m.save_sparse_safetensors(&path)?;
+    let sd = StateDict::load(&path)?;
+    assert_eq!(sd.metadata().get("layout").map(String::as_str), Some("coo"));
+    assert_eq!(
+        sd.metadata().get("vocab_size").map(String::as_str),
+        Some("50257")
+    );
+    let q = sd.get("query").expect("query").to_vec1::<u32>()?;
+    let k = sd.get("key").expect("key").to_vec1::<u32>()?;
+    let sum = sd.get("sum").expect("sum").to_vec1::<f64>()?;
+    let count = sd.get("count").expect("count").to_vec1::<f64>()?;
+    // (7, 7): 0.75; (7, 50256): 0.25; (50256, 7): 0.2; (50256, 50256): 1.0 + 0.5 + 0.3.
+    assert_eq!(q, [7, 7, 50_256, 50_256]);
+    assert_eq!(k, [7, 50_256, 7, 50_256]);
+    for (got, want) in sum.iter().zip([0.75, 0.25, 0.2, 1.8]) {
+        assert!(close(*got, want, TOL), "{sum:?}");
+    }
+    assert_eq!(count, [1.0, 1.0, 1.0, 2.0]);
+
+    let mut small = VocabMatrix::new(v).with_max_cells(3);
+    let e = small.add(&ids, &ids, &w, None).unwrap_err().to_string();
+    assert!(e.contains("more than 3 nonzero cells"), "{e}");
+    assert_eq!(small.num_cells(), 0);
+    assert_eq!(small.num_queries(), 0);
+    Ok(())
+}

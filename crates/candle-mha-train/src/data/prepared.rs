@@ -207,6 +207,12 @@ impl TokenData {
                 meta.version
             )
         }
+        crate::limits::check_range(
+            &format!("{}: vocab_size", meta_path.display()),
+            meta.vocab_size,
+            1,
+            crate::limits::MAX_VOCAB,
+        )?;
         if meta.train_tokens > meta.num_tokens {
             candle::bail!(
                 "{}: train_tokens {} is past num_tokens {}",

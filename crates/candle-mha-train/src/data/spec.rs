@@ -249,20 +249,24 @@ impl DataSpec {
     }
 
     /// The inverse of [`recorded_in`](Self::recorded_in): relative paths joined to `ckpt`.
-    pub fn resolved_in(&self, ckpt: &Path) -> Self {
+    /// A link where a relative path leads is an error: what the run holds is read from the
+    /// run, never through a link out of it.
+    pub fn resolved_in(&self, ckpt: &Path) -> Result<Self> {
         let mut spec = self.clone();
-        let join = |p: &mut PathBuf| {
+        let join = |p: &mut PathBuf| -> Result<()> {
             if p.is_relative() {
                 let joined = normalise(&ckpt.join(&*p));
+                crate::io::refuse_link(&joined)?;
                 *p = absolute(&joined).unwrap_or(joined);
             }
+            Ok(())
         };
         match &mut spec {
-            Self::Tokens { path, .. } | Self::Text { path, .. } => join(path),
-            Self::Prepared { dir, .. } => join(dir),
+            Self::Tokens { path, .. } | Self::Text { path, .. } => join(path)?,
+            Self::Prepared { dir, .. } => join(dir)?,
             Self::Synthetic { .. } => {}
         }
-        spec
+        Ok(spec)
     }
 
     /// Errors, naming what differs, unless `data` is the prepared data this spec was made

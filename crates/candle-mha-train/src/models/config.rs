@@ -177,3 +177,33 @@ impl NextTokenPredictorConfig {
         serde_json::to_string_pretty(self).unwrap_or_default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The count the memory check uses is the model's own.
+    #[test]
+    fn parameter_count_is_the_models() -> Result<()> {
+        let cfg = NextTokenPredictorConfig {
+            ff_dim: 24,
+            ..NextTokenPredictorConfig::new(11)
+        };
+        let varmap = candle_nn::VarMap::new();
+        let vb = candle_mha::seeded_var_builder(&varmap, 0, DType::F32, &candle::Device::Cpu);
+        super::super::NextTokenPredictor::new(cfg.clone(), vb)?;
+        let built: usize = varmap.all_vars().iter().map(|v| v.elem_count()).sum();
+        assert_eq!(cfg.parameter_count(), built as u128);
+        let m = cfg.memory(DType::F64, 10, true);
+        assert_eq!(m.parameters, 4 * 8 * built as u128);
+        let e = NextTokenPredictorConfig {
+            embed_dim: 1 << 17,
+            ..cfg
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("embed_dim 131072"), "{e}");
+        Ok(())
+    }
+}
