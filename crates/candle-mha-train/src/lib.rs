@@ -67,12 +67,13 @@ pub use config::TrainConfig;
 pub use data_parallel::StepShard;
 pub use evaluate::{evaluate, evaluate_examples, Evaluation};
 pub use metrics::{
-    append_metrics, read_metrics, truncate_metrics, MetricsLog, MetricsRecord, METRICS_FILE,
+    append_metrics, read_metrics, truncate_metrics, MetricsLog, MetricsRecord, MAX_METRICS_BYTES,
+    METRICS_FILE,
 };
 pub use schedule::LrSchedule;
 pub use session::{ModelFor, NewData, NewRun, ResumeRun, Session, RUN_DATA_DIR};
 pub use state::{
-    verify_checkpoint, EvalRecord, StepStats, TrainObserver, TrainerState, BEST_DIR,
-    CHECKPOINT_FILES, CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE,
+    device_kind, verify_checkpoint, EvalRecord, StepStats, TrainObserver, TrainerState, BEST_DIR,
+    CHECKPOINT_FILES, CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE, STATE_VERSION,
 };
 pub use trainer::Trainer;
