@@ -255,28 +255,69 @@ pub(crate) fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -
 /// Layer normalisation over the last dimension, with a backward: one op on the CPU in
 /// f32/f64 (row statistics in f64), candle's generic ops elsewhere.
 ///
-/// PyTorch equivalent: `nn.LayerNorm(dim, eps=1e-5)`: `weight` ones, `bias` zeros; biased
-/// variance. candle-nn's `LayerNorm` takes a fused path without backward.
+/// PyTorch equivalent: `nn.LayerNorm(dim, eps=1e-5, bias=True)`: `weight` ones, `bias` zeros
+/// (absent with `bias=False`); biased variance. candle-nn's `LayerNorm` takes a fused path
+/// without backward.
 #[derive(Clone, Debug)]
 pub struct LayerNorm {
     weight: Tensor,
-    bias: Tensor,
+    bias: Option<Tensor>,
     eps: f64,
 }
 
 impl LayerNorm {
     /// Takes (or creates) `weight` and `bias` under `vb`.
     pub fn new(dim: usize, eps: f64, vb: VarBuilder) -> Result<Self> {
-        Ok(Self {
-            weight: vb.get_with_hints(dim, "weight", Init::Const(1.0))?,
-            bias: vb.get_with_hints(dim, "bias", Init::Const(0.0))?,
-            eps,
-        })
+        Self::new_with_bias(dim, eps, true, vb)
+    }
+
+    /// Takes (or creates) `weight`, and `bias` when `bias` is true, under `vb`.
+    ///
+    /// PyTorch equivalent: `nn.LayerNorm(dim, eps, bias=bias)`.
+    pub fn new_with_bias(dim: usize, eps: f64, bias: bool, vb: VarBuilder) -> Result<Self> {
+        let weight = vb.get_with_hints(dim, "weight", Init::Const(1.0))?;
+        let bias = match bias {
+            true => Some(vb.get_with_hints(dim, "bias", Init::Const(0.0))?),
+            false => None,
+        };
+        Ok(Self { weight, bias, eps })
+    }
+
+    /// `weight [dim]`.
+    pub fn weight(&self) -> &Tensor {
+        &self.weight
+    }
+
+    /// `bias [dim]`, if any.
+    pub fn bias(&self) -> Option<&Tensor> {
+        self.bias.as_ref()
+    }
+
+    /// The parameters' dtype.
+    pub(crate) fn dtype(&self) -> candle::DType {
+        self.weight.dtype()
+    }
+
+    /// Appends `prefix.weight` (and `prefix.bias`) to `out`.
+    pub(crate) fn push_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
+        out.push((format!("{prefix}.weight"), self.weight.clone()));
+        if let Some(b) = &self.bias {
+            out.push((format!("{prefix}.bias"), b.clone()));
+        }
     }
 }
 
 impl Module for LayerNorm {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        layer_norm(x, &self.weight, &self.bias, self.eps)
+        // The fused op wants a bias; without one a constant zero bias gives the same numbers.
+        let zeros;
+        let bias = match &self.bias {
+            Some(b) => b,
+            None => {
+                zeros = self.weight.zeros_like()?;
+                &zeros
+            }
+        };
+        layer_norm(x, &self.weight, bias, self.eps)
     }
 }

@@ -30,7 +30,6 @@ pub use cross_entropy::cross_entropy_rows;
 pub use embedding::embedding_sum;
 pub use embedding::Embedding;
 pub(crate) use gelu::gelu_erf;
-pub(crate) use layer_norm::layer_norm;
 pub use layer_norm::LayerNorm;
 pub use linear::Linear;
 pub use linear_cross_entropy::linear_cross_entropy;

@@ -93,6 +93,8 @@ struct Slot {
     exp_avg: Tensor,
     exp_avg_sq: Tensor,
     step: u64,
+    /// Whether weight decay applies (PyTorch: the parameter's group has `weight_decay > 0`).
+    decay: bool,
 }
 
 impl Slot {
@@ -139,6 +141,7 @@ impl AdamW {
                     exp_avg_sq: zeros()?,
                     var,
                     step: 0,
+                    decay: true,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -153,6 +156,17 @@ impl AdamW {
         params.sort_by(|a, b| a.0.cmp(&b.0));
         drop(data);
         Self::new(params, config)
+    }
+
+    /// The same optimizer with no weight decay for the parameters where `no_decay(name, var)`
+    /// holds, e.g. nanoGPT's rule, biases and norms (`var.rank() < 2`).
+    ///
+    /// PyTorch equivalent: two parameter groups, the second with `weight_decay=0.0`.
+    pub fn without_decay_for(mut self, no_decay: impl Fn(&str, &Var) -> bool) -> Self {
+        for s in self.slots.iter_mut() {
+            s.decay = !no_decay(&s.name, &s.var);
+        }
+        self
     }
 
     /// The hyper-parameters.
@@ -206,7 +220,10 @@ impl AdamW {
             slot.step += 1;
             let t = slot.step as i32;
             let u = Update {
-                decay: 1.0 - lr * weight_decay,
+                decay: match slot.decay {
+                    true => 1.0 - lr * weight_decay,
+                    false => 1.0,
+                },
                 beta1,
                 beta2,
                 step_size: lr / (1.0 - beta1.powi(t)),

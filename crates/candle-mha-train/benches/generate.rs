@@ -108,6 +108,7 @@ fn main() -> Result<()> {
         ff_dim: 1024,
         dropout: 0.0,
         resid_dropout: 0.0,
+        ..NextTokenPredictorConfig::new(0)
     };
     let dev = Device::Cpu;
     let varmap = candle_nn::VarMap::new();

@@ -214,6 +214,7 @@ impl Stepper {
             ff_dim: shape.ff(),
             dropout: 0.0,
             resid_dropout: 0.0,
+            ..NextTokenPredictorConfig::new(0)
         };
         let varmap = candle_nn::VarMap::new();
         let kernel = match std::env::var("MHA_BENCH_KERNEL").as_deref() {

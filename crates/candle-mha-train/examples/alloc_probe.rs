@@ -88,6 +88,7 @@ fn model_step(name: &str) -> Result<(f64, f64, f64, u64)> {
         ff_dim: 4 * e,
         dropout: 0.0,
         resid_dropout: 0.0,
+        ..NextTokenPredictorConfig::new(0)
     };
     let varmap = VarMap::new();
     let model = NextTokenPredictor::new(cfg, seeded_var_builder(&varmap, 0, DType::F32, &dev))?;

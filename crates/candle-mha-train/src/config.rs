@@ -43,6 +43,11 @@ pub struct TrainConfig {
     pub save_every: u64,
     /// Seed of batch order and dropout. Default 0.
     pub seed: u64,
+    /// Weight decay on the matrices and embeddings only, not on biases and norm weights
+    /// (nanoGPT's two AdamW groups: decay on the parameters of rank ≥ 2). Default false:
+    /// every parameter decays.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub decay_matrices_only: bool,
 }
 
 impl Default for TrainConfig {
@@ -62,6 +67,7 @@ impl Default for TrainConfig {
             eval_every: 250,
             save_every: 500,
             seed: 0,
+            decay_matrices_only: false,
         }
     }
 }

@@ -93,6 +93,10 @@ impl Trainer {
                 ..AdamWConfig::default()
             },
         )?;
+        let optimizer = match config.decay_matrices_only {
+            true => optimizer.without_decay_for(|_, v| v.rank() < 2),
+            false => optimizer,
+        };
         // After the optimizer, which checks lr (min_lr derives from it in the CLI).
         if config.clip_norm.is_nan() || config.clip_norm < 0.0 {
             candle::bail!("clip_norm must be >= 0 (0 = off), got {}", config.clip_norm)

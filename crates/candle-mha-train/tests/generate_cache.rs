@@ -30,6 +30,7 @@ fn model(
         ff_dim: 32,
         dropout: 0.0,
         resid_dropout: 0.0,
+        ..NextTokenPredictorConfig::new(0)
     };
     let varmap = candle_nn::VarMap::new();
     let vb = seeded_var_builder(&varmap, seed, dtype, &Device::Cpu);

@@ -35,6 +35,7 @@ fn model(f: &Fixture) -> Result<(NextTokenPredictor, VarMap)> {
         ff_dim: f.usize("ff_dim")?,
         dropout: 0.0,
         resid_dropout: 0.0,
+        ..NextTokenPredictorConfig::new(0)
     };
     let varmap = VarMap::new();
     let m = NextTokenPredictor::new(

@@ -74,6 +74,7 @@ fn resume_is_exact() -> Result<()> {
         ff_dim: 32,
         dropout: 0.1,
         resid_dropout: 0.0,
+        ..NextTokenPredictorConfig::new(0)
     };
     let tc = TrainConfig {
         steps: 2000,
@@ -187,6 +188,7 @@ fn text_model_beats_unigram_entropy() -> Result<()> {
         ff_dim: 64,
         dropout: 0.0,
         resid_dropout: 0.0,
+        ..NextTokenPredictorConfig::new(0)
     };
     let (model, varmap) = build(&cfg)?;
     let tc = TrainConfig {

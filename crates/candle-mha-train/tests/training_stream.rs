@@ -27,6 +27,7 @@ fn model(vocab: usize, dtype: DType) -> Result<(NextTokenPredictor, VarMap)> {
         ff_dim: 32,
         dropout: 0.1,
         resid_dropout: 0.0,
+        ..NextTokenPredictorConfig::new(0)
     };
     let varmap = VarMap::new();
     let m = NextTokenPredictor::new(cfg, seeded_var_builder(&varmap, 3, dtype, &Device::Cpu))?;

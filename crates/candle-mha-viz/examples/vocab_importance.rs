@@ -88,6 +88,7 @@ fn main() -> Result<()> {
         ff_dim: 64,
         dropout: 0.0,
         resid_dropout: 0.0,
+        ..NextTokenPredictorConfig::new(0)
     };
     let varmap = VarMap::new();
     let model = NextTokenPredictor::new(

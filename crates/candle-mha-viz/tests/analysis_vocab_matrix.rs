@@ -278,6 +278,7 @@ fn tiny_model(vocab: usize) -> Result<NextTokenPredictor> {
         ff_dim: 16,
         dropout: 0.0,
         resid_dropout: 0.0,
+        ..NextTokenPredictorConfig::new(0)
     };
     let varmap = VarMap::new();
     Ok(NextTokenPredictor::new(

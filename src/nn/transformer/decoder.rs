@@ -1,6 +1,6 @@
 //! [`TransformerDecoder`]: a stack of decoder layers and an optional final layer norm.
 
-use candle::{Result, Tensor};
+use candle::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
 
 use super::checks::DECODER_OPTIONS;

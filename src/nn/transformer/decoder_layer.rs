@@ -1,7 +1,7 @@
 //! [`TransformerDecoderLayer`]: self-attention, cross-attention over the encoder's output and
 //! a feed-forward block, each with a residual connection and a layer norm.
 
-use candle::{Result, Tensor};
+use candle::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
 
 use super::checks::{decoder_masks, Layout, DECODER_OPTIONS};
@@ -48,9 +48,9 @@ impl TransformerDecoderLayer {
                 vb.pp("multihead_attn"),
             )?,
             ff: FeedForward::new(e, config.dim_feedforward, bias, config.activation, &vb)?,
-            norm1: Norm::new(e, eps, bias, vb.pp("norm1"))?,
-            norm2: Norm::new(e, eps, bias, vb.pp("norm2"))?,
-            norm3: Norm::new(e, eps, bias, vb.pp("norm3"))?,
+            norm1: Norm::new_with_bias(e, eps, bias, vb.pp("norm1"))?,
+            norm2: Norm::new_with_bias(e, eps, bias, vb.pp("norm2"))?,
+            norm3: Norm::new_with_bias(e, eps, bias, vb.pp("norm3"))?,
             calls: DropoutCalls::default(),
             config,
         })

@@ -1,6 +1,6 @@
 //! [`TransformerEncoder`]: a stack of encoder layers and an optional final layer norm.
 
-use candle::{Result, Tensor};
+use candle::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
 
 use super::checks::ENCODER_OPTIONS;

@@ -1,7 +1,7 @@
 //! [`TransformerEncoderLayer`]: self-attention and a feed-forward block, each with a residual
 //! connection and a layer norm.
 
-use candle::{Result, Tensor};
+use candle::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
 
 use super::checks::{encoder_masks, Layout, ENCODER_OPTIONS};
@@ -41,8 +41,8 @@ impl TransformerEncoderLayer {
         Ok(Self {
             self_attn: MultiheadAttention::new(config.attention_config(), vb.pp("self_attn"))?,
             ff: FeedForward::new(e, config.dim_feedforward, bias, config.activation, &vb)?,
-            norm1: Norm::new(e, eps, bias, vb.pp("norm1"))?,
-            norm2: Norm::new(e, eps, bias, vb.pp("norm2"))?,
+            norm1: Norm::new_with_bias(e, eps, bias, vb.pp("norm1"))?,
+            norm2: Norm::new_with_bias(e, eps, bias, vb.pp("norm2"))?,
             calls: DropoutCalls::default(),
             config,
         })

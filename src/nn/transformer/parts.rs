@@ -1,59 +1,19 @@
-//! The pieces every encoder/decoder layer shares: its layer norms (bias optional, unlike
-//! [`crate::nn::LayerNorm`]), its feed-forward block, its dropout seeds and its input check.
+//! The pieces every encoder/decoder layer shares: its layer norms, its feed-forward block,
+//! its dropout seeds and its input check.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use candle::{DType, Module, Result, Tensor};
-use candle_nn::{Init, VarBuilder};
+use candle_nn::VarBuilder;
 
 use super::Activation;
 use crate::attention::dropout::seeded_dropout;
 use crate::nn::Linear;
 use crate::rng::derive_seed;
 
-/// `nn.LayerNorm(d, eps, bias=bias)`: `weight` ones, `bias` zeros (absent without bias).
-#[derive(Clone, Debug)]
-pub(crate) struct Norm {
-    weight: Tensor,
-    bias: Option<Tensor>,
-    eps: f64,
-}
-
-impl Norm {
-    pub(crate) fn new(d: usize, eps: f64, bias: bool, vb: VarBuilder) -> Result<Self> {
-        let weight = vb.get_with_hints(d, "weight", Init::Const(1.0))?;
-        let bias = match bias {
-            true => Some(vb.get_with_hints(d, "bias", Init::Const(0.0))?),
-            false => None,
-        };
-        Ok(Self { weight, bias, eps })
-    }
-
-    pub(crate) fn dtype(&self) -> DType {
-        self.weight.dtype()
-    }
-
-    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        // The fused op wants a bias; without one a constant zero bias gives the same numbers.
-        let zeros;
-        let bias = match &self.bias {
-            Some(b) => b,
-            None => {
-                zeros = self.weight.zeros_like()?;
-                &zeros
-            }
-        };
-        crate::nn::layer_norm(x, &self.weight, bias, self.eps)
-    }
-
-    pub(crate) fn push_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
-        out.push((format!("{prefix}.weight"), self.weight.clone()));
-        if let Some(b) = &self.bias {
-            out.push((format!("{prefix}.bias"), b.clone()));
-        }
-    }
-}
+/// The layer norms of encoder and decoder layers: `nn.LayerNorm(d, eps, bias=bias)`.
+pub(crate) type Norm = crate::nn::LayerNorm;
 
 /// The layers of a stack, `layers.{i}` under `vb`, each built by `build` from the stack's
 /// dropout seed derived for its index (so the layers drop differently), and the final norm
@@ -72,7 +32,7 @@ pub(crate) fn stack<L>(
         })
         .collect::<Result<Vec<_>>>()?;
     let norm = match final_norm {
-        Some((d, eps, bias)) => Some(Norm::new(d, eps, bias, vb.pp("norm"))?),
+        Some((d, eps, bias)) => Some(Norm::new_with_bias(d, eps, bias, vb.pp("norm"))?),
         None => None,
     };
     Ok((layers, norm))

