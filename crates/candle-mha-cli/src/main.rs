@@ -11,6 +11,7 @@
 //! mha vocab-matrix --checkpoint DIR [--tokens F]   vocabulary x vocabulary attention over a corpus [--html PAGE]
 //! mha info FILE [--prefix P]                        tensors, dtypes, shapes, attention modules
 //! mha convert IN.pt OUT.safetensors [--dtype D] [--prefix P]   validated conversion
+//! mha import SRC --out RUN [--meta meta.pkl]       a Hugging Face GPT-2 or nanoGPT checkpoint as a run
 //! ```
 
 mod bounds;
@@ -20,6 +21,7 @@ mod convert;
 mod device;
 mod eval;
 mod generate;
+mod import;
 mod info;
 mod inspect;
 mod plot;
@@ -60,6 +62,9 @@ enum Command {
     Info(info::InfoArgs),
     /// Convert a PyTorch checkpoint (.pt/.pth/.bin or safetensors) to safetensors, validated.
     Convert(convert::ConvertArgs),
+    /// Import a GPT-2-family checkpoint (Hugging Face GPT2LMHeadModel, nanoGPT's ckpt.pt) as
+    /// a run directory.
+    Import(import::ImportArgs),
 }
 
 /// Sets `RAYON_NUM_THREADS` to candle's default when it is unset. Without it, candle asks
@@ -114,6 +119,7 @@ fn main() -> std::process::ExitCode {
         Command::VocabMatrix(args) => vocab_matrix::run(&args),
         Command::Info(args) => info::run(&args),
         Command::Convert(args) => convert::run(&args),
+        Command::Import(args) => import::run(&args),
     };
     match result {
         // A run stopped by SIGINT or SIGTERM saved its checkpoint, and says it stopped early.

@@ -80,7 +80,7 @@ pub enum NewData {
 }
 
 /// How to continue a saved run.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct ResumeRun {
     /// A new total of steps (to train further; this also lifts an early stop); `None`: the
     /// saved total.
@@ -93,6 +93,9 @@ pub struct ResumeRun {
     /// Bytes of memory the run may need at most ([`crate::limits::MemoryEstimate`], checked
     /// before the model is built); `None`: no check.
     pub memory_limit: Option<u64>,
+    /// What to train on when the run does not say (an imported checkpoint: `mha import`);
+    /// ignored when it does (its own data is kept).
+    pub data: Option<NewData>,
 }
 
 /// The model of a new run, given the data's vocabulary size and longest example (tokens: the
@@ -287,11 +290,13 @@ impl Session {
             _ => {}
         }
         check_dtype(dtype)?;
-        let Some(spec) = state.data.clone() else {
-            candle::bail!(
-                "{} does not say what the run was trained on (its trainer was given its data directly): resume it with Trainer::resume",
+        let (spec, new_lock) = match (state.data.clone(), how.data) {
+            (Some(spec), _) => (spec, None),
+            (None, Some(data)) => new_spec(dir, data, comm, observer)?,
+            (None, None) => candle::bail!(
+                "{} does not say what the run trains on (an imported checkpoint, or a trainer given its data directly): give its data",
                 dir.join(STATE_FILE).display()
-            )
+            ),
         };
         if let Some(kind) = state.device.as_deref() {
             if kind != device_kind(device) && comm.rank() == 0 {
@@ -302,8 +307,9 @@ impl Session {
             }
         }
         // The run's own data directory is the run's: no `mha prepare` may change it meanwhile.
-        let data_lock = match (&spec, comm.rank()) {
-            (DataSpec::Prepared { dir: data, .. }, 0) if inside(data, dir) => {
+        let data_lock = match (&spec, comm.rank(), new_lock) {
+            (_, _, Some(lock)) => Some(lock),
+            (DataSpec::Prepared { dir: data, .. }, 0, None) if inside(data, dir) => {
                 Some(DirLock::acquire(data, "training (its data)")?)
             }
             _ => None,
@@ -322,7 +328,11 @@ impl Session {
         let varmap = VarMap::new();
         let vb = seeded_var_builder(&varmap, 0, dtype, device);
         let model = NextTokenPredictor::new(cfg.clone(), vb)?;
-        let trainer = Trainer::resume(model, varmap, dir, how.steps)?;
+        let mut trainer = Trainer::resume(model, varmap, dir, how.steps)?;
+        if trainer.state.data.is_none() {
+            // From now on the run records the data it was given.
+            trainer.state.data = Some(spec.absolute()?);
+        }
         Ok(Self {
             dir: dir.to_path_buf(),
             trainer: trainer.with_codec(data.codec.clone()),
@@ -390,7 +400,7 @@ fn inside(path: &Path, dir: &Path) -> bool {
 /// (checked before any work): only its lock, the `data/` of text runs, a `best/` checkpoint
 /// and a `metrics.jsonl` of an earlier attempt that stopped before its first checkpoint, and
 /// temporary files may be there. A link at any of these names is refused too.
-fn check_fresh(dir: &Path, text: bool) -> Result<()> {
+pub(crate) fn check_fresh(dir: &Path, text: bool) -> Result<()> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Ok(());
     };

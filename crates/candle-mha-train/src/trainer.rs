@@ -199,6 +199,27 @@ impl Trainer {
         Ok(trainer)
     }
 
+    /// A run at step `step` whose `model` already holds its weights (an imported
+    /// checkpoint), with the optimizer's moments and step counts from `optimizer` (AdamW's
+    /// [`state_dict`](AdamW::state_dict) names) when given, else fresh ones.
+    ///
+    /// PyTorch equivalent: `model.load_state_dict(ckpt["model"]);
+    /// optimizer.load_state_dict(ckpt["optimizer"]); iter_num = ckpt["iter_num"]`.
+    pub fn from_imported(
+        model: NextTokenPredictor,
+        varmap: VarMap,
+        config: TrainConfig,
+        optimizer: Option<&StateDict>,
+        step: u64,
+    ) -> Result<Self> {
+        let mut trainer = Self::new(model, varmap, config, None)?;
+        if let Some(o) = optimizer {
+            trainer.optimizer.load_state_dict(o)?;
+        }
+        trainer.state.step = step;
+        Ok(trainer)
+    }
+
     /// Changes how often the run evaluates and saves and after how many evaluations without a
     /// new best it stops (`None` keeps the run's value): what a resumed run may change without
     /// changing its batches, weights or optimizer.

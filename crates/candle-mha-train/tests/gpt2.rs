@@ -12,6 +12,7 @@ use anyhow::Result;
 use candle_mha::candle::{DType, Device, Tensor, D};
 use candle_mha::checkpoint::{load_into_varmap, LoadOptions, StateDict};
 use candle_mha::seeded_var_builder;
+use candle_mha_train::import;
 use candle_mha_train::models::gpt2::{self, Gpt2Format};
 use candle_mha_train::models::{
     generate, GenerateConfig, NextTokenPredictor, NextTokenPredictorConfig,
@@ -106,6 +107,7 @@ fn step_matches(
     varmap: &VarMap,
     want: &StateDict,
     format: Gpt2Format,
+    resume: Option<&StateDict>,
 ) -> Result<()> {
     let tokens = ids(want.get("tokens").unwrap())?;
     let l = tokens.dim(1)?;
@@ -131,13 +133,16 @@ fn step_matches(
         },
     )?
     .without_decay_for(|_, v| v.rank() < 2);
+    let mut opt = opt;
+    if let Some(state) = resume {
+        opt.load_state_dict(state)?;
+    }
     let norm = clip_grad_norm(&mut grads, &opt.vars(), 1.0)?;
     let want_norm = want.get("step_grad_norm").unwrap().to_vec1::<f32>()?[0] as f64;
     assert!(
         (norm - want_norm).abs() < 1e-5 * want_norm,
         "norm {norm} vs {want_norm}"
     );
-    let mut opt = opt;
     opt.step(&grads)?;
     let ours = StateDict::from_tensors(
         varmap
@@ -180,7 +185,7 @@ fn step_matches(
 fn hugging_face_training_step_equals_pytorch() -> Result<()> {
     let (model, varmap, _) = hf_model()?;
     let want = expected("hf_expected.safetensors")?;
-    step_matches(&model, &varmap, &want, Gpt2Format::HuggingFace)
+    step_matches(&model, &varmap, &want, Gpt2Format::HuggingFace, None)
 }
 
 /// Export gives back the file's tensors, bit for bit (the tied head included).
@@ -206,4 +211,38 @@ fn hugging_face_round_trip_is_exact() -> Result<()> {
     assert_eq!(cfg_back, cfg);
     let _ = D::Minus1;
     Ok(())
+}
+
+/// nanoGPT's `ckpt.pt` (bias=False, exact GELU, `_orig_mod.` keys): PyTorch's logits, and the
+/// next training step resumed from its optimizer state (moments, step counts, groups) equals
+/// the one nanoGPT takes.
+#[test]
+fn nanogpt_checkpoint_resumes_as_pytorch() -> Result<()> {
+    let dir = fixtures().join("nanogpt");
+    let imported = import::read_nanogpt(&dir.join("ckpt.pt"), Some(&dir.join("meta.pkl")), None)?;
+    let cfg = &imported.config;
+    assert!(!cfg.bias && cfg.tie_embeddings && cfg.gelu == candle_mha_train::models::Gelu::Exact);
+    assert_eq!(imported.step, 2);
+    assert!(imported.train.decay_matrices_only);
+    assert_eq!((imported.train.lr, imported.train.beta2), (1e-2, 0.95));
+    assert_eq!(imported.codec.vocab_size(), cfg.vocab_size);
+    assert_eq!(
+        imported
+            .codec
+            .decode(&imported.codec.encode_prompt("First")?)?,
+        "First"
+    );
+    let (model, varmap) = build(cfg, &imported.weights)?;
+    let want = expected("nanogpt_expected.safetensors")?;
+    let tokens = ids(want.get("tokens").unwrap())?;
+    let input = tokens.narrow(1, 0, tokens.dim(1)? - 1)?.contiguous()?;
+    let d = rel_diff(&model.forward(&input, None)?, want.get("logits").unwrap())?;
+    assert!(d < 1e-5, "relative difference {d:e}");
+    step_matches(
+        &model,
+        &varmap,
+        &want,
+        Gpt2Format::NanoGpt,
+        imported.optimizer.as_ref(),
+    )
 }

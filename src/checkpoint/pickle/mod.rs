@@ -17,10 +17,14 @@ use candle::{Result, Tensor};
 
 mod bounded;
 mod container;
+mod plain;
 mod tensor;
+mod value;
 
-use container::{open_legacy, open_zip};
+use container::{open_legacy, open_zip, Storages};
+pub use plain::{parse_plain_pickle, MAX_PLAIN_PICKLE_BYTES};
 use tensor::{class_of, materialize, tensor_ref};
+pub use value::{load_pickle, PickleValue};
 
 /// Keys under which PyTorch training scripts commonly nest the state_dict in a pickle.
 pub(crate) const NESTING_KEYS: [&str; 5] =
@@ -140,6 +144,15 @@ fn holds_tensors(items: &[(String, Object)]) -> bool {
     items.iter().any(|(_, v)| tensor_ref(v.clone()).is_some())
 }
 
+/// A state dict found in a pickle: its tensor count, the key it is nested under, what was
+/// learnt of it, its entries.
+type Candidate<'a> = (
+    usize,
+    Option<&'a str>,
+    PickleContents,
+    Vec<(String, Object)>,
+);
+
 /// Finds the state dict in the file's object: the object itself, a dict nested under one of
 /// [`NESTING_KEYS`], or a pickled module (also nested).
 fn state_dict_entries(obj: Object, out: &mut PickleContents) -> Result<Vec<(String, Object)>> {
@@ -154,20 +167,40 @@ fn state_dict_entries(obj: Object, out: &mut PickleContents) -> Result<Vec<(Stri
             "the pickle holds no dict of tensors; expected a state_dict saved with torch.save"
         )
     };
+    // A training script's checkpoint may hold a few tensors of its own beside the nested
+    // state dict (nanoGPT's `best_val_loss`): the candidate with the most tensors wins.
+    let count = |entries: &[(String, Object)]| {
+        entries
+            .iter()
+            .filter(|(_, v)| tensor_ref(v.clone()).is_some())
+            .count()
+    };
+    let mut best: Option<Candidate> = None;
     if holds_tensors(&items) {
-        return Ok(items);
+        best = Some((
+            count(&items),
+            None,
+            PickleContents::default(),
+            items.clone(),
+        ));
     }
     for key in NESTING_KEYS {
         if let Some((_, value)) = items.iter().find(|(k, _)| k == key) {
             let mut nested = PickleContents::default();
             if let Ok(entries) = state_dict_entries(value.clone(), &mut nested) {
-                if holds_tensors(&entries) {
-                    out.nested_under = Some(key.to_string());
-                    out.module_class = nested.module_class;
-                    return Ok(entries);
+                let n = count(&entries);
+                if n > 0 && best.as_ref().is_none_or(|b| n > b.0) {
+                    best = Some((n, Some(key), nested, entries));
                 }
             }
         }
+    }
+    if let Some((_, key, nested, entries)) = best {
+        if let Some(key) = key {
+            out.nested_under = Some(key.to_string());
+            out.module_class = nested.module_class;
+        }
+        return Ok(entries);
     }
     candle::bail!(
         "the pickle holds no tensors (looked at the top level and under {NESTING_KEYS:?}); \
@@ -175,20 +208,25 @@ fn state_dict_entries(obj: Object, out: &mut PickleContents) -> Result<Vec<(Stri
     )
 }
 
-/// Reads the tensors of a `torch.save` file (zip or legacy).
-pub(crate) fn read(path: &Path) -> Result<PickleContents> {
+/// The object tree and the storages of a `torch.save` file (zip or legacy).
+fn open(path: &Path) -> Result<(Object, Storages)> {
     let mut head = [0u8; 16];
-    let n = std::fs::File::open(path)?.read(&mut head)?;
-    let (obj, mut storages) = if head[..n].starts_with(b"PK\x03\x04") {
-        open_zip(path)?
+    let n = crate::io::open_input(path)?.read(&mut head)?;
+    if head[..n].starts_with(b"PK\x03\x04") {
+        open_zip(path)
     } else if head[..n].starts_with(&LEGACY_MAGIC) {
-        open_legacy(path)?
+        open_legacy(path)
     } else {
         candle::bail!(
             "not a torch.save file: it starts with neither a zip header nor the legacy \
              format's magic number"
         )
-    };
+    }
+}
+
+/// Reads the tensors of a `torch.save` file (zip or legacy).
+pub(crate) fn read(path: &Path) -> Result<PickleContents> {
+    let (obj, mut storages) = open(path)?;
     let mut out = PickleContents::default();
     let entries = state_dict_entries(obj, &mut out)?;
     let mut refs = Vec::new();

@@ -105,6 +105,20 @@ fn new_data(args: &TrainArgs) -> NewData {
     })
 }
 
+/// The data a resumed run is given when it records none (an imported checkpoint): the
+/// options' data, text encoded with the run's own tokenizer unless --tokenizer says.
+fn resume_data(args: &TrainArgs) -> Option<NewData> {
+    if args.tokens.is_none() && args.data.is_none() && args.text.is_empty() {
+        return None;
+    }
+    let mut data = new_data(args);
+    if let NewData::Text { job, .. } = &mut data {
+        let own = args.out.join(candle_mha_train::data::TOKENIZER_FILE);
+        job.tokenizer = job.tokenizer.clone().or(Some(own));
+    }
+    Some(data)
+}
+
 /// Runs `mha train`: one process, or one rank of a data-parallel run (`mpirun -n N`), which
 /// ends every rank when it fails.
 pub fn run(args: &TrainArgs) -> Result<()> {
@@ -158,6 +172,7 @@ fn run_rank(
                 dtype: None,
                 verify_data: args.verify,
                 memory_limit: crate::bounds::memory_limit(),
+                data: resume_data(args),
             };
             let mut session = Session::resume(&args.out, how, &device, comm, &mut notices)?;
             let conflicts = resume::conflicts(

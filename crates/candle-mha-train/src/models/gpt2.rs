@@ -86,6 +86,26 @@ fn block_name(rest: &str) -> Option<&'static str> {
     })
 }
 
+/// Our name of a GPT-2-family parameter (its name may carry `_orig_mod.` or `module.`, or
+/// lack `transformer.`); `None` for `lm_head.weight` (the head: tied, or `head.weight`),
+/// buffers and names of no parameter.
+pub fn our_name(theirs: &str) -> Option<String> {
+    let n = canonical(theirs);
+    let top = match n.as_str() {
+        "transformer.wte.weight" => Some("token_embedding.weight"),
+        "transformer.wpe.weight" => Some("position_embedding.weight"),
+        "transformer.ln_f.weight" => Some("ln_f.weight"),
+        "transformer.ln_f.bias" => Some("ln_f.bias"),
+        _ => None,
+    };
+    if let Some(t) = top {
+        return Some(t.to_string());
+    }
+    let (i, rest) = n.strip_prefix("transformer.h.")?.split_once('.')?;
+    let i: usize = i.parse().ok()?;
+    Some(format!("blocks.{i}.{}", block_name(rest)?))
+}
+
 /// The GPT-2 name of one of our parameters (the inverse of [`block_name`] and the table).
 fn gpt2_name(ours: &str) -> Option<String> {
     let top = match ours {
@@ -158,30 +178,14 @@ pub fn from_gpt2(
             ));
             continue;
         }
-        let ours = match n.as_str() {
-            "transformer.wte.weight" => "token_embedding.weight".to_string(),
-            "transformer.wpe.weight" => "position_embedding.weight".to_string(),
-            "transformer.ln_f.weight" => "ln_f.weight".to_string(),
-            "transformer.ln_f.bias" => "ln_f.bias".to_string(),
-            "lm_head.weight" => {
-                head = Some((name.clone(), t.clone()));
-                continue;
-            }
-            _ => {
-                let mapped = n
-                    .strip_prefix("transformer.h.")
-                    .and_then(|r| r.split_once('.'))
-                    .and_then(|(i, rest)| {
-                        let i: usize = i.parse().ok()?;
-                        Some(format!("blocks.{i}.{}", block_name(rest)?))
-                    });
-                match mapped {
-                    Some(m) => m,
-                    None => candle::bail!(
-                        "{name}: not a GPT-2 parameter (expected transformer.wte/wpe/h.N/ln_f or lm_head names)"
-                    ),
-                }
-            }
+        if n == "lm_head.weight" {
+            head = Some((name.clone(), t.clone()));
+            continue;
+        }
+        let Some(ours) = our_name(&n) else {
+            candle::bail!(
+                "{name}: not a GPT-2 parameter (expected transformer.wte/wpe/h.N/ln_f or lm_head names)"
+            )
         };
         let transpose = format == Gpt2Format::HuggingFace && CONV1D.iter().any(|c| n.ends_with(c));
         let t = match transpose {

@@ -1,0 +1,67 @@
+//! `mha import`: a GPT-2-family checkpoint (a Hugging Face `GPT2LMHeadModel` directory, or
+//! nanoGPT's `ckpt.pt`) into a run directory that every other command takes.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use candle_mha_train::import::{detect, read_hugging_face, read_nanogpt};
+use candle_mha_train::models::gpt2::Gpt2Format;
+
+/// Arguments of `mha import`.
+#[derive(clap::Args, Debug)]
+pub struct ImportArgs {
+    /// A Hugging Face GPT-2 directory (config.json and model.safetensors, shards with their
+    /// index, or pytorch_model.bin), or nanoGPT's ckpt.pt (or its out directory).
+    pub source: PathBuf,
+    /// The run directory to write (it must not hold a run).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// nanoGPT's meta.pkl (its data directory's character vocabulary: stoi/itos).
+    #[arg(long)]
+    pub meta: Option<PathBuf>,
+    /// A tokenizers `tokenizer.json` (default: the source's own; without one, token ids).
+    #[arg(long, conflicts_with = "meta")]
+    pub tokenizer: Option<PathBuf>,
+}
+
+/// Runs `mha import`.
+pub fn run(args: &ImportArgs) -> Result<()> {
+    let imported = match detect(&args.source)? {
+        Gpt2Format::HuggingFace => {
+            if args.meta.is_some() {
+                anyhow::bail!("--meta is nanoGPT's vocabulary; a Hugging Face directory brings tokenizer.json (or give --tokenizer)")
+            }
+            read_hugging_face(&args.source, args.tokenizer.as_deref())?
+        }
+        Gpt2Format::NanoGpt => read_nanogpt(
+            &args.source,
+            args.meta.as_deref(),
+            args.tokenizer.as_deref(),
+        )?,
+    };
+    eprintln!("{}: {}", imported.source, imported.report);
+    for note in &imported.notes {
+        eprintln!("note: {note}");
+    }
+    imported.write_run(&args.out)?;
+    let c = &imported.config;
+    println!(
+        "imported into {}: {} blocks, embed_dim {}, {} heads, context {}, {} ids, {} parameters{}{}; step {}{}",
+        args.out.display(),
+        c.num_layers,
+        c.embed_dim,
+        c.num_heads,
+        c.max_len,
+        c.vocab_size,
+        c.parameter_count(),
+        if c.tie_embeddings { ", tied head" } else { "" },
+        if c.bias { "" } else { ", no biases" },
+        imported.step,
+        if imported.optimizer.is_some() {
+            ", with its optimizer state"
+        } else {
+            ""
+        }
+    );
+    Ok(())
+}

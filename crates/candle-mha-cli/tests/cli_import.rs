@@ -1,0 +1,158 @@
+//! `mha import`: a Hugging Face GPT-2 directory and nanoGPT's `ckpt.pt` become run directories
+//! that `generate`, `info` and `train --resume` take; what cannot be honoured is refused by
+//! name. The numbers themselves are checked against PyTorch in the train crate's `gpt2` tests.
+
+#[path = "../../../tests/common/mod.rs"]
+mod common;
+
+use std::path::Path;
+
+use anyhow::Result;
+use candle_mha::candle::DType;
+use candle_mha::checkpoint::StateDict;
+use common::mha;
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("UTF-8 temp path")
+}
+
+fn gpt2() -> std::path::PathBuf {
+    common::fixtures_dir().join("gpt2")
+}
+
+/// `mha generate` on the imported Hugging Face model continues the prompt with the tokens
+/// `GPT2LMHeadModel.generate(do_sample=False)` gave (the model has no tokenizer: ids).
+#[test]
+fn an_imported_hugging_face_model_generates_pytorchs_greedy_tokens() -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let run = tmp.path().join("run");
+    let (ok, out, err) = mha(&["import", s(&gpt2().join("hf")), "--out", s(&run)])?;
+    assert!(ok && out.contains("tied head"), "{err}");
+    assert!(
+        err.contains("8 Conv1D weights transposed") && err.contains("token ids"),
+        "{err}"
+    );
+    let want = StateDict::load(gpt2().join("hf_expected.safetensors"))?;
+    let greedy: Vec<u32> = want
+        .get("greedy")
+        .unwrap()
+        .to_dtype(DType::U32)?
+        .squeeze(0)?
+        .to_vec1()?;
+    let words: Vec<String> = greedy.iter().map(u32::to_string).collect();
+    let prompt = words[..4].join(" ");
+    let (ok, out, err) = mha(&[
+        "generate",
+        "--checkpoint",
+        s(&run),
+        "--prompt",
+        &prompt,
+        "--max-new-tokens",
+        &(greedy.len() - 4).to_string(),
+    ])?;
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), words.join(" "));
+    // A run is there now: a second import into it is refused.
+    let (ok, _, err) = mha(&["import", s(&gpt2().join("hf")), "--out", s(&run)])?;
+    assert!(!ok && err.contains("already holds a run"), "{err}");
+    Ok(())
+}
+
+/// nanoGPT's checkpoint with its character vocabulary: generation in text, and `--resume`
+/// continues its run (step 2, its optimizer) on text encoded with its own tokenizer.
+#[test]
+fn an_imported_nanogpt_run_resumes_on_text() -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let run = tmp.path().join("run");
+    let nano = gpt2().join("nanogpt");
+    let (ok, out, err) = mha(&[
+        "import",
+        s(&nano),
+        "--meta",
+        s(&nano.join("meta.pkl")),
+        "--out",
+        s(&run),
+    ])?;
+    assert!(
+        ok && out.contains("step 2, with its optimizer state"),
+        "{err}"
+    );
+    let (ok, out, err) = mha(&[
+        "generate",
+        "--checkpoint",
+        s(&run),
+        "--prompt",
+        "First Citizen",
+        "--max-new-tokens",
+        "5",
+    ])?;
+    assert!(ok && out.starts_with("First Citizen"), "{err}");
+    // Without data, a resume asks for it; with text it encodes it with the run's tokenizer.
+    let (ok, _, err) = mha(&["train", "--out", s(&run), "--resume", "--steps", "4"])?;
+    assert!(!ok && err.contains("give its data"), "{err}");
+    let text = tmp.path().join("citizens.txt");
+    std::fs::write(
+        &text,
+        "First Citizen: we are accounted poor citizens\n".repeat(50),
+    )?;
+    let (ok, _, err) = mha(&[
+        "train",
+        "--out",
+        s(&run),
+        "--resume",
+        "--text",
+        s(&text),
+        "--steps",
+        "4",
+        "--quiet",
+    ])?;
+    assert!(ok && err.contains("resuming at step 2 of 4"), "{err}");
+    let state = std::fs::read_to_string(run.join("trainer_state.json"))?;
+    assert!(
+        state.contains("\"step\": 4") && state.contains("\"decay_matrices_only\": true"),
+        "{state}"
+    );
+    Ok(())
+}
+
+/// What a checkpoint asks that this model cannot do, and indexes that point outside the
+/// directory, are refused by name.
+#[test]
+fn what_cannot_be_honoured_is_refused() -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let config = std::fs::read_to_string(gpt2().join("hf/config.json"))?;
+    for (from, to, needle) in [
+        (
+            "\"scale_attn_by_inverse_layer_idx\": false",
+            "\"scale_attn_by_inverse_layer_idx\": true",
+            "scale_attn_by_inverse_layer_idx",
+        ),
+        ("\"gelu_new\"", "\"relu\"", "activation_function \"relu\""),
+        (
+            "\"model_type\": \"gpt2\"",
+            "\"model_type\": \"llama\"",
+            "model_type",
+        ),
+    ] {
+        let dir = tmp.path().join(format!("hf-{}", needle.len()));
+        std::fs::create_dir_all(&dir)?;
+        std::fs::copy(
+            gpt2().join("hf/model.safetensors"),
+            dir.join("model.safetensors"),
+        )?;
+        assert!(config.contains(from), "{from}");
+        std::fs::write(dir.join("config.json"), config.replace(from, to))?;
+        let (ok, _, err) = mha(&["import", s(&dir), "--out", s(&tmp.path().join("out"))])?;
+        assert!(!ok && err.contains(needle), "{needle}: {err}");
+    }
+    let sharded = tmp.path().join("sharded");
+    std::fs::create_dir_all(&sharded)?;
+    std::fs::write(sharded.join("config.json"), &config)?;
+    std::fs::write(
+        sharded.join("model.safetensors.index.json"),
+        r#"{"weight_map": {"transformer.wte.weight": "../outside.safetensors"}}"#,
+    )?;
+    let (ok, _, err) = mha(&["import", s(&sharded), "--out", s(&tmp.path().join("out"))])?;
+    assert!(!ok && err.contains("not a file of the directory"), "{err}");
+    Ok(())
+}

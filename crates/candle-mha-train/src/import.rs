@@ -1,0 +1,481 @@
+//! GPT-2-family checkpoints people already have, read into an [`Imported`] run and written as
+//! an ordinary run directory (`mha import`): a Hugging Face `GPT2LMHeadModel` directory, or
+//! nanoGPT's `ckpt.pt` with its optimizer, step and settings (so `mha train --resume`
+//! continues nanoGPT's run) and its `meta.pkl` character vocabulary.
+
+use std::path::{Path, PathBuf};
+
+use candle::{DType, Device, Result, Tensor};
+use candle_mha::checkpoint::{load_into_varmap, load_pickle, LoadOptions, PickleValue, StateDict};
+use candle_mha::seeded_var_builder;
+use candle_nn::VarMap;
+
+use crate::data::{Codec, TextTokenizer};
+use crate::models::gpt2::{self, Gpt2Format, Gpt2Report, NanoGptArgs};
+use crate::models::{NextTokenPredictor, NextTokenPredictorConfig};
+use crate::{TrainConfig, Trainer};
+
+/// A checkpoint read for import: our configuration, weights and (nanoGPT) optimizer state,
+/// the step it was at, the training settings it recorded, and its tokenization.
+///
+/// PyTorch equivalent: what `GPT2LMHeadModel.from_pretrained(dir)` or nanoGPT's
+/// `init_from="resume"` rebuilds.
+pub struct Imported {
+    /// Where it came from, for messages.
+    pub source: String,
+    /// The model.
+    pub config: NextTokenPredictorConfig,
+    /// Its weights under our names.
+    pub weights: StateDict,
+    /// AdamW's moments and step counts under our names ([`crate::AdamW::state_dict`]), when
+    /// the checkpoint has an optimizer.
+    pub optimizer: Option<StateDict>,
+    /// Optimizer steps done (nanoGPT's `iter_num`; 0 for Hugging Face).
+    pub step: u64,
+    /// The training settings: the checkpoint's where it records them (nanoGPT's `config`),
+    /// else [`TrainConfig::for_text`]; decay on the matrices only, as both sources train.
+    pub train: TrainConfig,
+    /// The tokenization.
+    pub codec: Codec,
+    /// What the conversion did with each tensor.
+    pub report: Gpt2Report,
+    /// Lines worth telling the user (a tokenizer made up, a setting not carried over).
+    pub notes: Vec<String>,
+}
+
+/// The kind of a checkpoint `mha import` reads, by what `path` is: a directory with
+/// `config.json` (Hugging Face), else a `torch.save` file or a directory holding `ckpt.pt`
+/// (nanoGPT).
+pub fn detect(path: &Path) -> Result<Gpt2Format> {
+    if path.is_dir() {
+        if path.join("config.json").exists() {
+            return Ok(Gpt2Format::HuggingFace);
+        }
+        if path.join("ckpt.pt").exists() {
+            return Ok(Gpt2Format::NanoGpt);
+        }
+        candle::bail!(
+            "{}: neither a Hugging Face directory (config.json) nor a nanoGPT out directory (ckpt.pt)",
+            path.display()
+        )
+    }
+    Ok(Gpt2Format::NanoGpt)
+}
+
+fn json(path: &Path) -> Result<serde_json::Value> {
+    let text = candle_mha::io::read_input_string(path, crate::limits::MAX_CONFIG_BYTES)?;
+    serde_json::from_str(&text)
+        .map_err(|e| candle::Error::Msg(format!("{}: not JSON ({e})", path.display())))
+}
+
+/// A plain file name from a checkpoint's index (untrusted: no path may leave the directory).
+fn plain_file(dir: &Path, name: &str) -> Result<PathBuf> {
+    let plain =
+        !name.is_empty() && !name.starts_with('.') && !name.contains(['/', '\\']) && name != "..";
+    if !plain {
+        candle::bail!(
+            "{}: the index names {name:?}, not a file of the directory",
+            dir.display()
+        )
+    }
+    Ok(dir.join(name))
+}
+
+/// The weights of a Hugging Face directory: `model.safetensors`, the shards its
+/// `model.safetensors.index.json` lists, or `pytorch_model.bin`.
+fn hugging_face_weights(dir: &Path) -> Result<StateDict> {
+    let single = dir.join("model.safetensors");
+    if single.exists() {
+        return StateDict::load(&single);
+    }
+    let index = dir.join("model.safetensors.index.json");
+    if index.exists() {
+        let map = json(&index)?;
+        let Some(files) = map.get("weight_map").and_then(|m| m.as_object()) else {
+            candle::bail!("{}: no weight_map", index.display())
+        };
+        let mut shards: Vec<&str> = files.values().filter_map(|v| v.as_str()).collect();
+        shards.sort_unstable();
+        shards.dedup();
+        let mut tensors = Vec::new();
+        for shard in shards {
+            let sd = StateDict::load(plain_file(dir, shard)?)?;
+            tensors.extend(sd.tensors().iter().cloned());
+        }
+        return Ok(StateDict::from_tensors(tensors));
+    }
+    let bin = dir.join("pytorch_model.bin");
+    if bin.exists() {
+        return StateDict::load(&bin);
+    }
+    candle::bail!(
+        "{}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin",
+        dir.display()
+    )
+}
+
+/// A tokenizer whose tokens are the ids themselves (`"17 4 9"`), for a checkpoint that comes
+/// without one: prompts and outputs are then written as ids.
+pub fn ids_tokenizer(vocab_size: usize) -> Result<TextTokenizer> {
+    let vocab: serde_json::Map<String, serde_json::Value> = (0..vocab_size)
+        .map(|i| (i.to_string(), serde_json::Value::from(i)))
+        .collect();
+    tokenizer_from_json(serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"},
+        "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "0"}
+    }))
+}
+
+/// A character-level tokenizer: `itos[i]` is the character of id `i` (nanoGPT's
+/// `meta.pkl`), every character of a text one token, decoding their concatenation.
+pub fn char_tokenizer(itos: &[String]) -> Result<TextTokenizer> {
+    let vocab: serde_json::Map<String, serde_json::Value> = itos
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (c.clone(), serde_json::Value::from(i)))
+        .collect();
+    if vocab.len() != itos.len() {
+        candle::bail!("the vocabulary names a character twice")
+    }
+    tokenizer_from_json(serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": null, "post_processor": null,
+        "decoder": {"type": "Fuse"},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null,
+                  "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                  "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                  "vocab": vocab, "merges": []}
+    }))
+}
+
+fn tokenizer_from_json(json: serde_json::Value) -> Result<TextTokenizer> {
+    let inner: tokenizers::Tokenizer = json
+        .to_string()
+        .parse()
+        .map_err(|e| candle::Error::Msg(format!("building a tokenizer: {e}")))?;
+    Ok(TextTokenizer::from_tokenizer(inner))
+}
+
+/// The tokenization of an import: `tokenizer` when given, else `found` (the checkpoint's
+/// own), else ids as tokens (with a note); its size must fit the model's vocabulary.
+fn codec_for(
+    tokenizer: Option<&Path>,
+    found: Option<TextTokenizer>,
+    vocab_size: usize,
+    notes: &mut Vec<String>,
+) -> Result<Codec> {
+    let tok = match (tokenizer, found) {
+        (Some(p), _) => TextTokenizer::load(p)?,
+        (None, Some(t)) => t,
+        (None, None) => {
+            notes.push(format!(
+                "no tokenizer: prompts and outputs are token ids (\"17 4 9\", 0 to {}); give --tokenizer tokenizer.json or --meta meta.pkl for text",
+                vocab_size - 1
+            ));
+            ids_tokenizer(vocab_size)?
+        }
+    };
+    if tok.vocab_size() > vocab_size {
+        candle::bail!(
+            "the tokenizer has {} ids, more than the model's {vocab_size}",
+            tok.vocab_size()
+        )
+    }
+    Ok(Codec::Text(Box::new(tok)))
+}
+
+/// Reads a Hugging Face `GPT2LMHeadModel` directory: `config.json`, the weights (`Conv1D`
+/// transposed, buffers skipped), `tokenizer.json` when present (or `tokenizer`).
+pub fn read_hugging_face(dir: &Path, tokenizer: Option<&Path>) -> Result<Imported> {
+    let config = gpt2::config_from_hf(&json(&dir.join("config.json"))?)?;
+    let sd = hugging_face_weights(dir)?;
+    let (weights, report) = gpt2::from_gpt2(&sd, Gpt2Format::HuggingFace, &config)?;
+    let mut notes = Vec::new();
+    let own = dir.join("tokenizer.json");
+    let found = match own.exists() {
+        true => Some(TextTokenizer::load(&own)?),
+        false => None,
+    };
+    let codec = codec_for(tokenizer, found, config.vocab_size, &mut notes)?;
+    Ok(Imported {
+        source: format!("{} (Hugging Face GPT-2)", dir.display()),
+        train: TrainConfig {
+            decay_matrices_only: true,
+            ..TrainConfig::for_text()
+        },
+        config,
+        weights,
+        optimizer: None,
+        step: 0,
+        codec,
+        report,
+        notes,
+    })
+}
+
+fn count(v: &PickleValue, key: &str, what: &str) -> Result<usize> {
+    v.get(key)
+        .and_then(PickleValue::as_i64)
+        .filter(|n| *n >= 0)
+        .map(|n| n as usize)
+        .ok_or_else(|| candle::Error::Msg(format!("{what}: {key} is missing or not a count")))
+}
+
+/// nanoGPT's `model_args`.
+fn nanogpt_args(v: &PickleValue) -> Result<NanoGptArgs> {
+    let what = "model_args";
+    Ok(NanoGptArgs {
+        n_layer: count(v, "n_layer", what)?,
+        n_head: count(v, "n_head", what)?,
+        n_embd: count(v, "n_embd", what)?,
+        block_size: count(v, "block_size", what)?,
+        vocab_size: count(v, "vocab_size", what)?,
+        bias: v.get("bias").and_then(PickleValue::as_bool).unwrap_or(true),
+        dropout: v
+            .get("dropout")
+            .and_then(PickleValue::as_f64)
+            .unwrap_or(0.0),
+    })
+}
+
+/// The training settings of nanoGPT's `config` (its `train.py` globals), with defaults for
+/// those it lacks.
+fn nanogpt_train(config: Option<&PickleValue>, notes: &mut Vec<String>) -> TrainConfig {
+    let base = TrainConfig {
+        decay_matrices_only: true,
+        ..TrainConfig::for_text()
+    };
+    let Some(c) = config else {
+        notes.push("no `config` in the checkpoint: the text defaults train it".into());
+        return base;
+    };
+    let f = |k: &str, d: f64| c.get(k).and_then(PickleValue::as_f64).unwrap_or(d);
+    let n = |k: &str, d: u64| {
+        c.get(k)
+            .and_then(PickleValue::as_i64)
+            .map(|x| x.max(0) as u64)
+            .unwrap_or(d)
+    };
+    if c.get("lr_decay_iters").is_some() || c.get("decay_lr").is_some() {
+        notes.push("nanoGPT's schedule (warmup to learning_rate, cosine to min_lr at lr_decay_iters) becomes ours: warmup, then cosine to min_lr at the last step".into());
+    }
+    TrainConfig {
+        steps: n("max_iters", base.steps),
+        batch_size: n("batch_size", base.batch_size as u64).max(1) as usize,
+        grad_accum: n("gradient_accumulation_steps", 1).max(1) as usize,
+        lr: f("learning_rate", base.lr),
+        min_lr: f("min_lr", f("learning_rate", base.lr) / 10.0),
+        warmup_steps: n("warmup_iters", base.warmup_steps),
+        weight_decay: f("weight_decay", base.weight_decay),
+        beta1: f("beta1", base.beta1),
+        beta2: f("beta2", base.beta2),
+        clip_norm: f("grad_clip", base.clip_norm),
+        eval_every: n("eval_interval", base.eval_every),
+        ..base
+    }
+}
+
+/// nanoGPT's `GPT.named_parameters()`: names and shapes in the order its modules register
+/// them (the tied head once, as `transformer.wte.weight`). The pickled state_dict's order is
+/// not used: candle's pickle machine reverses the items of each `SETITEMS` batch.
+fn nanogpt_parameters(cfg: &NextTokenPredictorConfig) -> Vec<(String, Vec<usize>)> {
+    let (v, l, e, f) = (cfg.vocab_size, cfg.max_len, cfg.embed_dim, cfg.ff_dim);
+    let mut out = vec![
+        ("transformer.wte.weight".to_string(), vec![v, e]),
+        ("transformer.wpe.weight".to_string(), vec![l, e]),
+    ];
+    let mut push = |name: String, w: Vec<usize>, b: usize| {
+        out.push((format!("{name}.weight"), w));
+        if cfg.bias {
+            out.push((format!("{name}.bias"), vec![b]));
+        }
+    };
+    for i in 0..cfg.num_layers {
+        let h = format!("transformer.h.{i}");
+        push(format!("{h}.ln_1"), vec![e], e);
+        push(format!("{h}.attn.c_attn"), vec![3 * e, e], 3 * e);
+        push(format!("{h}.attn.c_proj"), vec![e, e], e);
+        push(format!("{h}.ln_2"), vec![e], e);
+        push(format!("{h}.mlp.c_fc"), vec![f, e], f);
+        push(format!("{h}.mlp.c_proj"), vec![e, f], e);
+    }
+    push("transformer.ln_f".to_string(), vec![e], e);
+    out
+}
+
+/// nanoGPT's optimizer `state_dict()` under our parameter names. Its parameter ids follow
+/// `configure_optimizers`: the model's parameters in order (the tied head once, as the
+/// token embedding), those of rank ≥ 2 first (decayed), then the rest.
+fn nanogpt_optimizer(opt: &PickleValue, order: &[(String, Vec<usize>)]) -> Result<StateDict> {
+    let decay = order.iter().filter(|(_, s)| s.len() >= 2);
+    let rest = order.iter().filter(|(_, s)| s.len() < 2);
+    let ids: Vec<&(String, Vec<usize>)> = decay.chain(rest).collect();
+    let groups = opt
+        .get("param_groups")
+        .and_then(PickleValue::as_list)
+        .ok_or_else(|| candle::Error::Msg("optimizer: no param_groups".into()))?;
+    let listed: usize = groups
+        .iter()
+        .map(|g| {
+            g.get("params")
+                .and_then(PickleValue::as_list)
+                .map_or(0, <[_]>::len)
+        })
+        .sum();
+    if listed != ids.len() {
+        candle::bail!(
+            "optimizer: its groups list {listed} parameters, the model has {}: not this model's optimizer",
+            ids.len()
+        )
+    }
+    let state = opt.get("state");
+    let mut tensors = Vec::new();
+    for (i, (name, shape)) in ids.iter().enumerate() {
+        let ours = gpt2::our_name(name).ok_or_else(|| {
+            candle::Error::Msg(format!("optimizer: {name} is not a GPT-2 parameter"))
+        })?;
+        let slot = state.and_then(|s| s.get_index(i as i64));
+        let moment = |key: &str| -> Result<Tensor> {
+            match slot
+                .and_then(|s| s.get(key))
+                .and_then(PickleValue::as_tensor)
+            {
+                Some(t) if t.dims() == shape.as_slice() => Ok(t.to_dtype(DType::F32)?),
+                Some(t) => candle::bail!(
+                    "optimizer: {key} of {name} has shape {:?}, the parameter {shape:?}",
+                    t.dims()
+                ),
+                None => Ok(Tensor::zeros(shape.as_slice(), DType::F32, &Device::Cpu)?),
+            }
+        };
+        let step = slot
+            .and_then(|s| s.get("step"))
+            .and_then(PickleValue::as_f64)
+            .unwrap_or(0.0);
+        tensors.push((format!("exp_avg.{ours}"), moment("exp_avg")?));
+        tensors.push((format!("exp_avg_sq.{ours}"), moment("exp_avg_sq")?));
+        tensors.push((format!("step.{ours}"), Tensor::new(step, &Device::Cpu)?));
+    }
+    Ok(StateDict::from_tensors(tensors))
+}
+
+/// Reads nanoGPT's `ckpt.pt` (or the `ckpt.pt` of an out directory): `model` (the
+/// `_orig_mod.` prefix of `torch.compile` removed), `model_args`, `optimizer`, `iter_num`,
+/// `config`; the character vocabulary of `meta` (nanoGPT's `meta.pkl`: `itos`) or
+/// `tokenizer` for text.
+pub fn read_nanogpt(
+    path: &Path,
+    meta: Option<&Path>,
+    tokenizer: Option<&Path>,
+) -> Result<Imported> {
+    let ckpt = match path.is_dir() {
+        true => path.join("ckpt.pt"),
+        false => path.to_path_buf(),
+    };
+    let v = load_pickle(&ckpt)
+        .map_err(|e| candle::Error::Msg(format!("reading {}: {e}", ckpt.display())))?;
+    let Some(args) = v.get("model_args") else {
+        candle::bail!(
+            "{}: no model_args; expected a checkpoint saved by nanoGPT's train.py",
+            ckpt.display()
+        )
+    };
+    let config = gpt2::config_from_nanogpt(&nanogpt_args(args)?)?;
+    let Some(model) = v.get("model").and_then(PickleValue::as_dict) else {
+        candle::bail!("{}: no model state_dict", ckpt.display())
+    };
+    let mut tensors = Vec::new();
+    for (k, t) in model {
+        let (Some(name), Some(t)) = (k.as_str(), t.as_tensor()) else {
+            candle::bail!(
+                "{}: model holds an entry that is not a named tensor",
+                ckpt.display()
+            )
+        };
+        tensors.push((name.to_string(), t.clone()));
+    }
+    let (weights, report) = gpt2::from_gpt2(
+        &StateDict::from_tensors(tensors),
+        Gpt2Format::NanoGpt,
+        &config,
+    )?;
+    let mut notes = Vec::new();
+    let optimizer = v
+        .get("optimizer")
+        .map(|o| nanogpt_optimizer(o, &nanogpt_parameters(&config)))
+        .transpose()?;
+    let step = v
+        .get("iter_num")
+        .and_then(PickleValue::as_i64)
+        .unwrap_or(0)
+        .max(0) as u64;
+    let train = nanogpt_train(v.get("config"), &mut notes);
+    let chars = meta
+        .map(|m| -> Result<TextTokenizer> {
+            let meta = load_pickle(m)?;
+            let itos = meta.get("itos").ok_or_else(|| {
+                candle::Error::Msg(format!("{}: no itos (nanoGPT's meta.pkl)", m.display()))
+            })?;
+            let mut chars = vec![String::new(); itos.as_dict().map_or(0, <[_]>::len)];
+            for (k, c) in itos.as_dict().unwrap_or_default() {
+                let (Some(i), Some(c)) = (k.as_i64(), c.as_str()) else {
+                    candle::bail!(
+                        "{}: itos maps something other than ids to strings",
+                        m.display()
+                    )
+                };
+                let slot = chars.get_mut(i as usize).ok_or_else(|| {
+                    candle::Error::Msg(format!("{}: itos has id {i} out of order", m.display()))
+                })?;
+                *slot = c.to_string();
+            }
+            char_tokenizer(&chars)
+        })
+        .transpose()?;
+    let codec = codec_for(tokenizer, chars, config.vocab_size, &mut notes)?;
+    Ok(Imported {
+        source: format!("{} (nanoGPT, step {step})", ckpt.display()),
+        config,
+        weights,
+        optimizer,
+        step,
+        train,
+        codec,
+        report,
+        notes,
+    })
+}
+
+impl Imported {
+    /// Writes it into `dir` as a run directory of `mha train` (`model.safetensors`,
+    /// `config.json`, the tokenizer, `optimizer.safetensors`, `trainer_state.json`), as one
+    /// unit, holding the directory's lock; `dir` must not hold a run already.
+    pub fn write_run(&self, dir: &Path) -> Result<()> {
+        let _lock = crate::io::DirLock::acquire(dir, "mha import")?;
+        if dir.join(crate::STATE_FILE).exists() {
+            candle::bail!(
+                "{} already holds a run: choose another directory",
+                dir.display()
+            )
+        }
+        crate::session::check_fresh(dir, false)?;
+        let varmap = VarMap::new();
+        let vb = seeded_var_builder(&varmap, 0, DType::F32, &Device::Cpu);
+        let model = NextTokenPredictor::new(self.config.clone(), vb)?;
+        let opts = LoadOptions::new()
+            .with_module("NextTokenPredictor")
+            .with_source(&self.source);
+        load_into_varmap(&varmap, &self.weights, &opts)?;
+        let trainer = Trainer::from_imported(
+            model,
+            varmap,
+            self.train.clone(),
+            self.optimizer.as_ref(),
+            self.step,
+        )?
+        .with_codec(self.codec.clone());
+        trainer.save(dir)
+    }
+}
