@@ -137,6 +137,13 @@ def from_config(cfg):
     missing = [k for k in CONFIG_KEYS if k not in cfg]
     if missing:
         raise KeyError(f"config lacks {missing}")
+    # The GPT-2 family's options (an imported checkpoint) are not this twin's: its PyTorch
+    # side is transformers' GPT2LMHeadModel or nanoGPT's GPT (scripts/make_gpt2_fixtures.py).
+    gpt2 = {k: cfg[k] for k in ("bias", "tie_embeddings", "gelu", "layer_norm_eps",
+                                "embed_dropout") if k in cfg}
+    if gpt2:
+        raise ValueError(f"config has GPT-2-family options {gpt2}: check it against "
+                         "transformers or nanoGPT (docs/bring-your-own-gpt.md), not this twin")
     return NextTokenPredictor(
         vocab_size=int(cfg["vocab_size"]), max_len=int(cfg["max_len"]),
         embed_dim=int(cfg["embed_dim"]), num_heads=int(cfg["num_heads"]),
