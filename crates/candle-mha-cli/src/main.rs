@@ -12,6 +12,7 @@
 //! mha info FILE [--prefix P]                        tensors, dtypes, shapes, attention modules
 //! mha convert IN.pt OUT.safetensors [--dtype D] [--prefix P]   validated conversion
 //! mha import SRC --out RUN [--meta meta.pkl]       a Hugging Face GPT-2 or nanoGPT checkpoint as a run
+//! mha export RUN --out DIR                          a run as a Hugging Face GPT-2 directory
 //! ```
 
 mod bounds;
@@ -20,6 +21,7 @@ mod choices;
 mod convert;
 mod device;
 mod eval;
+mod export;
 mod generate;
 mod import;
 mod info;
@@ -65,6 +67,8 @@ enum Command {
     /// Import a GPT-2-family checkpoint (Hugging Face GPT2LMHeadModel, nanoGPT's ckpt.pt) as
     /// a run directory.
     Import(import::ImportArgs),
+    /// Export a run's model as a Hugging Face GPT-2 directory.
+    Export(export::ExportArgs),
 }
 
 /// Sets `RAYON_NUM_THREADS` to candle's default when it is unset. Without it, candle asks
@@ -120,6 +124,7 @@ fn main() -> std::process::ExitCode {
         Command::Info(args) => info::run(&args),
         Command::Convert(args) => convert::run(&args),
         Command::Import(args) => import::run(&args),
+        Command::Export(args) => export::run(&args),
     };
     match result {
         // A run stopped by SIGINT or SIGTERM saved its checkpoint, and says it stopped early.

@@ -156,3 +156,38 @@ fn what_cannot_be_honoured_is_refused() -> Result<()> {
     assert!(!ok && err.contains("not a file of the directory"), "{err}");
     Ok(())
 }
+
+/// Import then export gives back the Hugging Face file bit for bit; a model Hugging Face's
+/// GPT-2 cannot hold (nanoGPT's `bias=False`) is refused before anything is written.
+#[test]
+fn export_gives_back_the_hugging_face_weights() -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let (run, out) = (tmp.path().join("run"), tmp.path().join("out"));
+    let (ok, _, err) = mha(&["import", s(&gpt2().join("hf")), "--out", s(&run)])?;
+    assert!(ok, "{err}");
+    let (ok, _, err) = mha(&["export", s(&run), "--out", s(&out)])?;
+    assert!(ok, "{err}");
+    let original = StateDict::load(gpt2().join("hf/model.safetensors"))?;
+    let exported = StateDict::load(out.join("model.safetensors"))?;
+    assert_eq!(exported.len(), original.len());
+    for (name, t) in original.tensors() {
+        let e = exported
+            .get(name)
+            .unwrap_or_else(|| panic!("{name} not exported"));
+        let same = e.flatten_all()?.to_vec1::<f32>()? == t.flatten_all()?.to_vec1::<f32>()?;
+        assert!(same && e.dims() == t.dims(), "{name} changed");
+    }
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("config.json"))?)?;
+    assert_eq!(config["activation_function"], "gelu_new");
+    assert_eq!(config["tie_word_embeddings"], true);
+
+    let nano = tmp.path().join("nano");
+    let (ok, _, err) = mha(&["import", s(&gpt2().join("nanogpt")), "--out", s(&nano)])?;
+    assert!(ok, "{err}");
+    let refused = tmp.path().join("refused");
+    let (ok, _, err) = mha(&["export", s(&nano), "--out", s(&refused)])?;
+    assert!(!ok && err.contains("no biases"), "{err}");
+    assert!(!refused.exists());
+    Ok(())
+}

@@ -45,6 +45,7 @@
 pub use candle_mha;
 
 pub mod data;
+pub mod export;
 pub mod import;
 pub mod io;
 pub mod limits;
