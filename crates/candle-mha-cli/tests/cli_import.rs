@@ -191,3 +191,55 @@ fn export_gives_back_the_hugging_face_weights() -> Result<()> {
     assert!(!refused.exists());
     Ok(())
 }
+
+/// `--init-from` starts a new run from an imported checkpoint: its model and tokenizer, a
+/// fresh optimizer at step 0, the text encoded with its tokenizer; at 0 steps the weights are
+/// the checkpoint's, byte for byte.
+#[test]
+fn a_new_run_starts_from_an_imported_checkpoint() -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let run = tmp.path().join("run");
+    let nano = gpt2().join("nanogpt");
+    let meta = nano.join("meta.pkl");
+    let (ok, _, err) = mha(&["import", s(&nano), "--meta", s(&meta), "--out", s(&run)])?;
+    assert!(ok, "{err}");
+    let text = tmp.path().join("citizens.txt");
+    std::fs::write(
+        &text,
+        "First Citizen: we are accounted poor citizens\n".repeat(50),
+    )?;
+    for steps in ["0", "3"] {
+        let ft = tmp.path().join(format!("ft{steps}"));
+        let (ok, _, err) = mha(&[
+            "train",
+            "--init-from",
+            s(&run),
+            "--text",
+            s(&text),
+            "--out",
+            s(&ft),
+            "--steps",
+            steps,
+            "--quiet",
+        ])?;
+        assert!(ok, "{err}");
+        assert_eq!(
+            std::fs::read_to_string(ft.join("config.json"))?,
+            std::fs::read_to_string(run.join("config.json"))?
+        );
+        let same = std::fs::read(ft.join("model.safetensors"))?
+            == std::fs::read(run.join("model.safetensors"))?;
+        assert_eq!(same, steps == "0", "after {steps} steps");
+    }
+    let (ok, _, err) = mha(&[
+        "train",
+        "--init-from",
+        s(&run),
+        "--embed-dim",
+        "8",
+        "--out",
+        s(&tmp.path().join("x")),
+    ])?;
+    assert!(!ok && err.contains("--embed-dim"), "{err}");
+    Ok(())
+}

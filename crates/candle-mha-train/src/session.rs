@@ -123,6 +123,31 @@ pub struct NewRun {
     /// Bytes of memory the run may need at most ([`crate::limits::MemoryEstimate`] of the
     /// model and a batch, checked before the model is built); `None`: no check.
     pub memory_limit: Option<u64>,
+    /// A checkpoint directory to start from (fine-tuning): its model, weights and
+    /// tokenization replace [`model`](Self::model) and [`max_len`](Self::max_len), and the
+    /// data must be in its tokenization; the optimizer and the step start afresh.
+    pub init_from: Option<PathBuf>,
+}
+
+/// The model, tokenization and weights of a checkpoint a new run starts from.
+struct Init {
+    config: NextTokenPredictorConfig,
+    codec: Codec,
+    weights: candle_mha::checkpoint::StateDict,
+    source: String,
+}
+
+impl Init {
+    fn load(dir: &Path) -> Result<Self> {
+        let codec_file = Codec::file_in(dir)?;
+        crate::verify_checkpoint(dir, &[CONFIG_FILE, MODEL_FILE, codec_file])?;
+        Ok(Self {
+            config: NextTokenPredictorConfig::load(dir.join(CONFIG_FILE))?,
+            codec: Codec::load_dir(dir)?,
+            weights: candle_mha::checkpoint::StateDict::load(dir.join(MODEL_FILE))?,
+            source: dir.join(MODEL_FILE).display().to_string(),
+        })
+    }
 }
 
 impl NewRun {
@@ -146,6 +171,7 @@ impl NewRun {
             dtype: DType::F32,
             verify_data: false,
             memory_limit: None,
+            init_from: None,
         }
     }
 
@@ -197,7 +223,7 @@ impl Session {
     /// PyTorch equivalent: the set-up half of a training script (dataset, model, optimizer).
     pub fn start(
         dir: &Path,
-        run: NewRun,
+        mut run: NewRun,
         device: &Device,
         comm: &dyn Communicator,
         observer: &mut dyn SetupObserver,
@@ -214,13 +240,28 @@ impl Session {
         if comm.rank() == 0 {
             check_fresh(dir, matches!(run.data, NewData::Text { .. }))?;
         }
+        // Text for a checkpoint's model is encoded with its tokenizer, not a new BPE.
+        if let (Some(init), NewData::Text { job, .. }) = (&run.init_from, &mut run.data) {
+            let own = init.join(crate::data::TOKENIZER_FILE);
+            if job.tokenizer.is_none() && own.exists() {
+                job.tokenizer = Some(own);
+            }
+        }
         let (spec, data_lock) = new_spec(dir, run.data, comm, observer)?;
         if run.verify_data && comm.rank() == 0 {
             verify(&spec, observer)?;
         }
-        let max_tokens = run.max_len.map(|m| m + 1);
-        let data = spec.load(None, None, 0, max_tokens)?;
-        let cfg = (run.model)(data.codec.vocab_size(), data.longest);
+        let init = run.init_from.as_deref().map(Init::load).transpose()?;
+        let max_tokens = match &init {
+            Some(i) => Some(i.config.max_len + 1),
+            None => run.max_len.map(|m| m + 1),
+        };
+        // Data for a checkpoint's model must be in its tokenization (checked by the load).
+        let data = spec.load(init.as_ref().map(|i| i.codec.clone()), None, 0, max_tokens)?;
+        let cfg = match &init {
+            Some(i) => i.config.clone(),
+            None => (run.model)(data.codec.vocab_size(), data.longest),
+        };
         cfg.validate()?;
         if let Some(limit) = run.memory_limit {
             let tokens = run.train.batch_size as u128 * cfg.max_len as u128;
@@ -231,6 +272,12 @@ impl Session {
         let seed = run.train.seed;
         let vb = seeded_var_builder(&varmap, seed, run.dtype, device);
         let model = NextTokenPredictor::new(cfg.clone(), vb)?;
+        if let Some(i) = &init {
+            let opts = candle_mha::checkpoint::LoadOptions::new()
+                .with_module("NextTokenPredictor")
+                .with_source(&i.source);
+            candle_mha::checkpoint::load_into_varmap(&varmap, &i.weights, &opts)?;
+        }
         // Checks everything before anything is written into the directory.
         let trainer = Trainer::new(model, varmap, run.train, Some(spec.clone()))?;
         Ok(Self {

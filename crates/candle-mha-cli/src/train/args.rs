@@ -83,6 +83,13 @@ pub struct TrainArgs {
     /// so may --device, --dist, --dist-timeout and --quiet.
     #[arg(long)]
     pub resume: bool,
+    /// Start a new run from this checkpoint's model, weights and tokenizer (fine-tuning: a new
+    /// optimizer, step 0, the data given here, encoded with the checkpoint's tokenizer).
+    #[arg(long, value_name = "CHECKPOINT", conflicts_with_all = [
+        "resume", "embed_dim", "num_heads", "num_layers", "ff_dim", "max_len", "dropout",
+        "resid_dropout", "bpe_vocab", "bpe_sample_mb",
+    ])]
+    pub init_from: Option<PathBuf>,
     /// Optimizer steps (with --resume: the new total).
     #[arg(long, value_parser = crate::bounds::count_u64(0, crate::bounds::MAX_STEPS), help = run_default("Optimizer steps (with --resume: the new total)", |c| c.steps))]
     pub steps: Option<u64>,

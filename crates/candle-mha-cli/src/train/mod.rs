@@ -214,6 +214,7 @@ fn run_rank(
                 }))
                 .with_dtype(args.dtype.unwrap_or(DType::F32));
             run.max_len = args.max_len();
+            run.init_from = args.init_from.clone();
             run.verify_data = args.verify;
             run.memory_limit = crate::bounds::memory_limit();
             Session::start(&args.out, run, &device, comm, &mut notices)?
