@@ -21,6 +21,7 @@ mod load;
 mod pickle;
 mod report;
 mod state_dict;
+mod torch_save;
 mod transformer_discover;
 
 /// Moved to [`crate::io::write_atomic`]; kept here so existing code compiles.
@@ -35,6 +36,7 @@ pub use load::{load_into_varmap, LoadOptions};
 pub use pickle::{load_pickle, parse_plain_pickle, PickleValue};
 pub use report::{DtypeCast, LoadReport, ShapeMismatch};
 pub use state_dict::{normalize_prefix, CheckpointFormat, StateDict};
+pub use torch_save::save_torch;
 pub use transformer_discover::{
     find_transformer_modules, InferredTransformer, InferredTransformerLayer,
     InferredTransformerModule, InferredTransformerStack,

@@ -1,5 +1,5 @@
 //! `mha export`: a run's model as a Hugging Face GPT-2 directory that
-//! `GPT2LMHeadModel.from_pretrained` loads.
+//! `GPT2LMHeadModel.from_pretrained` loads, or as nanoGPT's `ckpt.pt`.
 
 use std::path::PathBuf;
 
@@ -13,16 +13,26 @@ pub struct ExportArgs {
     /// The directory to write (config.json, model.safetensors, tokenizer.json).
     #[arg(long)]
     pub out: PathBuf,
-    /// The format: `hf`, a Hugging Face GPT2LMHeadModel directory.
-    #[arg(long, default_value = "hf", value_parser = ["hf"])]
+    /// The format: `hf`, a Hugging Face GPT2LMHeadModel directory; `nanogpt`, nanoGPT's
+    /// OUT/ckpt.pt (model, model_args, optimizer, iter_num, config).
+    #[arg(long, default_value = "hf", value_parser = ["hf", "nanogpt"])]
     pub format: String,
 }
 
 /// Runs `mha export`.
 pub fn run(args: &ExportArgs) -> Result<()> {
-    candle_mha_train::export::export_hugging_face(&args.run, &args.out)?;
+    let how = match args.format.as_str() {
+        "nanogpt" => {
+            candle_mha_train::export::export_nanogpt(&args.run, &args.out)?;
+            "nanoGPT: ckpt.pt, train.py init_from=\"resume\""
+        }
+        _ => {
+            candle_mha_train::export::export_hugging_face(&args.run, &args.out)?;
+            "Hugging Face GPT-2: GPT2LMHeadModel.from_pretrained"
+        }
+    };
     println!(
-        "exported {} to {} (Hugging Face GPT-2: GPT2LMHeadModel.from_pretrained)",
+        "exported {} to {} ({how})",
         args.run.display(),
         args.out.display()
     );

@@ -243,3 +243,64 @@ fn a_new_run_starts_from_an_imported_checkpoint() -> Result<()> {
     assert!(!ok && err.contains("--embed-dim"), "{err}");
     Ok(())
 }
+
+/// nanoGPT's checkpoint imported then exported holds the same model and optimizer state,
+/// tensor for tensor. (That PyTorch reads it, `torch.load(weights_only=True)`, and nanoGPT's
+/// own code resumes it to its own next step is `scripts/check_gpt2_export.py`'s check: CI has
+/// no torch.)
+#[test]
+fn nanogpt_export_gives_back_its_checkpoint() -> Result<()> {
+    use candle_mha::checkpoint::{load_pickle, PickleValue};
+    let tmp = tempfile::tempdir()?;
+    let (run, out) = (tmp.path().join("run"), tmp.path().join("out"));
+    let original = gpt2().join("nanogpt/ckpt.pt");
+    let (ok, _, err) = mha(&["import", s(&original), "--out", s(&run)])?;
+    assert!(ok, "{err}");
+    let (ok, _, err) = mha(&["export", s(&run), "--format", "nanogpt", "--out", s(&out)])?;
+    assert!(ok, "{err}");
+    let (a, b) = (load_pickle(&original)?, load_pickle(&out.join("ckpt.pt"))?);
+    let values = |t: &PickleValue| -> Vec<f32> {
+        t.as_tensor()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap()
+    };
+    let model_b = b.get("model").unwrap();
+    for (k, t) in a.get("model").unwrap().as_dict().unwrap() {
+        let name = k.as_str().unwrap().trim_start_matches("_orig_mod.");
+        let e = model_b
+            .get(name)
+            .unwrap_or_else(|| panic!("{name} not exported"));
+        assert_eq!(values(e), values(t), "{name}");
+    }
+    let (sa, sb) = (
+        a.get("optimizer").unwrap().get("state").unwrap(),
+        b.get("optimizer").unwrap().get("state").unwrap(),
+    );
+    assert_eq!(sa.as_dict().unwrap().len(), sb.as_dict().unwrap().len());
+    for (id, slot) in sa.as_dict().unwrap() {
+        let other = sb.get_index(id.as_i64().unwrap()).unwrap();
+        for key in ["exp_avg", "exp_avg_sq"] {
+            assert_eq!(
+                values(slot.get(key).unwrap()),
+                values(other.get(key).unwrap()),
+                "{id:?} {key}"
+            );
+        }
+        assert_eq!(
+            slot.get("step").and_then(PickleValue::as_f64),
+            other.get("step").and_then(PickleValue::as_f64)
+        );
+    }
+    assert_eq!(b.get("iter_num").and_then(PickleValue::as_i64), Some(2));
+    assert_eq!(
+        b.get("model_args")
+            .unwrap()
+            .get("bias")
+            .and_then(PickleValue::as_bool),
+        Some(false)
+    );
+    Ok(())
+}

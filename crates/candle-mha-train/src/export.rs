@@ -1,16 +1,16 @@
-//! A run handed back to PyTorch users: a Hugging Face `GPT2LMHeadModel` directory
-//! (`mha export`), which `GPT2LMHeadModel.from_pretrained(dir)` loads with no missing or
-//! unexpected key.
+//! A run handed back to PyTorch users (`mha export`): a Hugging Face `GPT2LMHeadModel`
+//! directory, which `GPT2LMHeadModel.from_pretrained(dir)` loads with no missing or
+//! unexpected key, or nanoGPT's `ckpt.pt`, which its `train.py` resumes.
 
 use std::path::Path;
 
-use candle::Result;
-use candle_mha::checkpoint::StateDict;
+use candle::{DType, Device, Result, Tensor};
+use candle_mha::checkpoint::{save_torch, PickleValue, StateDict};
 
 use crate::data::Codec;
-use crate::models::gpt2::{self, Gpt2Format};
+use crate::models::gpt2::{self, Gpt2Format, NanoGptArgs};
 use crate::models::NextTokenPredictorConfig;
-use crate::{verify_checkpoint, CONFIG_FILE, MODEL_FILE};
+use crate::{verify_checkpoint, TrainerState, CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE};
 
 /// Writes the model of the run (or checkpoint) directory `run` into `out` as a Hugging Face
 /// GPT-2 directory: `config.json` ([`gpt2::config_to_hf`]), `model.safetensors` (GPT-2's
@@ -62,4 +62,157 @@ pub fn export_hugging_face(run: &Path, out: &Path) -> Result<()> {
         codec.save_dir(out)?;
     }
     Ok(())
+}
+
+fn s(v: &str) -> PickleValue {
+    PickleValue::Str(v.to_string())
+}
+
+fn f(v: f64) -> PickleValue {
+    PickleValue::Float(v)
+}
+
+fn n(v: u64) -> PickleValue {
+    PickleValue::Int(v as i64)
+}
+
+/// Writes the run (or checkpoint) directory `run` as nanoGPT's `out/ckpt.pt`: `model`
+/// (nanoGPT's names, `lm_head.weight` the tied embedding), `model_args`, `optimizer` (AdamW's
+/// `state_dict()` in nanoGPT's two groups: the ≥ 2-D tensors, then the rest), `iter_num`,
+/// `best_val_loss` and `config`, so that `GPT(GPTConfig(**ckpt["model_args"]))` loads the
+/// weights strictly and nanoGPT's `train.py` resumes it (`init_from="resume"`). Errors, before
+/// anything is written, for a model nanoGPT cannot hold ([`NanoGptArgs::from_config`]).
+///
+/// PyTorch equivalent: nanoGPT's `torch.save(checkpoint, os.path.join(out_dir, "ckpt.pt"))`.
+pub fn export_nanogpt(run: &Path, out: &Path) -> Result<()> {
+    let files = [CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE];
+    verify_checkpoint(run, &files)?;
+    let cfg = NextTokenPredictorConfig::load(run.join(CONFIG_FILE))?;
+    let args = NanoGptArgs::from_config(&cfg)
+        .map_err(|e| candle::Error::Msg(format!("{}: {e}", run.display())))?;
+    let ours = StateDict::load(run.join(MODEL_FILE))?;
+    let theirs = gpt2::to_gpt2(&ours, Gpt2Format::NanoGpt, &cfg)?;
+    let state = TrainerState::load(run)?;
+    let opt = StateDict::load(run.join(OPTIMIZER_FILE))?;
+    let tc = &state.config;
+    let meta = |k: &str, d: f64| {
+        opt.metadata()
+            .get(k)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(d)
+    };
+    // Parameter ids as nanoGPT's configure_optimizers numbers them.
+    let order = gpt2::nanogpt_parameters(&cfg);
+    let (decay, rest): (Vec<_>, Vec<_>) = order.iter().partition(|(_, shape)| shape.len() >= 2);
+    let mut moments = Vec::new();
+    for (id, (name, _)) in decay.iter().chain(&rest).enumerate() {
+        let ours = gpt2::our_name(name)
+            .ok_or_else(|| candle::Error::Msg(format!("{name}: no parameter of ours")))?;
+        let get = |key: &str| {
+            opt.get(&format!("{key}.{ours}")).cloned().ok_or_else(|| {
+                candle::Error::Msg(format!(
+                    "{}: no {key}.{ours}",
+                    run.join(OPTIMIZER_FILE).display()
+                ))
+            })
+        };
+        let step = get("step")?.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+        if step == 0.0 {
+            continue; // PyTorch keeps no state for a parameter never stepped
+        }
+        moments.push((
+            n(id as u64),
+            PickleValue::Dict(vec![
+                (
+                    s("step"),
+                    PickleValue::Tensor(Tensor::new(step as f32, &Device::Cpu)?),
+                ),
+                (
+                    s("exp_avg"),
+                    PickleValue::Tensor(get("exp_avg")?.to_dtype(DType::F32)?),
+                ),
+                (
+                    s("exp_avg_sq"),
+                    PickleValue::Tensor(get("exp_avg_sq")?.to_dtype(DType::F32)?),
+                ),
+            ]),
+        ));
+    }
+    let wd = meta("weight_decay", tc.weight_decay);
+    let group = |ids: std::ops::Range<usize>, weight_decay: f64| {
+        PickleValue::Dict(vec![
+            (s("lr"), f(meta("lr", tc.lr))),
+            (
+                s("betas"),
+                PickleValue::Tuple(vec![f(meta("beta1", tc.beta1)), f(meta("beta2", tc.beta2))]),
+            ),
+            (s("eps"), f(meta("eps", 1e-8))),
+            (s("weight_decay"), f(weight_decay)),
+            (s("amsgrad"), PickleValue::Bool(false)),
+            (s("foreach"), PickleValue::None),
+            (s("maximize"), PickleValue::Bool(false)),
+            (s("capturable"), PickleValue::Bool(false)),
+            (s("differentiable"), PickleValue::Bool(false)),
+            (s("fused"), PickleValue::None),
+            (
+                s("params"),
+                PickleValue::List(ids.map(|i| n(i as u64)).collect()),
+            ),
+        ])
+    };
+    let rest_decay = if tc.decay_matrices_only { 0.0 } else { wd };
+    let optimizer = PickleValue::Dict(vec![
+        (s("state"), PickleValue::Dict(moments)),
+        (
+            s("param_groups"),
+            PickleValue::List(vec![
+                group(0..decay.len(), wd),
+                group(decay.len()..order.len(), rest_decay),
+            ]),
+        ),
+    ]);
+    let model = PickleValue::Dict(
+        theirs
+            .tensors()
+            .iter()
+            .map(|(k, t)| (s(k), PickleValue::Tensor(t.clone())))
+            .collect(),
+    );
+    let model_args = PickleValue::Dict(vec![
+        (s("n_layer"), n(args.n_layer as u64)),
+        (s("n_head"), n(args.n_head as u64)),
+        (s("n_embd"), n(args.n_embd as u64)),
+        (s("block_size"), n(args.block_size as u64)),
+        (s("bias"), PickleValue::Bool(args.bias)),
+        (s("vocab_size"), n(args.vocab_size as u64)),
+        (s("dropout"), f(args.dropout)),
+    ]);
+    let config = PickleValue::Dict(vec![
+        (s("learning_rate"), f(tc.lr)),
+        (s("min_lr"), f(tc.min_lr)),
+        (s("warmup_iters"), n(tc.warmup_steps)),
+        (s("lr_decay_iters"), n(tc.steps)),
+        (s("max_iters"), n(tc.steps)),
+        (s("weight_decay"), f(tc.weight_decay)),
+        (s("beta1"), f(tc.beta1)),
+        (s("beta2"), f(tc.beta2)),
+        (s("grad_clip"), f(tc.clip_norm)),
+        (s("batch_size"), n(tc.batch_size as u64)),
+        (s("gradient_accumulation_steps"), n(tc.grad_accum as u64)),
+        (s("block_size"), n(args.block_size as u64)),
+        (s("eval_interval"), n(tc.eval_every)),
+        (s("dropout"), f(args.dropout)),
+        (s("bias"), PickleValue::Bool(args.bias)),
+    ]);
+    let best = state.best.as_ref().map_or(1e9, |b| b.eval.loss);
+    let checkpoint = PickleValue::Dict(vec![
+        (s("model"), model),
+        (s("optimizer"), optimizer),
+        (s("model_args"), model_args),
+        (s("iter_num"), n(state.step)),
+        (s("best_val_loss"), f(best)),
+        (s("config"), config),
+    ]);
+    let _lock = crate::io::DirLock::acquire(out, "mha export")?;
+    save_torch(&out.join("ckpt.pt"), &checkpoint)
 }

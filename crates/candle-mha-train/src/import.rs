@@ -277,34 +277,6 @@ fn nanogpt_train(config: Option<&PickleValue>, notes: &mut Vec<String>) -> Train
     }
 }
 
-/// nanoGPT's `GPT.named_parameters()`: names and shapes in the order its modules register
-/// them (the tied head once, as `transformer.wte.weight`). The pickled state_dict's order is
-/// not used: candle's pickle machine reverses the items of each `SETITEMS` batch.
-fn nanogpt_parameters(cfg: &NextTokenPredictorConfig) -> Vec<(String, Vec<usize>)> {
-    let (v, l, e, f) = (cfg.vocab_size, cfg.max_len, cfg.embed_dim, cfg.ff_dim);
-    let mut out = vec![
-        ("transformer.wte.weight".to_string(), vec![v, e]),
-        ("transformer.wpe.weight".to_string(), vec![l, e]),
-    ];
-    let mut push = |name: String, w: Vec<usize>, b: usize| {
-        out.push((format!("{name}.weight"), w));
-        if cfg.bias {
-            out.push((format!("{name}.bias"), vec![b]));
-        }
-    };
-    for i in 0..cfg.num_layers {
-        let h = format!("transformer.h.{i}");
-        push(format!("{h}.ln_1"), vec![e], e);
-        push(format!("{h}.attn.c_attn"), vec![3 * e, e], 3 * e);
-        push(format!("{h}.attn.c_proj"), vec![e, e], e);
-        push(format!("{h}.ln_2"), vec![e], e);
-        push(format!("{h}.mlp.c_fc"), vec![f, e], f);
-        push(format!("{h}.mlp.c_proj"), vec![e, f], e);
-    }
-    push("transformer.ln_f".to_string(), vec![e], e);
-    out
-}
-
 /// nanoGPT's optimizer `state_dict()` under our parameter names. Its parameter ids follow
 /// `configure_optimizers`: the model's parameters in order (the tied head once, as the
 /// token embedding), those of rank ≥ 2 first (decayed), then the rest.
@@ -404,7 +376,7 @@ pub fn read_nanogpt(
     let mut notes = Vec::new();
     let optimizer = v
         .get("optimizer")
-        .map(|o| nanogpt_optimizer(o, &nanogpt_parameters(&config)))
+        .map(|o| nanogpt_optimizer(o, &gpt2::nanogpt_parameters(&config)))
         .transpose()?;
     let step = v
         .get("iter_num")

@@ -476,6 +476,34 @@ impl NanoGptArgs {
     }
 }
 
+/// nanoGPT's `GPT.named_parameters()`: names and shapes in the order its modules register
+/// them (the tied head once, as `transformer.wte.weight`). The pickled state_dict's order is
+/// not used: candle's pickle machine reverses the items of each `SETITEMS` batch.
+pub fn nanogpt_parameters(cfg: &NextTokenPredictorConfig) -> Vec<(String, Vec<usize>)> {
+    let (v, l, e, f) = (cfg.vocab_size, cfg.max_len, cfg.embed_dim, cfg.ff_dim);
+    let mut out = vec![
+        ("transformer.wte.weight".to_string(), vec![v, e]),
+        ("transformer.wpe.weight".to_string(), vec![l, e]),
+    ];
+    let mut push = |name: String, w: Vec<usize>, b: usize| {
+        out.push((format!("{name}.weight"), w));
+        if cfg.bias {
+            out.push((format!("{name}.bias"), vec![b]));
+        }
+    };
+    for i in 0..cfg.num_layers {
+        let h = format!("transformer.h.{i}");
+        push(format!("{h}.ln_1"), vec![e], e);
+        push(format!("{h}.attn.c_attn"), vec![3 * e, e], 3 * e);
+        push(format!("{h}.attn.c_proj"), vec![e, e], e);
+        push(format!("{h}.ln_2"), vec![e], e);
+        push(format!("{h}.mlp.c_fc"), vec![f, e], f);
+        push(format!("{h}.mlp.c_proj"), vec![e, f], e);
+    }
+    push("transformer.ln_f".to_string(), vec![e], e);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

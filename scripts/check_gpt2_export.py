@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""Checks `mha export` against PyTorch itself, on the fixtures of make_gpt2_fixtures.py.
+
+    mha import tests/fixtures/gpt2/hf --out /tmp/hf-run
+    mha export /tmp/hf-run --out /tmp/hf-out
+    mha import tests/fixtures/gpt2/nanogpt --out /tmp/nano-run
+    mha export /tmp/nano-run --format nanogpt --out /tmp/nano-out
+    VENV/bin/python scripts/check_gpt2_export.py --hf /tmp/hf-out --nanogpt /tmp/nano-out/ckpt.pt
+
+Hugging Face: `GPT2LMHeadModel.from_pretrained` loads the directory with no missing or
+unexpected key and gives the fixture's logits. nanoGPT: `torch.load(weights_only=True)` reads
+the file, nanoGPT's `GPT` loads its model strictly, its AdamW loads the optimizer state, and
+the next training step equals the one nanoGPT took from its own checkpoint, bit for bit.
+Exit code 0 when every check passes.
+"""
+
+import argparse
+import os
+import sys
+
+import torch
+from safetensors.torch import load_file
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import make_gpt2_fixtures as m  # noqa: E402
+
+FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "tests", "fixtures", "gpt2")
+
+
+def check_hf(path):
+    from transformers import GPT2LMHeadModel
+    model, info = GPT2LMHeadModel.from_pretrained(path, output_loading_info=True)
+    problems = {k: v for k, v in info.items() if v}
+    e = load_file(os.path.join(FIXTURES, "hf_expected.safetensors"))
+    with torch.no_grad():
+        diff = (model.eval()(e["tokens"]).logits - e["logits"]).abs().max().item()
+    ok = not problems and diff <= 1e-5 * e["logits"].abs().max().item()
+    print(f"hf: loading problems {problems or 'none'}, logits max difference {diff:.3g}: "
+          f"{'PASS' if ok else 'FAIL'}")
+    return ok
+
+
+def check_nanogpt(path):
+    ck = torch.load(path, weights_only=True)
+    model = m.GPT(ck["model_args"])
+    model.load_state_dict(ck["model"], strict=True)
+    opt = m.optimizer(model)
+    opt.load_state_dict(ck["optimizer"])
+    e = load_file(os.path.join(FIXTURES, "nanogpt_expected.safetensors"))
+    loss, _ = m.train_step(model, opt, model, e["tokens"])
+    same = all(torch.equal(p, e[f"updated.{n}"]) for n, p in model.named_parameters())
+    ok = same and loss.item() == e["step_loss"].item()
+    print(f"nanogpt: strict load, optimizer loaded, next step loss {loss.item():.7g} "
+          f"(nanoGPT's {e['step_loss'].item():.7g}), parameters equal: {same}: "
+          f"{'PASS' if ok else 'FAIL'}")
+    return ok
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hf", help="a directory written by `mha export` of the hf fixture")
+    ap.add_argument("--nanogpt", help="a ckpt.pt written by `mha export --format nanogpt`")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    results = []
+    if args.hf:
+        results.append(check_hf(args.hf))
+    if args.nanogpt:
+        results.append(check_nanogpt(args.nanogpt))
+    sys.exit(0 if results and all(results) else 1)
+
+
+if __name__ == "__main__":
+    main()
