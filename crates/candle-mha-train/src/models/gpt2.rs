@@ -66,77 +66,55 @@ const CONV1D: [&str; 4] = [
     "mlp.c_proj.weight",
 ];
 
-/// Our name of a GPT-2 block parameter (`ln_1.weight` → `ln1.weight`, …), `None` for a name
-/// that is not one.
-fn block_name(rest: &str) -> Option<&'static str> {
-    Some(match rest {
-        "ln_1.weight" => "ln1.weight",
-        "ln_1.bias" => "ln1.bias",
-        "attn.c_attn.weight" => "attn.in_proj_weight",
-        "attn.c_attn.bias" => "attn.in_proj_bias",
-        "attn.c_proj.weight" => "attn.out_proj.weight",
-        "attn.c_proj.bias" => "attn.out_proj.bias",
-        "ln_2.weight" => "ln2.weight",
-        "ln_2.bias" => "ln2.bias",
-        "mlp.c_fc.weight" => "mlp.fc1.weight",
-        "mlp.c_fc.bias" => "mlp.fc1.bias",
-        "mlp.c_proj.weight" => "mlp.fc2.weight",
-        "mlp.c_proj.bias" => "mlp.fc2.bias",
-        _ => return None,
-    })
-}
+/// Our names and GPT-2's, outside the blocks (the head aside).
+const TOP: [(&str, &str); 4] = [
+    ("token_embedding.weight", "transformer.wte.weight"),
+    ("position_embedding.weight", "transformer.wpe.weight"),
+    ("ln_f.weight", "transformer.ln_f.weight"),
+    ("ln_f.bias", "transformer.ln_f.bias"),
+];
+
+/// Our names and GPT-2's of a block's parameters, after `blocks.{i}.` / `transformer.h.{i}.`.
+const BLOCK: [(&str, &str); 12] = [
+    ("ln1.weight", "ln_1.weight"),
+    ("ln1.bias", "ln_1.bias"),
+    ("attn.in_proj_weight", "attn.c_attn.weight"),
+    ("attn.in_proj_bias", "attn.c_attn.bias"),
+    ("attn.out_proj.weight", "attn.c_proj.weight"),
+    ("attn.out_proj.bias", "attn.c_proj.bias"),
+    ("ln2.weight", "ln_2.weight"),
+    ("ln2.bias", "ln_2.bias"),
+    ("mlp.fc1.weight", "mlp.c_fc.weight"),
+    ("mlp.fc1.bias", "mlp.c_fc.bias"),
+    ("mlp.fc2.weight", "mlp.c_proj.weight"),
+    ("mlp.fc2.bias", "mlp.c_proj.bias"),
+];
 
 /// Our name of a GPT-2-family parameter (its name may carry `_orig_mod.` or `module.`, or
 /// lack `transformer.`); `None` for `lm_head.weight` (the head: tied, or `head.weight`),
 /// buffers and names of no parameter.
 pub fn our_name(theirs: &str) -> Option<String> {
     let n = canonical(theirs);
-    let top = match n.as_str() {
-        "transformer.wte.weight" => Some("token_embedding.weight"),
-        "transformer.wpe.weight" => Some("position_embedding.weight"),
-        "transformer.ln_f.weight" => Some("ln_f.weight"),
-        "transformer.ln_f.bias" => Some("ln_f.bias"),
-        _ => None,
-    };
-    if let Some(t) = top {
-        return Some(t.to_string());
+    if let Some((ours, _)) = TOP.iter().find(|(_, t)| *t == n) {
+        return Some(ours.to_string());
     }
     let (i, rest) = n.strip_prefix("transformer.h.")?.split_once('.')?;
     let i: usize = i.parse().ok()?;
-    Some(format!("blocks.{i}.{}", block_name(rest)?))
+    let (ours, _) = BLOCK.iter().find(|(_, t)| *t == rest)?;
+    Some(format!("blocks.{i}.{ours}"))
 }
 
-/// The GPT-2 name of one of our parameters (the inverse of [`block_name`] and the table).
+/// The GPT-2 name of one of our parameters (the inverse of [`our_name`], and
+/// `head.weight` → `lm_head.weight`).
 fn gpt2_name(ours: &str) -> Option<String> {
-    let top = match ours {
-        "token_embedding.weight" => Some("transformer.wte.weight"),
-        "position_embedding.weight" => Some("transformer.wpe.weight"),
-        "ln_f.weight" => Some("transformer.ln_f.weight"),
-        "ln_f.bias" => Some("transformer.ln_f.bias"),
-        "head.weight" => Some("lm_head.weight"),
-        _ => None,
-    };
-    if let Some(t) = top {
-        return Some(t.to_string());
+    if ours == "head.weight" {
+        return Some("lm_head.weight".into());
     }
-    let rest = ours.strip_prefix("blocks.")?;
-    let (i, rest) = rest.split_once('.')?;
-    let theirs = [
-        "ln_1.weight",
-        "ln_1.bias",
-        "attn.c_attn.weight",
-        "attn.c_attn.bias",
-        "attn.c_proj.weight",
-        "attn.c_proj.bias",
-        "ln_2.weight",
-        "ln_2.bias",
-        "mlp.c_fc.weight",
-        "mlp.c_fc.bias",
-        "mlp.c_proj.weight",
-        "mlp.c_proj.bias",
-    ]
-    .into_iter()
-    .find(|t| block_name(t) == Some(rest))?;
+    if let Some((_, theirs)) = TOP.iter().find(|(o, _)| *o == ours) {
+        return Some(theirs.to_string());
+    }
+    let (i, rest) = ours.strip_prefix("blocks.")?.split_once('.')?;
+    let (_, theirs) = BLOCK.iter().find(|(o, _)| *o == rest)?;
     Some(format!("transformer.h.{i}.{theirs}"))
 }
 
