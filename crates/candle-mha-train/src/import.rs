@@ -433,6 +433,21 @@ impl Imported {
             )
         }
         crate::session::check_fresh(dir, false)?;
+        // The model is built only as large as the weights read: a configuration promising more
+        // (a crafted one) is refused before anything is allocated.
+        let held: u128 = self
+            .weights
+            .tensors()
+            .iter()
+            .map(|(_, t)| t.elem_count() as u128)
+            .sum();
+        if held != self.config.parameter_count() {
+            candle::bail!(
+                "{}: the configuration describes {} parameters, the weights hold {held}: they are not one model",
+                self.source,
+                self.config.parameter_count()
+            )
+        }
         let varmap = VarMap::new();
         let vb = seeded_var_builder(&varmap, 0, DType::F32, &Device::Cpu);
         let model = NextTokenPredictor::new(self.config.clone(), vb)?;
