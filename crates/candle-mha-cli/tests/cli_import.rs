@@ -133,6 +133,8 @@ fn what_cannot_be_honoured_is_refused() -> Result<()> {
             "\"model_type\": \"llama\"",
             "model_type",
         ),
+        // More blocks than the weights hold: refused before a model that size is built.
+        ("\"n_layer\": 2", "\"n_layer\": 4000", "are not one model"),
     ] {
         let dir = tmp.path().join(format!("hf-{}", needle.len()));
         std::fs::create_dir_all(&dir)?;
