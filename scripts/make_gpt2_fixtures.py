@@ -12,7 +12,9 @@ have: tiny random models in the two formats they come in, with PyTorch's numbers
    (`model`, `model_args`, `optimizer`, `iter_num`, `best_val_loss`, `config`), of nanoGPT's
    model with `bias=False` (exact GELU, LayerNorms without bias, tied head) after two
    training steps, its state_dict keys prefixed `_orig_mod.` as `torch.compile` leaves them,
-   and `meta.pkl` (a character vocabulary, nanoGPT's `shakespeare_char` format);
+   and `meta.pkl` (a character vocabulary, nanoGPT's `shakespeare_char` format), and a data
+   directory `nanogpt/data/` as nanoGPT's `prepare.py` writes one (`train.bin`, `val.bin`,
+   uint16 ids, and `meta.pkl`);
    `nanogpt_expected.safetensors`: tokens, eval logits, and the third training step (resumed
    from the checkpoint's optimizer state): loss and updated parameters (nanoGPT names).
 
@@ -205,6 +207,7 @@ def nano_gpt(out):
             "stoi": {c: i for i, c in enumerate(chars)}}
     with open(os.path.join(d, "meta.pkl"), "wb") as f:
         pickle.dump(meta, f)
+    nano_gpt_data(os.path.join(d, "data"), chars, meta)
     model.eval()
     with torch.no_grad():
         logits = model(batches[2][:, :-1])
@@ -216,6 +219,20 @@ def nano_gpt(out):
                      for n, p in model.named_parameters()})
     save_file({k: v.contiguous() for k, v in expected.items()},
               os.path.join(out, "nanogpt_expected.safetensors"), metadata={"format": "pt"})
+
+
+def nano_gpt_data(d, chars, meta):
+    """A data directory as nanoGPT's `data/shakespeare_char/prepare.py` writes it: the text's
+    ids as uint16 in `train.bin` (the first 90%) and `val.bin`, and `meta.pkl`."""
+    import numpy as np
+    os.makedirs(d, exist_ok=True)
+    text = "First Citizen: we are accounted poor citizens\n" * 40
+    ids = [meta["stoi"][c] for c in text]
+    n = int(len(ids) * 0.9)
+    np.array(ids[:n], dtype=np.uint16).tofile(os.path.join(d, "train.bin"))
+    np.array(ids[n:], dtype=np.uint16).tofile(os.path.join(d, "val.bin"))
+    with open(os.path.join(d, "meta.pkl"), "wb") as f:
+        pickle.dump(meta, f)
 
 
 def main():

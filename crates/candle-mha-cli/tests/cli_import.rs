@@ -306,3 +306,40 @@ fn nanogpt_export_gives_back_its_checkpoint() -> Result<()> {
     );
     Ok(())
 }
+
+/// An imported nanoGPT run resumes on nanoGPT's own data directory (`train.bin`, `val.bin`,
+/// `meta.pkl`), and `eval --data` reads it.
+#[test]
+fn nanogpt_data_directories_are_data() -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let run = tmp.path().join("run");
+    let nano = gpt2().join("nanogpt");
+    let (ok, _, err) = mha(&[
+        "import",
+        s(&nano),
+        "--meta",
+        s(&nano.join("meta.pkl")),
+        "--out",
+        s(&run),
+    ])?;
+    assert!(ok, "{err}");
+    let data = nano.join("data");
+    let (ok, _, err) = mha(&[
+        "train",
+        "--out",
+        s(&run),
+        "--resume",
+        "--data",
+        s(&data),
+        "--steps",
+        "4",
+        "--quiet",
+    ])?;
+    assert!(ok && err.contains("resuming at step 2 of 4"), "{err}");
+    let (ok, out, err) = mha(&["eval", "--checkpoint", s(&run), "--data", s(&data)])?;
+    assert!(
+        ok && out.contains("validation part, 184 tokens"),
+        "{out}{err}"
+    );
+    Ok(())
+}

@@ -114,50 +114,6 @@ fn hugging_face_weights(dir: &Path) -> Result<StateDict> {
     )
 }
 
-/// A tokenizer whose tokens are the ids themselves (`"17 4 9"`), for a checkpoint that comes
-/// without one: prompts and outputs are then written as ids.
-pub fn ids_tokenizer(vocab_size: usize) -> Result<TextTokenizer> {
-    let vocab: serde_json::Map<String, serde_json::Value> = (0..vocab_size)
-        .map(|i| (i.to_string(), serde_json::Value::from(i)))
-        .collect();
-    tokenizer_from_json(serde_json::json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
-        "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"},
-        "post_processor": null, "decoder": null,
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "0"}
-    }))
-}
-
-/// A character-level tokenizer: `itos[i]` is the character of id `i` (nanoGPT's
-/// `meta.pkl`), every character of a text one token, decoding their concatenation.
-pub fn char_tokenizer(itos: &[String]) -> Result<TextTokenizer> {
-    let vocab: serde_json::Map<String, serde_json::Value> = itos
-        .iter()
-        .enumerate()
-        .map(|(i, c)| (c.clone(), serde_json::Value::from(i)))
-        .collect();
-    if vocab.len() != itos.len() {
-        candle::bail!("the vocabulary names a character twice")
-    }
-    tokenizer_from_json(serde_json::json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
-        "normalizer": null, "pre_tokenizer": null, "post_processor": null,
-        "decoder": {"type": "Fuse"},
-        "model": {"type": "BPE", "dropout": null, "unk_token": null,
-                  "continuing_subword_prefix": null, "end_of_word_suffix": null,
-                  "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
-                  "vocab": vocab, "merges": []}
-    }))
-}
-
-fn tokenizer_from_json(json: serde_json::Value) -> Result<TextTokenizer> {
-    let inner: tokenizers::Tokenizer = json
-        .to_string()
-        .parse()
-        .map_err(|e| candle::Error::Msg(format!("building a tokenizer: {e}")))?;
-    Ok(TextTokenizer::from_tokenizer(inner))
-}
-
 /// The tokenization of an import: `tokenizer` when given, else `found` (the checkpoint's
 /// own), else ids as tokens (with a note); its size must fit the model's vocabulary.
 fn codec_for(
@@ -174,7 +130,7 @@ fn codec_for(
                 "no tokenizer: prompts and outputs are token ids (\"17 4 9\", 0 to {}); give --tokenizer tokenizer.json or --meta meta.pkl for text",
                 vocab_size - 1
             ));
-            ids_tokenizer(vocab_size)?
+            TextTokenizer::ids(vocab_size)?
         }
     };
     if tok.vocab_size() > vocab_size {
@@ -385,26 +341,7 @@ pub fn read_nanogpt(
         .max(0) as u64;
     let train = nanogpt_train(v.get("config"), &mut notes);
     let chars = meta
-        .map(|m| -> Result<TextTokenizer> {
-            let meta = load_pickle(m)?;
-            let itos = meta.get("itos").ok_or_else(|| {
-                candle::Error::Msg(format!("{}: no itos (nanoGPT's meta.pkl)", m.display()))
-            })?;
-            let mut chars = vec![String::new(); itos.as_dict().map_or(0, <[_]>::len)];
-            for (k, c) in itos.as_dict().unwrap_or_default() {
-                let (Some(i), Some(c)) = (k.as_i64(), c.as_str()) else {
-                    candle::bail!(
-                        "{}: itos maps something other than ids to strings",
-                        m.display()
-                    )
-                };
-                let slot = chars.get_mut(i as usize).ok_or_else(|| {
-                    candle::Error::Msg(format!("{}: itos has id {i} out of order", m.display()))
-                })?;
-                *slot = c.to_string();
-            }
-            char_tokenizer(&chars)
-        })
+        .map(|m| TextTokenizer::characters(&crate::data::nanogpt_vocab(m)?))
         .transpose()?;
     let codec = codec_for(tokenizer, chars, config.vocab_size, &mut notes)?;
     Ok(Imported {

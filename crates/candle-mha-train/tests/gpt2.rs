@@ -246,3 +246,25 @@ fn nanogpt_checkpoint_resumes_as_pytorch() -> Result<()> {
         imported.optimizer.as_ref(),
     )
 }
+
+/// nanoGPT's data directory (`train.bin`, `val.bin`, `meta.pkl`, as its `prepare.py` writes
+/// them) opens as one stream split between the two files, decoding to the text it encodes.
+#[test]
+fn nanogpt_data_directory_is_one_stream() -> Result<()> {
+    use candle_mha_train::data::TokenData;
+    let dir = fixtures().join("nanogpt/data");
+    let data = TokenData::open(&dir)?;
+    let train = std::fs::metadata(dir.join("train.bin"))?.len() / 2;
+    let val = std::fs::metadata(dir.join("val.bin"))?.len() / 2;
+    assert_eq!((data.len(), data.meta().train_tokens), (train + val, train));
+    let codec = data.codec()?;
+    let text = "First Citizen: we are accounted poor citizens\n".repeat(40);
+    assert_eq!(codec.decode(&data.tokens(0..data.len())?)?, text);
+    // A window across the two files.
+    let across = data.tokens(train - 3..train + 3)?;
+    assert_eq!(
+        codec.decode(&across)?,
+        text[train as usize - 3..train as usize + 3]
+    );
+    Ok(())
+}

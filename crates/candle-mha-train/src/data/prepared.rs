@@ -159,7 +159,58 @@ pub use crate::io::sha256_hex;
 pub struct TokenData {
     dir: PathBuf,
     meta: TokenDataMeta,
-    map: Option<memmap2::Mmap>,
+    /// The stream's files, memory-mapped, in order (`tokens.bin`; nanoGPT's `train.bin` then
+    /// `val.bin`); empty files left out.
+    parts: Vec<memmap2::Mmap>,
+}
+
+/// nanoGPT's data directory: ids in `train.bin` then `val.bin` (`np.uint16`), the character
+/// vocabulary in `meta.pkl` (`shakespeare_char`) or none (GPT-2's BPE through tiktoken).
+pub const NANOGPT_FILES: [&str; 3] = ["train.bin", "val.bin", "meta.pkl"];
+
+/// The characters of nanoGPT's `meta.pkl` (`itos`, id → character), in id order.
+///
+/// PyTorch equivalent: `pickle.load(open("meta.pkl", "rb"))["itos"]`.
+pub fn nanogpt_vocab(path: &Path) -> Result<Vec<String>> {
+    use candle_mha::checkpoint::{load_pickle, PickleValue};
+    let meta = load_pickle(path)?;
+    let Some(itos) = meta.get("itos").and_then(PickleValue::as_dict) else {
+        candle::bail!("{}: no itos (nanoGPT's meta.pkl)", path.display())
+    };
+    let mut chars = vec![None; itos.len()];
+    for (k, c) in itos {
+        let (Some(i), Some(c)) = (k.as_i64(), c.as_str()) else {
+            candle::bail!(
+                "{}: itos maps something other than ids to strings",
+                path.display()
+            )
+        };
+        match chars.get_mut(i as usize) {
+            Some(slot @ None) => *slot = Some(c.to_string()),
+            _ => candle::bail!(
+                "{}: itos has id {i} twice or out of 0..{}",
+                path.display(),
+                itos.len()
+            ),
+        }
+    }
+    Ok(chars.into_iter().map(|c| c.unwrap_or_default()).collect())
+}
+
+/// A read-only memory map of `file` (`None` when it is empty).
+fn map(file: &std::fs::File, path: &Path) -> Result<Option<memmap2::Mmap>> {
+    let len = file
+        .metadata()
+        .map_err(|e| candle::Error::Msg(format!("{}: {e}", path.display())))?
+        .len();
+    if len == 0 {
+        return Ok(None);
+    }
+    // SAFETY: the map is read-only; the file is not expected to change while it is open
+    // (as with candle's own memory-mapped safetensors).
+    unsafe { memmap2::Mmap::map(file) }
+        .map(Some)
+        .map_err(|e| candle::Error::Msg(format!("memory-mapping {}: {e}", path.display())))
 }
 
 impl std::fmt::Debug for TokenData {
@@ -187,6 +238,10 @@ impl TokenData {
             )
         }
         let meta_path = dir.join(META_FILE);
+        let nanogpt = NANOGPT_FILES[..2].iter().all(|f| dir.join(f).exists());
+        if !meta_path.exists() && nanogpt {
+            return Self::open_nanogpt(dir);
+        }
         let text = candle_mha::io::read_input_string(&meta_path, crate::limits::MAX_JSON_BYTES)
             .map_err(|e| {
                 candle::Error::Msg(format!(
@@ -237,43 +292,120 @@ impl TokenData {
                 meta.dtype
             )
         }
-        // SAFETY: the map is read-only; the file is not expected to change while it is open
-        // (as with candle's own memory-mapped safetensors).
-        let map = if len == 0 {
-            None
-        } else {
-            Some(unsafe { memmap2::Mmap::map(&file) }.map_err(|e| {
-                candle::Error::Msg(format!("memory-mapping {}: {e}", path.display()))
-            })?)
-        };
         let data = Self {
             dir: dir.to_path_buf(),
             meta,
-            map,
+            parts: map(&file, &path)?.into_iter().collect(),
         };
         data.check_ids()?;
         Ok(data)
     }
 
+    /// Opens nanoGPT's data directory ([`NANOGPT_FILES`]): one stream of `train.bin` then
+    /// `val.bin` (the split point between them), the vocabulary of `meta.pkl` when there is
+    /// one, else as large as the largest id (the tokenizer must then be given: no hash of it
+    /// can be checked).
+    pub fn open_nanogpt(dir: &Path) -> Result<Self> {
+        let mut parts = Vec::new();
+        let mut counts = Vec::new();
+        for name in &NANOGPT_FILES[..2] {
+            let path = dir.join(name);
+            let file = candle_mha::io::open_input(&path)?;
+            let m = map(&file, &path)?;
+            let bytes = m.as_ref().map_or(0, |m| m.len());
+            if bytes % 2 != 0 {
+                candle::bail!(
+                    "{}: {bytes} bytes, not a whole number of uint16 ids",
+                    path.display()
+                )
+            }
+            counts.push(bytes as u64 / 2);
+            parts.extend(m);
+        }
+        let meta_pkl = dir.join(NANOGPT_FILES[2]);
+        let chars = match meta_pkl.exists() {
+            true => Some(nanogpt_vocab(&meta_pkl)?),
+            false => None,
+        };
+        let mut data = Self {
+            dir: dir.to_path_buf(),
+            meta: TokenDataMeta {
+                format: "nanogpt".into(),
+                version: DATA_VERSION,
+                dtype: TokenDtype::U16,
+                num_tokens: counts[0] + counts[1],
+                vocab_size: 1 << 16,
+                train_tokens: counts[0],
+                val_fraction: counts[1] as f64 / (counts[0] + counts[1]).max(1) as f64,
+                source_bytes: 0,
+                text: true,
+                codec_file: NANOGPT_FILES[2].into(),
+                codec_sha256: String::new(),
+                sources: Vec::new(),
+                max_id: None,
+                tokens_sha256: None,
+                bpe: None,
+            },
+            parts,
+        };
+        data.meta.max_id = data.largest_id();
+        data.meta.vocab_size = match &chars {
+            Some(c) => c.len(),
+            None => data.meta.max_id.map_or(1, |m| m as usize + 1),
+        };
+        if let Some(c) = &chars {
+            let codec = Codec::Text(Box::new(super::TextTokenizer::characters(c)?));
+            data.meta.codec_sha256 = codec.fingerprint()?;
+        }
+        data.check_ids()?;
+        Ok(data)
+    }
+
+    /// The largest id of the stream.
+    fn largest_id(&self) -> Option<u32> {
+        let mut max = None;
+        for part in &self.parts {
+            let m = match self.meta.dtype {
+                TokenDtype::U16 => part
+                    .chunks_exact(2)
+                    .map(|b| u32::from(u16::from_le_bytes([b[0], b[1]])))
+                    .max(),
+                TokenDtype::U32 => part
+                    .chunks_exact(4)
+                    .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .max(),
+            };
+            max = max.max(m);
+        }
+        max
+    }
+
     /// Errors, naming the offset of the first one, when an id is at or past the vocabulary
     /// size, or above the largest id `meta.json` recorded.
     fn check_ids(&self) -> Result<()> {
-        let Some(map) = &self.map else {
-            return Ok(());
-        };
         let vocab = self.meta.vocab_size as u64;
         let limit = match self.meta.max_id {
             Some(m) => (u64::from(m) + 1).min(vocab),
             None => vocab,
         };
-        let first_bad = match self.meta.dtype {
-            TokenDtype::U16 => map
-                .chunks_exact(2)
-                .position(|b| u64::from(u16::from_le_bytes([b[0], b[1]])) >= limit),
-            TokenDtype::U32 => map
-                .chunks_exact(4)
-                .position(|b| u64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]])) >= limit),
-        };
+        let w = self.meta.dtype.width();
+        let mut first_bad = None;
+        let mut start = 0usize;
+        for part in &self.parts {
+            let bad = match self.meta.dtype {
+                TokenDtype::U16 => part
+                    .chunks_exact(2)
+                    .position(|b| u64::from(u16::from_le_bytes([b[0], b[1]])) >= limit),
+                TokenDtype::U32 => part
+                    .chunks_exact(4)
+                    .position(|b| u64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]])) >= limit),
+            };
+            if let Some(i) = bad {
+                first_bad = Some(start + i);
+                break;
+            }
+            start += part.len() / w;
+        }
         if let Some(i) = first_bad {
             let id = self.tokens(i as u64..i as u64 + 1)?[0];
             candle::bail!(
@@ -296,7 +428,14 @@ impl TokenData {
         let Some(want) = &self.meta.tokens_sha256 else {
             return Ok(false);
         };
-        let got = sha256_hex(self.map.as_deref().unwrap_or(&[]));
+        let got = {
+            use sha2::Digest;
+            let mut hasher = sha2::Sha256::new();
+            for part in &self.parts {
+                hasher.update(&part[..]);
+            }
+            crate::io::hex(&hasher.finalize())
+        };
         if &got != want {
             candle::bail!(
                 "{}: SHA-256 {}…, but {META_FILE} records {}…: the file changed after it was prepared; prepare the data again",
@@ -338,11 +477,25 @@ impl TokenData {
                 self.meta.num_tokens
             )
         }
-        let Some(map) = &self.map else {
-            return Ok(Vec::new());
-        };
         let w = self.meta.dtype.width();
-        let bytes = &map[range.start as usize * w..range.end as usize * w];
+        let (from, to) = (range.start as usize * w, range.end as usize * w);
+        // The bytes of [from, to) gathered over the parts (one slice, but where a range
+        // crosses from train.bin into val.bin).
+        let mut gathered = Vec::new();
+        let mut single = None;
+        let mut start = 0usize;
+        for part in &self.parts {
+            let end = start + part.len();
+            if from >= start && to <= end {
+                single = Some(&part[from - start..to - start]);
+                break;
+            }
+            if from < end && to > start {
+                gathered.extend_from_slice(&part[from.max(start) - start..to.min(end) - start]);
+            }
+            start = end;
+        }
+        let bytes = single.unwrap_or(&gathered[..]);
         Ok(match self.meta.dtype {
             TokenDtype::U16 => bytes
                 .chunks_exact(2)
@@ -358,6 +511,19 @@ impl TokenData {
     /// The tokenization stored beside the tokens; errors when its hash is not the one
     /// `meta.json` recorded (the file was replaced).
     pub fn codec(&self) -> Result<Codec> {
+        if self.meta.format == "nanogpt" {
+            let meta = self.dir.join(NANOGPT_FILES[2]);
+            if !meta.exists() {
+                candle::bail!(
+                    "{}: nanoGPT data without meta.pkl (GPT-2's BPE, through tiktoken): give its tokenizer (GPT-2's tokenizer.json)",
+                    self.dir.display()
+                )
+            }
+            let chars = nanogpt_vocab(&meta)?;
+            return Ok(Codec::Text(Box::new(super::TextTokenizer::characters(
+                &chars,
+            )?)));
+        }
         let codec = Codec::load_dir(&self.dir)?;
         self.check_codec(
             &codec,
@@ -369,6 +535,19 @@ impl TokenData {
     /// Errors unless `codec` is the tokenization the data was prepared with (same
     /// [`Codec::fingerprint`]); `what` names it in the message.
     pub fn check_codec(&self, codec: &Codec, what: &str) -> Result<()> {
+        if self.meta.codec_sha256.is_empty() {
+            // nanoGPT's data without meta.pkl records no tokenizer: its ids must fit.
+            let need = self.meta.max_id.map_or(0, |m| m as usize + 1);
+            if codec.vocab_size() < need {
+                candle::bail!(
+                    "{what} has {} ids, but the data in {} holds id {}",
+                    codec.vocab_size(),
+                    self.dir.display(),
+                    need - 1
+                )
+            }
+            return Ok(());
+        }
         let fp = codec.fingerprint()?;
         if fp != self.meta.codec_sha256 {
             candle::bail!(

@@ -78,6 +78,51 @@ fn read_text(path: &Path, what: &str) -> Result<String> {
 }
 
 impl TextTokenizer {
+    /// A tokenizer whose tokens are the ids themselves (`"17 4 9"`), for a model that comes
+    /// without one: prompts and outputs are then written as ids.
+    pub fn ids(vocab_size: usize) -> Result<Self> {
+        let vocab: serde_json::Map<String, serde_json::Value> = (0..vocab_size)
+            .map(|i| (i.to_string(), serde_json::Value::from(i)))
+            .collect();
+        Self::from_json_value(serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+            "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"},
+            "post_processor": null, "decoder": null,
+            "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "0"}
+        }))
+    }
+
+    /// A character-level tokenizer: `itos[i]` is the character of id `i` (nanoGPT's
+    /// `meta.pkl`), every character of a text one token, decoding their concatenation; a
+    /// character outside the vocabulary is an error when encoding.
+    pub fn characters(itos: &[String]) -> Result<Self> {
+        let vocab: serde_json::Map<String, serde_json::Value> = itos
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.clone(), serde_json::Value::from(i)))
+            .collect();
+        if vocab.len() != itos.len() {
+            candle::bail!("the vocabulary names a character twice")
+        }
+        Self::from_json_value(serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+            "normalizer": null, "pre_tokenizer": null, "post_processor": null,
+            "decoder": {"type": "Fuse"},
+            "model": {"type": "BPE", "dropout": null, "unk_token": null,
+                      "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                      "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                      "vocab": vocab, "merges": []}
+        }))
+    }
+
+    fn from_json_value(json: serde_json::Value) -> Result<Self> {
+        let inner: Tokenizer = json
+            .to_string()
+            .parse()
+            .map_err(|e| candle::Error::Msg(format!("building a tokenizer: {e}")))?;
+        Ok(Self { inner })
+    }
+
     /// Wraps an existing [`tokenizers::Tokenizer`].
     pub fn from_tokenizer(inner: Tokenizer) -> Self {
         TextTokenizer { inner }
