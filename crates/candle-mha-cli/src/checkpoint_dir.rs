@@ -47,9 +47,20 @@ pub fn open(dir: &Path, dtype: DType, device: &Device, batch: usize) -> Result<C
         )
     }
     if let Some(limit) = crate::bounds::memory_limit() {
-        let tokens = batch.max(1) as u128 * cfg.max_len as u128;
-        cfg.memory(dtype, tokens, false)
-            .check(limit, "running this model")?;
+        let need = |b: usize| cfg.memory(dtype, b as u128 * cfg.max_len as u128, false);
+        let batch = batch.max(1);
+        let what = format!("running this model on batches of {batch} sequences");
+        if let Err(e) = need(batch).check(limit, &what) {
+            let first = e.to_string().lines().next().unwrap_or_default().to_string();
+            // The largest batch that fits, if any: the user's next try.
+            match (1..batch)
+                .rev()
+                .find(|b| need(*b).total() <= u128::from(limit))
+            {
+                Some(b) => anyhow::bail!("{first}; --batch-size {b} fits"),
+                None => anyhow::bail!("{first}"),
+            }
+        }
         if file_bytes > limit {
             anyhow::bail!(
                 "{}: {file_bytes} bytes, more than this machine's memory ({limit} bytes)",

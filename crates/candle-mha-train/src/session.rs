@@ -124,8 +124,9 @@ pub struct NewRun {
     /// model and a batch, checked before the model is built); `None`: no check.
     pub memory_limit: Option<u64>,
     /// A checkpoint directory to start from (fine-tuning): its model, weights and
-    /// tokenization replace [`model`](Self::model) and [`max_len`](Self::max_len), and the
-    /// data must be in its tokenization; the optimizer and the step start afresh.
+    /// tokenization replace [`model`](Self::model), [`max_len`](Self::max_len) is then the
+    /// length of the training windows (at most the checkpoint's context; `None`: all of it),
+    /// and the data must be in its tokenization; the optimizer and the step start afresh.
     pub init_from: Option<PathBuf>,
 }
 
@@ -253,7 +254,15 @@ impl Session {
         }
         let init = run.init_from.as_deref().map(Init::load).transpose()?;
         let max_tokens = match &init {
-            Some(i) => Some(i.config.max_len + 1),
+            // Windows up to the checkpoint's context (shorter ones train its first positions).
+            Some(i) => match run.max_len {
+                Some(m) if m > i.config.max_len => candle::bail!(
+                    "max_len {m}: longer than the context of the checkpoint to start from ({})",
+                    i.config.max_len
+                ),
+                Some(m) => Some(m + 1),
+                None => Some(i.config.max_len + 1),
+            },
             None => run.max_len.map(|m| m + 1),
         };
         // Data for a checkpoint's model must be in its tokenization (checked by the load).

@@ -84,9 +84,10 @@ pub struct TrainArgs {
     #[arg(long)]
     pub resume: bool,
     /// Start a new run from this checkpoint's model, weights and tokenizer (fine-tuning: a new
-    /// optimizer, step 0, the data given here, encoded with the checkpoint's tokenizer).
+    /// optimizer, step 0, the data given here, encoded with the checkpoint's tokenizer;
+    /// --max-len: windows shorter than its context).
     #[arg(long, value_name = "CHECKPOINT", conflicts_with_all = [
-        "resume", "embed_dim", "num_heads", "num_layers", "ff_dim", "max_len", "dropout",
+        "resume", "embed_dim", "num_heads", "num_layers", "ff_dim", "dropout",
         "resid_dropout", "bpe_vocab", "bpe_sample_mb",
     ])]
     pub init_from: Option<PathBuf>,

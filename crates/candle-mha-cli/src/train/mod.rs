@@ -213,7 +213,11 @@ fn run_rank(
                     move |vocab, longest| args.model_config(vocab, longest)
                 }))
                 .with_dtype(args.dtype.unwrap_or(DType::F32));
-            run.max_len = args.max_len();
+            run.max_len = match args.init_from {
+                // The checkpoint's context unless a shorter window is asked for.
+                Some(_) => args.max_len,
+                None => args.max_len(),
+            };
             run.init_from = args.init_from.clone();
             run.verify_data = args.verify;
             run.memory_limit = crate::bounds::memory_limit();

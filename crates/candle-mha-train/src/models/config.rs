@@ -229,11 +229,13 @@ impl NextTokenPredictorConfig {
         // Per position and block: the projections, norms and residuals (~20 E), the MLP's
         // hidden layer (~4 F), each head's scores and probabilities (~4 H L); the logits.
         let per_block = 20 * e + 4 * f + 4 * h * l;
-        let (copies, blocks) = if training { (4, n) } else { (1, 1) };
+        // Training keeps every block's activations and the logits' gradient; inference one
+        // block's, the logits and their softmax.
+        let (copies, blocks, logits) = if training { (4, n, 4) } else { (1, 1, 2) };
         MemoryEstimate {
             parameters: copies * self.parameter_count() * bytes,
             activations: batch_tokens
-                .saturating_mul(blocks * per_block + 4 * v)
+                .saturating_mul(blocks * per_block + logits * v)
                 .saturating_mul(bytes),
         }
     }

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# GPT-2 small (12 layers, 12 heads, E 768, context 1024, 50,257 ids; random weights) through
+# `mha import`, then greedy generation of 64 tokens with the key/value cache, an evaluation and
+# training steps of 4 x 256 tokens, each against transformers' GPT2LMHeadModel on the same
+# machine, threads and inputs, in the same run: wall time, tokens/s and peak RSS (GNU time).
+#
+#   MHA_BENCH_PYTHON=.venv-torch/bin/python scripts/bench_gpt2_small.sh [WORKDIR]
+#
+# The Python needs torch, safetensors and transformers. WORKDIR (default /tmp/bench-gpt2)
+# receives the 500 MB model, the run and the logs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+py=${MHA_BENCH_PYTHON:?set MHA_BENCH_PYTHON to a Python with torch and transformers}
+work=${1:-/tmp/bench-gpt2}
+mha=${MHA:-target/release/mha}
+threads=${MHA_BENCH_THREADS:-2}
+steps=${MHA_BENCH_STEPS:-4}
+[ -x "$mha" ] || cargo build --release -p candle-mha-cli
+export RAYON_NUM_THREADS=$threads OMP_NUM_THREADS=$threads
+mkdir -p "$work"
+rm -rf "$work/run" "$work/train"
+
+"$py" - "$work" <<'PY'
+import os, random, sys, torch
+from transformers import GPT2Config, GPT2LMHeadModel
+work = sys.argv[1]
+if not os.path.exists(os.path.join(work, "hf", "model.safetensors")):
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config()).save_pretrained(os.path.join(work, "hf"), safe_serialization=True)
+random.seed(0)
+ids = [str(random.randrange(50257)) for _ in range(64 * 1024)]
+open(os.path.join(work, "ids.txt"), "w").write(" ".join(ids) + "\n")
+open(os.path.join(work, "prompt.txt"), "w").write(" ".join(ids[:16]))
+open(os.path.join(work, "eval.txt"), "w").write(" ".join(ids[:4 * 1025]) + "\n")
+PY
+
+measure() {  # name, command...: prints "name: wall s, peak MiB"
+  local name=$1; shift
+  /usr/bin/time -f "%e %M" -o "$work/time.txt" "$@" > "$work/$name.out" 2> "$work/$name.err"
+  read -r wall kib < "$work/time.txt"
+  printf '%-34s %8.2f s %8.0f MiB\n' "$name" "$wall" "$((kib / 1024))"
+}
+
+measure "import (mha)" "$mha" import "$work/hf" --out "$work/run"
+prompt=$(cat "$work/prompt.txt")
+measure "generate 64 (mha, kv cache)" "$mha" generate --checkpoint "$work/run" \
+  --prompt "$prompt" --max-new-tokens 64
+measure "generate 64 (transformers)" "$py" - "$work" "$threads" <<'PY'
+import sys, torch
+from transformers import GPT2LMHeadModel
+work, threads = sys.argv[1], int(sys.argv[2])
+torch.set_num_threads(threads)
+m = GPT2LMHeadModel.from_pretrained(f"{work}/hf").eval()
+ids = torch.tensor([[int(t) for t in open(f"{work}/prompt.txt").read().split()]])
+with torch.no_grad():
+    out = m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=64,
+                     do_sample=False, use_cache=True, pad_token_id=0)
+print(" ".join(map(str, out[0].tolist())))
+PY
+if [ "$(cat "$work/generate 64 (mha, kv cache).out")" = "$(cat "$work/generate 64 (transformers).out")" ]; then
+  echo "generated tokens: identical"
+else
+  echo "generated tokens: DIFFER"
+fi
+
+measure "train $steps x (4 x 256) (mha)" "$mha" train --init-from "$work/run" --text "$work/ids.txt" \
+  --out "$work/train" --max-len 256 --batch-size 4 --steps "$steps" --eval-every 0 \
+  --save-every 0 --quiet
+"$py" - "$work/train/metrics.jsonl" <<'PY'
+import json, statistics, sys
+rates = [r["tokens_per_s"] for r in map(json.loads, open(sys.argv[1])) if "tokens_per_s" in r]
+print(f"  mha tokens/s (median of steps 2..): {statistics.median(rates[1:] or rates):.0f}")
+PY
+measure "train $steps x (4 x 256) (transformers)" "$py" - "$work" "$threads" "$steps" <<'PY'
+import statistics, sys, time, torch
+from transformers import GPT2LMHeadModel
+work, threads, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+torch.set_num_threads(threads)
+m = GPT2LMHeadModel.from_pretrained(f"{work}/hf").train()
+params = [p for p in m.parameters() if p.requires_grad]
+opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+                         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+                        lr=2e-3, betas=(0.9, 0.98))
+ids = [int(t) for t in open(f"{work}/ids.txt").read().split()]
+g = torch.Generator().manual_seed(0)
+rates = []
+for step in range(steps):
+    starts = torch.randint(0, len(ids) - 258, (4,), generator=g).tolist()
+    batch = torch.tensor([ids[s:s + 257] for s in starts])
+    t0 = time.perf_counter()
+    logits = m(batch[:, :-1]).logits
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)),
+                                             batch[:, 1:].reshape(-1))
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    rates.append(4 * 256 / (time.perf_counter() - t0))
+print(f"  transformers tokens/s (median of steps 2..): {statistics.median(rates[1:] or rates):.0f}",
+      file=sys.stderr)
+PY
+cat "$work/train $steps x (4 x 256) (transformers).err" | grep tokens/s
+measure "eval 4 x 1024 (mha)" "$mha" eval --checkpoint "$work/run" --text "$work/eval.txt" --batch-size 4
+grep -h "loss" "$work/eval 4 x 1024 (mha).out" | head -n 1
+measure "eval 4 x 1024 (transformers)" "$py" - "$work" "$threads" <<'PY'
+import sys, torch
+from transformers import GPT2LMHeadModel
+work, threads = sys.argv[1], int(sys.argv[2])
+torch.set_num_threads(threads)
+m = GPT2LMHeadModel.from_pretrained(f"{work}/hf").eval()
+ids = torch.tensor([int(t) for t in open(f"{work}/eval.txt").read().split()]).view(4, 1025)
+with torch.no_grad():
+    logits = m(ids[:, :-1]).logits
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1))
+print(f"loss {loss.item():.4f}")
+PY
+cat "$work/eval 4 x 1024 (transformers).out"
