@@ -28,6 +28,7 @@ Rerun (CPU only, a throwaway venv):
 """
 
 import argparse
+import collections
 import math
 import os
 import pickle
@@ -191,7 +192,10 @@ def nano_gpt(out):
     d = os.path.join(out, "nanogpt")
     os.makedirs(d, exist_ok=True)
     # As train.py saves it, from a torch.compile'd model (its keys prefixed `_orig_mod.`).
-    sd = {f"_orig_mod.{k}": v for k, v in model.state_dict().items()}
+    # An OrderedDict with state_dict()'s `_metadata` (module versions), as train.py saves it.
+    own = model.state_dict()
+    sd = collections.OrderedDict((f"_orig_mod.{k}", v) for k, v in own.items())
+    sd._metadata = own._metadata
     checkpoint = {
         "model": sd,
         "optimizer": opt.state_dict(),

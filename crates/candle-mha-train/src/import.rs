@@ -316,6 +316,11 @@ pub fn read_nanogpt(
     };
     let mut tensors = Vec::new();
     for (k, t) in model {
+        // `state_dict()`'s `_metadata` (module versions), which candle's pickle machine
+        // reads as an entry of the dict.
+        if k.as_str() == Some("_metadata") {
+            continue;
+        }
         let (Some(name), Some(t)) = (k.as_str(), t.as_tensor()) else {
             candle::bail!(
                 "{}: model holds an entry that is not a named tensor",
