@@ -346,3 +346,37 @@ fn nanogpt_data_directories_are_data() -> Result<()> {
     );
     Ok(())
 }
+
+/// A `ckpt.pt` written by nanoGPT's own `train.py` (`scripts/make_nanogpt_own_fixture.sh`):
+/// imported with its `meta.pkl`, `mha generate` prints the greedy text nanoGPT's
+/// `GPT.generate(top_k=1)` printed.
+#[test]
+fn a_checkpoint_of_nanogpts_own_train_py_generates_its_greedy_text() -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let run = tmp.path().join("run");
+    let own = gpt2().join("nanogpt-own");
+    let (ok, _, err) = mha(&[
+        "import",
+        s(&own.join("ckpt.pt")),
+        "--meta",
+        s(&own.join("meta.pkl")),
+        "--out",
+        s(&run),
+    ])?;
+    assert!(ok, "{err}");
+    let want = std::fs::read_to_string(own.join("greedy.txt"))?;
+    let prompt = "The licensee";
+    let new = want.chars().count() - prompt.chars().count();
+    let (ok, out, err) = mha(&[
+        "generate",
+        "--checkpoint",
+        s(&run),
+        "--prompt",
+        prompt,
+        "--max-new-tokens",
+        &new.to_string(),
+    ])?;
+    assert!(ok, "{err}");
+    assert_eq!(out.trim_end_matches('\n'), want);
+    Ok(())
+}

@@ -268,3 +268,36 @@ fn nanogpt_data_directory_is_one_stream() -> Result<()> {
     );
     Ok(())
 }
+
+/// A sharded checkpoint (`model.safetensors.index.json` and its shards) of a bare
+/// `GPT2Model`'s names (no `transformer.`) imports to the same logits.
+#[test]
+fn sharded_checkpoints_without_the_prefix_import() -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path();
+    std::fs::copy(fixtures().join("hf/config.json"), dir.join("config.json"))?;
+    let sd = StateDict::load(fixtures().join("hf/model.safetensors"))?;
+    let mut shards: [Vec<(String, Tensor)>; 2] = [Vec::new(), Vec::new()];
+    let mut map = serde_json::Map::new();
+    for (i, (name, t)) in sd.tensors().iter().enumerate() {
+        let bare = name.trim_start_matches("transformer.").to_string();
+        let file = format!("model-0000{}-of-00002.safetensors", i % 2 + 1);
+        map.insert(bare.clone(), file.into());
+        shards[i % 2].push((bare, t.clone()));
+    }
+    for (i, shard) in shards.into_iter().enumerate() {
+        StateDict::from_tensors(shard)
+            .save_safetensors(dir.join(format!("model-0000{}-of-00002.safetensors", i + 1)))?;
+    }
+    std::fs::write(
+        dir.join("model.safetensors.index.json"),
+        serde_json::json!({ "metadata": {}, "weight_map": map }).to_string(),
+    )?;
+    let imported = import::read_hugging_face(dir, None)?;
+    let (model, _) = build(&imported.config, &imported.weights)?;
+    let want = expected("hf_expected.safetensors")?;
+    let logits = model.forward(&ids(want.get("tokens").unwrap())?, None)?;
+    let d = rel_diff(&logits, want.get("logits").unwrap())?;
+    assert!(d < 1e-5, "relative difference {d:e}");
+    Ok(())
+}
