@@ -20,6 +20,19 @@ fn gpt2() -> std::path::PathBuf {
     common::fixtures_dir().join("gpt2")
 }
 
+/// `mha import` of the nanoGPT fixture with its character vocabulary into `run`.
+fn import_nanogpt(run: &Path) -> Result<(bool, String, String)> {
+    let nano = gpt2().join("nanogpt");
+    mha(&[
+        "import",
+        s(&nano),
+        "--meta",
+        s(&nano.join("meta.pkl")),
+        "--out",
+        s(run),
+    ])
+}
+
 /// `mha generate` on the imported Hugging Face model continues the prompt with the tokens
 /// `GPT2LMHeadModel.generate(do_sample=False)` gave (the model has no tokenizer: ids).
 #[test]
@@ -65,14 +78,7 @@ fn an_imported_nanogpt_run_resumes_on_text() -> Result<()> {
     let tmp = tempfile::tempdir()?;
     let run = tmp.path().join("run");
     let nano = gpt2().join("nanogpt");
-    let (ok, out, err) = mha(&[
-        "import",
-        s(&nano),
-        "--meta",
-        s(&nano.join("meta.pkl")),
-        "--out",
-        s(&run),
-    ])?;
+    let (ok, out, err) = import_nanogpt(&run)?;
     assert!(
         ok && out.contains("step 2, with its optimizer state"),
         "{err}"
@@ -201,9 +207,7 @@ fn export_gives_back_the_hugging_face_weights() -> Result<()> {
 fn a_new_run_starts_from_an_imported_checkpoint() -> Result<()> {
     let tmp = tempfile::tempdir()?;
     let run = tmp.path().join("run");
-    let nano = gpt2().join("nanogpt");
-    let meta = nano.join("meta.pkl");
-    let (ok, _, err) = mha(&["import", s(&nano), "--meta", s(&meta), "--out", s(&run)])?;
+    let (ok, _, err) = import_nanogpt(&run)?;
     assert!(ok, "{err}");
     let text = tmp.path().join("citizens.txt");
     std::fs::write(
@@ -317,14 +321,7 @@ fn nanogpt_data_directories_are_data() -> Result<()> {
     let tmp = tempfile::tempdir()?;
     let run = tmp.path().join("run");
     let nano = gpt2().join("nanogpt");
-    let (ok, _, err) = mha(&[
-        "import",
-        s(&nano),
-        "--meta",
-        s(&nano.join("meta.pkl")),
-        "--out",
-        s(&run),
-    ])?;
+    let (ok, _, err) = import_nanogpt(&run)?;
     assert!(ok, "{err}");
     let data = nano.join("data");
     let (ok, _, err) = mha(&[
