@@ -77,7 +77,6 @@ fn an_imported_hugging_face_model_generates_pytorchs_greedy_tokens() -> Result<(
 fn an_imported_nanogpt_run_resumes_on_text() -> Result<()> {
     let tmp = tempfile::tempdir()?;
     let run = tmp.path().join("run");
-    let nano = gpt2().join("nanogpt");
     let (ok, out, err) = import_nanogpt(&run)?;
     assert!(
         ok && out.contains("step 2, with its optimizer state"),
