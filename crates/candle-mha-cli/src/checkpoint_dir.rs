@@ -31,8 +31,7 @@ pub fn open(dir: &Path, dtype: DType, device: &Device, batch: usize) -> Result<C
         )
     }
     // The files below must be one checkpoint, not parts of two saves.
-    let codec_file = Codec::file_in(dir)?;
-    candle_mha_train::verify_checkpoint(dir, &[CONFIG_FILE, MODEL_FILE, codec_file])?;
+    candle_mha_train::verify_model_files(dir)?;
     let cfg = NextTokenPredictorConfig::load(dir.join(CONFIG_FILE))?;
     let path = dir.join(MODEL_FILE);
     let file_bytes = std::fs::metadata(&path)

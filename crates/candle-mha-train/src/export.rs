@@ -10,7 +10,10 @@ use candle_mha::checkpoint::{save_torch, PickleValue, StateDict};
 use crate::data::Codec;
 use crate::models::gpt2::{self, Gpt2Format, NanoGptArgs};
 use crate::models::NextTokenPredictorConfig;
-use crate::{verify_checkpoint, TrainerState, CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE};
+use crate::{
+    verify_checkpoint, verify_model_files, TrainerState, CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE,
+    STATE_FILE,
+};
 
 /// Writes the model of the run (or checkpoint) directory `run` into `out` as a Hugging Face
 /// GPT-2 directory: `config.json` ([`gpt2::config_to_hf`]), `model.safetensors` (GPT-2's
@@ -21,8 +24,7 @@ use crate::{verify_checkpoint, TrainerState, CONFIG_FILE, MODEL_FILE, OPTIMIZER_
 ///
 /// PyTorch equivalent: `model.save_pretrained(out)`.
 pub fn export_hugging_face(run: &Path, out: &Path) -> Result<()> {
-    let codec_file = Codec::file_in(run)?;
-    verify_checkpoint(run, &[CONFIG_FILE, MODEL_FILE, codec_file])?;
+    verify_model_files(run)?;
     let cfg = NextTokenPredictorConfig::load(run.join(CONFIG_FILE))?;
     if !cfg.bias {
         candle::bail!(

@@ -97,6 +97,24 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex(&sha2::Sha256::digest(bytes))
 }
 
+/// The size and SHA-256 (hex) of what `reader` holds, read in 1 MiB pieces.
+pub(crate) fn size_and_sha256(reader: impl Read) -> std::io::Result<(u64, String)> {
+    use sha2::Digest;
+    let mut hasher = sha2::Sha256::new();
+    let mut reader = std::io::BufReader::with_capacity(1 << 20, reader);
+    let mut n = 0u64;
+    loop {
+        let buf = std::io::BufRead::fill_buf(&mut reader)?;
+        if buf.is_empty() {
+            return Ok((n, hex(&hasher.finalize())));
+        }
+        hasher.update(buf);
+        let len = buf.len();
+        n += len as u64;
+        std::io::BufRead::consume(&mut reader, len);
+    }
+}
+
 fn staged_name(name: &str) -> String {
     format!(".{name}.staged")
 }
@@ -457,22 +475,7 @@ fn matches(path: &Path, entry: &ManifestEntry) -> Result<bool> {
     let Ok(file) = open_no_follow(path, std::fs::OpenOptions::new().read(true)) else {
         return Ok(false);
     };
-    use sha2::Digest;
-    let mut hasher = sha2::Sha256::new();
-    let mut reader = std::io::BufReader::with_capacity(1 << 20, file);
-    loop {
-        let buf = match std::io::BufRead::fill_buf(&mut reader) {
-            Ok(b) => b,
-            Err(_) => return Ok(false),
-        };
-        if buf.is_empty() {
-            break;
-        }
-        hasher.update(buf);
-        let n = buf.len();
-        std::io::BufRead::consume(&mut reader, n);
-    }
-    Ok(hex(&hasher.finalize()) == entry.sha256)
+    Ok(size_and_sha256(file).is_ok_and(|(n, sha)| n == entry.bytes && sha == entry.sha256))
 }
 
 /// The lock file of a directory owned by one process ([`DirLock`]).

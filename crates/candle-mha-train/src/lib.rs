@@ -75,7 +75,8 @@ pub use metrics::{
 pub use schedule::LrSchedule;
 pub use session::{ModelFor, NewData, NewRun, ResumeRun, Session, RUN_DATA_DIR};
 pub use state::{
-    device_kind, verify_checkpoint, EvalRecord, StepStats, TrainObserver, TrainerState, BEST_DIR,
-    CHECKPOINT_FILES, CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE, STATE_VERSION,
+    device_kind, verify_checkpoint, verify_model_files, EvalRecord, StepStats, TrainObserver,
+    TrainerState, BEST_DIR, CHECKPOINT_FILES, CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE,
+    STATE_VERSION,
 };
 pub use trainer::Trainer;

@@ -140,8 +140,7 @@ struct Init {
 
 impl Init {
     fn load(dir: &Path) -> Result<Self> {
-        let codec_file = Codec::file_in(dir)?;
-        crate::verify_checkpoint(dir, &[CONFIG_FILE, MODEL_FILE, codec_file])?;
+        crate::verify_model_files(dir)?;
         Ok(Self {
             config: NextTokenPredictorConfig::load(dir.join(CONFIG_FILE))?,
             codec: Codec::load_dir(dir)?,
@@ -384,11 +383,11 @@ impl Session {
         let varmap = VarMap::new();
         let vb = seeded_var_builder(&varmap, 0, dtype, device);
         let model = NextTokenPredictor::new(cfg.clone(), vb)?;
-        let mut trainer = Trainer::resume(model, varmap, dir, how.steps)?;
-        if trainer.state.data.is_none() {
-            // From now on the run records the data it was given.
-            trainer.state.data = Some(spec.absolute()?);
-        }
+        // The files were recovered (or verified) above: not hashed again. A run that recorded
+        // no data records the data it was given from now on.
+        let mut state = state;
+        state.data = Some(spec.clone());
+        let trainer = Trainer::resume_loaded(model, varmap, dir, state, how.steps)?;
         Ok(Self {
             dir: dir.to_path_buf(),
             trainer: trainer.with_codec(data.codec.clone()),
@@ -475,7 +474,7 @@ pub(crate) fn check_fresh(dir: &Path, text: bool) -> Result<()> {
             RUN_DATA_DIR => text && md.is_dir(),
             BEST_DIR => md.is_dir() && holds_only_checkpoint(&path),
             METRICS_FILE => read_metrics(&path).is_ok_and(|log| log.skipped.is_empty()),
-            n => n.starts_with('.') && (n.contains(".tmp-") || n.ends_with(".staged")),
+            n => is_scratch(n),
         };
         if !ours {
             stray.push(name);
@@ -499,9 +498,15 @@ fn holds_only_checkpoint(dir: &Path) -> bool {
             let name = e.file_name().to_string_lossy().into_owned();
             CHECKPOINT_FILES.contains(&name.as_str())
                 || name == crate::io::MANIFEST_FILE
-                || (name.starts_with('.') && (name.contains(".tmp-") || name.ends_with(".staged")))
+                || is_scratch(&name)
         })
     })
+}
+
+/// Whether `name` is a save's scratch file: a temporary (`.NAME.tmp-…`) or staged
+/// (`.NAME.staged`) file.
+fn is_scratch(name: &str) -> bool {
+    name.starts_with('.') && (name.contains(".tmp-") || name.ends_with(".staged"))
 }
 
 /// The [`DataSpec`] of a new run: as given, or prepared data (made from text into

@@ -189,3 +189,10 @@ pub fn verify_checkpoint(dir: &Path, read: &[&str]) -> candle::Result<()> {
     )
     .map(|_| ())
 }
+
+/// [`verify_checkpoint`] for what a model is loaded from: `config.json`, `model.safetensors`
+/// and the tokenization file ([`Codec::file_in`](crate::data::Codec::file_in)).
+pub fn verify_model_files(dir: &Path) -> candle::Result<()> {
+    let codec_file = crate::data::Codec::file_in(dir)?;
+    verify_checkpoint(dir, &[CONFIG_FILE, MODEL_FILE, codec_file])
+}

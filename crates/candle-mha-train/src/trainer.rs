@@ -162,9 +162,21 @@ impl Trainer {
                 read: &[STATE_FILE, MODEL_FILE, OPTIMIZER_FILE],
             },
         )?;
-        let mut state = TrainerState::load(dir).map_err(|e| {
+        let state = TrainerState::load(dir).map_err(|e| {
             candle::Error::Msg(format!("cannot resume from {}: {e}", dir.display()))
         })?;
+        Self::resume_loaded(model, varmap, dir, state, steps)
+    }
+
+    /// [`resume`](Self::resume) from `dir`'s `state`, already loaded, its files already
+    /// recovered or verified by the caller (each is hashed once per resume).
+    pub(crate) fn resume_loaded(
+        model: NextTokenPredictor,
+        varmap: VarMap,
+        dir: &Path,
+        mut state: TrainerState,
+        steps: Option<u64>,
+    ) -> Result<Self> {
         let run_dtype = state.dtype()?;
         if let Some(var) = varmap.all_vars().first() {
             if var.dtype() != run_dtype {

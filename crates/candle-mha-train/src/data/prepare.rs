@@ -119,23 +119,8 @@ impl TokenWriter {
 
 /// Size and SHA-256 of a file, read in pieces.
 fn hash_file(path: &Path) -> Result<(u64, String)> {
-    let file = candle_mha::io::open_input(path)?;
-    let mut reader = std::io::BufReader::with_capacity(1 << 20, file);
-    let mut hasher = Sha256::new();
-    let mut n = 0u64;
-    loop {
-        let buf = reader
-            .fill_buf()
-            .map_err(|e| candle::Error::Msg(format!("reading {}: {e}", path.display())))?;
-        if buf.is_empty() {
-            break;
-        }
-        hasher.update(buf);
-        n += buf.len() as u64;
-        let len = buf.len();
-        reader.consume(len);
-    }
-    Ok((n, hex(&hasher.finalize())))
+    crate::io::size_and_sha256(candle_mha::io::open_input(path)?)
+        .map_err(|e| candle::Error::Msg(format!("reading {}: {e}", path.display())))
 }
 
 /// The files a prepared data directory consists of.

@@ -357,7 +357,15 @@ impl TokenData {
             let codec = Codec::Text(Box::new(super::TextTokenizer::characters(c)?));
             data.meta.codec_sha256 = codec.fingerprint()?;
         }
-        data.check_ids()?;
+        // The stream was scanned once for its largest id: a second scan is needed only to
+        // name the first id outside the vocabulary.
+        if data
+            .meta
+            .max_id
+            .is_some_and(|m| m as usize >= data.meta.vocab_size)
+        {
+            data.check_ids()?;
+        }
         Ok(data)
     }
 

@@ -13,6 +13,8 @@
 //! | `ln_f.*` | `transformer.ln_f.*` |
 //! | (tied) | `lm_head.weight` |
 
+use std::collections::HashMap;
+
 use candle::{Result, Tensor};
 use candle_mha::checkpoint::StateDict;
 
@@ -240,28 +242,20 @@ pub fn to_gpt2(
 /// Errors naming the first parameter whose shape is not what `cfg` implies.
 fn check_shapes(sd: &StateDict, cfg: &NextTokenPredictorConfig) -> Result<()> {
     let (v, l, e, f) = (cfg.vocab_size, cfg.max_len, cfg.embed_dim, cfg.ff_dim);
+    // Every shape the configuration implies, biases included whatever `cfg.bias` says.
+    let with_biases = NextTokenPredictorConfig {
+        bias: true,
+        ..cfg.clone()
+    };
+    let mut expected: HashMap<String, Vec<usize>> = nanogpt_parameters(&with_biases)
+        .into_iter()
+        .filter_map(|(theirs, shape)| Some((our_name(&theirs)?, shape)))
+        .collect();
+    expected.insert("head.weight".into(), vec![v, e]);
+    expected.insert("head.bias".into(), vec![v]);
     for (name, t) in sd.tensors() {
-        let ends = |suffix: &str| name.ends_with(suffix);
-        let want: Vec<usize> = if name == "token_embedding.weight" || name == "head.weight" {
-            vec![v, e]
-        } else if name == "position_embedding.weight" {
-            vec![l, e]
-        } else if ends("in_proj_weight") {
-            vec![3 * e, e]
-        } else if ends("in_proj_bias") {
-            vec![3 * e]
-        } else if ends("fc1.weight") {
-            vec![f, e]
-        } else if ends("fc1.bias") {
-            vec![f]
-        } else if ends("fc2.weight") {
-            vec![e, f]
-        } else if ends("out_proj.weight") {
-            vec![e, e]
-        } else if name == "head.bias" {
-            vec![v]
-        } else {
-            vec![e]
+        let Some(want) = expected.get(name.as_str()) else {
+            continue;
         };
         if t.dims() != want.as_slice() {
             candle::bail!(
@@ -504,5 +498,31 @@ mod tests {
         );
         assert_eq!(canonical("h.0.ln_1.weight"), "transformer.h.0.ln_1.weight");
         assert_eq!(gpt2_name("blocks.0.attn.nonsense"), None);
+    }
+
+    #[test]
+    fn shapes_are_checked_against_the_configuration() -> Result<()> {
+        let cfg = NextTokenPredictorConfig::new(11);
+        let (e, f) = (cfg.embed_dim, cfg.ff_dim);
+        let dev = candle::Device::Cpu;
+        let good = |name: &str, shape: &[usize]| -> Result<StateDict> {
+            Ok(StateDict::from_tensors(vec![(
+                name.to_string(),
+                Tensor::zeros(shape, candle::DType::F32, &dev)?,
+            )]))
+        };
+        check_shapes(&good("blocks.1.mlp.fc1.weight", &[f, e])?, &cfg)?;
+        check_shapes(&good("head.bias", &[11])?, &cfg)?;
+        let err = check_shapes(&good("blocks.1.mlp.fc1.weight", &[e, f])?, &cfg).unwrap_err();
+        assert!(
+            err.to_string().contains("blocks.1.mlp.fc1.weight: shape"),
+            "{err}"
+        );
+        let err = check_shapes(&good("blocks.0.attn.in_proj_bias", &[e])?, &cfg).unwrap_err();
+        assert!(
+            err.to_string().contains(&format!("implies [{}]", 3 * e)),
+            "{err}"
+        );
+        Ok(())
     }
 }
