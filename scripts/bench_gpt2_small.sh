@@ -6,12 +6,12 @@
 #
 #   MHA_BENCH_PYTHON=.venv-torch/bin/python scripts/bench_gpt2_small.sh [WORKDIR]
 #
-# The Python needs torch, safetensors and transformers. WORKDIR (default /tmp/bench-gpt2)
+# The Python needs torch, safetensors and transformers. WORKDIR (default target/bench-gpt2)
 # receives the 500 MB model, the run and the logs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${MHA_BENCH_PYTHON:?set MHA_BENCH_PYTHON to a Python with torch and transformers}
-work=${1:-/tmp/bench-gpt2}
+work=${1:-target/bench-gpt2}
 mha=${MHA:-target/release/mha}
 threads=${MHA_BENCH_THREADS:-2}
 steps=${MHA_BENCH_STEPS:-4}

@@ -4,18 +4,22 @@
 # /usr/share/common-licenses, the 50,253 most frequent words plus fillers, 32 words a line), a
 # small model trained for a few steps, then the matrix over a 5,000-line sample and over the
 # run's whole training set: wall time and peak RSS (GNU time). No PyTorch side: PyTorch has
-# no such command. Usage: scripts/bench_vocab_matrix.sh [WORKDIR] (default /tmp/bench-vm).
+# no such command. Usage: scripts/bench_vocab_matrix.sh [WORKDIR [TEXT_FILE...]]: WORKDIR
+# defaults to target/bench-vm; the text files, to Debian's copyright and license files.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-work=${1:-/tmp/bench-vm}
+work=${1:-target/bench-vm}
+shift $(( $# > 0 ? 1 : 0 ))
 mha=${MHA:-target/release/mha}
 [ -x "$mha" ] || cargo build --release -p candle-mha-cli
 mkdir -p "$work"
-python3 - "$work" <<'PY'
+python3 - "$work" "$@" <<'PY'
 import collections, glob, sys
-work = sys.argv[1]
+work, files = sys.argv[1], sys.argv[2:]
+if not files:
+    files = sorted(glob.glob("/usr/share/doc/*/copyright")) + sorted(glob.glob("/usr/share/common-licenses/*"))
 words = []
-for f in sorted(glob.glob("/usr/share/doc/*/copyright")) + sorted(glob.glob("/usr/share/common-licenses/*")):
+for f in files:
     with open(f, encoding="utf-8", errors="ignore") as fh:
         words += fh.read().split()
 keep = {w for w, _ in collections.Counter(words).most_common(50253)}

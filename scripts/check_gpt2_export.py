@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Checks `mha export` against PyTorch itself, on the fixtures of make_gpt2_fixtures.py.
 
-    mha import tests/fixtures/gpt2/hf --out /tmp/hf-run
-    mha export /tmp/hf-run --out /tmp/hf-out
-    mha import tests/fixtures/gpt2/nanogpt --out /tmp/nano-run
-    mha export /tmp/nano-run --format nanogpt --out /tmp/nano-out
-    VENV/bin/python scripts/check_gpt2_export.py --hf /tmp/hf-out --nanogpt /tmp/nano-out/ckpt.pt
+    mha import tests/fixtures/gpt2/hf --out HF_RUN
+    mha export HF_RUN --out HF_OUT
+    mha import tests/fixtures/gpt2/nanogpt --out NANO_RUN
+    mha export NANO_RUN --format nanogpt --out NANO_OUT
+    VENV/bin/python scripts/check_gpt2_export.py --hf HF_OUT --nanogpt NANO_OUT/ckpt.pt
 
 Hugging Face: `GPT2LMHeadModel.from_pretrained` loads the directory with no missing or
 unexpected key and gives the fixture's logits. nanoGPT: `torch.load(weights_only=True)` reads

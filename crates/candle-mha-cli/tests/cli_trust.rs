@@ -857,15 +857,9 @@ fn an_f64_run_resumed_plainly_stays_f64() -> Result<()> {
             "--train-examples",
             "500",
         ];
-        args.extend([
-            "--embed-dim",
-            "16",
-            "--num-heads",
-            "2",
-            "--num-layers",
-            "1",
-            "--quiet",
-        ]);
+        // The tiny model's shape; this task has no vocabulary to size.
+        args.extend(&TINY_TEXT_MODEL[2..]);
+        args.push("--quiet");
         args.extend(extra);
         let (ok, _, err) = mha(&args)?;
         anyhow::ensure!(ok, "{args:?}: {err}");
