@@ -31,7 +31,7 @@
 //! (only the named layers: `in_proj,fc2`, …).
 //!
 
-mod support;
+use candle_mha_test_support::bench as support;
 
 use std::convert::Infallible;
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Times PyTorch's nn.MultiheadAttention on the CPU: the side of `benches/attention_cpu.rs`.
+"""Times PyTorch's nn.MultiheadAttention on the CPU: the side of `benches/attention_cpu/main.rs`.
 
 The Rust bench runs this script with the same shapes, repetitions and thread count and
 prints both in one table. By hand:

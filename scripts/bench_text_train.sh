@@ -105,7 +105,7 @@ else
 fi
 glibc_tunables="glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=2147483647"
 
-# A Python with torch: MHA_BENCH_PYTHON, else python3 (as benches/support/mod.rs find_torch).
+# A Python with torch: MHA_BENCH_PYTHON, else python3 (as candle_mha_test_support::bench::find_torch).
 python=${MHA_BENCH_PYTHON:-python3}
 torch_version=$("$python" -c 'import numpy, torch; print(torch.__version__)' 2>/dev/null) \
     || torch_version=""

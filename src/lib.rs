@@ -69,3 +69,12 @@ pub use nn::{
     TransformerDecoderLayer, TransformerDecoderLayerConfig, TransformerEncoder,
     TransformerEncoderLayer, TransformerEncoderLayerConfig, TransformerOptions,
 };
+
+/// The guides' examples of this crate's API, compiled and run as doctests.
+#[cfg(doctest)]
+mod guides {
+    #[doc = include_str!("../docs/checkpoints.md")]
+    pub struct Checkpoints;
+    #[doc = include_str!("../docs/masks-and-differences.md")]
+    pub struct Masks;
+}

@@ -2,7 +2,7 @@
 //! attention layers taken out of a PyTorch `nn.TransformerEncoder` reproduce PyTorch's
 //! outputs; dtype casts, strict/non-strict reports, discovery and bad files (saving: `checkpoint_save.rs`).
 
-mod common;
+use candle_mha_test_support as common;
 
 use std::path::PathBuf;
 

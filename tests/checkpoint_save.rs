@@ -1,7 +1,7 @@
 //! Saving modules for PyTorch: keys, shapes, dtypes and metadata of PyTorch's layout, and
 //! loading them back.
 
-mod common;
+use candle_mha_test_support as common;
 
 use anyhow::Result;
 use candle_mha::candle::{DType, Device};

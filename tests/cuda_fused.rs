@@ -8,7 +8,7 @@
 //! Compiled in every build; it runs only in a `--features cuda` build on a machine with a GPU
 //! of compute capability 8.0 or more and prints why it skipped otherwise.
 
-mod common;
+use candle_mha_test_support as common;
 
 use std::collections::HashMap;
 

@@ -5,7 +5,7 @@
 //! is exactly zero in one path (a row with a single live key has a constant softmax) is
 //! rounding noise in the other, and noise relative to zero is unbounded.
 
-mod common;
+use candle_mha_test_support as common;
 
 use anyhow::{bail, Result};
 use candle_mha::candle::{DType, Device, Tensor, Var};

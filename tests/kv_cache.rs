@@ -6,7 +6,7 @@
 //! unbatched input, on both kernels. `forward_with_memory` must equal `forward(query, key,
 //! value)`. Bad arguments: `tests/errors/kv_cache.rs`.
 
-mod common;
+use candle_mha_test_support as common;
 
 use anyhow::{bail, Result};
 use candle_mha::candle::{DType, Device, Tensor};

@@ -2,7 +2,7 @@
 //! `sum(output · R)` w.r.t. every parameter and the inputs equal PyTorch's.
 //! Tolerances: f32 ≤ 2e-5, f64 ≤ 1e-10 (relative to the tensor's largest magnitude).
 
-mod common;
+use candle_mha_test_support as common;
 
 use std::collections::HashMap;
 

@@ -2,7 +2,7 @@
 //! gradients of every parameter and input (fixtures made by
 //! `scripts/make_transformer_fixtures.py`), training through them, and their errors.
 
-mod common;
+use candle_mha_test_support as common;
 
 use anyhow::Result;
 use candle_mha::candle::{DType, Device, Tensor};

@@ -2,7 +2,7 @@
 //! loaded from PyTorch-made checkpoints (`scripts/make_checkpoint_fixtures.py`) reproduce
 //! PyTorch's outputs; sizes are inferred, bad checkpoints and options give clear errors.
 
-mod common;
+use candle_mha_test_support as common;
 
 use std::path::PathBuf;
 

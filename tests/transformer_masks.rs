@@ -2,7 +2,7 @@
 //! layer the user called, its option and `batch_first`, with a hint when the shapes fit the
 //! other `batch_first`.
 
-mod common;
+use candle_mha_test_support as common;
 
 use anyhow::Result;
 use candle_mha::candle::{DType, Device, Tensor};

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use candle_mha::candle::DType;
 use candle_mha_viz::html::{human_size, vocab_matrix_html, VocabHtmlOptions};
-use candle_mha_viz::{corpus_vocab_matrix_stream, MAX_DENSE_VOCAB};
+use candle_mha_viz::{corpus_vocab_matrix, MAX_DENSE_VOCAB};
 
 use candle_mha_train::data::{checkpoint_corpus, RunSplit};
 
@@ -73,13 +73,14 @@ pub fn run(args: &VocabMatrixArgs) -> Result<()> {
     let examples = corpus
         .examples(len)?
         .inspect(|_| sequences.set(sequences.get() + 1));
-    let vm = corpus_vocab_matrix_stream(
-        &ckpt.model,
-        examples,
+    let batches = candle_mha_train::data::batches(examples, args.batch_size, &device)?
+        .map(|b| b.map(|b| (b.input, b.key_padding_mask)));
+    let vm = corpus_vocab_matrix(
+        ckpt.model.config().vocab_size,
+        batches,
         layer,
         args.head,
-        args.batch_size,
-        &device,
+        |ids, kpm| Ok(ckpt.model.forward_with_attention(ids, Some(kpm))?.1),
     )?;
     let labels: Vec<String> = (0..vm.vocab_size() as u32)
         .map(|i| ckpt.codec.token_label(i))

@@ -3,7 +3,6 @@
 //! one whole, so resuming gives the uninterrupted run's weights bit for bit, and `best/`
 //! always holds weights that evaluate to its recorded loss.
 
-#[path = "../../../tests/common/mod.rs"]
 mod common;
 
 use std::path::Path;

@@ -1,6 +1,5 @@
 //! The `mha` binary: `info` and `convert` on PyTorch-made checkpoints.
 
-#[path = "../../../tests/common/mod.rs"]
 mod common;
 
 use std::path::PathBuf;

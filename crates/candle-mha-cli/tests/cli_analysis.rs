@@ -1,6 +1,5 @@
 //! `mha inspect` and `mha vocab-matrix` on a small model trained by `mha train`.
 
-#[path = "../../../tests/common/mod.rs"]
 mod common;
 
 use anyhow::Result;

@@ -2,7 +2,6 @@
 //! and hostile tokenizers are errors naming what is allowed, never a panic (exit 101), an
 //! abort (134), a hang or an allocation beyond what the input needs.
 
-#[path = "../../../tests/common/mod.rs"]
 mod common;
 
 use anyhow::Result;

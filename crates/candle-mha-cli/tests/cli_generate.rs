@@ -3,7 +3,6 @@
 
 use std::path::Path;
 
-#[path = "../../../tests/common/mod.rs"]
 mod common;
 
 use anyhow::Result;

@@ -3,7 +3,6 @@
 //! that the page runs in headless Chromium. The pages' behaviour is tested in
 //! candle-mha-viz on pages built through the library.
 
-#[path = "../../../tests/common/mod.rs"]
 mod common;
 
 use std::path::Path;

@@ -2,7 +2,6 @@
 //! that `generate`, `info` and `train --resume` take; what cannot be honoured is refused by
 //! name. The numbers themselves are checked against PyTorch in the train crate's `gpt2` tests.
 
-#[path = "../../../tests/common/mod.rs"]
 mod common;
 
 use std::path::Path;

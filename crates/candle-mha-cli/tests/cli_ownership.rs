@@ -2,7 +2,6 @@
 //! directory another process holds exits with an error naming the holder, and changes
 //! nothing there.
 
-#[path = "../../../tests/common/mod.rs"]
 mod common;
 
 use anyhow::Result;

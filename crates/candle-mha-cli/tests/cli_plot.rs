@@ -1,6 +1,5 @@
 //! `mha plot`: charts from two runs' metrics.jsonl, the per-run summary, names, errors.
 
-#[path = "../../../tests/common/mod.rs"]
 mod common;
 
 use std::path::Path;

@@ -1,7 +1,6 @@
 //! `mha prepare`, `mha train --text/--data`, `mha eval --text/--data --baseline` on real
 //! English text (tests/fixtures/text/gpl-3.0.txt), and their errors.
 
-#[path = "../../../tests/common/mod.rs"]
 mod common;
 
 use std::collections::HashMap;

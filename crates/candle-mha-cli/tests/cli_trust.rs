@@ -3,7 +3,6 @@
 //! holds. Each case ends in a clear error (exit 1 or 2, naming the file or option) or a
 //! correct run: nothing outside the run is written, nothing aborts, nothing hangs.
 
-#[path = "../../../tests/common/mod.rs"]
 mod common;
 
 use std::path::{Path, PathBuf};

@@ -1,7 +1,6 @@
 //! Prepared token data (`mha prepare`'s format), random training windows and fixed
 //! validation windows, and streaming text windows.
 
-#[path = "../../../tests/common/mod.rs"]
 mod common;
 
 use std::collections::HashSet;

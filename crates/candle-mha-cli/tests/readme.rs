@@ -1,7 +1,6 @@
 //! The README's "Training on your own text" commands, run as written: every `mha` line of the
 //! `sh` block that starts with `mha prepare --text`, in a directory holding the file it names.
 
-#[path = "../../../tests/common/mod.rs"]
 mod common;
 
 use anyhow::{bail, Context, Result};

@@ -25,10 +25,9 @@
 //! Python with torch; unset: `python3`, then `python`); `RAYON_NUM_THREADS` (candle's CPU
 //! threads; torch gets the same; unset, it is pinned to candle's default as `mha generate`
 //! pins it, because candle otherwise parses `/proc/cpuinfo` on every matmul);
-//! `MHA_BENCH_ALLOCATOR=default` (see `benches/support`).
+//! `MHA_BENCH_ALLOCATOR=default` (see `candle_mha_test_support::bench`).
 
-#[path = "../../../benches/support/mod.rs"]
-mod support;
+use candle_mha_test_support::bench as support;
 
 use std::time::Instant;
 

@@ -42,8 +42,7 @@
 //!   (`alloc::retain_freed_memory` here, the equivalent `GLIBC_TUNABLES` in PyTorch's
 //!   process), as the `mha` CLI trains.
 
-#[path = "../../../benches/support/mod.rs"]
-mod support;
+use candle_mha_test_support::bench as support;
 
 use std::time::Instant;
 

@@ -6,8 +6,7 @@
 //! Compiled in every build (so CPU CI keeps the CUDA code paths compiling); it runs only in a
 //! `--features cuda` build on a machine with a GPU and prints why it skipped otherwise.
 
-#[path = "../../../tests/common/mod.rs"]
-mod common;
+use candle_mha_test_support as common;
 
 use anyhow::{Context, Result};
 use candle_mha::candle::{DType, Device, Tensor};

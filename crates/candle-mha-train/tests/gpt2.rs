@@ -3,8 +3,7 @@
 //! (`bias=False`, exact GELU, tied head) load into a `NextTokenPredictor` with PyTorch's
 //! logits, greedy generation and training step.
 
-#[path = "../../../tests/common/mod.rs"]
-mod common;
+use candle_mha_test_support as common;
 
 use std::path::PathBuf;
 

@@ -1,8 +1,7 @@
 //! `NextTokenPredictor`, its loss and one clipped AdamW step against PyTorch
 //! (`scripts/reference_model.py`, fixtures by `scripts/make_model_fixtures.py`).
 
-#[path = "../../../tests/common/mod.rs"]
-mod common;
+use candle_mha_test_support as common;
 
 use anyhow::{Context, Result};
 use candle_mha::candle::backprop::GradStore;

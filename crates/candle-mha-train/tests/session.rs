@@ -2,8 +2,7 @@
 //! directory refused to a second new run, the run resumed further with the same data, the
 //! checkpoint recording its data, and the options checked before anything is written.
 
-#[path = "../../../tests/common/mod.rs"]
-mod common;
+use candle_mha_test_support as common;
 
 use anyhow::Result;
 use candle_mha::candle::{DType, Device};

@@ -28,8 +28,8 @@ fn main() -> Result<()> {
     let vectors_path = match args.first() {
         Some(p) => PathBuf::from(p),
         None => PathBuf::from(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../weights/wordllama_l2_1500w_64d.txt"
+            env!("MHA_WORKSPACE_DIR"),
+            "/weights/wordllama_l2_1500w_64d.txt"
         )),
     };
     let out_dir = PathBuf::from(args.get(1).map_or("target/glove_walkthrough", |s| s));

@@ -22,7 +22,7 @@ use anyhow::{Context, Result};
 use candle_mha::candle::{DType, Device, IndexOp, Tensor};
 use candle_mha::rng::rng_from_seed;
 use candle_mha::seeded_var_builder;
-use candle_mha_train::data::{encode_sequences, Vocab};
+use candle_mha_train::data::{batches, encode_sequences, Vocab};
 use candle_mha_train::io::write_atomic;
 use candle_mha_train::models::{NextTokenPredictor, NextTokenPredictorConfig};
 use candle_mha_train::{TrainConfig, Trainer};
@@ -126,7 +126,16 @@ fn main() -> Result<()> {
         .map(|i| vocab.symbol(i).unwrap_or("?").to_string())
         .collect();
     for layer in 0..cfg.num_layers {
-        let m = corpus_vocab_matrix(model, &val, layer, None, 64, &device)?;
+        let examples = val.examples.iter().cloned().map(Ok);
+        let batches =
+            batches(examples, 64, &device)?.map(|b| b.map(|b| (b.input, b.key_padding_mask)));
+        let m = corpus_vocab_matrix(
+            model.config().vocab_size,
+            batches,
+            layer,
+            None,
+            |ids, kpm| Ok(model.forward_with_attention(ids, Some(kpm))?.1),
+        )?;
         println!(
             "\n=== layer {layer} (mean over heads): {} query positions, total mass {:.3} ===",
             m.num_queries(),

@@ -5,8 +5,8 @@
 //! The weights come from [`MultiheadAttention::forward`] with
 //! [`average_attn_weights`](AttentionOptions::average_attn_weights) set to `false`
 //! (`(N, H, L, S')`, or `(H, L, S')` unbatched), or from
-//! [`NextTokenPredictor::forward_with_attention`](candle_mha_train::models::NextTokenPredictor) (one
-//! `(N, H, L, L)` per layer). Every function here takes any number of leading dimensions: the
+//! a model that returns them per layer, such as the train crate's
+//! `NextTokenPredictor::forward_with_attention` (one `(N, H, L, L)` per layer). Every function here takes any number of leading dimensions: the
 //! head axis is always the third from last.
 
 use candle::{DType, Device, Result, Tensor, D};

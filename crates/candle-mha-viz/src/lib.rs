@@ -53,10 +53,7 @@ pub mod rollout;
 pub mod vocab_matrix;
 pub use graph::{is_symmetric, max_asymmetry, AttentionGraph, GraphOptions};
 pub use rollout::{attention_flow, attention_rollout, RolloutFusion, ATTENTION_FLOW_MAX_LEN};
-pub use vocab_matrix::{
-    corpus_vocab_matrix, corpus_vocab_matrix_stream, VocabMatrix, DEFAULT_MAX_CELLS,
-    MAX_DENSE_VOCAB,
-};
+pub use vocab_matrix::{corpus_vocab_matrix, VocabMatrix, DEFAULT_MAX_CELLS, MAX_DENSE_VOCAB};
 mod canvas;
 mod escape;
 mod font;
@@ -72,18 +69,7 @@ pub use word_vectors::{
     cosine_attention, cosine_similarity_matrix, load_glove, read_glove, self_attention, WordVectors,
 };
 
-/// The workspace README's and guides' examples, compiled and run as doctests here: this crate
-/// sees the attention core, the training crate and itself.
+/// The guide to reading attention, its examples compiled and run as doctests.
 #[cfg(doctest)]
-mod guides {
-    #[doc = include_str!("../../../README.md")]
-    pub struct Readme;
-    #[doc = include_str!("../../../docs/checkpoints.md")]
-    pub struct Checkpoints;
-    #[doc = include_str!("../../../docs/reading-attention.md")]
-    pub struct ReadingAttention;
-    #[doc = include_str!("../../../docs/training.md")]
-    pub struct Training;
-    #[doc = include_str!("../../../docs/masks-and-differences.md")]
-    pub struct Masks;
-}
+#[doc = include_str!(concat!(env!("MHA_WORKSPACE_DIR"), "/docs/reading-attention.md"))]
+pub struct ReadingAttentionGuide;

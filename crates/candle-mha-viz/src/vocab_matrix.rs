@@ -13,8 +13,6 @@ use candle::{DType, Device, IndexOp, Result, Tensor};
 use super::escape::csv_field;
 
 use candle_mha::checkpoint::StateDict;
-use candle_mha_train::data::{Batch, Dataset, Example};
-use candle_mha_train::models::NextTokenPredictor;
 
 /// A streaming vocabulary × vocabulary attention accumulator.
 ///
@@ -482,99 +480,50 @@ impl VocabMatrix {
     }
 }
 
-/// The vocabulary × vocabulary matrix of `layer`'s attention over every sequence of
-/// `dataset`, in evaluation mode, `batch_size` sequences at a time (only one batch is in
-/// memory at once).
+/// The vocabulary × vocabulary matrix of `layer`'s attention over a corpus, one batch in
+/// memory at a time.
+///
+/// `batches` yields `(ids, key_padding_mask)`: token ids `u32` `(N, L)` and PyTorch's key
+/// padding mask `u8` `(N, L)` (nonzero = padding). `attention(ids, key_padding_mask)` runs the
+/// model in evaluation mode and returns each layer's weights, `(N, H, L, L)`; for the train
+/// crate's `NextTokenPredictor` that is
+/// `model.forward_with_attention(ids, Some(key_padding_mask)).map(|(_, w)| w)`.
 ///
 /// `head` picks one head; `None` averages the heads (PyTorch's `average_attn_weights=True`).
 /// Padded query positions are skipped, and padded keys get weight 0 from the key padding mask,
-/// so padding never enters the matrix. Errors on a `layer` or `head` out of range and on a
-/// `batch_size` of 0.
+/// so padding never enters the matrix. Errors, at the first batch, on a `layer` or `head` the
+/// model does not have; on the first error of `batches` or `attention`.
 ///
 /// PyTorch equivalent: none (a loop over a `DataLoader` collecting
 /// `model(x, need_weights=True)` weights into a `(V, V)` matrix).
 pub fn corpus_vocab_matrix(
-    model: &NextTokenPredictor,
-    dataset: &Dataset,
+    vocab_size: usize,
+    batches: impl IntoIterator<Item = Result<(Tensor, Tensor)>>,
     layer: usize,
     head: Option<usize>,
-    batch_size: usize,
-    device: &Device,
+    mut attention: impl FnMut(&Tensor, &Tensor) -> Result<Vec<Tensor>>,
 ) -> Result<VocabMatrix> {
-    corpus_vocab_matrix_stream(
-        model,
-        dataset.examples.iter().cloned().map(Ok),
-        layer,
-        head,
-        batch_size,
-        device,
-    )
-}
-
-/// [`corpus_vocab_matrix`] over a stream of examples (a corpus read piece by piece, such as
-/// [`TextWindows`](candle_mha_train::data::TextWindows)): one batch in memory at a time. Errors as
-/// [`corpus_vocab_matrix`] does, and on the stream's first error.
-///
-/// PyTorch equivalent: the same loop over an `IterableDataset`.
-pub fn corpus_vocab_matrix_stream(
-    model: &NextTokenPredictor,
-    examples: impl Iterator<Item = Result<Example>>,
-    layer: usize,
-    head: Option<usize>,
-    batch_size: usize,
-    device: &Device,
-) -> Result<VocabMatrix> {
-    let cfg = model.config();
-    if layer >= cfg.num_layers {
-        candle::bail!(
-            "layer {layer} is out of range: the model has {} layer(s); expected a layer below {}",
-            cfg.num_layers,
-            cfg.num_layers
-        )
-    }
-    if let Some(h) = head {
-        if h >= cfg.num_heads {
+    let mut matrix = VocabMatrix::new(vocab_size);
+    for batch in batches {
+        let (ids, key_padding_mask) = batch?;
+        let weights = attention(&ids, &key_padding_mask)?;
+        let Some(w) = weights.get(layer) else {
             candle::bail!(
-                "head {h} is out of range: the model has {} head(s); expected a head below {} \
-                 or None for the mean over heads",
-                cfg.num_heads,
-                cfg.num_heads
+                "layer {layer} is out of range: the model has {n} layer(s); expected a layer below {n}",
+                n = weights.len()
             )
-        }
-    }
-    if batch_size == 0 {
-        candle::bail!("batch_size 0 is invalid; expected at least 1")
-    }
-    let mut matrix = VocabMatrix::new(cfg.vocab_size);
-    let mut examples = examples.peekable();
-    let mut chunk: Vec<Example> = Vec::with_capacity(batch_size);
-    while let Some(e) = examples.next() {
-        chunk.push(e?);
-        if chunk.len() < batch_size && examples.peek().is_some() {
-            continue;
-        }
-        let refs: Vec<&Example> = chunk.iter().collect();
-        let batch = Batch::from_examples(&refs, device)?;
-        chunk.clear();
-        let (_, weights) =
-            model.forward_with_attention(&batch.input, Some(&batch.key_padding_mask))?;
-        let w = weights.get(layer).ok_or_else(|| {
-            candle::Error::Msg(format!(
-                "the model returned {} attention tensors; expected one for layer {layer}",
-                weights.len()
-            ))
-        })?;
+        };
         // (N, H, L, L) → (N, L, L).
         let w = match head {
+            Some(h) if h >= w.dim(1)? => candle::bail!(
+                "head {h} is out of range: the model has {n} head(s); expected a head below {n} \
+                 or None for the mean over heads",
+                n = w.dim(1)?
+            ),
             Some(h) => w.i((.., h))?,
             None => w.mean(1)?,
         };
-        matrix.add(
-            &batch.input,
-            &batch.input,
-            &w.detach(),
-            Some(&batch.key_padding_mask),
-        )?;
+        matrix.add(&ids, &ids, &w.detach(), Some(&key_padding_mask))?;
     }
     Ok(matrix)
 }

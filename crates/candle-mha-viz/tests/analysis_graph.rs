@@ -1,8 +1,7 @@
 //! Attention graphs (`candle_mha_viz::graph`): edges kept by threshold and top-k,
 //! symmetrising, cross-attention, errors, and the DOT, GraphML and CSV exports read back.
 
-#[path = "../../../tests/common/mod.rs"]
-mod common;
+use candle_mha_test_support as common;
 
 use std::collections::HashMap;
 

@@ -1,8 +1,7 @@
 //! Head views, tables and source masses (`candle_mha_viz::{heads, table, sources}`), on
 //! hand-made tensors with hand-computed answers and on real forwards.
 
-#[path = "../../../tests/common/mod.rs"]
-mod common;
+use candle_mha_test_support as common;
 
 use anyhow::Result;
 use candle_mha::candle::{DType, Device, Tensor};

@@ -1,8 +1,7 @@
 //! Attention rollout and attention flow (`candle_mha_viz::rollout`), checked against
 //! products and maximum flows worked out by hand and by brute force.
 
-#[path = "../../../tests/common/mod.rs"]
-mod common;
+use candle_mha_test_support as common;
 
 use anyhow::Result;
 use candle_mha::candle::{DType, Device, Tensor};

@@ -2,14 +2,13 @@
 //! means checked against numbers worked out by hand, streaming, padding, the CSV and
 //! safetensors exports, and a corpus run through a real model.
 
-#[path = "../../../tests/common/mod.rs"]
-mod common;
+use candle_mha_test_support as common;
 
 use anyhow::Result;
 use candle_mha::candle::{DType, Device, Tensor};
 use candle_mha::checkpoint::StateDict;
 use candle_mha::seeded_var_builder;
-use candle_mha_train::data::{Dataset, Example};
+use candle_mha_train::data::{batches, Dataset, Example};
 use candle_mha_train::models::{NextTokenPredictor, NextTokenPredictorConfig};
 use candle_mha_viz::{corpus_vocab_matrix, VocabMatrix};
 use candle_nn::VarMap;
@@ -287,6 +286,27 @@ fn tiny_model(vocab: usize) -> Result<NextTokenPredictor> {
     )?)
 }
 
+/// The corpus matrix of `model` over `data`, `batch_size` sequences at a time.
+fn matrix(
+    model: &NextTokenPredictor,
+    data: &Dataset,
+    layer: usize,
+    head: Option<usize>,
+    batch_size: usize,
+    dev: &Device,
+) -> candle::Result<VocabMatrix> {
+    let examples = data.examples.iter().cloned().map(Ok);
+    let batches =
+        batches(examples, batch_size, dev)?.map(|b| b.map(|b| (b.input, b.key_padding_mask)));
+    corpus_vocab_matrix(
+        model.config().vocab_size,
+        batches,
+        layer,
+        head,
+        |ids, kpm| Ok(model.forward_with_attention(ids, Some(kpm))?.1),
+    )
+}
+
 /// Sequences of different lengths: padding appears in some batchings and not others, and the
 /// matrix must not change.
 #[test]
@@ -304,8 +324,8 @@ fn corpus_matrix_ignores_batching_and_padding() -> Result<()> {
     let dev = Device::Cpu;
     for layer in 0..2 {
         for head in [None, Some(0), Some(1)] {
-            let one = corpus_vocab_matrix(&model, &data, layer, head, 1, &dev)?;
-            let all = corpus_vocab_matrix(&model, &data, layer, head, 4, &dev)?;
+            let one = matrix(&model, &data, layer, head, 1, &dev)?;
+            let all = matrix(&model, &data, layer, head, 4, &dev)?;
             assert_eq!(one.num_queries() as usize, positions);
             assert_eq!(all.num_queries() as usize, positions);
             assert!(
@@ -324,9 +344,9 @@ fn corpus_matrix_ignores_batching_and_padding() -> Result<()> {
         }
     }
     // The mean over heads is the mean of the per-head matrices.
-    let h0 = corpus_vocab_matrix(&model, &data, 1, Some(0), 2, &dev)?.sum()?;
-    let h1 = corpus_vocab_matrix(&model, &data, 1, Some(1), 2, &dev)?.sum()?;
-    let mean = corpus_vocab_matrix(&model, &data, 1, None, 2, &dev)?.sum()?;
+    let h0 = matrix(&model, &data, 1, Some(0), 2, &dev)?.sum()?;
+    let h1 = matrix(&model, &data, 1, Some(1), 2, &dev)?.sum()?;
+    let mean = matrix(&model, &data, 1, None, 2, &dev)?.sum()?;
     let diff = ((h0 + h1)? * 0.5 - mean)?
         .abs()?
         .max_all()?
@@ -342,15 +362,15 @@ fn corpus_matrix_rejects_bad_layer_and_head() -> Result<()> {
         examples: vec![Example::full(vec![2, 4, 3])],
     };
     let dev = Device::Cpu;
-    let e = corpus_vocab_matrix(&model, &data, 2, None, 1, &dev)
+    let e = matrix(&model, &data, 2, None, 1, &dev)
         .unwrap_err()
         .to_string();
     assert!(e.contains("layer 2") && e.contains("2 layer(s)"), "{e}");
-    let e = corpus_vocab_matrix(&model, &data, 0, Some(5), 1, &dev)
+    let e = matrix(&model, &data, 0, Some(5), 1, &dev)
         .unwrap_err()
         .to_string();
     assert!(e.contains("head 5") && e.contains("2 head(s)"), "{e}");
-    let e = corpus_vocab_matrix(&model, &data, 0, None, 0, &dev)
+    let e = matrix(&model, &data, 0, None, 0, &dev)
         .unwrap_err()
         .to_string();
     assert!(e.contains("batch_size 0"), "{e}");

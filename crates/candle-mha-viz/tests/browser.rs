@@ -1,9 +1,8 @@
-//! The browser test client itself (`tests/common/browser.rs`) on a small page: real mouse
+//! The browser test client itself (`candle_mha_test_support::browser`) on a small page: real mouse
 //! events reach the page at the right place, typing, screenshots with the right pixels, and
 //! JS errors are caught. The HTML pages' own tests rely on all of these.
 
-#[path = "../../../tests/common/mod.rs"]
-mod common;
+use candle_mha_test_support as common;
 
 use std::time::Duration;
 

@@ -5,8 +5,7 @@
 //! `<rect class="cell">` and `<rect class="colorbar">` (the PNG's documented twin) or in the
 //! PNG itself, and sizes are pinned as the numbers a user gets.
 
-#[path = "../../../tests/common/mod.rs"]
-mod common;
+use candle_mha_test_support as common;
 
 use anyhow::Result;
 use candle_mha::candle::{Device, Tensor};

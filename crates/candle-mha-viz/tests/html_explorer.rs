@@ -2,8 +2,7 @@
 //! browser: its errors, its data, its size and escaping. In headless Chromium:
 //! `html_explorer_browser.rs`.
 
-#[path = "../../../tests/common/mod.rs"]
-mod common;
+use candle_mha_test_support as common;
 mod explorer_page;
 
 use anyhow::Result;

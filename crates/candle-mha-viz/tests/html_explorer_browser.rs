@@ -2,8 +2,7 @@
 //! installed): what each view draws, what hovering and clicking change, that the values and
 //! colours it shows are the crate's, and how fast a large page loads.
 
-#[path = "../../../tests/common/mod.rs"]
-mod common;
+use candle_mha_test_support as common;
 mod explorer_page;
 
 use std::time::{Duration, Instant};

@@ -2,8 +2,7 @@
 //! errors, its embedded data against the crate's numbers, and its size. What a browser shows:
 //! `html_vocab_browser.rs`.
 
-#[path = "../../../tests/common/mod.rs"]
-mod common;
+use candle_mha_test_support as common;
 mod vocab_page;
 
 use anyhow::Result;

@@ -1,8 +1,7 @@
 //! The vocabulary-matrix page in headless Chromium (when installed): what it shows against the
 //! crate's numbers, and how fast a large one responds.
 
-#[path = "../../../tests/common/mod.rs"]
-mod common;
+use candle_mha_test_support as common;
 mod vocab_page;
 
 use std::time::{Duration, Instant};

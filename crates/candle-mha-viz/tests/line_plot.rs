@@ -1,8 +1,7 @@
 //! Line charts: the PNG decodes at the requested size, each series is drawn in its colour in
 //! the right direction, markers, clipping, log scale, text; the SVG's structure; errors.
 
-#[path = "../../../tests/common/mod.rs"]
-mod common;
+use candle_mha_test_support as common;
 
 use anyhow::Result;
 use candle_mha_viz::{LinePlot, Series};

@@ -1,8 +1,7 @@
 //! Word vectors: the GloVe reader, cosine and dot-product attention, the identity-projection
 //! equivalence with `MultiheadAttention`, and the shipped embedding file.
 
-#[path = "../../../tests/common/mod.rs"]
-mod common;
+use candle_mha_test_support as common;
 
 use std::collections::HashMap;
 use std::io::Write;

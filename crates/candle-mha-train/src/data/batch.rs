@@ -117,3 +117,37 @@ impl Batch {
         self.input.dims().get(1).copied().unwrap_or(0)
     }
 }
+
+/// `examples` in order, `batch_size` at a time, as batches on `device` (only one batch's
+/// examples in memory at once); the stream's errors pass through. Errors on a `batch_size`
+/// of 0.
+///
+/// PyTorch equivalent: `DataLoader(dataset, batch_size, shuffle=False)` over an
+/// `IterableDataset`.
+pub fn batches<'a>(
+    examples: impl IntoIterator<Item = Result<Example>> + 'a,
+    batch_size: usize,
+    device: &'a Device,
+) -> Result<impl Iterator<Item = Result<Batch>> + 'a> {
+    if batch_size == 0 {
+        candle::bail!("batch_size 0 is invalid; expected at least 1")
+    }
+    let mut examples = examples.into_iter();
+    Ok(std::iter::from_fn(move || {
+        let mut chunk = Vec::with_capacity(batch_size);
+        for e in examples.by_ref() {
+            match e {
+                Ok(e) => chunk.push(e),
+                Err(err) => return Some(Err(err)),
+            }
+            if chunk.len() == batch_size {
+                break;
+            }
+        }
+        if chunk.is_empty() {
+            return None;
+        }
+        let refs: Vec<&Example> = chunk.iter().collect();
+        Some(Batch::from_examples(&refs, device))
+    }))
+}

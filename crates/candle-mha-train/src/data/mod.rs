@@ -33,7 +33,7 @@ mod token_file;
 mod vocab;
 mod windows;
 
-pub use batch::Batch;
+pub use batch::{batches, Batch};
 pub use codec::{Codec, TOKENIZER_FILE, VOCAB_FILE};
 pub use corpus::{checkpoint_corpus, Corpus, RunSplit};
 pub use dataset::Dataset;

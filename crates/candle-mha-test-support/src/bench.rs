@@ -1,7 +1,5 @@
 //! Helpers shared by the CPU benches: finding torch, describing the machine, Markdown tables.
 
-#![allow(dead_code)]
-
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -225,12 +223,7 @@ impl TorchServer {
         threads: usize,
         allocator: &Allocator,
     ) -> Option<Self> {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-        let root = match root.parent().and_then(|p| p.file_name()) {
-            Some(name) if name == "crates" => root.join("../.."),
-            _ => root.to_path_buf(),
-        };
-        let path = format!("{}/scripts/{script}", root.display());
+        let path = crate::repo_root().join("scripts").join(script);
         let mut cmd = Command::new(python);
         cmd.arg(path)
             .args(["--serve", "--threads", &threads.to_string()])

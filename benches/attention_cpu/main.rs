@@ -59,9 +59,8 @@
 //! `MHA_BENCH_PYTHON` (a Python with torch; unset: `python3`, then `python`),
 //! `RAYON_NUM_THREADS` (candle's threads; torch gets the same).
 
-#[path = "attention_cpu/memory.rs"]
 mod memory;
-mod support;
+use candle_mha_test_support::bench as support;
 
 use std::time::Instant;
 

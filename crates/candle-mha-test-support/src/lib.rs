@@ -1,8 +1,10 @@
-//! Shared helpers for the integration tests: PyTorch fixtures, tolerant comparisons, label
-//! lists, and readers for what the crate writes (`csv`, `image`: PNG pixels, `xml`: SVG and
-//! GraphML).
-#![allow(dead_code)]
+//! What the workspace's tests and benches share (not published): PyTorch fixtures, tolerant
+//! comparisons, label lists, running a built `mha`, readers for what the crates write
+//! (`csv`, `image`: PNG pixels, `xml`: SVG and GraphML), the benches' helpers (`bench`) and,
+//! with the `browser` feature (the visualisation crate's tests), a headless Chromium.
 
+pub mod bench;
+#[cfg(feature = "browser")]
 pub mod browser;
 pub mod csv;
 pub mod image;
@@ -92,17 +94,12 @@ pub fn randn(shape: &[usize], seed: u64) -> Result<Tensor> {
     )?)
 }
 
-/// The repository's root: the workspace holding the crate under test (the root package, or
-/// two levels above a crate in `crates/`).
+/// The workspace's root (`MHA_WORKSPACE_DIR`, set for every crate by `.cargo/config.toml`).
 pub fn repo_root() -> PathBuf {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    match manifest.parent().and_then(|p| p.file_name()) {
-        Some(name) if name == "crates" => manifest.join("../.."),
-        _ => manifest.to_path_buf(),
-    }
+    PathBuf::from(env!("MHA_WORKSPACE_DIR"))
 }
 
-/// `tests/fixtures` at the repository's root, or `$MHA_FIXTURES_DIR` when set (test binaries
+/// `tests/fixtures` at the workspace's root, or `$MHA_FIXTURES_DIR` when set (test binaries
 /// carried to another machine, e.g. by `scripts/build-cuda.sh`, find the fixtures there).
 pub fn fixtures_dir() -> PathBuf {
     match std::env::var_os("MHA_FIXTURES_DIR") {
@@ -211,14 +208,10 @@ pub const TINY_TEXT_MODEL: [&str; 8] = [
     "1",
 ];
 
-/// The `mha` binary (the CLI crate's tests only: cargo builds it for them).
-pub fn mha_exe() -> Result<&'static str> {
-    option_env!("CARGO_BIN_EXE_mha").context("only the candle-mha-cli crate's tests run `mha`")
-}
-
-/// Runs the `mha` binary; returns (success, stdout, stderr).
-pub fn mha(args: &[&str]) -> Result<(bool, String, String)> {
-    let out = std::process::Command::new(mha_exe()?).args(args).output()?;
+/// Runs the program `exe` (the CLI crate's tests pass `env!("CARGO_BIN_EXE_mha")`);
+/// returns (success, stdout, stderr).
+pub fn run_program(exe: &str, args: &[&str]) -> Result<(bool, String, String)> {
+    let out = std::process::Command::new(exe).args(args).output()?;
     Ok((
         out.status.success(),
         String::from_utf8(out.stdout)?,
@@ -227,30 +220,34 @@ pub fn mha(args: &[&str]) -> Result<(bool, String, String)> {
 }
 
 /// Trains the small analysis model of the CLI tests (2 layers × 2 heads, E = 8, 20 steps on
-/// the symbols `T1`…`T5`) with `mha train` into `dir/run` and returns that checkpoint folder.
-pub fn train_tiny_run(dir: &Path) -> Result<PathBuf> {
+/// the symbols `T1`…`T5`) with `mha train` (the program `mha`) into `dir/run` and returns
+/// that checkpoint folder.
+pub fn train_tiny_run(mha: &str, dir: &Path) -> Result<PathBuf> {
     let data = dir.join("ev.txt");
     std::fs::write(
         &data,
         "T1 T2 T3 T4\nT1 T3 T5 T2\nT2 T2 T3 T4 T5\n".repeat(10),
     )?;
     let run = dir.join("run");
-    let (ok, _, stderr) = mha(&[
-        "train",
-        "--tokens",
-        data.to_str().context("temp path")?,
-        "--out",
-        run.to_str().context("temp path")?,
-        "--steps",
-        "20",
-        "--embed-dim",
-        "8",
-        "--num-heads",
-        "2",
-        "--num-layers",
-        "2",
-        "--quiet",
-    ])?;
+    let (ok, _, stderr) = run_program(
+        mha,
+        &[
+            "train",
+            "--tokens",
+            data.to_str().context("temp path")?,
+            "--out",
+            run.to_str().context("temp path")?,
+            "--steps",
+            "20",
+            "--embed-dim",
+            "8",
+            "--num-heads",
+            "2",
+            "--num-layers",
+            "2",
+            "--quiet",
+        ],
+    )?;
     if !ok {
         bail!("mha train failed: {stderr}")
     }
@@ -260,7 +257,8 @@ pub fn train_tiny_run(dir: &Path) -> Result<PathBuf> {
 /// The first CUDA device with cuBLAS in full f32 precision (no TF32), or `None` after
 /// printing why there is none (a build without `cuda`, or no GPU).
 pub fn gpu() -> Option<Device> {
-    if !cfg!(feature = "cuda") {
+    // Whether candle was built with CUDA, by whichever crate under test asked for it.
+    if !candle_mha::candle::utils::cuda_is_available() {
         println!("skipped: built without the `cuda` feature (scripts/build-cuda.sh builds it)");
         return None;
     }
