@@ -21,8 +21,8 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use candle_mha::candle::DType;
 use candle_mha::checkpoint::{find_transformer_modules, StateDict};
-use candle_mha::nn::EncoderOptions;
-use candle_mha::nn::{load_transformer_encoder_file, TransformerLoadOptions};
+use candle_mha::transformer::EncoderOptions;
+use candle_mha::transformer::{load_transformer_encoder_file, TransformerLoadOptions};
 
 fn main() -> Result<()> {
     let fixtures = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/checkpoints");

@@ -19,18 +19,19 @@
 //! # }
 //! ```
 //!
-//! Layering (lower layers never import higher ones; the folder names say which is which):
+//! Layering, from the bottom (a module imports only from its own floor or below; the test
+//! `tests/layering.rs` checks every `crate::` path of `src/`):
 //!
-//! 1. Foundations, importing nothing of the crate but each other: [`rng`] (seeded, portable
-//!    randomness), [`init`] (PyTorch's initialisers, drawn from `rng`), [`autograd`] (backward
-//!    from a given gradient), [`device`] (a device from a string), [`io`] (atomic file writes),
-//!    [`runtime`] (the process settings a program may opt into; the library sets none), and
-//!    `cpu`, the crate-private CPU kernel layer every fused op shares.
-//! 2. [`nn`]'s layers ([`nn::Linear`], [`nn::LayerNorm`], [`nn::Embedding`], the fused GELU,
-//!    MLP and cross-entropy ops), then [`attention`]: the module itself, its key/value caches
-//!    and fused kernels.
+//! 0. Foundations: [`rng`] (seeded, portable randomness), [`init`] (PyTorch's initialisers),
+//!    [`autograd`] (backward from a given gradient), [`device`] (a device from a string),
+//!    [`io`] (atomic file writes), [`runtime`] (the process settings a program may opt into;
+//!    the library sets none), `numerics` (the dtype a reduction computes in) and `cpu`, the
+//!    crate-private CPU kernel layer every fused op shares.
+//! 1. [`nn`]: plain layers ([`nn::Linear`], [`nn::LayerNorm`], [`nn::Embedding`], the fused
+//!    GELU, MLP and cross-entropy ops).
+//! 2. [`attention`]: the module itself, its key/value caches and fused kernels.
 //! 3. [`checkpoint`]: PyTorch state_dicts in and out; [`optim`]: AdamW and clipping.
-//! 4. [`nn::transformer`]: PyTorch's Transformer layers, stacks and `nn.Transformer`, with their
+//! 4. [`transformer`]: PyTorch's Transformer layers, stacks and `nn.Transformer`, with their
 //!    loaders from checkpoints.
 //!
 //! Beside this crate, in the same workspace: `candle-mha-train` (data, the next-token
@@ -55,16 +56,18 @@ pub mod device;
 pub mod init;
 pub mod io;
 pub mod nn;
+mod numerics;
 pub mod optim;
 pub mod rng;
 pub mod runtime;
+pub mod transformer;
 
 pub use attention::{
     multihead_attention, AttentionKernel, AttentionOptions, AttentionOutput, IncrementalOptions,
     KvCache, MemoryCache, MultiheadAttention, MultiheadAttentionConfig, StackKvCache,
 };
 pub use init::seeded_var_builder;
-pub use nn::{
+pub use transformer::{
     Activation, DecoderOptions, EncoderOptions, Transformer, TransformerConfig, TransformerDecoder,
     TransformerDecoderLayer, TransformerDecoderLayerConfig, TransformerEncoder,
     TransformerEncoderLayer, TransformerEncoderLayerConfig, TransformerOptions,

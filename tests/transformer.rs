@@ -1,4 +1,4 @@
-//! The Transformer layers (`candle_mha::nn::transformer`) against PyTorch 2.15: outputs and
+//! The Transformer layers (`candle_mha::transformer`) against PyTorch 2.15: outputs and
 //! gradients of every parameter and input (fixtures made by
 //! `scripts/make_transformer_fixtures.py`), training through them, and their errors.
 
@@ -7,12 +7,12 @@ use candle_mha_test_support as common;
 use anyhow::Result;
 use candle_mha::candle::{DType, Device, Tensor};
 use candle_mha::candle_nn::VarMap;
-use candle_mha::nn::{
+use candle_mha::seeded_var_builder;
+use candle_mha::transformer::{
     Activation, DecoderOptions, EncoderOptions, FinalNorm, Transformer, TransformerConfig,
     TransformerDecoder, TransformerDecoderLayerConfig, TransformerEncoder, TransformerEncoderLayer,
     TransformerEncoderLayerConfig, TransformerOptions,
 };
-use candle_mha::seeded_var_builder;
 use common::randn;
 
 /// In training mode with dropout, one backward reaches every parameter of the whole model.
@@ -213,7 +213,7 @@ fn bad_input_is_named() -> Result<()> {
 
 use candle_mha::candle::Var;
 use candle_mha::candle_nn::VarBuilder;
-use candle_mha::nn::TransformerDecoderLayer;
+use candle_mha::transformer::TransformerDecoderLayer;
 use common::{assert_close, Fixture};
 use std::collections::HashMap;
 

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use candle_mha::candle::{DType, Device, Tensor};
 use candle_mha::checkpoint::{find_transformer_modules, StateDict};
-use candle_mha::nn::{
+use candle_mha::transformer::{
     load_transformer, load_transformer_decoder, load_transformer_encoder,
     load_transformer_encoder_file, load_transformer_encoder_layer, load_transformer_file,
     Activation, DecoderOptions, EncoderOptions, TransformerLoadOptions, TransformerOptions,
@@ -303,7 +303,7 @@ fn imported_encoder_trains() -> Result<()> {
         .map(|(_, t)| Var::from_tensor(t))
         .collect::<candle_mha::candle::Result<Vec<_>>>()?;
     let x = exp.tensor("input")?;
-    let loss = |e: &candle_mha::nn::TransformerEncoder| -> Result<Tensor> {
+    let loss = |e: &candle_mha::transformer::TransformerEncoder| -> Result<Tensor> {
         Ok(e.forward(x, &EncoderOptions::new())?.sqr()?.mean_all()?)
     };
     let before = loss(&enc)?;
@@ -324,7 +324,7 @@ fn imported_encoder_trains() -> Result<()> {
 
 #[test]
 fn decoder_layer_loads_and_an_encoder_layer_is_not_one() -> Result<()> {
-    use candle_mha::nn::load_transformer_decoder_layer_file;
+    use candle_mha::transformer::load_transformer_decoder_layer_file;
     let o = TransformerLoadOptions::new(2);
     let path = ckpt("transformer_module.pt");
     let (_, report) = load_transformer_decoder_layer_file(
@@ -354,7 +354,7 @@ fn decoder_layer_loads_and_an_encoder_layer_is_not_one() -> Result<()> {
         e.starts_with("Error(s) in loading state_dict for TransformerDecoderLayer: 6 missing key(s); nothing was loaded (strict). The keys fit another module: load them with load_transformer_encoder_layer."),
         "{e}"
     );
-    let e = candle_mha::nn::load_transformer_encoder_layer_file(
+    let e = candle_mha::transformer::load_transformer_encoder_layer_file(
         &path,
         "decoder.layers.0",
         &o,

@@ -7,11 +7,11 @@ use candle_mha_test_support as common;
 use anyhow::Result;
 use candle_mha::candle::{DType, Device, Tensor};
 use candle_mha::candle_nn::VarMap;
-use candle_mha::nn::{
+use candle_mha::seeded_var_builder;
+use candle_mha::transformer::{
     EncoderOptions, FinalNorm, Transformer, TransformerConfig, TransformerEncoder,
     TransformerEncoderLayerConfig, TransformerOptions,
 };
-use candle_mha::seeded_var_builder;
 use common::randn;
 
 /// A mask built for the other `batch_first` is reported by the layer the user called, under

@@ -42,7 +42,7 @@ impl DropoutMask {
     /// The same mask read from position `offset` of its stream on: element `idx` is tested as
     /// `offset + idx`. A part of a larger batch that starts at row `b0` takes
     /// `offset = b0 · (elements per row)` and draws exactly the whole batch's mask for its rows
-    /// (data-parallel ranks, `crate::training`).
+    /// (the data-parallel ranks of `candle-mha-train`).
     pub fn with_offset(mut self, offset: u64) -> Self {
         self.offset = offset;
         self

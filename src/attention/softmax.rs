@@ -2,15 +2,6 @@
 
 use candle::{DType, Result, Tensor, D};
 
-/// The dtype attention scores are normalised in: f32 for the half types (f16/bf16 sums lose
-/// too much), the input dtype otherwise.
-pub(crate) fn softmax_dtype(dtype: DType) -> DType {
-    match dtype {
-        DType::F16 | DType::BF16 => DType::F32,
-        other => other,
-    }
-}
-
 /// Softmax over the last dimension, built from differentiable ops, where a row that is
 /// entirely `-inf` (every key masked) gives all zeros and zero, finite gradients.
 ///

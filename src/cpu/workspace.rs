@@ -15,7 +15,7 @@
 //! about as many buffers as were in use at once (a model's training step holds two per block
 //! from its forward pass to its backward pass: the projection and the linear+GELU's
 //! pre-activation), of the largest sizes used, and never more than [`KEPT`] per dtype;
-//! [`crate::alloc::release_workspace`] frees them.
+//! [`crate::runtime::release_workspace`] frees them.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::{Mutex, MutexGuard, PoisonError};

@@ -9,8 +9,8 @@ use rayon::prelude::*;
 
 use std::mem::MaybeUninit;
 
-use crate::attention::softmax::softmax_dtype;
 use crate::cpu::{contiguous, filled_vec, fused, unsupported_dtype, Elem, ROWS_PER_TASK as ROWS};
+use crate::numerics::softmax_dtype;
 
 const OP: &str = "fused cross-entropy";
 

@@ -10,8 +10,8 @@ use candle::{CpuStorage, CustomOp3, DType, Layout, Module, Result, Shape, Tensor
 use candle_nn::{Init, VarBuilder};
 use rayon::prelude::*;
 
-use crate::attention::softmax::softmax_dtype;
 use crate::cpu::{contiguous, filled_vec, fused, unsupported_dtype, ROWS_PER_TASK};
+use crate::numerics::softmax_dtype;
 
 /// Mean and `1/√(var + eps)` of a row (biased variance, as PyTorch).
 fn stats<T: WithDType>(row: &[T], eps: f64) -> (f64, f64) {

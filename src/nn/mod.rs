@@ -9,11 +9,8 @@
 //! over the kernels of the CPU layer (`crate::cpu`); other devices and dtypes keep the generic
 //! ops.
 //!
-//! The Transformer layers ([`transformer`]: encoder/decoder layers and stacks,
-//! [`Transformer`]) are built from these and the attention.
-//!
-//! Layering: above the CPU layer and `init`, below `models`; nothing here but [`transformer`]
-//! imports the attention core.
+//! Layering: above the CPU layer, `numerics` and `init`; below the attention and
+//! [`crate::transformer`], which are built from these layers.
 
 mod cross_entropy;
 mod embedding;
@@ -22,10 +19,7 @@ mod layer_norm;
 mod linear;
 mod linear_cross_entropy;
 mod linear_gelu;
-pub mod transformer;
 
-/// What every loader returns beside the module (defined with the checkpoint readers).
-pub use crate::checkpoint::LoadReport;
 pub use cross_entropy::cross_entropy_rows;
 pub use embedding::embedding_sum;
 pub use embedding::Embedding;
@@ -34,17 +28,5 @@ pub use layer_norm::LayerNorm;
 pub use linear::Linear;
 pub use linear_cross_entropy::linear_cross_entropy;
 pub use linear_gelu::{linear_gelu, mlp};
-pub use transformer::{
-    load_transformer, load_transformer_decoder, load_transformer_decoder_file,
-    load_transformer_decoder_layer, load_transformer_decoder_layer_file, load_transformer_encoder,
-    load_transformer_encoder_file, load_transformer_encoder_layer,
-    load_transformer_encoder_layer_file, load_transformer_file, TransformerLoadOptions,
-};
-pub use transformer::{
-    Activation, DecoderOptions, EncoderOptions, FinalNorm, Transformer, TransformerConfig,
-    TransformerDecoder, TransformerDecoderLayer, TransformerDecoderLayerConfig, TransformerEncoder,
-    TransformerEncoderLayer, TransformerEncoderLayerConfig, TransformerOptions,
-};
-
 #[cfg(test)]
 mod tests;

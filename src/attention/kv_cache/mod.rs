@@ -9,8 +9,8 @@
 use candle::{Result, Tensor};
 
 use super::mask::additive_mask;
-use super::softmax::softmax_dtype;
 use super::MultiheadAttention;
+use crate::numerics::softmax_dtype;
 
 mod geometry;
 mod memory;

@@ -8,7 +8,7 @@ use crate::attention::checks::Dims;
 use crate::attention::dropout::DropoutMask;
 use crate::attention::fused::{FusedAttention, FusedWeights, Geom};
 use crate::attention::mask::additive_mask;
-use crate::attention::softmax::softmax_dtype;
+use crate::numerics::softmax_dtype;
 
 impl MultiheadAttention {
     /// The fused kernel's op for one call: `extra` appended key rows, masks in `mask_dt` (the

@@ -8,10 +8,11 @@ use super::{InProjWeight, MultiheadAttention};
 use crate::attention::fused::{decode_attention, linear};
 use crate::attention::kv_cache::{CacheGeometry, CachedKeys};
 use crate::attention::mask::additive_mask;
-use crate::attention::softmax::{safe_softmax_last_dim, softmax_dtype};
+use crate::attention::softmax::safe_softmax_last_dim;
 use crate::attention::{
     AttentionKernel, AttentionOutput, IncrementalOptions, KvCache, MemoryCache,
 };
+use crate::numerics::softmax_dtype;
 
 mod checks;
 

@@ -8,7 +8,8 @@ use super::{Call, MultiheadAttention};
 use crate::attention::checks::Dims;
 use crate::attention::dropout::seeded_dropout_at;
 use crate::attention::mask::merged_mask;
-use crate::attention::softmax::{masked_softmax_fused, safe_softmax_last_dim, softmax_dtype};
+use crate::attention::softmax::{masked_softmax_fused, safe_softmax_last_dim};
+use crate::numerics::softmax_dtype;
 
 impl MultiheadAttention {
     /// The attention step op by op on materialised scores (the reference): context

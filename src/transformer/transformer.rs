@@ -271,7 +271,7 @@ impl TransformerOptions {
 /// ```
 /// use candle::{DType, Device, Tensor};
 /// use candle_mha::candle_nn::VarMap;
-/// use candle_mha::nn::{Transformer, TransformerConfig, TransformerOptions};
+/// use candle_mha::transformer::{Transformer, TransformerConfig, TransformerOptions};
 /// # fn main() -> candle::Result<()> {
 /// let varmap = VarMap::new();
 /// let vb = candle_mha::seeded_var_builder(&varmap, 0, DType::F32, &Device::Cpu);

@@ -45,7 +45,7 @@ pub enum FinalNorm {
 /// `"relu"` or `"gelu"`, the strings PyTorch's `activation=` argument takes.
 ///
 /// ```
-/// use candle_mha::nn::Activation;
+/// use candle_mha::transformer::Activation;
 /// assert_eq!("gelu".parse::<Activation>().unwrap(), Activation::Gelu);
 /// assert!("tanh".parse::<Activation>().unwrap_err().to_string().contains("relu or gelu"));
 /// ```
@@ -210,7 +210,7 @@ layer_config!(
     /// batch_first=False, norm_first=False, bias=True)`, with the same defaults.
     ///
     /// ```
-    /// use candle_mha::nn::{Activation, TransformerEncoderLayerConfig};
+    /// use candle_mha::transformer::{Activation, TransformerEncoderLayerConfig};
     /// let cfg = TransformerEncoderLayerConfig::new(16, 2)
     ///     .with_dim_feedforward(32)
     ///     .with_activation(Activation::Gelu)

@@ -4,7 +4,7 @@
 //! dropout in training mode), built on [`MultiheadAttention`](crate::MultiheadAttention) and the
 //! fused CPU ops of [`crate::nn`].
 //!
-//! Layering: this module sits above the attention core (the rest of `nn` sits below it).
+//! Layering: the top of the crate, above the attention core and [`crate::checkpoint`].
 
 mod checks;
 mod config;

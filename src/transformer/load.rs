@@ -13,16 +13,16 @@ use std::path::Path;
 use candle::{DType, Device, Result};
 use candle_nn::{VarBuilder, VarMap};
 
+use super::{
+    Activation, FinalNorm, Transformer, TransformerConfig, TransformerDecoder,
+    TransformerDecoderLayer, TransformerDecoderLayerConfig, TransformerEncoder,
+    TransformerEncoderLayer, TransformerEncoderLayerConfig,
+};
 use crate::checkpoint::{
     load_into_varmap, normalize_prefix, InferredTransformer, InferredTransformerLayer,
     InferredTransformerStack, LoadOptions, LoadReport, StateDict,
 };
 use crate::init::seeded_var_builder;
-use crate::nn::{
-    Activation, FinalNorm, Transformer, TransformerConfig, TransformerDecoder,
-    TransformerDecoderLayer, TransformerDecoderLayerConfig, TransformerEncoder,
-    TransformerEncoderLayer, TransformerEncoderLayerConfig,
-};
 
 /// What a checkpoint cannot tell about a Transformer model, and how strictly to load it.
 ///

@@ -20,7 +20,7 @@ use crate::rng::derive_seed;
 /// ```
 /// use candle::{DType, Device, Tensor};
 /// use candle_mha::candle_nn::VarMap;
-/// use candle_mha::nn::{EncoderOptions, FinalNorm, TransformerEncoder, TransformerEncoderLayerConfig};
+/// use candle_mha::transformer::{EncoderOptions, FinalNorm, TransformerEncoder, TransformerEncoderLayerConfig};
 /// # fn main() -> candle::Result<()> {
 /// let varmap = VarMap::new();
 /// let vb = candle_mha::seeded_var_builder(&varmap, 0, DType::F32, &Device::Cpu);
