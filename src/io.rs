@@ -51,6 +51,22 @@ fn kind(md: &std::fs::Metadata) -> &'static str {
     }
 }
 
+/// A size in the decimal unit that fits: `512 bytes`, `34.5 kB`, `9.8 MB`, `1.25 GB`.
+///
+/// PyTorch equivalent: none.
+pub fn human_size(bytes: u64) -> String {
+    let b = bytes as f64;
+    if bytes < 1000 {
+        format!("{bytes} bytes")
+    } else if b < 1e6 {
+        format!("{:.1} kB", b / 1e3)
+    } else if b < 1e9 {
+        format!("{:.1} MB", b / 1e6)
+    } else {
+        format!("{:.2} GB", b / 1e9)
+    }
+}
+
 /// Errors when `path` is a symbolic link (a missing path is fine): files a program writes
 /// or replaces in its own directories are never links, so nothing outside is changed through
 /// one.
@@ -256,6 +272,14 @@ pub fn remove_stale_temps(dir: &Path) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_take_the_unit_that_fits() {
+        assert_eq!(human_size(999), "999 bytes");
+        assert_eq!(human_size(35_180), "35.2 kB");
+        assert_eq!(human_size(5_700_000), "5.7 MB");
+        assert_eq!(human_size(1_250_000_000), "1.25 GB");
+    }
 
     #[test]
     fn temporary_names_carry_the_pid() {

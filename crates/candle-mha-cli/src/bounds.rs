@@ -28,6 +28,14 @@ pub fn real(lo: f64, hi: f64) -> impl Fn(&str) -> Result<f64, String> + Clone + 
     }
 }
 
+/// Finite numbers in `[lo, hi)` (a dropout probability: `below(0.0, 1.0)`).
+pub fn below(lo: f64, hi: f64) -> impl Fn(&str) -> Result<f64, String> + Clone + Send + Sync {
+    move |s: &str| match s.parse::<f64>() {
+        Ok(x) if x.is_finite() && lo <= x && x < hi => Ok(x),
+        _ => Err(format!("expected a number in [{lo}, {hi})")),
+    }
+}
+
 /// Finite numbers.
 pub fn finite(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {

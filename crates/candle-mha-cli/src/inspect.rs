@@ -5,9 +5,10 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 use candle_mha::candle::{DType, Tensor};
+use candle_mha::io::human_size;
 use candle_mha_train::data::{Codec, TextWindows};
 use candle_mha_train::io::write_atomic;
-use candle_mha_viz::html::{attention_explorer, human_size, ExplorerOptions};
+use candle_mha_viz::html::{attention_explorer, ExplorerOptions};
 use candle_mha_viz::{
     attention_rollout, format_table, fuse_heads, head_stats, heatmap, AttentionGraph, GraphOptions,
     HeatmapOptions, TableOptions, ATTENTION_FLOW_MAX_LEN,
@@ -249,7 +250,7 @@ pub fn run(args: &InspectArgs) -> Result<()> {
         eprintln!(
             "wrote {} ({}; {n_layers} layers × {h} heads × {} tokens)",
             p.display(),
-            human_size(page.len()),
+            human_size(page.len() as u64),
             labels.len()
         );
         if labels.len() > ATTENTION_FLOW_MAX_LEN {

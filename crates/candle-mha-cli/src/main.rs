@@ -31,7 +31,7 @@ mod prepare;
 mod train;
 mod vocab_matrix;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// PyTorch's nn.MultiheadAttention on candle: checkpoints, training, analysis.
 ///
@@ -113,7 +113,13 @@ fn main() -> std::process::ExitCode {
         );
         return std::process::ExitCode::from(2);
     }
-    let result = match Cli::parse().command {
+    // A negative number is a value (`--lr -1`), answered by the option's own range check,
+    // not clap's "unexpected argument".
+    let matches = Cli::command()
+        .mut_subcommands(|c| c.allow_negative_numbers(true))
+        .get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let result = match cli.command {
         Command::Prepare(args) => prepare::run(&args),
         Command::Train(args) => train::run(&args),
         Command::Generate(args) => generate::run(&args),

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use candle_mha_train::data::{
     describe_prepared, PrepareJob, PrepareOptions, PrepareProgress, SetupObserver,
     DEFAULT_BPE_SAMPLE_MB, DEFAULT_BPE_VOCAB, DEFAULT_CHUNK_BYTES, MAX_BPE_VOCAB, MAX_CHUNK_BYTES,
@@ -35,7 +35,7 @@ pub struct PrepareArgs {
     #[arg(long, default_value_t = DEFAULT_BPE_SAMPLE_MB, value_parser = super::bounds::real(0.001, 1e5))]
     pub bpe_sample_mb: f64,
     /// Fraction of the token stream held out for validation (its tail), in [0, 1).
-    #[arg(long, default_value_t = PrepareOptions::default().val_fraction)]
+    #[arg(long, value_parser = crate::bounds::below(0.0, 1.0), default_value_t = PrepareOptions::default().val_fraction)]
     pub val_fraction: f64,
     /// Kilobytes of text encoded at a time per thread (1 to 262144).
     #[arg(long, default_value_t = DEFAULT_CHUNK_BYTES / 1024,
@@ -88,12 +88,6 @@ impl SetupObserver for Notices {
 
 /// Runs `mha prepare`.
 pub fn run(args: &PrepareArgs) -> Result<()> {
-    if !(0.0..1.0).contains(&args.val_fraction) {
-        bail!(
-            "--val-fraction {}: expected a fraction in [0, 1)",
-            args.val_fraction
-        )
-    }
     let job = PrepareJob {
         text: args.text.clone(),
         tokens: args.tokens.clone(),

@@ -4,7 +4,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use candle_mha::candle::DType;
-use candle_mha_viz::html::{human_size, vocab_matrix_html, VocabHtmlOptions};
+use candle_mha::io::human_size;
+use candle_mha_viz::html::{vocab_matrix_html, VocabHtmlOptions};
 use candle_mha_viz::{corpus_vocab_matrix, MAX_DENSE_VOCAB};
 
 use candle_mha_train::data::{checkpoint_corpus, RunSplit};
@@ -125,7 +126,7 @@ pub fn run(args: &VocabMatrixArgs) -> Result<()> {
         eprintln!(
             "wrote {}/vocab_matrix.csv and vocab_matrix.safetensors (about {}; --no-safetensors skips it)",
             out.display(),
-            human_size(32 * vm.vocab_size() * vm.vocab_size())
+            human_size(32 * (vm.vocab_size() as u64).pow(2))
         );
     } else {
         // V × V dense would not fit in memory at GPT-2's 50,257 ids (81 GB): the cells only.
@@ -149,7 +150,7 @@ pub fn run(args: &VocabMatrixArgs) -> Result<()> {
         eprintln!(
             "wrote {} ({}; {} tokens, {} cells)",
             path.display(),
-            human_size(page.len()),
+            human_size(page.len() as u64),
             vm.vocab_size(),
             vm.num_cells()
         );

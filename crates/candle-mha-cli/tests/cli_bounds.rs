@@ -210,7 +210,9 @@ fn many_passes_over_a_small_corpus_are_announced() -> Result<()> {
     let (ok, _, err) = run("40", "many")?;
     assert!(ok, "{err}");
     assert!(
-        err.contains("times over") && err.contains("steps make one pass"),
+        err.contains("times over")
+            && err.contains("one pass is about")
+            && err.contains("--early-stop"),
         "{err}"
     );
     let (ok, _, err) = run("4", "few")?;

@@ -171,13 +171,17 @@ fn bad_data_and_checkpoints_are_clear_errors() -> Result<()> {
     // Hyper-parameters PyTorch would reject (or that train into NaNs) are errors, and no
     // checkpoint is written.
     for (flag, message) in [
-        ("--lr=-1", "Invalid learning rate: -1"),
-        ("--lr=nan", "Invalid learning rate: NaN"),
-        ("--weight-decay=-0.5", "Invalid weight_decay value: -0.5"),
-        ("--clip=-1", "clip_norm must be >= 0 (0 = off), got -1"),
+        ("--lr=-1", "for '--lr <LR>': expected a number in [0, "),
+        ("--lr=nan", "for '--lr <LR>': expected a number in [0, "),
+        ("--weight-decay=-0.5", "expected a number in [0, 1000]"),
         (
-            "--val-fraction=1.5",
-            "--val-fraction 1.5: expected a fraction in [0, 1]",
+            "--clip=-1",
+            "for '--clip <CLIP>': expected a number in [0, ",
+        ),
+        ("--val-fraction=1.5", "expected a number in [0, 1]"),
+        (
+            "--dropout=1",
+            "for '--dropout <DROPOUT>': expected a number in [0, 1)",
         ),
         // Finite but diverging: after the first update the evaluation loss is NaN, and the
         // save refuses.

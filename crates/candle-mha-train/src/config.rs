@@ -96,8 +96,9 @@ impl TrainConfig {
 
 impl TrainConfig {
     /// Checks every count against the crate's [limits](crate::limits) (the command line's
-    /// ranges; a `trainer_state.json` is held to them too); names the field on error. The
-    /// rates are checked by the optimizer and the trainer.
+    /// ranges; a `trainer_state.json` is held to them too), and `lr`, `weight_decay` and
+    /// `clip_norm` to be finite and ≥ 0; names the field on error. The optimizer checks its
+    /// betas and epsilon.
     pub fn validate(&self) -> Result<()> {
         use crate::limits::{check_range, MAX_COUNT, MAX_GRAD_ACCUM, MAX_STEPS};
         check_range("batch_size", self.batch_size, 1, MAX_COUNT)?;
@@ -111,6 +112,15 @@ impl TrainConfig {
         ] {
             check_range(name, v, 0, MAX_STEPS)?;
         }
+        for (name, v) in [
+            ("lr", self.lr),
+            ("weight_decay", self.weight_decay),
+            ("clip_norm", self.clip_norm),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                candle::bail!("{name} {v} is invalid; expected a finite number ≥ 0")
+            }
+        }
         Ok(())
     }
 }
@@ -118,4 +128,31 @@ impl TrainConfig {
 /// `grad_accum` of a `trainer_state.json` written before it existed.
 fn one() -> usize {
     1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TrainConfig;
+
+    #[test]
+    fn rates_must_be_finite_and_not_negative() {
+        assert!(TrainConfig::default().validate().is_ok());
+        for cfg in [
+            TrainConfig {
+                lr: -1.0,
+                ..TrainConfig::default()
+            },
+            TrainConfig {
+                weight_decay: f64::NAN,
+                ..TrainConfig::default()
+            },
+            TrainConfig {
+                clip_norm: f64::INFINITY,
+                ..TrainConfig::default()
+            },
+        ] {
+            let e = cfg.validate().unwrap_err().to_string();
+            assert!(e.contains("expected a finite number ≥ 0"), "{e}");
+        }
+    }
 }

@@ -24,13 +24,25 @@ pub struct Evaluation {
     pub bits_per_byte: Option<f64>,
 }
 
+/// A perplexity for people: three decimals up to a million, exponent form above (a diverged
+/// run's `exp(loss)` has hundreds of digits), `inf` past f64.
+fn format_perplexity(p: f64) -> String {
+    if p.is_finite() && p.abs() < 1e6 {
+        format!("{p:.3}")
+    } else if p.is_finite() {
+        format!("{p:.3e}")
+    } else {
+        format!("{p}")
+    }
+}
+
 impl std::fmt::Display for Evaluation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "loss {:.4}, perplexity {:.3}, accuracy {:.2}%",
+            "loss {:.4}, perplexity {}, accuracy {:.2}%",
             self.loss,
-            self.perplexity,
+            format_perplexity(self.perplexity),
             100.0 * self.accuracy,
         )?;
         if let Some(bpb) = self.bits_per_byte {
@@ -116,4 +128,17 @@ pub fn evaluate_examples(
             .filter(|&b| b > 0)
             .map(|b| loss_sum / std::f64::consts::LN_2 / b as f64),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::format_perplexity;
+
+    #[test]
+    fn perplexities_stay_readable() {
+        assert_eq!(format_perplexity(12.34567), "12.346");
+        assert_eq!(format_perplexity(1e308), "1.000e308");
+        assert_eq!(format_perplexity(f64::INFINITY), "inf");
+        assert_eq!(format_perplexity(f64::NAN), "NaN");
+    }
 }

@@ -104,16 +104,16 @@ pub struct TrainArgs {
     ))]
     pub grad_accum: Option<usize>,
     /// Peak learning rate (warmup, then cosine to lr/10).
-    #[arg(long, help = run_default("Peak learning rate (warmup, then cosine to lr/10)", |c| c.lr))]
+    #[arg(long, value_parser = crate::bounds::real(0.0, f64::MAX), help = run_default("Peak learning rate (warmup, then cosine to lr/10)", |c| c.lr))]
     pub lr: Option<f64>,
     /// Warmup steps.
     #[arg(long, value_parser = crate::bounds::count_u64(0, crate::bounds::MAX_STEPS), help = run_default("Warmup steps", |c| c.warmup_steps))]
     pub warmup: Option<u64>,
     /// AdamW weight decay.
-    #[arg(long, help = run_default("AdamW weight decay", |c| c.weight_decay))]
+    #[arg(long, value_parser = crate::bounds::real(0.0, 1e3), help = run_default("AdamW weight decay", |c| c.weight_decay))]
     pub weight_decay: Option<f64>,
     /// Gradient-norm clip (0 = off).
-    #[arg(long, help = run_default("Gradient-norm clip (0 = off)", |c| c.clip_norm))]
+    #[arg(long, value_parser = crate::bounds::real(0.0, 1e9), help = run_default("Gradient-norm clip (0 = off)", |c| c.clip_norm))]
     pub clip: Option<f64>,
     /// Model width.
     #[arg(long, value_parser = crate::bounds::count(1, crate::bounds::MAX_DIM), help = model_default("Model width", |c| c.embed_dim))]
@@ -134,10 +134,10 @@ pub struct TrainArgs {
     ))]
     pub max_len: Option<usize>,
     /// Attention dropout.
-    #[arg(long, help = model_default("Attention dropout", |c| c.dropout))]
+    #[arg(long, value_parser = crate::bounds::below(0.0, 1.0), help = model_default("Attention dropout", |c| c.dropout))]
     pub dropout: Option<f64>,
     /// Dropout on the embeddings and on each block's outputs into the residual stream.
-    #[arg(long, help = model_default(
+    #[arg(long, value_parser = crate::bounds::below(0.0, 1.0), help = model_default(
         "Dropout on the embeddings and on each block's outputs into the residual stream",
         |c| c.resid_dropout,
     ))]
@@ -162,7 +162,7 @@ pub struct TrainArgs {
     pub eval_windows: Option<usize>,
     /// Fraction held out for validation: random sequences of a token file, the tail of text
     /// (with --data: the data's own split unless given).
-    #[arg(long, help = format!(
+    #[arg(long, value_parser = crate::bounds::real(0.0, 1.0), help = format!(
         "Fraction held out for validation: random sequences of a token file, the tail of text \
          [default: {}; with --data, the data's own split]",
         PrepareOptions::default().val_fraction

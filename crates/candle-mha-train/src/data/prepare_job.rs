@@ -100,8 +100,8 @@ impl PrepareJob {
         let meta = prepare_text(&files, &tok, out, &opts, &mut |p| observer.progress(&p))?;
         let secs = started.elapsed().as_secs_f64();
         observer.notice(&format!(
-            "encoded {:.1} MB in {secs:.1} s ({:.1} MB/s)",
-            meta.source_bytes as f64 / 1e6,
+            "encoded {} in {secs:.1} s ({:.1} MB/s)",
+            candle_mha::io::human_size(meta.source_bytes),
             meta.source_bytes as f64 / 1e6 / secs.max(1e-9)
         ));
         Ok(meta)
@@ -144,13 +144,13 @@ impl PrepareJob {
 /// One line describing prepared data in `dir`: tokens, dtype, ids, sources, split.
 pub fn describe_prepared(meta: &TokenDataMeta, dir: &Path) -> String {
     format!(
-        "{}: {} tokens ({:?}, {} ids) from {} file(s), {:.1} MB; training {} tokens, validation {} (the last {:.0}%)",
+        "{}: {} tokens ({:?}, {} ids) from {} file(s), {}; training {} tokens, validation {} (the last {:.0}%)",
         dir.display(),
         meta.num_tokens,
         meta.dtype,
         meta.vocab_size,
         meta.sources.len(),
-        meta.source_bytes as f64 / 1e6,
+        candle_mha::io::human_size(meta.source_bytes),
         meta.train_tokens,
         meta.num_tokens - meta.train_tokens,
         100.0 * meta.val_fraction

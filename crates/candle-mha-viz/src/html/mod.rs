@@ -12,5 +12,4 @@ mod explorer;
 mod page;
 mod vocab;
 pub use explorer::{attention_explorer, ExplorerOptions};
-pub use page::human_size;
 pub use vocab::{vocab_matrix_html, VocabHtmlOptions};

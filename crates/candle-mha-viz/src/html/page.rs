@@ -86,21 +86,6 @@ pub(crate) fn viridis_json() -> String {
     json_strings(&colours)
 }
 
-/// A byte count for people, as the pages' summary lines and the CLI print it: `812 bytes`,
-/// `34.5 kB`, `9.81 MB` (powers of 1000).
-///
-/// PyTorch equivalent: none.
-pub fn human_size(bytes: usize) -> String {
-    let b = bytes as f64;
-    if bytes < 1000 {
-        format!("{bytes} bytes")
-    } else if b < 1e6 {
-        format!("{:.1} kB", b / 1e3)
-    } else {
-        format!("{:.2} MB", b / 1e6)
-    }
-}
-
 /// The parts of one page.
 pub(crate) struct Page<'a> {
     /// The `<title>` and the heading (escaped here).
@@ -129,7 +114,7 @@ impl Page<'_> {
         let mut size = String::new();
         for _ in 0..8 {
             let doc = self.render_with(&data, &size);
-            let next = human_size(doc.len());
+            let next = candle_mha::io::human_size(doc.len() as u64);
             if next == size {
                 return doc;
             }
@@ -197,7 +182,10 @@ mod tests {
             js: "",
         };
         let doc = page.render();
-        assert!(doc.contains(&format!("size {}", human_size(doc.len()))));
+        assert!(doc.contains(&format!(
+            "size {}",
+            candle_mha::io::human_size(doc.len() as u64)
+        )));
         assert!(doc.contains("<title>t &lt;b&gt;</title>"));
     }
 
