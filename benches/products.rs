@@ -77,7 +77,7 @@ fn linear_products(layer: &'static str, t: usize, inp: usize, out: usize) -> [Pr
     ]
 }
 
-/// A model of `benches/train_step.rs`: `(name, tokens, E, V)`.
+/// A model of `crates/candle-mha-train/benches/train_step.rs`: `(name, tokens, E, V)`.
 fn models() -> Vec<(&'static str, usize, usize, usize)> {
     let all = [
         ("medium", 16 * 128, 256, 512),

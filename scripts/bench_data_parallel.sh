@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Data-parallel training on one machine: tokens/s of 1 process × 2 threads against 2 MPI
-# ranks × 1 thread, for the medium model of benches/train_step.rs (E 256, 8 heads, 4 blocks,
+# ranks × 1 thread, for the medium model of crates/candle-mha-train/benches/train_step.rs (E 256, 8 heads, 4 blocks,
 # context 128, 512 ids) on CORPUS, global batch 16 × 128 tokens, no dropout; plus 1 process
 # × 1 thread on one rank's half batch (a rank's compute alone), and the seconds rank 0
 # spends in the all-reduces (`comm_s` of metrics.jsonl). Median over steps 6..STEPS.

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Times one training step of the PyTorch twin (`reference_model.NextTokenPredictor`).
 
-The Rust side is `benches/train_step.rs` (`cargo bench --bench train_step`), which runs this
+The Rust side is `crates/candle-mha-train/benches/train_step.rs` (`cargo bench --bench train_step`), which runs this
 script with the same shapes, steps and thread count and prints both in one table. By hand:
 
     VENV/bin/python scripts/bench_reference.py \\

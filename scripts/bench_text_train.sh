@@ -48,7 +48,7 @@
 #   RAYON_NUM_THREADS     mha's threads [all cores]; PyTorch gets torch.set_num_threads of
 #                         the same number
 #
-# Both sides keep freed memory: the mha CLI calls mallopt itself (src/alloc.rs), and PyTorch's
+# Both sides keep freed memory: the mha CLI calls mallopt itself (runtime::retain_freed_memory), and PyTorch's
 # process runs under the equivalent GLIBC_TUNABLES, as in the Rust benches.
 #
 # Needs bash, coreutils (sort, paste, date, mktemp, nproc), find, awk, and for peak RSS GNU

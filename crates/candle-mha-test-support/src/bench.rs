@@ -5,7 +5,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 /// Both sides of a bench under the same allocator settings: unless
-/// `MHA_BENCH_ALLOCATOR=default`, this process keeps freed memory
+/// `MHA_BENCH_MODE=user`, this process keeps freed memory
 /// (`alloc::retain_freed_memory`, as the `mha` CLI runs) and PyTorch's process gets the
 /// equivalent `GLIBC_TUNABLES` through [`Allocator::apply`].
 pub struct Allocator {
@@ -16,7 +16,7 @@ pub struct Allocator {
 impl Allocator {
     /// Applies the setting to this process; prints nothing.
     pub fn from_env() -> Self {
-        let wanted = std::env::var("MHA_BENCH_ALLOCATOR").as_deref() != Ok("default");
+        let wanted = std::env::var("MHA_BENCH_MODE").as_deref() != Ok("user");
         Self {
             retain: wanted && candle_mha::runtime::retain_freed_memory(),
         }

@@ -25,7 +25,8 @@
 //! Python with torch; unset: `python3`, then `python`); `RAYON_NUM_THREADS` (candle's CPU
 //! threads; torch gets the same; unset, it is pinned to candle's default as `mha generate`
 //! pins it, because candle otherwise parses `/proc/cpuinfo` on every matmul);
-//! `MHA_BENCH_ALLOCATOR=default` (see `candle_mha_test_support::bench`).
+//! `MHA_BENCH_MODE=user` for glibc's allocator defaults on both sides (see
+//! `candle_mha_test_support::bench::Allocator`).
 
 use candle_mha_test_support::bench as support;
 

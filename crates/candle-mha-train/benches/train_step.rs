@@ -35,11 +35,11 @@
 //!   fused kernel (`NextTokenPredictor::with_attention_kernel`);
 //! - `RAYON_NUM_THREADS`: candle's CPU threads (default: the cores, pinned as `mha` does); torch
 //!   gets the same;
-//! - `MHA_BENCH_ALLOCATOR`: `default`, `retained`, or both comma-separated (the default:
-//!   both, one table each). Each setting runs in a child process of its own (allocator
-//!   settings are process-wide): `default` leaves glibc's allocator defaults on both sides (a
-//!   library user's program); `retained` keeps freed memory on both sides
-//!   (`alloc::retain_freed_memory` here, the equivalent `GLIBC_TUNABLES` in PyTorch's
+//! - `MHA_BENCH_MODE` (as in the `attention_cpu` bench): `user`, `retained`, or both
+//!   comma-separated (the default: both, one table each). Each setting runs in a child process
+//!   of its own (allocator settings are process-wide): `user` leaves glibc's allocator
+//!   defaults on both sides (a library user's program); `retained` keeps freed memory on both
+//!   sides (`runtime::retain_freed_memory` here, the equivalent `GLIBC_TUNABLES` in PyTorch's
 //!   process), as the `mha` CLI trains.
 
 use candle_mha_test_support::bench as support;
@@ -346,7 +346,7 @@ fn over_rounds(rounds: &[Option<Timing>]) -> Option<Timing> {
 }
 
 fn main() -> Result<()> {
-    match mode_children("MHA_BENCH_ALLOCATOR", &["default", "retained"], &[]) {
+    match mode_children("MHA_BENCH_MODE", &["user", "retained"], &[]) {
         Some(mode) => run_mode(&mode),
         None => Ok(()),
     }

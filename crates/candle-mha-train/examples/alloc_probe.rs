@@ -71,7 +71,7 @@ fn probe(mut f: impl FnMut() -> Result<()>) -> Result<(f64, f64, f64, u64)> {
 fn model_step(name: &str) -> Result<(f64, f64, f64, u64)> {
     use candle_mha_train::models::{NextTokenPredictor, NextTokenPredictorConfig};
     use candle_mha_train::{clip_grad_norm, AdamW, AdamWConfig};
-    // (N, L, vocab, E, H, layers), as in benches/train_step.rs.
+    // (N, L, vocab, E, H, layers), as in the train_step bench.
     let (n, l, v, e, h, layers) = match name {
         "small" => (64, 11, 37, 64, 4, 2),
         "medium" => (16, 128, 512, 256, 8, 4),
