@@ -205,12 +205,26 @@ pub struct TrainArgs {
     /// Data parallelism: `auto` = MPI when started by `mpirun -n N` (NCCL's all-reduce with
     /// --device cuda and the `nccl` feature), one process otherwise; `single`, `mpi`, `nccl`
     /// force one. The global batch (batch size × grad accum) is split over the ranks.
-    #[arg(long, default_value = "auto", value_parser = ["auto", "single", "mpi", "nccl"])]
-    pub dist: String,
+    #[arg(long, value_enum, default_value_t = Dist::Auto)]
+    pub dist: Dist,
     /// Data parallelism: seconds a rank waits in a collective (a gradient all-reduce) for the
     /// others before it ends the whole run (a rank died or hangs; 0 = wait forever).
     #[arg(long, value_parser = crate::bounds::real(0.0, 1e7), default_value_t = 300.0)]
     pub dist_timeout: f64,
+}
+
+/// How `mha train` spreads over processes (`--dist`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dist {
+    /// Under an MPI launcher: NCCL on GPUs (with the `nccl` feature), MPI otherwise; one
+    /// process when not launched.
+    Auto,
+    /// One process.
+    Single,
+    /// Data parallelism over MPI.
+    Mpi,
+    /// Data parallelism with NCCL's all-reduce, one GPU per rank.
+    Nccl,
 }
 
 impl TrainArgs {

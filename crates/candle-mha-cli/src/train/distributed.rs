@@ -6,53 +6,56 @@ use anyhow::{bail, Result};
 use candle_mha::candle::Device;
 use candle_mha_train::distributed::{Communicator, SingleProcess};
 
+use super::args::Dist;
 use super::TrainArgs;
 
-/// The communicator of this process: `--dist`, and for `auto` whether `mpirun` started it.
+/// The communicator of this process: `--dist`, and for `auto` whether `mpirun` started it
+/// (`--dist-timeout` was range-checked by the parser).
 pub fn communicator(args: &TrainArgs, device: &Device) -> Result<Box<dyn Communicator>> {
-    if !(args.dist_timeout >= 0.0 && args.dist_timeout.is_finite()) {
-        bail!(
-            "--dist-timeout {}: expected seconds >= 0 (0 = no timeout)",
-            args.dist_timeout
-        )
-    }
     let timeout = Duration::from_secs_f64(args.dist_timeout);
     let launched = launched_ranks();
-    let dist = match args.dist.as_str() {
-        "auto" if launched.is_some() => {
+    let dist = match args.dist {
+        Dist::Auto if launched.is_some() => {
             if device.is_cuda() && cfg!(feature = "nccl") {
-                "nccl"
+                Dist::Nccl
             } else {
-                "mpi"
+                Dist::Mpi
             }
         }
-        "auto" => "single",
+        Dist::Auto => Dist::Single,
         other => other,
     };
     match dist {
-        "single" => {
+        Dist::Auto | Dist::Single => {
             if let Some(n) = launched.filter(|&n| n > 1) {
                 // N copies of one run would all write into --out.
                 bail!("started as one of {n} MPI ranks with --dist single: launch one process, or use --dist mpi")
             }
             Ok(Box::new(SingleProcess))
         }
-        "mpi" => mpi(timeout),
-        "nccl" => nccl(device, timeout),
-        other => bail!("--dist {other}: expected auto, single, mpi or nccl"),
+        Dist::Mpi => mpi(timeout),
+        Dist::Nccl => nccl(device, timeout),
     }
 }
 
-/// Under an MPI launcher, the GPU of this rank when `--device` chose the first one (`cuda`,
-/// or `auto` on a machine with a GPU): `cuda:LOCAL_RANK`, the rank's index on its machine,
-/// one GPU per rank. `None`: keep the device (the CPU, or a `cuda:N` given).
-pub fn rank_gpu(spec: &str, device: &Device) -> Option<String> {
+/// This rank's device, opened once: under an MPI launcher, `cuda` (or `auto` on a machine
+/// with a GPU) means the rank's own GPU, `cuda:LOCAL_RANK` (its index on its machine, one GPU
+/// per rank); otherwise `spec` as given.
+pub fn rank_device(spec: &str) -> Result<(Device, String)> {
     let local_rank = ["OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"]
         .iter()
         .find_map(|v| std::env::var(v).ok())
-        .and_then(|v| v.parse::<usize>().ok())?;
-    (device.is_cuda() && (spec == "cuda" || spec == "auto") && local_rank > 0)
-        .then(|| format!("cuda:{local_rank}"))
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&r| r > 0);
+    match (spec, local_rank) {
+        ("cuda", Some(r)) => Ok(crate::device::open(&format!("cuda:{r}"))?),
+        // `auto` falls back to what it means without a launcher: the CPU when this GPU is not
+        // there (or the build has no CUDA).
+        ("auto", Some(r)) if candle_mha::candle::utils::cuda_is_available() => {
+            crate::device::open(&format!("cuda:{r}")).or_else(|_| Ok(crate::device::open(spec)?))
+        }
+        _ => Ok(crate::device::open(spec)?),
+    }
 }
 
 /// The world size an MPI launcher announced in the environment, without initializing MPI

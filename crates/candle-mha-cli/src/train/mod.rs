@@ -108,12 +108,12 @@ fn resume_data(args: &TrainArgs) -> Option<NewData> {
 /// Runs `mha train`: one process, or one rank of a data-parallel run (`mpirun -n N`), which
 /// ends every rank when it fails.
 pub fn run(args: &TrainArgs) -> Result<()> {
-    let (mut device, mut notice) = crate::device::open(&args.device)?;
-    if let Some(spec) = distributed::rank_gpu(&args.device, &device) {
-        (device, notice) = crate::device::open(&spec)?;
-    }
+    // Every argument is checked and turned into library values first; then the device is
+    // opened (once) and the process group joined.
+    let plan = plan(args)?;
+    let (device, notice) = distributed::rank_device(&args.device)?;
     let comm = distributed::communicator(args, &device)?;
-    let result = run_rank(args, &*comm, device, &notice);
+    let result = run_rank(args, plan, &*comm, device, &notice);
     if let Err(e) = &result {
         if comm.world_size() > 1 {
             // The others would wait for this rank in their next collective: end them all.
@@ -136,8 +136,52 @@ impl TrainObserver for StopOnly {
     }
 }
 
+/// What `mha train` was asked for, as library values.
+enum Plan {
+    New(Box<NewRun>),
+    Resume(ResumeRun),
+}
+
+/// The run `args` ask for, every option checked; nothing is opened yet.
+fn plan(args: &TrainArgs) -> Result<Plan> {
+    check_options(args)?;
+    if args.resume {
+        // The run's dtype: a --dtype that contradicts it is listed with the other
+        // contradictions once the run is read.
+        return Ok(Plan::Resume(ResumeRun {
+            steps: args.steps,
+            dtype: None,
+            verify_data: args.verify,
+            memory_limit: crate::bounds::memory_limit(),
+            data: resume_data(args),
+        }));
+    }
+    if args.out.join(STATE_FILE).exists() {
+        bail!(
+            "{} already holds a run: pass --resume to continue it, or choose another --out",
+            args.out.display()
+        )
+    }
+    let mut run = NewRun::new(new_data(args), args.train_config())
+        .with_model(Box::new({
+            let args = args.clone();
+            move |vocab, longest| args.model_config(vocab, longest)
+        }))
+        .with_dtype(args.dtype.unwrap_or(DType::F32));
+    run.max_len = match args.init_from {
+        // The checkpoint's context unless a shorter window is asked for.
+        Some(_) => args.max_len,
+        None => args.max_len(),
+    };
+    run.init_from = args.init_from.clone();
+    run.verify_data = args.verify;
+    run.memory_limit = crate::bounds::memory_limit();
+    Ok(Plan::New(Box::new(run)))
+}
+
 fn run_rank(
     args: &TrainArgs,
+    plan: Plan,
     comm: &dyn Communicator,
     device: candle_mha::candle::Device,
     notice: &str,
@@ -148,18 +192,9 @@ fn run_rank(
     if lead {
         eprintln!("{notice}");
     }
-    check_options(args)?;
     let mut notices = Notices::new(args.quiet, lead)?;
-    let mut session = match args.resume {
-        true => {
-            // The run's dtype: a --dtype that contradicts it is listed with the others below.
-            let how = ResumeRun {
-                steps: args.steps,
-                dtype: None,
-                verify_data: args.verify,
-                memory_limit: crate::bounds::memory_limit(),
-                data: resume_data(args),
-            };
+    let mut session = match plan {
+        Plan::Resume(how) => {
             let mut session = Session::resume(&args.out, how, &device, comm, &mut notices)?;
             let conflicts = resume::conflicts(
                 args,
@@ -186,29 +221,7 @@ fn run_rank(
             }
             session
         }
-        false => {
-            if args.out.join(STATE_FILE).exists() {
-                bail!(
-                    "{} already holds a run: pass --resume to continue it, or choose another --out",
-                    args.out.display()
-                )
-            }
-            let mut run = NewRun::new(new_data(args), args.train_config())
-                .with_model(Box::new({
-                    let args = args.clone();
-                    move |vocab, longest| args.model_config(vocab, longest)
-                }))
-                .with_dtype(args.dtype.unwrap_or(DType::F32));
-            run.max_len = match args.init_from {
-                // The checkpoint's context unless a shorter window is asked for.
-                Some(_) => args.max_len,
-                None => args.max_len(),
-            };
-            run.init_from = args.init_from.clone();
-            run.verify_data = args.verify;
-            run.memory_limit = crate::bounds::memory_limit();
-            Session::start(&args.out, run, &device, comm, &mut notices)?
-        }
+        Plan::New(run) => Session::start(&args.out, *run, &device, comm, &mut notices)?,
     };
     if lead {
         let data = &session.data;
