@@ -293,6 +293,16 @@ impl Browser {
         Ok(())
     }
 
+    /// Resizes the window (outer size, in CSS pixels), as a user would.
+    pub fn set_window_size(&self, width: u32, height: u32) -> Result<()> {
+        self.cmd(
+            "POST",
+            "window/rect",
+            json!({"width": width, "height": height}),
+        )?;
+        Ok(())
+    }
+
     /// Runs `js` as a function body (use `return …`) and returns its JSON value.
     pub fn eval(&self, js: &str) -> Result<Value> {
         self.cmd("POST", "execute/sync", json!({"script": js, "args": []}))

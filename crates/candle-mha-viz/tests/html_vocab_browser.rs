@@ -436,3 +436,31 @@ fn large_vocabulary_stays_responsive() -> Result<()> {
     assert!(b.js_errors()?.is_empty());
     Ok(())
 }
+
+/// On a 1280-pixel window the table does not fit beside the matrix: it goes below it, whole
+/// (no column cut off), and a matrix whose cells are too small for labels has no empty label
+/// band above it.
+#[test]
+fn a_narrower_window_keeps_the_table_whole() -> Result<()> {
+    let Some(b) = Browser::start()? else {
+        return Ok(());
+    };
+    b.set_window_size(1280, 1000)?;
+    let vm = random_matrix(400, 400, 40, 16, 2.0, 3);
+    let (_dir, path) = write_page(&vm, &labels(400))?;
+    b.open(&path)?;
+    let layout = b.eval(
+        "const r = id => document.getElementById(id).getBoundingClientRect();
+         const t = document.getElementById('vm-table');
+         return { tableTop: r('vm-table-panel').top, matrixBottom: r('vm-matrix-panel').bottom,
+                  overflow: t.scrollWidth - t.clientWidth, labels: r('vm-collabels').height,
+                  canvasTop: r('vm-canvas').top, navBottom: r('vm-nav').bottom };",
+    )?;
+    let num = |k: &str| layout[k].as_f64().unwrap_or(f64::NAN);
+    assert!(num("tableTop") >= num("matrixBottom"), "{layout}");
+    assert!(num("overflow") <= 0.0, "{layout}");
+    assert_eq!(num("labels"), 0.0, "{layout}");
+    assert!(num("canvasTop") - num("navBottom") < 10.0, "{layout}");
+    b.screenshot(&screenshot_dir().join("vocab_1280.png"))?;
+    Ok(())
+}

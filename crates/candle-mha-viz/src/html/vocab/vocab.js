@@ -239,6 +239,7 @@
     cc.setTransform(dpr, 0, 0, dpr, 0, 0);
     rc.clearRect(0, 0, LW, ch);
     cc.clearRect(0, 0, cw, LH);
+    $('vm-grid-wrap').classList.toggle('vm-unlabelled', cell < 10);
     if (cell < 10) return;
     const size = Math.min(cell - 2, 13);
     const font = `${size}px system-ui, sans-serif`;
