@@ -60,6 +60,7 @@ mod numerics;
 pub mod optim;
 pub mod rng;
 pub mod runtime;
+mod setters;
 pub mod transformer;
 
 pub use attention::{

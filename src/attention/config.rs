@@ -58,54 +58,6 @@ impl MultiheadAttentionConfig {
         }
     }
 
-    /// Sets [`dropout`](Self::dropout).
-    pub fn with_dropout(mut self, dropout: f64) -> Self {
-        self.dropout = dropout;
-        self
-    }
-
-    /// Sets [`bias`](Self::bias).
-    pub fn with_bias(mut self, bias: bool) -> Self {
-        self.bias = bias;
-        self
-    }
-
-    /// Sets [`add_bias_kv`](Self::add_bias_kv).
-    pub fn with_add_bias_kv(mut self, add_bias_kv: bool) -> Self {
-        self.add_bias_kv = add_bias_kv;
-        self
-    }
-
-    /// Sets [`add_zero_attn`](Self::add_zero_attn).
-    pub fn with_add_zero_attn(mut self, add_zero_attn: bool) -> Self {
-        self.add_zero_attn = add_zero_attn;
-        self
-    }
-
-    /// Sets [`kdim`](Self::kdim).
-    pub fn with_kdim(mut self, kdim: usize) -> Self {
-        self.kdim = Some(kdim);
-        self
-    }
-
-    /// Sets [`vdim`](Self::vdim).
-    pub fn with_vdim(mut self, vdim: usize) -> Self {
-        self.vdim = Some(vdim);
-        self
-    }
-
-    /// Sets [`batch_first`](Self::batch_first).
-    pub fn with_batch_first(mut self, batch_first: bool) -> Self {
-        self.batch_first = batch_first;
-        self
-    }
-
-    /// Sets [`dropout_seed`](Self::dropout_seed).
-    pub fn with_dropout_seed(mut self, seed: u64) -> Self {
-        self.dropout_seed = seed;
-        self
-    }
-
     /// The key feature size (`kdim`, or `embed_dim` when unset).
     pub fn kdim(&self) -> usize {
         self.kdim.unwrap_or(self.embed_dim)
@@ -168,5 +120,18 @@ impl MultiheadAttentionConfig {
             )
         }
         Ok(())
+    }
+}
+
+crate::setters! {
+    MultiheadAttentionConfig {
+        with_dropout(dropout: f64);
+        with_bias(bias: bool);
+        with_add_bias_kv(add_bias_kv: bool);
+        with_add_zero_attn(add_zero_attn: bool);
+        with_kdim(kdim: Some(usize));
+        with_vdim(vdim: Some(usize));
+        with_batch_first(batch_first: bool);
+        with_dropout_seed(dropout_seed: u64);
     }
 }

@@ -96,65 +96,20 @@ impl AttentionOptions {
     pub fn new() -> Self {
         Self::default()
     }
+}
 
-    /// Sets [`key_padding_mask`](Self::key_padding_mask).
-    pub fn with_key_padding_mask(mut self, mask: Tensor) -> Self {
-        self.key_padding_mask = Some(mask);
-        self
-    }
-
-    /// Sets [`attn_mask`](Self::attn_mask).
-    pub fn with_attn_mask(mut self, mask: Tensor) -> Self {
-        self.attn_mask = Some(mask);
-        self
-    }
-
-    /// Sets [`need_weights`](Self::need_weights).
-    pub fn with_need_weights(mut self, need_weights: bool) -> Self {
-        self.need_weights = need_weights;
-        self
-    }
-
-    /// Sets [`average_attn_weights`](Self::average_attn_weights).
-    pub fn with_average_attn_weights(mut self, average: bool) -> Self {
-        self.average_attn_weights = average;
-        self
-    }
-
-    /// Sets [`is_causal`](Self::is_causal).
-    pub fn with_is_causal(mut self, is_causal: bool) -> Self {
-        self.is_causal = is_causal;
-        self
-    }
-
-    /// Sets [`train`](Self::train).
-    pub fn with_train(mut self, train: bool) -> Self {
-        self.train = train;
-        self
-    }
-
-    /// Sets [`dropout_seed`](Self::dropout_seed).
-    pub fn with_dropout_seed(mut self, seed: u64) -> Self {
-        self.dropout_seed = Some(seed);
-        self
-    }
-
-    /// Sets [`dropout_first_row`](Self::dropout_first_row).
-    pub fn with_dropout_first_row(mut self, row: usize) -> Self {
-        self.dropout_first_row = row;
-        self
-    }
-
-    /// Sets [`head_mask`](Self::head_mask).
-    pub fn with_head_mask(mut self, head_mask: Tensor) -> Self {
-        self.head_mask = Some(head_mask);
-        self
-    }
-
-    /// Sets [`kernel`](Self::kernel).
-    pub fn with_kernel(mut self, kernel: AttentionKernel) -> Self {
-        self.kernel = kernel;
-        self
+crate::setters! {
+    AttentionOptions {
+        with_key_padding_mask(key_padding_mask: Some(Tensor));
+        with_attn_mask(attn_mask: Some(Tensor));
+        with_need_weights(need_weights: bool);
+        with_average_attn_weights(average_attn_weights: bool);
+        with_is_causal(is_causal: bool);
+        with_train(train: bool);
+        with_dropout_seed(dropout_seed: Some(u64));
+        with_dropout_first_row(dropout_first_row: usize);
+        with_head_mask(head_mask: Some(Tensor));
+        with_kernel(kernel: AttentionKernel);
     }
 }
 

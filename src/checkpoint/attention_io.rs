@@ -91,29 +91,14 @@ impl AttentionLoadOptions {
             strict: true,
         }
     }
+}
 
-    /// Sets [`batch_first`](Self::batch_first).
-    pub fn with_batch_first(mut self, batch_first: bool) -> Self {
-        self.batch_first = batch_first;
-        self
-    }
-
-    /// Sets [`add_zero_attn`](Self::add_zero_attn).
-    pub fn with_add_zero_attn(mut self, add_zero_attn: bool) -> Self {
-        self.add_zero_attn = add_zero_attn;
-        self
-    }
-
-    /// Sets [`dropout`](Self::dropout).
-    pub fn with_dropout(mut self, dropout: f64) -> Self {
-        self.dropout = dropout;
-        self
-    }
-
-    /// Sets [`strict`](Self::strict).
-    pub fn with_strict(mut self, strict: bool) -> Self {
-        self.strict = strict;
-        self
+crate::setters! {
+    AttentionLoadOptions {
+        with_batch_first(batch_first: bool);
+        with_add_zero_attn(add_zero_attn: bool);
+        with_dropout(dropout: f64);
+        with_strict(strict: bool);
     }
 }
 

@@ -64,42 +64,6 @@ impl TransformerLoadOptions {
         }
     }
 
-    /// Sets [`activation`](Self::activation).
-    pub fn with_activation(mut self, activation: Activation) -> Self {
-        self.activation = activation;
-        self
-    }
-
-    /// Sets [`norm_first`](Self::norm_first).
-    pub fn with_norm_first(mut self, norm_first: bool) -> Self {
-        self.norm_first = norm_first;
-        self
-    }
-
-    /// Sets [`batch_first`](Self::batch_first).
-    pub fn with_batch_first(mut self, batch_first: bool) -> Self {
-        self.batch_first = batch_first;
-        self
-    }
-
-    /// Sets [`layer_norm_eps`](Self::layer_norm_eps).
-    pub fn with_layer_norm_eps(mut self, eps: f64) -> Self {
-        self.layer_norm_eps = eps;
-        self
-    }
-
-    /// Sets [`dropout`](Self::dropout).
-    pub fn with_dropout(mut self, dropout: f64) -> Self {
-        self.dropout = dropout;
-        self
-    }
-
-    /// Sets [`strict`](Self::strict).
-    pub fn with_strict(mut self, strict: bool) -> Self {
-        self.strict = strict;
-        self
-    }
-
     /// The encoder layer config for what the tensors told, after checking `nhead`.
     fn encoder_layer(&self, l: &InferredTransformerLayer) -> Result<TransformerEncoderLayerConfig> {
         self.check_nhead(l)?;
@@ -138,6 +102,17 @@ impl TransformerLoadOptions {
             )
         }
         Ok(())
+    }
+}
+
+crate::setters! {
+    TransformerLoadOptions {
+        with_activation(activation: Activation);
+        with_norm_first(norm_first: bool);
+        with_batch_first(batch_first: bool);
+        with_layer_norm_eps(layer_norm_eps: f64);
+        with_dropout(dropout: f64);
+        with_strict(strict: bool);
     }
 }
 

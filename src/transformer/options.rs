@@ -36,35 +36,15 @@ impl EncoderOptions {
     pub fn new() -> Self {
         Self::default()
     }
+}
 
-    /// Sets [`mask`](Self::mask).
-    pub fn with_mask(mut self, mask: Tensor) -> Self {
-        self.mask = Some(mask);
-        self
-    }
-
-    /// Sets [`src_key_padding_mask`](Self::src_key_padding_mask).
-    pub fn with_src_key_padding_mask(mut self, mask: Tensor) -> Self {
-        self.src_key_padding_mask = Some(mask);
-        self
-    }
-
-    /// Sets [`is_causal`](Self::is_causal).
-    pub fn with_is_causal(mut self, is_causal: bool) -> Self {
-        self.is_causal = is_causal;
-        self
-    }
-
-    /// Sets [`train`](Self::train).
-    pub fn with_train(mut self, train: bool) -> Self {
-        self.train = train;
-        self
-    }
-
-    /// Sets [`dropout_seed`](Self::dropout_seed).
-    pub fn with_dropout_seed(mut self, seed: u64) -> Self {
-        self.dropout_seed = Some(seed);
-        self
+crate::setters! {
+    EncoderOptions {
+        with_mask(mask: Some(Tensor));
+        with_src_key_padding_mask(src_key_padding_mask: Some(Tensor));
+        with_is_causal(is_causal: bool);
+        with_train(train: bool);
+        with_dropout_seed(dropout_seed: Some(u64));
     }
 }
 
@@ -103,52 +83,17 @@ impl DecoderOptions {
     pub fn new() -> Self {
         Self::default()
     }
+}
 
-    /// Sets [`tgt_mask`](Self::tgt_mask).
-    pub fn with_tgt_mask(mut self, mask: Tensor) -> Self {
-        self.tgt_mask = Some(mask);
-        self
-    }
-
-    /// Sets [`memory_mask`](Self::memory_mask).
-    pub fn with_memory_mask(mut self, mask: Tensor) -> Self {
-        self.memory_mask = Some(mask);
-        self
-    }
-
-    /// Sets [`tgt_key_padding_mask`](Self::tgt_key_padding_mask).
-    pub fn with_tgt_key_padding_mask(mut self, mask: Tensor) -> Self {
-        self.tgt_key_padding_mask = Some(mask);
-        self
-    }
-
-    /// Sets [`memory_key_padding_mask`](Self::memory_key_padding_mask).
-    pub fn with_memory_key_padding_mask(mut self, mask: Tensor) -> Self {
-        self.memory_key_padding_mask = Some(mask);
-        self
-    }
-
-    /// Sets [`tgt_is_causal`](Self::tgt_is_causal).
-    pub fn with_tgt_is_causal(mut self, is_causal: bool) -> Self {
-        self.tgt_is_causal = is_causal;
-        self
-    }
-
-    /// Sets [`memory_is_causal`](Self::memory_is_causal).
-    pub fn with_memory_is_causal(mut self, is_causal: bool) -> Self {
-        self.memory_is_causal = is_causal;
-        self
-    }
-
-    /// Sets [`train`](Self::train).
-    pub fn with_train(mut self, train: bool) -> Self {
-        self.train = train;
-        self
-    }
-
-    /// Sets [`dropout_seed`](Self::dropout_seed).
-    pub fn with_dropout_seed(mut self, seed: u64) -> Self {
-        self.dropout_seed = Some(seed);
-        self
+crate::setters! {
+    DecoderOptions {
+        with_tgt_mask(tgt_mask: Some(Tensor));
+        with_memory_mask(memory_mask: Some(Tensor));
+        with_tgt_key_padding_mask(tgt_key_padding_mask: Some(Tensor));
+        with_memory_key_padding_mask(memory_key_padding_mask: Some(Tensor));
+        with_tgt_is_causal(tgt_is_causal: bool);
+        with_memory_is_causal(memory_is_causal: bool);
+        with_train(train: bool);
+        with_dropout_seed(dropout_seed: Some(u64));
     }
 }

@@ -65,66 +65,6 @@ impl TransformerConfig {
         }
     }
 
-    /// Sets [`num_encoder_layers`](Self::num_encoder_layers).
-    pub fn with_num_encoder_layers(mut self, n: usize) -> Self {
-        self.num_encoder_layers = n;
-        self
-    }
-
-    /// Sets [`num_decoder_layers`](Self::num_decoder_layers).
-    pub fn with_num_decoder_layers(mut self, n: usize) -> Self {
-        self.num_decoder_layers = n;
-        self
-    }
-
-    /// Sets [`dim_feedforward`](Self::dim_feedforward).
-    pub fn with_dim_feedforward(mut self, dim_feedforward: usize) -> Self {
-        self.dim_feedforward = dim_feedforward;
-        self
-    }
-
-    /// Sets [`dropout`](Self::dropout).
-    pub fn with_dropout(mut self, dropout: f64) -> Self {
-        self.dropout = dropout;
-        self
-    }
-
-    /// Sets [`activation`](Self::activation).
-    pub fn with_activation(mut self, activation: Activation) -> Self {
-        self.activation = activation;
-        self
-    }
-
-    /// Sets [`layer_norm_eps`](Self::layer_norm_eps).
-    pub fn with_layer_norm_eps(mut self, eps: f64) -> Self {
-        self.layer_norm_eps = eps;
-        self
-    }
-
-    /// Sets [`batch_first`](Self::batch_first).
-    pub fn with_batch_first(mut self, batch_first: bool) -> Self {
-        self.batch_first = batch_first;
-        self
-    }
-
-    /// Sets [`norm_first`](Self::norm_first).
-    pub fn with_norm_first(mut self, norm_first: bool) -> Self {
-        self.norm_first = norm_first;
-        self
-    }
-
-    /// Sets [`bias`](Self::bias).
-    pub fn with_bias(mut self, bias: bool) -> Self {
-        self.bias = bias;
-        self
-    }
-
-    /// Sets [`dropout_seed`](Self::dropout_seed).
-    pub fn with_dropout_seed(mut self, seed: u64) -> Self {
-        self.dropout_seed = seed;
-        self
-    }
-
     /// The config of each encoder layer.
     pub fn encoder_layer_config(&self) -> TransformerEncoderLayerConfig {
         TransformerEncoderLayerConfig::new(self.d_model, self.nhead)
@@ -149,6 +89,21 @@ impl TransformerConfig {
             .with_norm_first(self.norm_first)
             .with_bias(self.bias)
             .with_dropout_seed(derive_seed(self.dropout_seed, "decoder"))
+    }
+}
+
+crate::setters! {
+    TransformerConfig {
+        with_num_encoder_layers(num_encoder_layers: usize);
+        with_num_decoder_layers(num_decoder_layers: usize);
+        with_dim_feedforward(dim_feedforward: usize);
+        with_dropout(dropout: f64);
+        with_activation(activation: Activation);
+        with_layer_norm_eps(layer_norm_eps: f64);
+        with_batch_first(batch_first: bool);
+        with_norm_first(norm_first: bool);
+        with_bias(bias: bool);
+        with_dropout_seed(dropout_seed: u64);
     }
 }
 

@@ -174,23 +174,13 @@ impl NewRun {
             init_from: None,
         }
     }
+}
 
-    /// Sets [`model`](Self::model).
-    pub fn with_model(mut self, model: ModelFor) -> Self {
-        self.model = model;
-        self
-    }
-
-    /// Sets [`max_len`](Self::max_len).
-    pub fn with_max_len(mut self, max_len: usize) -> Self {
-        self.max_len = Some(max_len);
-        self
-    }
-
-    /// Sets [`dtype`](Self::dtype).
-    pub fn with_dtype(mut self, dtype: DType) -> Self {
-        self.dtype = dtype;
-        self
+candle_mha::setters! {
+    NewRun {
+        with_model(model: ModelFor);
+        with_max_len(max_len: Some(usize));
+        with_dtype(dtype: DType);
     }
 }
 

@@ -45,28 +45,13 @@ impl IncrementalOptions {
     pub fn new() -> Self {
         Self::default()
     }
+}
 
-    /// Sets [`key_padding_mask`](Self::key_padding_mask).
-    pub fn with_key_padding_mask(mut self, mask: Tensor) -> Self {
-        self.key_padding_mask = Some(mask);
-        self
-    }
-
-    /// Sets [`need_weights`](Self::need_weights).
-    pub fn with_need_weights(mut self, need_weights: bool) -> Self {
-        self.need_weights = need_weights;
-        self
-    }
-
-    /// Sets [`average_attn_weights`](Self::average_attn_weights).
-    pub fn with_average_attn_weights(mut self, average: bool) -> Self {
-        self.average_attn_weights = average;
-        self
-    }
-
-    /// Sets [`kernel`](Self::kernel).
-    pub fn with_kernel(mut self, kernel: AttentionKernel) -> Self {
-        self.kernel = kernel;
-        self
+crate::setters! {
+    IncrementalOptions {
+        with_key_padding_mask(key_padding_mask: Some(Tensor));
+        with_need_weights(need_weights: bool);
+        with_average_attn_weights(average_attn_weights: bool);
+        with_kernel(kernel: AttentionKernel);
     }
 }
