@@ -22,7 +22,7 @@ use anyhow::{Context, Result};
 use candle_mha::candle::DType;
 use candle_mha::checkpoint::{find_transformer_modules, StateDict};
 use candle_mha::transformer::EncoderOptions;
-use candle_mha::transformer::{load_transformer_encoder_file, TransformerLoadOptions};
+use candle_mha::transformer::{LoadTransformer, TransformerEncoder, TransformerLoadOptions};
 
 fn main() -> Result<()> {
     let fixtures = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/checkpoints");
@@ -57,7 +57,7 @@ fn main() -> Result<()> {
     candle_mha::runtime::keep_freed_gpu_memory(&device)?;
     eprintln!("{notice}");
     let (encoder, report) =
-        load_transformer_encoder_file(&checkpoint, "", &opts, DType::F32, &device)?;
+        TransformerEncoder::load_file(&checkpoint, "", &opts, DType::F32, &device)?;
     print!("{report}");
 
     let tensor = |k: &str| {

@@ -10,9 +10,9 @@ use anyhow::Result;
 use candle_mha::candle::{DType, Device, Tensor};
 use candle_mha::checkpoint::{find_transformer_modules, StateDict};
 use candle_mha::transformer::{
-    load_transformer, load_transformer_decoder, load_transformer_encoder,
-    load_transformer_encoder_file, load_transformer_encoder_layer, load_transformer_file,
-    Activation, DecoderOptions, EncoderOptions, TransformerLoadOptions, TransformerOptions,
+    Activation, DecoderOptions, EncoderOptions, LoadTransformer, Transformer, TransformerDecoder,
+    TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer, TransformerLoadOptions,
+    TransformerOptions,
 };
 use common::{assert_close, Fixture};
 
@@ -48,7 +48,7 @@ fn encoder_stack_from_safetensors_and_pickles() -> Result<()> {
     ] {
         let exp = Fixture::load(&ckpt(expected))?;
         for file in files {
-            let (enc, report) = load_transformer_encoder_file(
+            let (enc, report) = TransformerEncoder::load_file(
                 ckpt(file),
                 "",
                 &opts(&exp)?,
@@ -70,7 +70,7 @@ fn encoder_stack_from_safetensors_and_pickles() -> Result<()> {
 #[test]
 fn encoder_with_key_padding_and_in_f64() -> Result<()> {
     let exp = Fixture::load(&ckpt("encoder_bf_forward_expected.safetensors"))?;
-    let (enc, _) = load_transformer_encoder_file(
+    let (enc, _) = TransformerEncoder::load_file(
         ckpt("encoder_bf.safetensors"),
         "",
         &opts(&exp)?,
@@ -82,7 +82,7 @@ fn encoder_with_key_padding_and_in_f64() -> Result<()> {
     let out = enc.forward(x, &EncoderOptions::new().with_src_key_padding_mask(pad))?;
     assert_close("padded", &out, exp.tensor("output_padded")?, TOL)?;
     // f64 weights cast from f32: the same function, computed more exactly.
-    let (enc, report) = load_transformer_encoder_file(
+    let (enc, report) = TransformerEncoder::load_file(
         ckpt("encoder_bf.safetensors"),
         "",
         &opts(&exp)?,
@@ -104,14 +104,14 @@ fn pre_norm_gelu_encoder_without_bias_with_final_norm() -> Result<()> {
         .with_batch_first(true)
         .with_norm_first(true)
         .with_activation(Activation::Gelu);
-    let (enc, report) = load_transformer_encoder(&sd, "", &o, DType::F32, &Device::Cpu)?;
+    let (enc, report) = TransformerEncoder::load(&sd, "", &o, DType::F32, &Device::Cpu)?;
     assert!(report.is_clean(), "{report}");
     assert_eq!(report.loaded.len(), 13, "{report}");
     assert!(enc.has_final_norm());
     let out = enc.forward(exp.tensor("input")?, &EncoderOptions::new())?;
     assert_close("nf_gelu", &out, exp.tensor("output")?, TOL)?;
     // The options matter: post-norm ReLU weights give other numbers.
-    let (wrong, _) = load_transformer_encoder(
+    let (wrong, _) = TransformerEncoder::load(
         &sd,
         "",
         &TransformerLoadOptions::new(2).with_batch_first(true),
@@ -129,7 +129,7 @@ fn whole_pickled_transformer_reproduces_pytorch() -> Result<()> {
     let o = TransformerLoadOptions::new(exp.usize("nhead")?);
     let (src, tgt) = (exp.tensor("src")?, exp.tensor("tgt")?);
     for file in ["transformer_module.pt", "transformer.safetensors"] {
-        let (tr, report) = load_transformer_file(ckpt(file), "", &o, DType::F32, &Device::Cpu)?;
+        let (tr, report) = Transformer::load_file(ckpt(file), "", &o, DType::F32, &Device::Cpu)?;
         assert!(report.is_clean(), "{report}");
         assert_eq!(report.loaded.len(), 34, "{report}");
         let out = tr.forward(src, tgt, &TransformerOptions::new())?;
@@ -153,11 +153,11 @@ fn parts_of_a_transformer_at_their_prefixes() -> Result<()> {
     let sd = StateDict::load(ckpt("transformer_module.pt"))?;
     let o = TransformerLoadOptions::new(2);
     let dev = &Device::Cpu;
-    let (enc, report) = load_transformer_encoder(&sd, "encoder", &o, DType::F32, dev)?;
+    let (enc, report) = TransformerEncoder::load(&sd, "encoder", &o, DType::F32, dev)?;
     assert!(report.is_clean() && report.prefix == "encoder.", "{report}");
     let memory = enc.forward(exp.tensor("src")?, &EncoderOptions::new())?;
     assert_close("memory", &memory, exp.tensor("memory")?, TOL)?;
-    let (dec, report) = load_transformer_decoder(&sd, "decoder.", &o, DType::F32, dev)?;
+    let (dec, report) = TransformerDecoder::load(&sd, "decoder.", &o, DType::F32, dev)?;
     assert!(report.is_clean(), "{report}");
     let out = dec.forward(exp.tensor("tgt")?, &memory, &DecoderOptions::new())?;
     assert_close("decoder", &out, exp.tensor("output")?, TOL)?;
@@ -166,7 +166,7 @@ fn parts_of_a_transformer_at_their_prefixes() -> Result<()> {
     let sd = StateDict::load(ckpt("encoder_seq.pt"))?;
     let mut x = exp.tensor("input")?.clone();
     for i in 0..2 {
-        let (layer, report) = load_transformer_encoder_layer(
+        let (layer, report) = TransformerEncoderLayer::load(
             &sd,
             &format!("layers.{i}"),
             &TransformerLoadOptions::new(4),
@@ -200,7 +200,7 @@ fn damaged() -> Result<StateDict> {
 fn missing_norm2_weight_is_named_and_non_strict_reports_it() -> Result<()> {
     let sd = damaged()?;
     let o = TransformerLoadOptions::new(4);
-    let e = load_transformer_encoder(&sd, "", &o, DType::F32, &Device::Cpu)
+    let e = TransformerEncoder::load(&sd, "", &o, DType::F32, &Device::Cpu)
         .expect_err("strict loading must fail")
         .to_string();
     assert!(
@@ -213,7 +213,7 @@ fn missing_norm2_weight_is_named_and_non_strict_reports_it() -> Result<()> {
     );
     assert!(e.contains("TransformerEncoder"), "{e}");
     let (enc, report) =
-        load_transformer_encoder(&sd, "", &o.with_strict(false), DType::F32, &Device::Cpu)?;
+        TransformerEncoder::load(&sd, "", &o.with_strict(false), DType::F32, &Device::Cpu)?;
     assert_eq!(report.missing, ["layers.0.norm2.weight"]);
     assert_eq!(report.unexpected, ["layers.1.extra"]);
     assert_eq!(report.loaded.len(), 23);
@@ -225,23 +225,23 @@ fn missing_norm2_weight_is_named_and_non_strict_reports_it() -> Result<()> {
 fn bad_nhead_and_prefix_are_clear_errors() -> Result<()> {
     let sd = StateDict::load(ckpt("encoder_seq.safetensors"))?;
     let dev = &Device::Cpu;
-    let e = load_transformer_encoder(&sd, "", &TransformerLoadOptions::new(3), DType::F32, dev)
+    let e = TransformerEncoder::load(&sd, "", &TransformerLoadOptions::new(3), DType::F32, dev)
         .expect_err("nhead 3 must not divide d_model 16")
         .to_string();
     assert!(e.contains("nhead = 3") && e.contains("d_model = 16"), "{e}");
     assert!(e.contains("[1, 2, 4, 8, 16]"), "{e}");
-    let e = load_transformer_encoder(&sd, "", &TransformerLoadOptions::new(0), DType::F32, dev)
+    let e = TransformerEncoder::load(&sd, "", &TransformerLoadOptions::new(0), DType::F32, dev)
         .expect_err("nhead 0")
         .to_string();
     assert!(e.contains("nhead = 0"), "{e}");
-    let e = load_transformer(&sd, "", &TransformerLoadOptions::new(4), DType::F32, dev)
+    let e = Transformer::load(&sd, "", &TransformerLoadOptions::new(4), DType::F32, dev)
         .expect_err("an encoder is not a whole Transformer")
         .to_string();
     assert!(
         e.contains("no Transformer at prefix \"\"") && e.contains("(root): TransformerEncoder"),
         "{e}"
     );
-    let e = load_transformer_encoder(
+    let e = TransformerEncoder::load(
         &sd,
         "model",
         &TransformerLoadOptions::new(4),
@@ -288,7 +288,7 @@ fn imported_encoder_trains() -> Result<()> {
         .with_batch_first(true)
         .with_norm_first(true)
         .with_activation(Activation::Gelu);
-    let (enc, _) = load_transformer_encoder_file(
+    let (enc, _) = TransformerEncoder::load_file(
         ckpt("encoder_nf_gelu.safetensors"),
         "",
         &o,
@@ -324,10 +324,9 @@ fn imported_encoder_trains() -> Result<()> {
 
 #[test]
 fn decoder_layer_loads_and_an_encoder_layer_is_not_one() -> Result<()> {
-    use candle_mha::transformer::load_transformer_decoder_layer_file;
     let o = TransformerLoadOptions::new(2);
     let path = ckpt("transformer_module.pt");
-    let (_, report) = load_transformer_decoder_layer_file(
+    let (_, report) = TransformerDecoderLayer::load_file(
         &path,
         "decoder.layers.0",
         &o,
@@ -336,25 +335,20 @@ fn decoder_layer_loads_and_an_encoder_layer_is_not_one() -> Result<()> {
     )?;
     assert!(report.is_clean(), "{report}");
     assert_eq!(report.loaded.len(), 18, "{report}");
-    let e = load_transformer_decoder_layer_file(
-        &path,
-        "encoder.layers.0",
-        &o,
-        DType::F32,
-        &Device::Cpu,
-    )
-    .expect_err("an encoder layer has no multihead_attn")
-    .to_string();
+    let e =
+        TransformerDecoderLayer::load_file(&path, "encoder.layers.0", &o, DType::F32, &Device::Cpu)
+            .expect_err("an encoder layer has no multihead_attn")
+            .to_string();
     assert!(
         e.contains("\"multihead_attn.in_proj_weight\"") && e.contains("\"norm3.weight\""),
         "{e}"
     );
     // The error starts with what is wrong and names the loader the keys fit.
     assert!(
-        e.starts_with("Error(s) in loading state_dict for TransformerDecoderLayer: 6 missing key(s); nothing was loaded (strict). The keys fit another module: load them with load_transformer_encoder_layer."),
+        e.starts_with("Error(s) in loading state_dict for TransformerDecoderLayer: 6 missing key(s); nothing was loaded (strict). The keys fit another module: load them with TransformerEncoderLayer::load."),
         "{e}"
     );
-    let e = candle_mha::transformer::load_transformer_encoder_layer_file(
+    let e = candle_mha::transformer::TransformerEncoderLayer::load_file(
         &path,
         "decoder.layers.0",
         &o,
@@ -365,7 +359,7 @@ fn decoder_layer_loads_and_an_encoder_layer_is_not_one() -> Result<()> {
     .to_string();
     assert!(
         e.starts_with("Error(s) in loading state_dict for TransformerEncoderLayer: ")
-            && e.contains(" unexpected key(s); nothing was loaded (strict). The keys fit another module: load them with load_transformer_decoder_layer."),
+            && e.contains(" unexpected key(s); nothing was loaded (strict). The keys fit another module: load them with TransformerDecoderLayer::load."),
         "{e}"
     );
     Ok(())

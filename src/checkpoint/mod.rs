@@ -11,7 +11,7 @@
 //!   modules at their prefixes.
 //! - [`find_transformer_modules`] lists PyTorch's Transformer layers, stacks and whole models
 //!   in a checkpoint, with the sizes their tensors tell; the loaders that build them with a
-//!   [`LoadReport`] are in [`crate::transformer`] (`load_transformer_encoder`, …), a layer
+//!   [`LoadReport`] are in [`crate::transformer`] (`LoadTransformer`), a layer
 //!   above.
 
 mod attention_io;

@@ -116,6 +116,43 @@ crate::setters! {
     }
 }
 
+/// A Transformer module loaded from a PyTorch state_dict, its sizes (`d_model`,
+/// `dim_feedforward`, `bias`, the number of layers) inferred from the tensors and the rest
+/// taken from [`TransformerLoadOptions`]. Implemented by [`TransformerEncoderLayer`],
+/// [`TransformerDecoderLayer`], [`TransformerEncoder`], [`TransformerDecoder`] and
+/// [`Transformer`].
+///
+/// PyTorch equivalent: constructing the module, then `load_state_dict` with the keys under
+/// `prefix`.
+pub trait LoadTransformer: Sized {
+    /// PyTorch's class name, as reports and errors say it.
+    const MODULE: &'static str;
+
+    /// Loads the module at `prefix` of `state_dict` in `dtype` on `device`; strict unless
+    /// `opts.strict` is false (the report lists what did not match).
+    fn load(
+        state_dict: &StateDict,
+        prefix: &str,
+        opts: &TransformerLoadOptions,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<(Self, LoadReport)>;
+
+    /// [`load`](Self::load) from a checkpoint file: safetensors, or a `torch.save` pickle (a
+    /// state_dict, one nested under `state_dict`/`model`, or a whole pickled module).
+    fn load_file(
+        path: impl AsRef<Path>,
+        prefix: &str,
+        opts: &TransformerLoadOptions,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<(Self, LoadReport)> {
+        let path = path.as_ref();
+        let sd = StateDict::load(path)?.with_metadata("source", &path.display().to_string());
+        Self::load(&sd, prefix, opts, dtype, device)
+    }
+}
+
 /// Builds a module into a fresh `VarMap` and loads its parameters from `state_dict` at
 /// `prefix`.
 fn load_module<M>(
@@ -182,9 +219,9 @@ fn other_loader_hint(module: &str, report: &LoadReport) -> String {
             if has(&report.unexpected, "multihead_attn.") =>
         {
             Some(if stack {
-                "load_transformer_decoder"
+                "TransformerDecoder::load"
             } else {
-                "load_transformer_decoder_layer"
+                "TransformerDecoderLayer::load"
             })
         }
         "TransformerDecoderLayer" | "TransformerDecoder"
@@ -192,13 +229,13 @@ fn other_loader_hint(module: &str, report: &LoadReport) -> String {
                 && !has(&report.unexpected, "multihead_attn.") =>
         {
             Some(if stack || module == "TransformerDecoder" {
-                "load_transformer_encoder"
+                "TransformerEncoder::load"
             } else {
-                "load_transformer_encoder_layer"
+                "TransformerEncoderLayer::load"
             })
         }
-        "TransformerEncoderLayer" if stack => Some("load_transformer_encoder"),
-        "TransformerDecoderLayer" if stack => Some("load_transformer_decoder"),
+        "TransformerEncoderLayer" if stack => Some("TransformerEncoder::load"),
+        "TransformerDecoderLayer" if stack => Some("TransformerDecoder::load"),
         _ => None,
     };
     match fits {
@@ -207,195 +244,154 @@ fn other_loader_hint(module: &str, report: &LoadReport) -> String {
     }
 }
 
-/// Loads the encoder layer at `prefix` of `state_dict` in `dtype` on `device`, inferring
-/// `d_model`, `dim_feedforward` and `bias` from the tensors.
-///
-/// PyTorch equivalent: `layer = nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward, …);
-/// layer.load_state_dict({k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)})`.
-pub fn load_transformer_encoder_layer(
-    state_dict: &StateDict,
-    prefix: &str,
-    opts: &TransformerLoadOptions,
-    dtype: DType,
-    device: &Device,
-) -> Result<(TransformerEncoderLayer, LoadReport)> {
-    let cfg = opts.encoder_layer(&InferredTransformerLayer::infer(state_dict, prefix)?)?;
-    load_module(
-        state_dict,
-        prefix,
-        "TransformerEncoderLayer",
-        opts.strict,
-        dtype,
-        device,
-        |vb| TransformerEncoderLayer::new(cfg, vb),
-    )
+impl LoadTransformer for TransformerEncoderLayer {
+    const MODULE: &'static str = "TransformerEncoderLayer";
+
+    /// Loads the encoder layer at `prefix` of `state_dict` in `dtype` on `device`, inferring
+    /// `d_model`, `dim_feedforward` and `bias` from the tensors.
+    ///
+    /// PyTorch equivalent: `layer = nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward, …);
+    /// layer.load_state_dict({k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)})`.
+    fn load(
+        state_dict: &StateDict,
+        prefix: &str,
+        opts: &TransformerLoadOptions,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<(Self, LoadReport)> {
+        let cfg = opts.encoder_layer(&InferredTransformerLayer::infer(state_dict, prefix)?)?;
+        load_module(
+            state_dict,
+            prefix,
+            Self::MODULE,
+            opts.strict,
+            dtype,
+            device,
+            |vb| TransformerEncoderLayer::new(cfg, vb),
+        )
+    }
 }
 
-/// Loads the decoder layer at `prefix` of `state_dict`, inferring `d_model`,
-/// `dim_feedforward` and `bias` from the tensors.
-///
-/// PyTorch equivalent: `nn.TransformerDecoderLayer(d_model, nhead, …).load_state_dict(…)`.
-pub fn load_transformer_decoder_layer(
-    state_dict: &StateDict,
-    prefix: &str,
-    opts: &TransformerLoadOptions,
-    dtype: DType,
-    device: &Device,
-) -> Result<(TransformerDecoderLayer, LoadReport)> {
-    let cfg = opts.decoder_layer(&InferredTransformerLayer::infer(state_dict, prefix)?)?;
-    load_module(
-        state_dict,
-        prefix,
-        "TransformerDecoderLayer",
-        opts.strict,
-        dtype,
-        device,
-        |vb| TransformerDecoderLayer::new(cfg, vb),
-    )
+impl LoadTransformer for TransformerDecoderLayer {
+    const MODULE: &'static str = "TransformerDecoderLayer";
+
+    /// Loads the decoder layer at `prefix` of `state_dict`, inferring `d_model`,
+    /// `dim_feedforward` and `bias` from the tensors.
+    ///
+    /// PyTorch equivalent: `nn.TransformerDecoderLayer(d_model, nhead, …).load_state_dict(…)`.
+    fn load(
+        state_dict: &StateDict,
+        prefix: &str,
+        opts: &TransformerLoadOptions,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<(Self, LoadReport)> {
+        let cfg = opts.decoder_layer(&InferredTransformerLayer::infer(state_dict, prefix)?)?;
+        load_module(
+            state_dict,
+            prefix,
+            Self::MODULE,
+            opts.strict,
+            dtype,
+            device,
+            |vb| TransformerDecoderLayer::new(cfg, vb),
+        )
+    }
 }
 
-/// Loads the encoder stack at `prefix` (`layers.N.*`, `norm.*`), inferring the layer sizes,
-/// `bias`, the number of layers and whether it has a final norm from the tensors.
-///
-/// PyTorch equivalent: `nn.TransformerEncoder(nn.TransformerEncoderLayer(d_model, nhead, …),
-/// num_layers, norm).load_state_dict(…)`.
-pub fn load_transformer_encoder(
-    state_dict: &StateDict,
-    prefix: &str,
-    opts: &TransformerLoadOptions,
-    dtype: DType,
-    device: &Device,
-) -> Result<(TransformerEncoder, LoadReport)> {
-    let s = InferredTransformerStack::infer(state_dict, prefix)?;
-    let cfg = opts.encoder_layer(&s.layer)?;
-    load_module(
-        state_dict,
-        prefix,
-        "TransformerEncoder",
-        opts.strict,
-        dtype,
-        device,
-        |vb| TransformerEncoder::new(cfg, s.num_layers, final_norm(s.final_norm), vb),
-    )
+impl LoadTransformer for TransformerEncoder {
+    const MODULE: &'static str = "TransformerEncoder";
+
+    /// Loads the encoder stack at `prefix` (`layers.N.*`, `norm.*`), inferring the layer sizes,
+    /// `bias`, the number of layers and whether it has a final norm from the tensors.
+    ///
+    /// PyTorch equivalent: `nn.TransformerEncoder(nn.TransformerEncoderLayer(d_model, nhead, …),
+    /// num_layers, norm).load_state_dict(…)`.
+    fn load(
+        state_dict: &StateDict,
+        prefix: &str,
+        opts: &TransformerLoadOptions,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<(Self, LoadReport)> {
+        let s = InferredTransformerStack::infer(state_dict, prefix)?;
+        let cfg = opts.encoder_layer(&s.layer)?;
+        load_module(
+            state_dict,
+            prefix,
+            Self::MODULE,
+            opts.strict,
+            dtype,
+            device,
+            |vb| TransformerEncoder::new(cfg, s.num_layers, final_norm(s.final_norm), vb),
+        )
+    }
 }
 
-/// Loads the decoder stack at `prefix` (`layers.N.*`, `norm.*`), inferring its sizes as
-/// [`load_transformer_encoder`] does.
-///
-/// PyTorch equivalent: `nn.TransformerDecoder(nn.TransformerDecoderLayer(d_model, nhead, …),
-/// num_layers, norm).load_state_dict(…)`.
-pub fn load_transformer_decoder(
-    state_dict: &StateDict,
-    prefix: &str,
-    opts: &TransformerLoadOptions,
-    dtype: DType,
-    device: &Device,
-) -> Result<(TransformerDecoder, LoadReport)> {
-    let s = InferredTransformerStack::infer(state_dict, prefix)?;
-    let cfg = opts.decoder_layer(&s.layer)?;
-    load_module(
-        state_dict,
-        prefix,
-        "TransformerDecoder",
-        opts.strict,
-        dtype,
-        device,
-        |vb| TransformerDecoder::new(cfg, s.num_layers, final_norm(s.final_norm), vb),
-    )
+impl LoadTransformer for TransformerDecoder {
+    const MODULE: &'static str = "TransformerDecoder";
+
+    /// Loads the decoder stack at `prefix` (`layers.N.*`, `norm.*`), inferring its sizes as
+    /// [`load_transformer_encoder`] does.
+    ///
+    /// PyTorch equivalent: `nn.TransformerDecoder(nn.TransformerDecoderLayer(d_model, nhead, …),
+    /// num_layers, norm).load_state_dict(…)`.
+    fn load(
+        state_dict: &StateDict,
+        prefix: &str,
+        opts: &TransformerLoadOptions,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<(Self, LoadReport)> {
+        let s = InferredTransformerStack::infer(state_dict, prefix)?;
+        let cfg = opts.decoder_layer(&s.layer)?;
+        load_module(
+            state_dict,
+            prefix,
+            Self::MODULE,
+            opts.strict,
+            dtype,
+            device,
+            |vb| TransformerDecoder::new(cfg, s.num_layers, final_norm(s.final_norm), vb),
+        )
+    }
 }
 
-/// Loads the whole encoder-decoder model at `prefix` (`encoder.*`, `decoder.*`), inferring
-/// `d_model`, `dim_feedforward`, `bias` and the numbers of layers from the tensors.
-///
-/// PyTorch equivalent: `nn.Transformer(d_model, nhead, num_encoder_layers, num_decoder_layers,
-/// dim_feedforward, …).load_state_dict(…)`.
-pub fn load_transformer(
-    state_dict: &StateDict,
-    prefix: &str,
-    opts: &TransformerLoadOptions,
-    dtype: DType,
-    device: &Device,
-) -> Result<(Transformer, LoadReport)> {
-    let t = InferredTransformer::infer(state_dict, prefix)?;
-    opts.check_nhead(&t.encoder.layer)?;
-    let cfg = TransformerConfig::new(t.encoder.layer.d_model, opts.nhead)
-        .with_num_encoder_layers(t.encoder.num_layers)
-        .with_num_decoder_layers(t.decoder.num_layers)
-        .with_dim_feedforward(t.encoder.layer.dim_feedforward)
-        .with_dropout(opts.dropout)
-        .with_activation(opts.activation)
-        .with_layer_norm_eps(opts.layer_norm_eps)
-        .with_batch_first(opts.batch_first)
-        .with_norm_first(opts.norm_first)
-        .with_bias(t.encoder.layer.bias);
-    load_module(
-        state_dict,
-        prefix,
-        "Transformer",
-        opts.strict,
-        dtype,
-        device,
-        |vb| Transformer::new(cfg, vb),
-    )
-}
+impl LoadTransformer for Transformer {
+    const MODULE: &'static str = "Transformer";
 
-fn read(path: &Path) -> Result<StateDict> {
-    Ok(StateDict::load(path)?.with_metadata("source", &path.display().to_string()))
-}
-
-/// [`load_transformer_encoder_layer`] from a checkpoint file (safetensors, or a `torch.save`
-/// pickle: a state_dict, one nested under `state_dict`/`model`, or a whole pickled module).
-pub fn load_transformer_encoder_layer_file(
-    path: impl AsRef<Path>,
-    prefix: &str,
-    opts: &TransformerLoadOptions,
-    dtype: DType,
-    device: &Device,
-) -> Result<(TransformerEncoderLayer, LoadReport)> {
-    load_transformer_encoder_layer(&read(path.as_ref())?, prefix, opts, dtype, device)
-}
-
-/// [`load_transformer_decoder_layer`] from a checkpoint file (safetensors or `torch.save`).
-pub fn load_transformer_decoder_layer_file(
-    path: impl AsRef<Path>,
-    prefix: &str,
-    opts: &TransformerLoadOptions,
-    dtype: DType,
-    device: &Device,
-) -> Result<(TransformerDecoderLayer, LoadReport)> {
-    load_transformer_decoder_layer(&read(path.as_ref())?, prefix, opts, dtype, device)
-}
-
-/// [`load_transformer_encoder`] from a checkpoint file (safetensors or `torch.save`).
-pub fn load_transformer_encoder_file(
-    path: impl AsRef<Path>,
-    prefix: &str,
-    opts: &TransformerLoadOptions,
-    dtype: DType,
-    device: &Device,
-) -> Result<(TransformerEncoder, LoadReport)> {
-    load_transformer_encoder(&read(path.as_ref())?, prefix, opts, dtype, device)
-}
-
-/// [`load_transformer_decoder`] from a checkpoint file (safetensors or `torch.save`).
-pub fn load_transformer_decoder_file(
-    path: impl AsRef<Path>,
-    prefix: &str,
-    opts: &TransformerLoadOptions,
-    dtype: DType,
-    device: &Device,
-) -> Result<(TransformerDecoder, LoadReport)> {
-    load_transformer_decoder(&read(path.as_ref())?, prefix, opts, dtype, device)
-}
-
-/// [`load_transformer`] from a checkpoint file (safetensors or `torch.save`, e.g. a whole
-/// `nn.Transformer` saved with `torch.save(model)`).
-pub fn load_transformer_file(
-    path: impl AsRef<Path>,
-    prefix: &str,
-    opts: &TransformerLoadOptions,
-    dtype: DType,
-    device: &Device,
-) -> Result<(Transformer, LoadReport)> {
-    load_transformer(&read(path.as_ref())?, prefix, opts, dtype, device)
+    /// Loads the whole encoder-decoder model at `prefix` (`encoder.*`, `decoder.*`), inferring
+    /// `d_model`, `dim_feedforward`, `bias` and the numbers of layers from the tensors.
+    ///
+    /// PyTorch equivalent: `nn.Transformer(d_model, nhead, num_encoder_layers, num_decoder_layers,
+    /// dim_feedforward, …).load_state_dict(…)`.
+    fn load(
+        state_dict: &StateDict,
+        prefix: &str,
+        opts: &TransformerLoadOptions,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<(Self, LoadReport)> {
+        let t = InferredTransformer::infer(state_dict, prefix)?;
+        opts.check_nhead(&t.encoder.layer)?;
+        let cfg = TransformerConfig::new(t.encoder.layer.d_model, opts.nhead)
+            .with_num_encoder_layers(t.encoder.num_layers)
+            .with_num_decoder_layers(t.decoder.num_layers)
+            .with_dim_feedforward(t.encoder.layer.dim_feedforward)
+            .with_dropout(opts.dropout)
+            .with_activation(opts.activation)
+            .with_layer_norm_eps(opts.layer_norm_eps)
+            .with_batch_first(opts.batch_first)
+            .with_norm_first(opts.norm_first)
+            .with_bias(t.encoder.layer.bias);
+        load_module(
+            state_dict,
+            prefix,
+            Self::MODULE,
+            opts.strict,
+            dtype,
+            device,
+            |vb| Transformer::new(cfg, vb),
+        )
+    }
 }

@@ -25,11 +25,6 @@ pub use decoder::TransformerDecoder;
 pub use decoder_layer::TransformerDecoderLayer;
 pub use encoder::TransformerEncoder;
 pub use encoder_layer::TransformerEncoderLayer;
-pub use load::{
-    load_transformer, load_transformer_decoder, load_transformer_decoder_file,
-    load_transformer_decoder_layer, load_transformer_decoder_layer_file, load_transformer_encoder,
-    load_transformer_encoder_file, load_transformer_encoder_layer,
-    load_transformer_encoder_layer_file, load_transformer_file, TransformerLoadOptions,
-};
+pub use load::{LoadTransformer, TransformerLoadOptions};
 pub use options::{DecoderOptions, EncoderOptions};
 pub use transformer::{Transformer, TransformerConfig, TransformerOptions};
