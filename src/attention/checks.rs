@@ -112,25 +112,7 @@ pub(crate) fn check_inputs(
             query.dims()
         )
     }
-    for (name, t, want, dim) in [
-        ("key", key, cfg.kdim(), "kdim"),
-        ("value", value, cfg.vdim(), "vdim"),
-    ] {
-        let got = t.dims()[rank - 1];
-        if got != want {
-            candle::bail!(
-                "expecting {name} feature size {dim}={want}, but got {got} ({name} shape {:?})",
-                t.dims()
-            )
-        }
-    }
-    if key.dims()[..rank - 1] != value.dims()[..rank - 1] {
-        candle::bail!(
-            "key's sequence and batch dims {:?} do not match value's {:?}",
-            &key.dims()[..rank - 1],
-            &value.dims()[..rank - 1]
-        )
-    }
+    check_key_value(cfg, key, value)?;
 
     // Sizes in the caller's layout.
     let (n, l, s) = if !batched {
@@ -227,6 +209,36 @@ fn check_mask_dtype(name: &str, mask: &Tensor, query: &Tensor) -> Result<()> {
             "{name} is on {:?} but query is on {:?}",
             mask.device().location(),
             query.device().location()
+        )
+    }
+    Ok(())
+}
+
+/// `key` and `value` (of the same rank) against `kdim` and `vdim`, and against each other in
+/// their sequence and batch dims.
+pub(crate) fn check_key_value(
+    cfg: &MultiheadAttentionConfig,
+    key: &Tensor,
+    value: &Tensor,
+) -> Result<()> {
+    let rank = key.rank();
+    for (name, t, want, dim) in [
+        ("key", key, cfg.kdim(), "kdim"),
+        ("value", value, cfg.vdim(), "vdim"),
+    ] {
+        let got = t.dims()[rank - 1];
+        if got != want {
+            candle::bail!(
+                "expecting {name} feature size {dim}={want}, but got {got} ({name} shape {:?})",
+                t.dims()
+            )
+        }
+    }
+    if key.dims()[..rank - 1] != value.dims()[..rank - 1] {
+        candle::bail!(
+            "key's sequence and batch dims {:?} do not match value's {:?}",
+            &key.dims()[..rank - 1],
+            &value.dims()[..rank - 1]
         )
     }
     Ok(())

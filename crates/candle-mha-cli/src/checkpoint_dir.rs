@@ -1,6 +1,6 @@
 //! Opening a checkpoint directory written by `mha train`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use candle_mha::candle::{DType, Device};
@@ -10,6 +10,31 @@ use candle_mha_train::data::Codec;
 use candle_mha_train::models::{NextTokenPredictor, NextTokenPredictorConfig};
 use candle_mha_train::{CONFIG_FILE, MODEL_FILE};
 use candle_nn::VarMap;
+
+/// The options `mha eval` and `mha vocab-matrix` share: a checkpoint, the corpus to run it
+/// over, the batch and the device.
+#[derive(clap::Args, Debug)]
+pub struct CorpusArgs {
+    /// A checkpoint directory written by `mha train` (the run's directory, or its best/).
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    /// Every sequence of this token file (default: the run's own data).
+    #[arg(long, conflicts_with_all = ["text", "data"])]
+    pub tokens: Option<PathBuf>,
+    /// This text file (read and encoded piece by piece, any size).
+    #[arg(long, conflicts_with = "data")]
+    pub text: Option<PathBuf>,
+    /// A data directory written by `mha prepare` with the checkpoint's tokenizer (eval: its
+    /// validation part; vocab-matrix: its training part).
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Sequences per batch.
+    #[arg(long, default_value_t = 64, value_parser = super::bounds::count(1, super::bounds::MAX_COUNT))]
+    pub batch_size: usize,
+    /// Where to run.
+    #[arg(long, default_value = "auto", value_parser = super::choices::DeviceParser)]
+    pub device: String,
+}
 
 /// A trained model and its tokenization.
 pub struct Checkpoint {

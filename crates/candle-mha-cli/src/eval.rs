@@ -3,7 +3,6 @@
 //! baselines.
 
 use std::cell::Cell;
-use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 use candle_mha::candle::DType;
@@ -23,19 +22,8 @@ use candle_mha_train::data::{
 /// set, rebuilt from the checkpoint.
 #[derive(clap::Args, Debug)]
 pub struct EvalArgs {
-    /// A checkpoint directory written by `mha train` (the run's directory, or its best/).
-    #[arg(long)]
-    pub checkpoint: PathBuf,
-    /// Evaluate on every sequence of this token file.
-    #[arg(long, conflicts_with_all = ["text", "data"])]
-    pub tokens: Option<PathBuf>,
-    /// Evaluate on this text file (read and encoded piece by piece, any size).
-    #[arg(long, conflicts_with = "data")]
-    pub text: Option<PathBuf>,
-    /// Evaluate on the validation part (the tail) of a data directory written by
-    /// `mha prepare` with the checkpoint's tokenizer.
-    #[arg(long)]
-    pub data: Option<PathBuf>,
+    #[command(flatten)]
+    pub corpus: super::checkpoint_dir::CorpusArgs,
     /// Also evaluate count models fit on the data's training part (unigram and bigram), on
     /// the same tokens. Needs prepared data (--data, or a run trained on it).
     #[arg(long, value_enum)]
@@ -44,12 +32,6 @@ pub struct EvalArgs {
     #[arg(long, default_value_t = DEFAULT_EVAL_WINDOWS,
           value_parser = super::bounds::count(1, super::bounds::MAX_COUNT))]
     pub max_windows: usize,
-    /// Sequences per batch.
-    #[arg(long, default_value_t = 64, value_parser = super::bounds::count(1, super::bounds::MAX_COUNT))]
-    pub batch_size: usize,
-    /// Where to run.
-    #[arg(long, default_value = "auto", value_parser = super::choices::DeviceParser)]
-    pub device: String,
     /// Compute dtype.
     #[arg(long, default_value = "f32", value_parser = super::choices::DtypeParser)]
     pub dtype: DType,
@@ -61,12 +43,12 @@ pub struct EvalArgs {
 
 /// The prepared data a baseline is fit on: --data, or the run's own.
 fn baseline_data(args: &EvalArgs) -> Result<(TokenData, u64)> {
-    if let Some(dir) = &args.data {
+    if let Some(dir) = &args.corpus.data {
         let d = TokenData::open(dir)?;
         let t = d.meta().train_tokens;
         return Ok((d, t));
     }
-    match run_data_spec(&args.checkpoint)? {
+    match run_data_spec(&args.corpus.checkpoint)? {
         DataSpec::Prepared {
             dir, train_tokens, ..
         } => Ok((TokenData::open(&dir)?, train_tokens)),
@@ -109,15 +91,20 @@ fn print_baselines(
 
 /// Runs `mha eval`.
 pub fn run(args: &EvalArgs) -> Result<()> {
-    let (device, notice) = crate::device::open(&args.device)?;
+    let (device, notice) = crate::device::open(&args.corpus.device)?;
     eprintln!("{notice}");
-    let ckpt = super::checkpoint_dir::open(&args.checkpoint, args.dtype, &device, args.batch_size)?;
+    let ckpt = super::checkpoint_dir::open(
+        &args.corpus.checkpoint,
+        args.dtype,
+        &device,
+        args.corpus.batch_size,
+    )?;
     let len = ckpt.model.config().max_len + 1;
     let (name, corpus) = checkpoint_corpus(
-        &args.checkpoint,
-        args.tokens.as_deref(),
-        args.text.as_deref(),
-        args.data.as_deref(),
+        &args.corpus.checkpoint,
+        args.corpus.tokens.as_deref(),
+        args.corpus.text.as_deref(),
+        args.corpus.data.as_deref(),
         &ckpt.codec,
         len,
         RunSplit::Val,
@@ -139,7 +126,7 @@ pub fn run(args: &EvalArgs) -> Result<()> {
         sequences.set(sequences.get() + 1);
         Ok(e)
     });
-    let mut eval = evaluate_examples(&ckpt.model, examples, args.batch_size, &device, None)?;
+    let mut eval = evaluate_examples(&ckpt.model, examples, args.corpus.batch_size, &device, None)?;
     if bytes.get() > 0 {
         eval.bits_per_byte =
             Some(eval.loss * eval.tokens as f64 / std::f64::consts::LN_2 / bytes.get() as f64);
@@ -154,7 +141,7 @@ pub fn run(args: &EvalArgs) -> Result<()> {
     if args.write_logits_check {
         let first: Vec<Example> = corpus
             .examples(len)?
-            .take(args.batch_size.min(8))
+            .take(args.corpus.batch_size.min(8))
             .collect::<candle_mha::candle::Result<_>>()?;
         let batch = Dataset { examples: first }
             .eval_batches(8, &device)?
@@ -162,7 +149,7 @@ pub fn run(args: &EvalArgs) -> Result<()> {
         let logits = ckpt
             .model
             .forward(&batch.input, Some(&batch.key_padding_mask))?;
-        let path = args.checkpoint.join("logits_check.safetensors");
+        let path = args.corpus.checkpoint.join("logits_check.safetensors");
         StateDict::from_tensors([
             ("tokens".to_string(), batch.input.to_dtype(DType::I64)?),
             (
@@ -175,7 +162,7 @@ pub fn run(args: &EvalArgs) -> Result<()> {
         eprintln!(
             "wrote {}: check it with scripts/reference_model.py {}",
             path.display(),
-            args.checkpoint.display()
+            args.corpus.checkpoint.display()
         );
     }
     Ok(())

@@ -13,18 +13,8 @@ use candle_mha_train::data::{checkpoint_corpus, RunSplit};
 /// Arguments of `mha vocab-matrix`.
 #[derive(clap::Args, Debug)]
 pub struct VocabMatrixArgs {
-    /// A checkpoint directory written by `mha train`.
-    #[arg(long)]
-    pub checkpoint: PathBuf,
-    /// A token file to aggregate over (default: the run's own training data).
-    #[arg(long, conflicts_with_all = ["text", "data"])]
-    pub tokens: Option<PathBuf>,
-    /// A text file to aggregate over (read and encoded piece by piece, any size).
-    #[arg(long, conflicts_with = "data")]
-    pub text: Option<PathBuf>,
-    /// The training part of a data directory written by `mha prepare`.
-    #[arg(long)]
-    pub data: Option<PathBuf>,
+    #[command(flatten)]
+    pub corpus: super::checkpoint_dir::CorpusArgs,
     /// The layer (0-based; default: the last).
     #[arg(long)]
     pub layer: Option<usize>,
@@ -46,25 +36,24 @@ pub struct VocabMatrixArgs {
     /// CSV (and the HTML page) hold the nonzero cells only.
     #[arg(long)]
     pub no_safetensors: bool,
-    /// Sequences per batch.
-    #[arg(long, default_value_t = 64, value_parser = super::bounds::count(1, super::bounds::MAX_COUNT))]
-    pub batch_size: usize,
-    /// Where to run.
-    #[arg(long, default_value = "auto", value_parser = super::choices::DeviceParser)]
-    pub device: String,
 }
 
 /// Runs `mha vocab-matrix`.
 pub fn run(args: &VocabMatrixArgs) -> Result<()> {
-    let (device, notice) = crate::device::open(&args.device)?;
+    let (device, notice) = crate::device::open(&args.corpus.device)?;
     eprintln!("{notice}");
-    let ckpt = super::checkpoint_dir::open(&args.checkpoint, DType::F32, &device, args.batch_size)?;
+    let ckpt = super::checkpoint_dir::open(
+        &args.corpus.checkpoint,
+        DType::F32,
+        &device,
+        args.corpus.batch_size,
+    )?;
     let len = ckpt.model.config().max_len + 1;
     let (name, corpus) = checkpoint_corpus(
-        &args.checkpoint,
-        args.tokens.as_deref(),
-        args.text.as_deref(),
-        args.data.as_deref(),
+        &args.corpus.checkpoint,
+        args.corpus.tokens.as_deref(),
+        args.corpus.text.as_deref(),
+        args.corpus.data.as_deref(),
         &ckpt.codec,
         len,
         RunSplit::Train,
@@ -74,7 +63,7 @@ pub fn run(args: &VocabMatrixArgs) -> Result<()> {
     let examples = corpus
         .examples(len)?
         .inspect(|_| sequences.set(sequences.get() + 1));
-    let batches = candle_mha_train::data::batches(examples, args.batch_size, &device)?
+    let batches = candle_mha_train::data::batches(examples, args.corpus.batch_size, &device)?
         .map(|b| b.map(|b| (b.input, b.key_padding_mask)));
     let vm = corpus_vocab_matrix(
         ckpt.model.config().vocab_size,
@@ -110,7 +99,7 @@ pub fn run(args: &VocabMatrixArgs) -> Result<()> {
     let out = args
         .out
         .clone()
-        .unwrap_or_else(|| args.checkpoint.join("vocab_matrix"));
+        .unwrap_or_else(|| args.corpus.checkpoint.join("vocab_matrix"));
     // The default lies inside the checkpoint, which may come from someone else: never
     // written through a link there.
     candle_mha_train::io::refuse_link(&out)?;

@@ -150,26 +150,7 @@ pub(super) fn check_memory_inputs(
             value.dims()
         )
     }
-    let rank = key.rank();
-    for (name, x, want, dim) in [
-        ("key", key, cfg.kdim(), "kdim"),
-        ("value", value, cfg.vdim(), "vdim"),
-    ] {
-        let got = x.dims()[rank - 1];
-        if got != want {
-            candle::bail!(
-                "expecting {name} feature size {dim}={want}, but got {got} ({name} shape {:?})",
-                x.dims()
-            )
-        }
-    }
-    if key.dims()[..rank - 1] != value.dims()[..rank - 1] {
-        candle::bail!(
-            "key's sequence and batch dims {:?} do not match value's {:?}",
-            &key.dims()[..rank - 1],
-            &value.dims()[..rank - 1]
-        )
-    }
+    crate::attention::checks::check_key_value(cfg, key, value)?;
     let d = key.dims();
     let (n, t) = match (batched, cfg.batch_first) {
         (false, _) => (1, d[0]),
