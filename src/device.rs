@@ -37,7 +37,7 @@ pub fn select_device(spec: &str) -> Result<(Device, String)> {
                 })?,
             };
             if !cfg!(feature = "cuda") {
-                candle::bail!("device \"{s}\": this binary was built without CUDA support; rebuild with `--features cuda`")
+                candle::bail!("device \"{s}\": this binary was built without CUDA support; rebuild with the `cuda` feature")
             }
             let d = Device::new_cuda(ordinal)
                 .map_err(|e| candle::Error::Msg(format!("device \"{s}\" is not available: {e}")))?;

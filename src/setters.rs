@@ -2,7 +2,7 @@
 //! structs, written once.
 
 /// `with_*` methods for public fields: `with_x(x: T)` sets field `x` (or, written
-/// `x: Some(T)`, sets it to `Some(x)`) and returns `self`, documented as "Sets [`x`]".
+/// `x: Some(T)`, sets it to `Some(x)`) and returns `self`, documented as "Sets `x`" (linked to the field).
 ///
 /// ```
 /// #[derive(Default)]

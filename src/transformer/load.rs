@@ -332,7 +332,7 @@ impl LoadTransformer for TransformerDecoder {
     const MODULE: &'static str = "TransformerDecoder";
 
     /// Loads the decoder stack at `prefix` (`layers.N.*`, `norm.*`), inferring its sizes as
-    /// [`load_transformer_encoder`] does.
+    /// [`TransformerEncoder::load`] does.
     ///
     /// PyTorch equivalent: `nn.TransformerDecoder(nn.TransformerDecoderLayer(d_model, nhead, …),
     /// num_layers, norm).load_state_dict(…)`.

@@ -223,7 +223,7 @@ impl Trainer {
         comm.all_reduce_sum_f64(&mut bad, "all-reduce of the replica check")?;
         match (error, bad[0] > 0.0) {
             (Some(e), _) => candle::bail!(
-                "at step {}, {e}: every rank must run with the same options and start from the same checkpoint (--out on a file system every rank sees)",
+                "at step {}, {e}: every rank must run with the same options and start from the same checkpoint (a run directory on a file system every rank sees)",
                 self.state.step
             ),
             (None, true) => candle::bail!(

@@ -127,7 +127,7 @@ fn codec_for(
         (None, Some(t)) => t,
         (None, None) => {
             notes.push(format!(
-                "no tokenizer: prompts and outputs are token ids (\"17 4 9\", 0 to {}); give --tokenizer tokenizer.json or --meta meta.pkl for text",
+                "no tokenizer: prompts and outputs are token ids (\"17 4 9\", 0 to {}); give a tokenizer.json, or nanoGPT's meta.pkl, for text",
                 vocab_size - 1
             ));
             TextTokenizer::ids(vocab_size)?

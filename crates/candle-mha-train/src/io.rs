@@ -495,8 +495,9 @@ pub struct DirLock {
 
 impl DirLock {
     /// Locks `dir` (created when missing) for `role` (what the owner does, e.g. `mha train`).
-    /// Errors, naming the holder's pid and role, when another process holds it.
-    pub fn acquire(dir: &Path, role: &str) -> Result<Self> {
+    /// Errors with [`RunError::Locked`](crate::RunError::Locked), naming the holder's pid and
+    /// role, when another process holds it.
+    pub fn acquire(dir: &Path, role: &str) -> crate::RunResult<Self> {
         std::fs::create_dir_all(dir).map_err(|e| io_err("cannot create directory", dir, e))?;
         let path = dir.join(LOCK_FILE);
         let mut file = open_no_follow(
@@ -513,13 +514,17 @@ impl DirLock {
                 let mut holder = String::new();
                 let _ = (&file).take(256).read_to_string(&mut holder);
                 let holder = holder.trim();
-                candle::bail!(
-                    "{} is in use by another process ({}): wait for it to finish, or choose another directory",
-                    dir.display(),
-                    if holder.is_empty() { "pid unknown" } else { holder }
-                )
+                return Err(crate::RunError::Locked {
+                    dir: dir.to_path_buf(),
+                    holder: if holder.is_empty() {
+                        "pid unknown"
+                    } else {
+                        holder
+                    }
+                    .to_string(),
+                });
             }
-            Err(std::fs::TryLockError::Error(e)) => return Err(io_err("locking", &path, e)),
+            Err(std::fs::TryLockError::Error(e)) => return Err(io_err("locking", &path, e).into()),
         }
         let owner = format!("pid {}, {role}\n", std::process::id());
         let write = |f: &mut std::fs::File| -> std::io::Result<()> {

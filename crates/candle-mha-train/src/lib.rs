@@ -55,6 +55,7 @@ mod baseline;
 mod config;
 mod data_parallel;
 pub mod distributed;
+mod error;
 mod evaluate;
 mod metrics;
 mod run;
@@ -67,6 +68,7 @@ pub use baseline::{BaselineEvaluation, BigramBaseline};
 pub use candle_mha::optim::{clip_grad_norm, AdamW, AdamWConfig};
 pub use config::TrainConfig;
 pub use data_parallel::StepShard;
+pub use error::{RunError, RunResult};
 pub use evaluate::{evaluate, evaluate_examples, Evaluation};
 pub use metrics::{
     append_metrics, read_metrics, truncate_metrics, MetricsLog, MetricsRecord, MAX_METRICS_BYTES,

@@ -48,6 +48,7 @@ use crate::{
     Evaluation, TrainConfig, TrainObserver, Trainer, TrainerState, BEST_DIR, CONFIG_FILE,
     MODEL_FILE, OPTIMIZER_FILE, STATE_FILE,
 };
+use crate::{RunError, RunResult};
 
 /// Where a session prepares the text of [`NewData::Text`], inside the run directory.
 pub const RUN_DATA_DIR: &str = "data";
@@ -217,13 +218,12 @@ impl Session {
         device: &Device,
         comm: &dyn Communicator,
         observer: &mut dyn SetupObserver,
-    ) -> Result<Self> {
+    ) -> RunResult<Self> {
         let lock = own(dir, comm)?;
         if dir.join(STATE_FILE).exists() {
-            candle::bail!(
-                "{} already holds a run: resume it, or choose another directory",
-                dir.display()
-            )
+            return Err(RunError::RunExists {
+                dir: dir.to_path_buf(),
+            });
         }
         check_dtype(run.dtype)?;
         run.train.validate()?;
@@ -245,10 +245,13 @@ impl Session {
         let max_tokens = match &init {
             // Windows up to the checkpoint's context (shorter ones train its first positions).
             Some(i) => match run.max_len {
-                Some(m) if m > i.config.max_len => candle::bail!(
-                    "max_len {m}: longer than the context of the checkpoint to start from ({})",
-                    i.config.max_len
-                ),
+                Some(m) if m > i.config.max_len => {
+                    return Err(candle::Error::Msg(format!(
+                        "max_len {m}: longer than the context of the checkpoint to start from ({})",
+                        i.config.max_len
+                    ))
+                    .into())
+                }
                 Some(m) => Some(m + 1),
                 None => Some(i.config.max_len + 1),
             },
@@ -303,10 +306,12 @@ impl Session {
         device: &Device,
         comm: &dyn Communicator,
         observer: &mut dyn SetupObserver,
-    ) -> Result<Self> {
+    ) -> RunResult<Self> {
         let lock = own(dir, comm)?;
         if !dir.join(STATE_FILE).exists() {
-            candle::bail!("{} has no {STATE_FILE} to resume from", dir.display())
+            return Err(RunError::NoRun {
+                dir: dir.to_path_buf(),
+            });
         }
         let codec_file = Codec::file_in(dir)?;
         let files = SetFiles {
@@ -326,22 +331,25 @@ impl Session {
         let state = TrainerState::load(dir)?;
         let dtype = state.dtype()?;
         match how.dtype {
-            Some(d) if d != dtype => candle::bail!(
-                "dtype {}: the run in {} trains in {} (a resumed run keeps its dtype)",
-                d.as_str(),
-                dir.display(),
-                dtype.as_str()
-            ),
+            Some(d) if d != dtype => {
+                return Err(candle::Error::Msg(format!(
+                    "dtype {}: the run in {} trains in {} (a resumed run keeps its dtype)",
+                    d.as_str(),
+                    dir.display(),
+                    dtype.as_str()
+                ))
+                .into())
+            }
             _ => {}
         }
         check_dtype(dtype)?;
         let (spec, new_lock) = match (state.data.clone(), how.data) {
             (Some(spec), _) => (spec, None),
             (None, Some(data)) => new_spec(dir, data, comm, observer)?,
-            (None, None) => candle::bail!(
+            (None, None) => return Err(candle::Error::Msg(format!(
                 "{} does not say what the run trains on (an imported checkpoint, or a trainer given its data directly): give its data",
                 dir.join(STATE_FILE).display()
-            ),
+            )).into()),
         };
         if let Some(kind) = state.device.as_deref() {
             if kind != device_kind(device) && comm.rank() == 0 {
@@ -410,7 +418,7 @@ impl Session {
 
 /// Takes `dir` for this process (rank 0 only): its lock, then a save a kill interrupted is
 /// finished (or undone) and temporary files of killed writes are removed.
-fn own(dir: &Path, comm: &dyn Communicator) -> Result<Option<DirLock>> {
+fn own(dir: &Path, comm: &dyn Communicator) -> RunResult<Option<DirLock>> {
     if comm.rank() != 0 {
         return Ok(None);
     }
@@ -445,7 +453,7 @@ fn inside(path: &Path, dir: &Path) -> bool {
 /// (checked before any work): only its lock, the `data/` of text runs, a `best/` checkpoint
 /// and a `metrics.jsonl` of an earlier attempt that stopped before its first checkpoint, and
 /// temporary files may be there. A link at any of these names is refused too.
-pub(crate) fn check_fresh(dir: &Path, text: bool) -> Result<()> {
+pub(crate) fn check_fresh(dir: &Path, text: bool) -> RunResult<()> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Ok(());
     };
@@ -472,11 +480,10 @@ pub(crate) fn check_fresh(dir: &Path, text: bool) -> Result<()> {
     }
     if !stray.is_empty() {
         stray.sort();
-        candle::bail!(
-            "{} holds files a run did not write ({}): nothing was changed; choose a new or empty directory, or remove them",
-            dir.display(),
-            stray.join(", ")
-        )
+        return Err(RunError::StrayFiles {
+            dir: dir.to_path_buf(),
+            files: stray,
+        });
     }
     Ok(())
 }

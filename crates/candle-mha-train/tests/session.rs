@@ -9,7 +9,7 @@ use candle_mha::candle::{DType, Device};
 use candle_mha_train::data::{run_data_spec, DataSpec, PrepareJob};
 use candle_mha_train::distributed::SingleProcess;
 use candle_mha_train::models::NextTokenPredictorConfig;
-use candle_mha_train::{NewData, NewRun, ResumeRun, Session, TrainConfig, STATE_FILE};
+use candle_mha_train::{NewData, NewRun, ResumeRun, RunError, Session, TrainConfig, STATE_FILE};
 
 fn synthetic() -> NewData {
     NewData::Spec(DataSpec::Synthetic {
@@ -66,12 +66,56 @@ fn a_run_starts_saves_and_resumes_in_its_directory() -> Result<()> {
         &SingleProcess,
         &mut (),
     );
-    let e = again
-        .err()
-        .expect("a second new run in the same directory")
-        .to_string();
-    assert!(e.contains("already holds a run"), "{e}");
+    // A variant a program can match, not only a message.
+    match again {
+        Err(RunError::RunExists { dir: d }) => assert_eq!(d, dir),
+        Err(e) => panic!("expected RunExists, got {e}"),
+        Ok(_) => panic!("a second new run in the same directory started"),
+    }
     assert_eq!(std::fs::read(dir.join(STATE_FILE))?, before);
+    // Resuming an empty directory, and a new run beside a stray file, are variants too.
+    let empty = tmp.path().join("empty");
+    let resumed = Session::resume(
+        &empty,
+        ResumeRun::default(),
+        &Device::Cpu,
+        &SingleProcess,
+        &mut (),
+    );
+    assert!(
+        matches!(resumed, Err(RunError::NoRun { .. })),
+        "{:?}",
+        resumed.err()
+    );
+    let stray = tmp.path().join("stray");
+    std::fs::create_dir_all(&stray)?;
+    std::fs::write(stray.join("notes.txt"), "mine")?;
+    let started = Session::start(
+        &stray,
+        NewRun::new(synthetic(), config(6)),
+        &Device::Cpu,
+        &SingleProcess,
+        &mut (),
+    );
+    match started {
+        Err(RunError::StrayFiles { files, .. }) => assert_eq!(files, ["notes.txt"]),
+        other => panic!("expected StrayFiles, got {:?}", other.err()),
+    }
+    // Another owner's lock.
+    let held = candle_mha_train::io::DirLock::acquire(&stray, "a test")?;
+    let locked = Session::start(
+        &stray,
+        NewRun::new(synthetic(), config(6)),
+        &Device::Cpu,
+        &SingleProcess,
+        &mut (),
+    );
+    assert!(
+        matches!(locked, Err(RunError::Locked { .. })) || cfg!(not(unix)),
+        "{:?}",
+        locked.err()
+    );
+    drop(held);
 
     // Resumed to 10 steps: the same data and model, four more steps.
     let how = ResumeRun {

@@ -15,7 +15,7 @@ use anyhow::{bail, Result};
 use candle_mha::candle::DType;
 use candle_mha_train::data::{DataSpec, PrepareJob, DEFAULT_CHUNK_BYTES};
 use candle_mha_train::distributed::{rank_prefix, Communicator, GradientBuckets};
-use candle_mha_train::{NewData, NewRun, ResumeRun, Session, TrainObserver, BEST_DIR, STATE_FILE};
+use candle_mha_train::{NewData, NewRun, ResumeRun, RunError, Session, TrainObserver, BEST_DIR};
 use indicatif::{ProgressBar, ProgressStyle};
 
 pub use args::TrainArgs;
@@ -136,6 +136,26 @@ impl TrainObserver for StopOnly {
     }
 }
 
+/// The library's error in the command line's words where it names what to do.
+fn in_flags(e: RunError) -> anyhow::Error {
+    match e {
+        RunError::RunExists { dir } => anyhow::anyhow!(
+            "{} already holds a run: pass --resume to continue it, or choose another --out",
+            dir.display()
+        ),
+        RunError::NoRun { dir } => anyhow::anyhow!(
+            "{} has no trainer_state.json to resume from: drop --resume to start a run there",
+            dir.display()
+        ),
+        RunError::StrayFiles { dir, files } => anyhow::anyhow!(
+            "{} holds files a run did not write ({}): nothing was changed; choose a new or empty --out, or remove them",
+            dir.display(),
+            files.join(", ")
+        ),
+        e => e.into(),
+    }
+}
+
 /// What `mha train` was asked for, as library values.
 enum Plan {
     New(Box<NewRun>),
@@ -155,12 +175,6 @@ fn plan(args: &TrainArgs) -> Result<Plan> {
             memory_limit: crate::bounds::memory_limit(),
             data: resume_data(args),
         }));
-    }
-    if args.out.join(STATE_FILE).exists() {
-        bail!(
-            "{} already holds a run: pass --resume to continue it, or choose another --out",
-            args.out.display()
-        )
     }
     let mut run = NewRun::new(new_data(args), args.train_config())
         .with_model(Box::new({
@@ -195,7 +209,8 @@ fn run_rank(
     let mut notices = Notices::new(args.quiet, lead)?;
     let mut session = match plan {
         Plan::Resume(how) => {
-            let mut session = Session::resume(&args.out, how, &device, comm, &mut notices)?;
+            let mut session =
+                Session::resume(&args.out, how, &device, comm, &mut notices).map_err(in_flags)?;
             let conflicts = resume::conflicts(
                 args,
                 &session.spec,
@@ -221,7 +236,9 @@ fn run_rank(
             }
             session
         }
-        Plan::New(run) => Session::start(&args.out, *run, &device, comm, &mut notices)?,
+        Plan::New(run) => {
+            Session::start(&args.out, *run, &device, comm, &mut notices).map_err(in_flags)?
+        }
     };
     if lead {
         let data = &session.data;

@@ -84,7 +84,9 @@ pub fn checkpoint_corpus(
     }
     if let Some(p) = text {
         let Codec::Text(tok) = codec else {
-            candle::bail!("this checkpoint uses a symbol vocabulary: give it a token file, not text (mha: --tokens, not --text)")
+            candle::bail!(
+                "this checkpoint uses a symbol vocabulary: give it a token file, not text"
+            )
         };
         return Ok((
             p.display().to_string(),

@@ -272,7 +272,7 @@ impl DataSpec {
     /// Errors, naming what differs, unless `data` is the prepared data this spec was made
     /// from: the same number of ids and the same recorded SHA-256 of `tokens.bin` (where the
     /// spec recorded them), and at least `train_tokens` ids.
-    pub fn check_prepared(&self, data: &TokenData) -> Result<()> {
+    pub fn check_prepared(&self, data: &TokenData) -> crate::RunResult<()> {
         let Self::Prepared {
             dir,
             train_tokens,
@@ -283,33 +283,33 @@ impl DataSpec {
         else {
             return Ok(());
         };
-        let other = "it is not the data the run was trained on (moved or prepared again?); give the run's own data directory";
+        let mismatch = |found: String, recorded: String| crate::RunError::DataMismatch {
+            dir: dir.clone(),
+            found,
+            recorded,
+        };
         if let Some(n) = num_tokens {
             if *n != data.len() {
-                candle::bail!(
-                    "{}: {} tokens, but the run recorded {n}: {other}",
-                    dir.display(),
-                    data.len()
-                )
+                return Err(mismatch(format!("{} tokens", data.len()), n.to_string()));
             }
         }
         if let Some(want) = tokens_sha256 {
             let got = data.meta().tokens_sha256.as_deref().unwrap_or("none");
             if got != want {
-                candle::bail!(
-                    "{}: tokens.bin's recorded SHA-256 is {}…, but the run recorded {}…: {other}",
-                    dir.display(),
-                    &got[..12.min(got.len())],
-                    &want[..12.min(want.len())]
-                )
+                return Err(mismatch(
+                    format!(
+                        "tokens.bin's recorded SHA-256 is {}…",
+                        &got[..12.min(got.len())]
+                    ),
+                    format!("{}…", &want[..12.min(want.len())]),
+                ));
             }
         }
         if *train_tokens > data.len() {
-            candle::bail!(
-                "{}: the run trained on {train_tokens} tokens but the data has {}: {other}",
-                dir.display(),
-                data.len()
-            )
+            return Err(mismatch(
+                format!("{} tokens", data.len()),
+                format!("training on {train_tokens} tokens"),
+            ));
         }
         Ok(())
     }
@@ -326,7 +326,7 @@ impl DataSpec {
         tokenizer: Option<&Path>,
         bpe_vocab: usize,
         max_tokens: Option<usize>,
-    ) -> Result<RunData> {
+    ) -> crate::RunResult<RunData> {
         match self {
             Self::Synthetic {
                 num_keys,
@@ -366,13 +366,18 @@ impl DataSpec {
                     None => Codec::Symbols(Vocab::build(seqs.iter().map(|s| s.as_slice()))),
                 };
                 let Codec::Symbols(vocab) = &codec else {
-                    candle::bail!("this checkpoint uses a text tokenizer: give it text, not a token file (mha: --text, not --tokens)")
+                    return Err(candle::Error::Msg(
+                        "this checkpoint uses a text tokenizer: give it text, not a token file"
+                            .to_string(),
+                    )
+                    .into());
                 };
                 if let Some(v) = seqs.iter().flatten().find(|s| vocab.id(s).is_none()) {
-                    candle::bail!(
+                    return Err(candle::Error::Msg(format!(
                         "{}: symbol \"{v}\" is not in the checkpoint's vocabulary",
                         path.display()
-                    )
+                    ))
+                    .into());
                 }
                 let data = encode_sequences(&seqs, vocab);
                 Ok(RunData::split(data, *val_fraction, *seed, codec))
@@ -384,9 +389,11 @@ impl DataSpec {
             } => {
                 let tok = match (codec, tokenizer) {
                     (Some(Codec::Text(t)), _) => *t,
-                    (Some(Codec::Symbols(_)), _) => {
-                        candle::bail!("this checkpoint uses a symbol vocabulary: give it a token file, not text (mha: --tokens, not --text)")
-                    }
+                    (Some(Codec::Symbols(_)), _) => return Err(candle::Error::Msg(
+                        "this checkpoint uses a symbol vocabulary: give it a token file, not text"
+                            .to_string(),
+                    )
+                    .into()),
                     (None, Some(p)) => TextTokenizer::load(p)?,
                     (None, None) => TextTokenizer::train_bpe(path, bpe_vocab).map_err(|e| {
                         candle::Error::Msg(format!(
@@ -411,7 +418,10 @@ impl DataSpec {
                 ..
             } => {
                 let Some(window) = max_tokens else {
-                    candle::bail!("prepared data needs the model's context (max_tokens)")
+                    return Err(candle::Error::Msg(
+                        "prepared data needs the model's context (max_tokens)".to_string(),
+                    )
+                    .into());
                 };
                 let what = match &codec {
                     Some(_) => "the checkpoint's tokenizer".to_string(),

@@ -61,7 +61,7 @@ impl TokenWindows {
         let train_len = train.end.saturating_sub(train.start);
         if train_len < len {
             candle::bail!(
-                "the training part has {train_len} tokens, fewer than one window of {len} (context {} + 1); use a shorter context (--max-len) or more data",
+                "the training part has {train_len} tokens, fewer than one window of {len} (context {} + 1); use a shorter context (max_len) or more data",
                 len - 1
             )
         }

@@ -34,7 +34,7 @@ impl NcclCommunicator {
     /// [`MpiCommunicator::init`].
     pub fn init(device: &Device, timeout: Duration) -> Result<Self> {
         let Device::Cuda(cuda) = device else {
-            candle::bail!("the nccl backend needs a CUDA device (--device cuda), got {device:?}")
+            candle::bail!("the nccl backend needs a CUDA device, got {device:?}")
         };
         let mpi = MpiCommunicator::init(timeout)?;
         let id = match mpi.rank() {

@@ -62,7 +62,7 @@ impl Watchdog {
                     if let Some((what, started)) = guard.as_ref() {
                         if started.elapsed() >= timeout {
                             let msg = format!(
-                                "{prefix}{what} did not complete within {} s (--dist-timeout): another rank has died, hangs or stopped at another step; ending the run",
+                                "{prefix}{what} did not complete within {} s (the collective timeout): another rank has died, hangs or stopped at another step; ending the run",
                                 timeout.as_secs_f64()
                             );
                             on_timeout(&msg);

@@ -1,0 +1,87 @@
+//! [`RunError`]: why a run could not start, resume, lock its directory or use its data, as
+//! variants a program can match (the rest as [`RunError::Other`]).
+
+use std::path::PathBuf;
+
+/// The failures a caller of [`Session`](crate::Session) may want to tell apart; everything
+/// else (a disk error, a bad option, a damaged file) is [`Other`](Self::Other). Converts into
+/// `candle::Error` (its message kept), so `?` works in code returning `candle::Result`.
+///
+/// PyTorch equivalent: none (a training script raises `RuntimeError`s).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunError {
+    /// A new run was asked for in a directory that already holds one (`trainer_state.json`).
+    #[error("{} already holds a run: resume it, or choose another directory", .dir.display())]
+    RunExists {
+        /// The run directory.
+        dir: PathBuf,
+    },
+    /// Resuming a directory that holds no run.
+    #[error("{} has no trainer_state.json to resume from", .dir.display())]
+    NoRun {
+        /// The directory.
+        dir: PathBuf,
+    },
+    /// A new run's directory holds files no run writes; nothing was changed.
+    #[error("{} holds files a run did not write ({}): nothing was changed; choose a new or empty directory, or remove them", .dir.display(), .files.join(", "))]
+    StrayFiles {
+        /// The directory.
+        dir: PathBuf,
+        /// The files' names, sorted.
+        files: Vec<String>,
+    },
+    /// Another process holds the directory's lock (it trains, or prepares data, there).
+    #[error("{} is in use by another process ({holder}): wait for it to finish, or choose another directory", .dir.display())]
+    Locked {
+        /// The locked directory.
+        dir: PathBuf,
+        /// What its lock file says of the holder (`pid N, role`), or `pid unknown`.
+        holder: String,
+    },
+    /// The prepared data is not the data the run recorded (moved, or prepared again).
+    #[error("{}: {found}, but the run recorded {recorded}: it is not the data the run was trained on (moved or prepared again?); give the run's own data directory", .dir.display())]
+    DataMismatch {
+        /// The data directory.
+        dir: PathBuf,
+        /// What the data holds (its token count or hash).
+        found: String,
+        /// What the run recorded.
+        recorded: String,
+    },
+    /// Any other failure.
+    #[error(transparent)]
+    Other(#[from] candle::Error),
+}
+
+impl From<RunError> for candle::Error {
+    fn from(e: RunError) -> Self {
+        match e {
+            RunError::Other(e) => e,
+            e => candle::Error::Msg(e.to_string()),
+        }
+    }
+}
+
+/// A `Result` whose error is a [`RunError`].
+pub type RunResult<T> = std::result::Result<T, RunError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn variants_keep_their_message_through_candle() {
+        let e = RunError::RunExists {
+            dir: "runs/x".into(),
+        };
+        let text = e.to_string();
+        assert_eq!(
+            text,
+            "runs/x already holds a run: resume it, or choose another directory"
+        );
+        assert_eq!(candle::Error::from(e).to_string(), text);
+        let inner = candle::Error::Msg("disk full".into());
+        assert!(matches!(RunError::from(inner), RunError::Other(_)));
+    }
+}
