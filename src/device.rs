@@ -47,50 +47,6 @@ pub fn select_device(spec: &str) -> Result<(Device, String)> {
     }
 }
 
-/// Keeps the memory that candle frees on a CUDA `device` in CUDA's memory pool for the next
-/// allocation, instead of handing it back to the driver at every synchronisation (the pool's
-/// default release threshold is 0), where every call would pay for mapping its large buffers
-/// afresh, a sizeable share of a training step (`docs/benchmarks.md`). Process-wide and
-/// opt-in: the library never calls it; the `mha` CLI and the examples do, right after choosing
-/// the device. The memory then stays with the process, as PyTorch's does. A no-op on other
-/// devices and where the GPU has no memory pools.
-///
-/// PyTorch equivalent: PyTorch's caching allocator, which keeps freed blocks until
-/// `torch.cuda.empty_cache()`.
-pub fn keep_freed_gpu_memory(device: &Device) -> Result<()> {
-    #[cfg(feature = "cuda")]
-    if let Device::Cuda(d) = device {
-        use candle::cuda_backend::cudarc::driver::sys;
-        let ctx = d.cuda_stream().context().clone();
-        if !ctx.has_async_alloc() {
-            // No memory pools on this device: cudarc allocates with cuMemAlloc, no pool to keep.
-            return Ok(());
-        }
-        let cu = ctx.cu_device();
-        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
-        let mut threshold = u64::MAX;
-        // SAFETY: plain driver calls on a device candle has initialised; `threshold` outlives
-        // the call that reads it.
-        let results = unsafe {
-            [
-                sys::cuDeviceGetDefaultMemPool(&mut pool, cu),
-                sys::cuMemPoolSetAttribute(
-                    pool,
-                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                    (&mut threshold as *mut u64).cast(),
-                ),
-            ]
-        };
-        for r in results {
-            if r != sys::CUresult::CUDA_SUCCESS {
-                candle::bail!("keeping freed GPU memory in the pool of {device:?}: {r:?}")
-            }
-        }
-    }
-    let _ = device;
-    Ok(())
-}
-
 /// The high mark of the memory in use in the default memory pool of a CUDA `device`, in
 /// bytes, after setting it to `set` (the driver takes only 0: the mark restarts from the
 /// current use); `None` on other devices and where the device has no pools.

@@ -34,7 +34,51 @@
 //! `GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=2147483647`
 //! (see [`GLIBC_TUNABLES`]), the thread setting OpenMP's `OMP_WAIT_POLICY=passive`.
 
-pub use crate::device::keep_freed_gpu_memory;
+use candle::{Device, Result};
+
+/// Keeps the memory that candle frees on a CUDA `device` in CUDA's memory pool for the next
+/// allocation, instead of handing it back to the driver at every synchronisation (the pool's
+/// default release threshold is 0), where every call would pay for mapping its large buffers
+/// afresh, a sizeable share of a training step (`docs/benchmarks.md`). Process-wide and
+/// opt-in: the library never calls it; the `mha` CLI and the examples do, right after choosing
+/// the device. The memory then stays with the process, as PyTorch's does. A no-op on other
+/// devices and where the GPU has no memory pools.
+///
+/// PyTorch equivalent: PyTorch's caching allocator, which keeps freed blocks until
+/// `torch.cuda.empty_cache()`.
+pub fn keep_freed_gpu_memory(device: &Device) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(d) = device {
+        use candle::cuda_backend::cudarc::driver::sys;
+        let ctx = d.cuda_stream().context().clone();
+        if !ctx.has_async_alloc() {
+            // No memory pools on this device: cudarc allocates with cuMemAlloc, no pool to keep.
+            return Ok(());
+        }
+        let cu = ctx.cu_device();
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        let mut threshold = u64::MAX;
+        // SAFETY: plain driver calls on a device candle has initialised; `threshold` outlives
+        // the call that reads it.
+        let results = unsafe {
+            [
+                sys::cuDeviceGetDefaultMemPool(&mut pool, cu),
+                sys::cuMemPoolSetAttribute(
+                    pool,
+                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                    (&mut threshold as *mut u64).cast(),
+                ),
+            ]
+        };
+        for r in results {
+            if r != sys::CUresult::CUDA_SUCCESS {
+                candle::bail!("keeping freed GPU memory in the pool of {device:?}: {r:?}")
+            }
+        }
+    }
+    let _ = device;
+    Ok(())
+}
 
 /// candle's environment variable for the spin count of its element-wise worker threads.
 pub const SPIN_LIMIT_ENV: &str = "CANDLE_BARRIER_POOL_SPIN_LIMIT";

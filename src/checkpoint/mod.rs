@@ -24,8 +24,6 @@ mod state_dict;
 mod torch_save;
 mod transformer_discover;
 
-/// Moved to [`crate::io::write_atomic`]; kept here so existing code compiles.
-pub use crate::io::write_atomic;
 pub use attention_io::{
     load_attention, load_attention_file, save_modules, state_dict_of, AttentionLoadOptions,
     LoadedAttention, NamedParameters,

@@ -2,7 +2,7 @@
 //! `--baseline`), as value enums so that `--help` lists the accepted values.
 
 use candle_mha::candle::DType;
-use candle_mha_viz::{HeadFusion, RolloutFusion};
+use candle_mha_viz::HeadFusion;
 use clap::builder::{PossibleValue, TypedValueParser};
 use clap::ValueEnum;
 
@@ -129,11 +129,11 @@ pub enum Fusion {
 
 impl Fusion {
     /// The fusion of one layer's heads and of the rollout over layers.
-    pub fn head_and_rollout(self) -> (HeadFusion, RolloutFusion) {
+    pub fn head_and_rollout(self) -> (HeadFusion, HeadFusion) {
         match self {
-            Fusion::Mean => (HeadFusion::Mean, RolloutFusion::Mean),
-            Fusion::Max => (HeadFusion::Max, RolloutFusion::Max),
-            Fusion::Min => (HeadFusion::Min, RolloutFusion::Min),
+            Fusion::Mean => (HeadFusion::Mean, HeadFusion::Mean),
+            Fusion::Max => (HeadFusion::Max, HeadFusion::Max),
+            Fusion::Min => (HeadFusion::Min, HeadFusion::Min),
         }
     }
 }

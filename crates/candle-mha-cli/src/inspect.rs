@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use candle_mha::candle::{DType, Tensor};
 use candle_mha::io::human_size;
+use candle_mha::io::write_atomic;
 use candle_mha_train::data::{Codec, TextWindows};
-use candle_mha_train::io::write_atomic;
 use candle_mha_viz::html::{attention_explorer, ExplorerOptions};
 use candle_mha_viz::{
     attention_rollout, format_table, fuse_heads, head_stats, heatmap, AttentionGraph, GraphOptions,

@@ -102,12 +102,9 @@ pub fn run(args: &VocabMatrixArgs) -> Result<()> {
         .unwrap_or_else(|| args.corpus.checkpoint.join("vocab_matrix"));
     // The default lies inside the checkpoint, which may come from someone else: never
     // written through a link there.
-    candle_mha_train::io::refuse_link(&out)?;
+    candle_mha::io::refuse_link(&out)?;
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-    candle_mha_train::io::write_atomic(
-        &out.join("vocab_matrix.csv"),
-        vm.to_csv(&labels).as_bytes(),
-    )?;
+    candle_mha::io::write_atomic(&out.join("vocab_matrix.csv"), vm.to_csv(&labels).as_bytes())?;
     if args.no_safetensors {
         eprintln!("wrote {}/vocab_matrix.csv", out.display());
     } else if vm.vocab_size() <= MAX_DENSE_VOCAB {
@@ -134,7 +131,7 @@ pub fn run(args: &VocabMatrixArgs) -> Result<()> {
             ))
             .with_top_k(args.top_k.max(1));
         let page = vocab_matrix_html(&vm, &labels, &opts)?;
-        candle_mha_train::io::write_atomic(path, page.as_bytes())
+        candle_mha::io::write_atomic(path, page.as_bytes())
             .with_context(|| format!("writing {}", path.display()))?;
         eprintln!(
             "wrote {} ({}; {} tokens, {} cells)",

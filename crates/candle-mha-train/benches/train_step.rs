@@ -52,10 +52,10 @@ use support::{
 };
 
 use candle::{DType, Device, Result, Tensor};
+use candle_mha::optim::{clip_grad_norm, AdamW, AdamWConfig};
 use candle_mha::rng::{derive_seed, rng_from_seed};
 use candle_mha::{seeded_var_builder, AttentionKernel};
 use candle_mha_train::models::{NextTokenPredictor, NextTokenPredictorConfig};
-use candle_mha_train::{clip_grad_norm, AdamW, AdamWConfig};
 use rand::Rng;
 
 /// One benchmark shape: `N` batch, `L` sequence length, `V` vocab, `E`, `H`, layers; ff = 4E.

@@ -69,8 +69,8 @@ fn probe(mut f: impl FnMut() -> Result<()>) -> Result<(f64, f64, f64, u64)> {
 
 /// One `NextTokenPredictor` training step at `benches/train_step`'s shape `name`.
 fn model_step(name: &str) -> Result<(f64, f64, f64, u64)> {
+    use candle_mha::optim::{clip_grad_norm, AdamW, AdamWConfig};
     use candle_mha_train::models::{NextTokenPredictor, NextTokenPredictorConfig};
-    use candle_mha_train::{clip_grad_norm, AdamW, AdamWConfig};
     // (N, L, vocab, E, H, layers), as in the train_step bench.
     let (n, l, v, e, h, layers) = match name {
         "small" => (64, 11, 37, 64, 4, 2),

@@ -58,7 +58,7 @@ pub fn export_hugging_face(run: &Path, out: &Path) -> Result<()> {
     let config = serde_json::to_string_pretty(&config)
         .map_err(|e| candle::Error::Msg(format!("serializing config.json: {e}")))?;
     let _lock = crate::io::DirLock::acquire(out, "mha export")?;
-    crate::io::write_atomic(&out.join("config.json"), config.as_bytes())?;
+    candle_mha::io::write_atomic(&out.join("config.json"), config.as_bytes())?;
     weights.save_safetensors(out.join("model.safetensors"))?;
     if let Codec::Text(_) = codec {
         codec.save_dir(out)?;

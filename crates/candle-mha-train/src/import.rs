@@ -27,7 +27,7 @@ pub struct Imported {
     pub config: NextTokenPredictorConfig,
     /// Its weights under our names.
     pub weights: StateDict,
-    /// AdamW's moments and step counts under our names ([`crate::AdamW::state_dict`]), when
+    /// AdamW's moments and step counts under our names ([`candle_mha::optim::AdamW::state_dict`]), when
     /// the checkpoint has an optimizer.
     pub optimizer: Option<StateDict>,
     /// Optimizer steps done (nanoGPT's `iter_num`; 0 for Hugging Face).

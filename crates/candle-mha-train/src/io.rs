@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use candle::Result;
 use candle_mha::io::open_no_follow;
-pub use candle_mha::io::{refuse_link, remove_stale_temps, write_atomic};
+use candle_mha::io::{refuse_link, write_atomic};
 /// The commit record of a [`FileSet`] in its directory.
 pub const MANIFEST_FILE: &str = "checkpoint.json";
 

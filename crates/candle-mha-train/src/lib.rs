@@ -65,7 +65,6 @@ mod state;
 mod trainer;
 
 pub use baseline::{BaselineEvaluation, BigramBaseline};
-pub use candle_mha::optim::{clip_grad_norm, AdamW, AdamWConfig};
 pub use config::TrainConfig;
 pub use data_parallel::StepShard;
 pub use error::{RunError, RunResult};

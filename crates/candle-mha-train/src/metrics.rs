@@ -89,7 +89,7 @@ pub const MAX_METRICS_BYTES: u64 = 1 << 30;
 /// killed mid-write) too; any other line that is not a record is skipped with a warning
 /// naming the file and the line.
 pub fn read_metrics(path: &Path) -> Result<MetricsLog> {
-    crate::io::refuse_link(path)?;
+    candle_mha::io::refuse_link(path)?;
     let bytes = candle_mha::io::read_input(path, MAX_METRICS_BYTES)?;
     let text = String::from_utf8_lossy(&bytes);
     let lines: Vec<&str> = text.lines().collect();
@@ -115,7 +115,7 @@ pub fn read_metrics(path: &Path) -> Result<MetricsLog> {
 /// lines that are not records are dropped. Returns the warnings of those lines. A missing
 /// file is left missing.
 pub fn truncate_metrics(path: &Path, step: u64) -> Result<Vec<String>> {
-    crate::io::refuse_link(path)?;
+    candle_mha::io::refuse_link(path)?;
     if !path.exists() {
         return Ok(Vec::new());
     }
@@ -127,7 +127,7 @@ pub fn truncate_metrics(path: &Path, step: u64) -> Result<Vec<String>> {
         text.push_str(&line);
         text.push('\n');
     }
-    crate::io::write_atomic(path, text.as_bytes())?;
+    candle_mha::io::write_atomic(path, text.as_bytes())?;
     Ok(log.skipped)
 }
 

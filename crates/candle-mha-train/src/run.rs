@@ -229,7 +229,7 @@ impl Trainer {
             if let Some(dir) = dir {
                 let best = dir.join(BEST_DIR);
                 // A link there would have the save write into whatever it points to.
-                crate::io::refuse_link(&best)?;
+                candle_mha::io::refuse_link(&best)?;
                 self.save_with(&best, &mut |p| observer.at_commit_point(&best, p))?;
                 observer.on_best(step, eval, &best);
             }

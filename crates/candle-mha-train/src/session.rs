@@ -37,10 +37,7 @@ use crate::data::{
     RunData, SetupObserver, TextTokenizer, TokenData, META_FILE,
 };
 use crate::distributed::{Communicator, SingleProcess};
-use crate::io::{
-    finish_interrupted_commit, recover_file_set, refuse_link, remove_stale_temps, verify_file_set,
-    DirLock, SetFiles,
-};
+use crate::io::{finish_interrupted_commit, recover_file_set, verify_file_set, DirLock, SetFiles};
 use crate::metrics::{read_metrics, METRICS_FILE};
 use crate::models::{NextTokenPredictor, NextTokenPredictorConfig};
 use crate::state::{device_kind, CHECKPOINT_FILES};
@@ -49,6 +46,7 @@ use crate::{
     MODEL_FILE, OPTIMIZER_FILE, STATE_FILE,
 };
 use crate::{RunError, RunResult};
+use candle_mha::io::{refuse_link, remove_stale_temps};
 
 /// Where a session prepares the text of [`NewData::Text`], inside the run directory.
 pub const RUN_DATA_DIR: &str = "data";

@@ -63,7 +63,7 @@ impl TrainerState {
     /// files of version 0).
     pub fn load(dir: &Path) -> candle::Result<Self> {
         let path = dir.join(STATE_FILE);
-        crate::io::refuse_link(&path)?;
+        candle_mha::io::refuse_link(&path)?;
         let text = candle_mha::io::read_input_string(&path, crate::limits::MAX_STATE_BYTES)?;
         let mut state: Self = serde_json::from_str(&text)
             .map_err(|e| candle::Error::Msg(format!("invalid {}: {e}", path.display())))?;

@@ -12,14 +12,13 @@ use super::state::{
     device_kind, EvalRecord, StepStats, TrainerState, CHECKPOINT_FILES, CONFIG_FILE, MODEL_FILE,
     OPTIMIZER_FILE, STATE_FILE, STATE_VERSION,
 };
-use super::{
-    clip_grad_norm, evaluate_examples, AdamW, AdamWConfig, Evaluation, LrSchedule, TrainConfig,
-};
+use super::{evaluate_examples, Evaluation, LrSchedule, TrainConfig};
 use crate::data::DataSpec;
 use crate::data::{Batch, Codec, Dataset, EvalSet, Example, TrainSource};
 use crate::io::{recover_file_set, CommitPoint, FileSet, SetFiles};
 use crate::models::NextTokenPredictor;
 use candle_mha::checkpoint::{state_dict_of, NamedParameters, StateDict};
+use candle_mha::optim::{clip_grad_norm, AdamW, AdamWConfig};
 use candle_mha::rng::derive_seed;
 
 /// The dropout label of micro-batch `m` of step `step`: `dropout/{step}` for the first,

@@ -10,13 +10,13 @@ use std::path::PathBuf;
 use anyhow::Result;
 use candle_mha::candle::{DType, Device, Tensor, D};
 use candle_mha::checkpoint::{load_into_varmap, LoadOptions, StateDict};
+use candle_mha::optim::{clip_grad_norm, AdamW, AdamWConfig};
 use candle_mha::seeded_var_builder;
 use candle_mha_train::import;
 use candle_mha_train::models::gpt2::{self, Gpt2Format};
 use candle_mha_train::models::{
     generate, GenerateConfig, NextTokenPredictor, NextTokenPredictorConfig,
 };
-use candle_mha_train::{clip_grad_norm, AdamW, AdamWConfig};
 use candle_nn::VarMap;
 
 fn fixtures() -> PathBuf {

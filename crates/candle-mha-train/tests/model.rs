@@ -7,11 +7,11 @@ use anyhow::{Context, Result};
 use candle_mha::candle::backprop::GradStore;
 use candle_mha::candle::{DType, Device, Tensor, Var};
 use candle_mha::checkpoint::{load_into_varmap, LoadOptions, StateDict};
+use candle_mha::optim::{clip_grad_norm, AdamW, AdamWConfig};
 use candle_mha::{seeded_var_builder, AttentionKernel};
 use candle_mha_train::models::{
     masked_cross_entropy, NextTokenPredictor, NextTokenPredictorConfig,
 };
-use candle_mha_train::{clip_grad_norm, AdamW, AdamWConfig};
 use candle_nn::VarMap;
 use common::{assert_close, Fixture};
 

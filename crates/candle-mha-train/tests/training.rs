@@ -238,7 +238,7 @@ fn non_finite_weights_are_not_saved() -> Result<()> {
 #[test]
 fn adamw_drives_a_candle_nn_training_loop() -> Result<()> {
     use candle_mha::candle::{Tensor, Var};
-    use candle_mha_train::{AdamW, AdamWConfig};
+    use candle_mha::optim::{AdamW, AdamWConfig};
     use candle_nn::Optimizer;
 
     let dev = Device::Cpu;

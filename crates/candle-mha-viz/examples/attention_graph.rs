@@ -12,14 +12,14 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use candle_mha::candle::{DType, Device, IndexOp, Tensor};
+use candle_mha::io::write_atomic;
 use candle_mha::rng::normal;
 use candle_mha::{
     seeded_var_builder, AttentionOptions, MultiheadAttention, MultiheadAttentionConfig,
 };
-use candle_mha_train::io::write_atomic;
 use candle_mha_viz::{
     attention_flow, attention_rollout, format_table, is_symmetric, max_asymmetry, AttentionGraph,
-    GraphOptions, RolloutFusion, TableOptions,
+    GraphOptions, HeadFusion, TableOptions,
 };
 use candle_nn::VarMap;
 
@@ -146,12 +146,12 @@ fn main() -> Result<()> {
         Ok(())
     };
     show("layer 2 alone (heads averaged)", &layers[1].mean(0)?)?;
-    let rollout = attention_rollout(&layers, RolloutFusion::Mean, true, 0.0)?;
+    let rollout = attention_rollout(&layers, HeadFusion::Mean, true, 0.0)?;
     show(
         "rollout through 2 layers (mean over heads, residual 0.5 A + 0.5 I)",
         &rollout,
     )?;
-    let flow = attention_flow(&layers, RolloutFusion::Mean, true)?;
+    let flow = attention_flow(&layers, HeadFusion::Mean, true)?;
     show(
         "attention flow through 2 layers (max-flow, same capacities)",
         &flow,

@@ -14,10 +14,10 @@
 
 use anyhow::{Context, Result};
 use candle_mha::candle::{DType, Device, Tensor, D};
+use candle_mha::optim::{AdamW, AdamWConfig};
 use candle_mha::{
     seeded_var_builder, AttentionOptions, MultiheadAttention, MultiheadAttentionConfig,
 };
-use candle_mha_train::{AdamW, AdamWConfig};
 use candle_mha_viz::{
     format_table, fuse_heads, head_ablation, source_mass, HeadFusion, Segments, TableOptions,
 };

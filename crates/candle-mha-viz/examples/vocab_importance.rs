@@ -20,10 +20,10 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use candle_mha::candle::{DType, Device, IndexOp, Tensor};
+use candle_mha::io::write_atomic;
 use candle_mha::rng::rng_from_seed;
 use candle_mha::seeded_var_builder;
 use candle_mha_train::data::{batches, encode_sequences, Vocab};
-use candle_mha_train::io::write_atomic;
 use candle_mha_train::models::{NextTokenPredictor, NextTokenPredictorConfig};
 use candle_mha_train::{TrainConfig, Trainer};
 use candle_mha_viz::{corpus_vocab_matrix, format_table, TableOptions};

@@ -15,8 +15,7 @@ use candle_mha::attention::{AttentionOptions, MultiheadAttention};
 
 /// How the heads of each `(query, key)` cell are combined into one value: by [`fuse_heads`],
 /// and before [`attention_rollout`](super::attention_rollout) and
-/// [`attention_flow`](super::attention_flow) (which know it as
-/// [`RolloutFusion`](super::RolloutFusion), the same enum). The default is `Mean`.
+/// [`attention_flow`](super::attention_flow). The default is `Mean`.
 ///
 /// PyTorch equivalent: `weights.mean(-3)`, `.amax(-3)`, `.amin(-3)`; the common ViT rollout
 /// implementation's `head_fusion="mean" | "max" | "min"`.

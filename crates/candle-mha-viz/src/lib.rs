@@ -52,7 +52,7 @@ pub mod graph;
 pub mod rollout;
 pub mod vocab_matrix;
 pub use graph::{is_symmetric, max_asymmetry, AttentionGraph, GraphOptions};
-pub use rollout::{attention_flow, attention_rollout, RolloutFusion, ATTENTION_FLOW_MAX_LEN};
+pub use rollout::{attention_flow, attention_rollout, ATTENTION_FLOW_MAX_LEN};
 pub use vocab_matrix::{corpus_vocab_matrix, VocabMatrix, DEFAULT_MAX_CELLS, MAX_DENSE_VOCAB};
 mod canvas;
 mod escape;

@@ -7,7 +7,7 @@
 //! `(ℓ, i)` down to `(ℓ-1, j)`. Rollout sums the products of the weights over all paths
 //! (a matrix product); flow treats the weights as capacities and computes a maximum flow.
 //!
-//! Each layer is prepared the same way for both: heads fused ([`RolloutFusion`]), then
+//! Each layer is prepared the same way for both: heads fused ([`HeadFusion`]), then
 //! (rollout only) the lowest weights discarded, then with `residual` the skip connection
 //! added as `A' = 0.5 A + 0.5 I`, then every row renormalised to sum to 1 (rows that are all
 //! zero stay zero). Renormalising keeps `Max`/`Min` fusion and discarding meaningful: each
@@ -16,14 +16,6 @@
 use candle::{DType, Device, Result, Tensor};
 
 use super::heads::{fuse_heads, HeadFusion};
-
-/// How the heads of a layer are combined into one `(L, L)` matrix before rollout or flow:
-/// [`HeadFusion`], the same enum (and the same fusion, [`fuse_heads`]); this name is kept so
-/// existing code compiles.
-///
-/// PyTorch equivalent: `attn.mean(0)`, `attn.max(0).values`, `attn.min(0).values` in the
-/// common ViT rollout implementation (`head_fusion="mean" | "max" | "min"`).
-pub type RolloutFusion = HeadFusion;
 
 /// The longest sequence [`attention_flow`] accepts: it solves `L²` max-flow problems on a graph
 /// of `L · (layers + 1)` nodes and `layers · L²` edges, which stays within seconds up to here.
@@ -34,7 +26,7 @@ pub const ATTENTION_FLOW_MAX_LEN: usize = 64;
 const FLOW_EPS: f64 = 1e-12;
 
 /// Every layer as an `(L, L)` f64 row-major matrix with heads fused, plus `L`.
-fn fused_layers(layers: &[Tensor], fusion: RolloutFusion) -> Result<(usize, Vec<Vec<f64>>)> {
+fn fused_layers(layers: &[Tensor], fusion: HeadFusion) -> Result<(usize, Vec<Vec<f64>>)> {
     if layers.is_empty() {
         candle::bail!("layers is empty; expected at least one (H, L, L) or (L, L) tensor")
     }
@@ -145,7 +137,7 @@ fn to_tensor(m: Vec<f64>, l: usize, like: &Tensor) -> Result<Tensor> {
 /// `result = a @ result` over the layers.
 pub fn attention_rollout(
     layers: &[Tensor],
-    fusion: RolloutFusion,
+    fusion: HeadFusion,
     residual: bool,
     discard_ratio: f64,
 ) -> Result<Tensor> {
@@ -191,7 +183,7 @@ pub fn attention_rollout(
 ///
 /// PyTorch equivalent: `compute_flows` of the paper's code (samiraabnar/attention_flow), which
 /// calls `networkx.maximum_flow` per pair.
-pub fn attention_flow(layers: &[Tensor], fusion: RolloutFusion, residual: bool) -> Result<Tensor> {
+pub fn attention_flow(layers: &[Tensor], fusion: HeadFusion, residual: bool) -> Result<Tensor> {
     let (l, mut mats) = fused_layers(layers, fusion)?;
     if l > ATTENTION_FLOW_MAX_LEN {
         candle::bail!(

@@ -5,7 +5,7 @@ use candle_mha_test_support as common;
 
 use anyhow::Result;
 use candle_mha::candle::{DType, Device, Tensor};
-use candle_mha_viz::{attention_flow, attention_rollout, RolloutFusion};
+use candle_mha_viz::{attention_flow, attention_rollout, HeadFusion};
 use common::{assert_matrix, close};
 
 const TOL: f64 = 1e-12;
@@ -28,7 +28,7 @@ fn layer2() -> Result<Tensor> {
 /// - row 2: 0.1·[1,0,0] + 0.6·[0.5,0.5,0] + 0.3·[0.2,0.3,0.5] = [0.46, 0.39, 0.15]
 #[test]
 fn rollout_is_the_product_of_the_layers() -> Result<()> {
-    let r = attention_rollout(&[layer1()?, layer2()?], RolloutFusion::Mean, false, 0.0)?;
+    let r = attention_rollout(&[layer1()?, layer2()?], HeadFusion::Mean, false, 0.0)?;
     assert_eq!(r.dtype(), DType::F64);
     assert_matrix(
         &r,
@@ -41,7 +41,7 @@ fn rollout_is_the_product_of_the_layers() -> Result<()> {
             layer1()?.to_dtype(DType::F32)?,
             layer2()?.to_dtype(DType::F32)?,
         ],
-        RolloutFusion::Mean,
+        HeadFusion::Mean,
         false,
         0.0,
     )?;
@@ -60,7 +60,7 @@ fn rollout_is_the_product_of_the_layers() -> Result<()> {
 /// - row 2: 0.05·[1,0,0] + 0.3·[0.25,0.75,0] + 0.65·[0.1,0.15,0.75] = [0.19, 0.3225, 0.4875]
 #[test]
 fn rollout_with_residual() -> Result<()> {
-    let r = attention_rollout(&[layer1()?, layer2()?], RolloutFusion::Mean, true, 0.0)?;
+    let r = attention_rollout(&[layer1()?, layer2()?], HeadFusion::Mean, true, 0.0)?;
     assert_matrix(
         &r,
         &[&[1.0, 0.0, 0.0], &[0.4, 0.6, 0.0], &[0.19, 0.3225, 0.4875]],
@@ -74,7 +74,7 @@ fn rollout_fuses_heads() -> Result<()> {
     // Two heads whose mean is layer 1.
     let d = m3([[0.0, 0.0, 0.0], [0.1, -0.1, 0.0], [0.1, 0.0, -0.1]])?;
     let heads = Tensor::stack(&[(layer1()? + &d)?, (layer1()? - &d)?], 0)?;
-    let r = attention_rollout(&[heads, layer2()?], RolloutFusion::Mean, false, 0.0)?;
+    let r = attention_rollout(&[heads, layer2()?], HeadFusion::Mean, false, 0.0)?;
     assert_matrix(
         &r,
         &[&[1.0, 0.0, 0.0], &[0.7, 0.3, 0.0], &[0.46, 0.39, 0.15]],
@@ -83,13 +83,13 @@ fn rollout_fuses_heads() -> Result<()> {
     // Max of [[1,0],[0,1]] and [[0,1],[1,0]] is all ones: rows renormalise to 0.5.
     let dev = Device::Cpu;
     let swap = Tensor::new(&[[[1f64, 0.], [0., 1.]], [[0., 1.], [1., 0.]]], &dev)?;
-    let r = attention_rollout(std::slice::from_ref(&swap), RolloutFusion::Max, false, 0.0)?;
+    let r = attention_rollout(std::slice::from_ref(&swap), HeadFusion::Max, false, 0.0)?;
     assert_matrix(&r, &[&[0.5, 0.5], &[0.5, 0.5]], TOL)?;
     // Min is all zeros; zero rows stay zero (no division by zero).
-    let r = attention_rollout(std::slice::from_ref(&swap), RolloutFusion::Min, false, 0.0)?;
+    let r = attention_rollout(std::slice::from_ref(&swap), HeadFusion::Min, false, 0.0)?;
     assert_matrix(&r, &[&[0.0, 0.0], &[0.0, 0.0]], 0.0)?;
     // With the residual, Min leaves the identity.
-    let r = attention_rollout(&[swap], RolloutFusion::Min, true, 0.0)?;
+    let r = attention_rollout(&[swap], HeadFusion::Min, true, 0.0)?;
     assert_matrix(&r, &[&[1.0, 0.0], &[0.0, 1.0]], TOL)?;
     Ok(())
 }
@@ -99,7 +99,7 @@ fn rollout_fuses_heads() -> Result<()> {
 #[test]
 fn discard_ratio_drops_the_lowest_weights_but_not_the_diagonal() -> Result<()> {
     let a = m3([[0.6, 0.3, 0.1], [0.2, 0.7, 0.1], [0.25, 0.25, 0.5]])?;
-    let r = attention_rollout(std::slice::from_ref(&a), RolloutFusion::Mean, false, 0.34)?;
+    let r = attention_rollout(std::slice::from_ref(&a), HeadFusion::Mean, false, 0.34)?;
     assert_matrix(
         &r,
         &[
@@ -111,7 +111,7 @@ fn discard_ratio_drops_the_lowest_weights_but_not_the_diagonal() -> Result<()> {
     )?;
     // floor(0.12 · 9) = 1: the lowest entry is the diagonal [0][0], which is kept.
     let b = m3([[0.05, 0.5, 0.45], [0.2, 0.7, 0.1], [0.25, 0.25, 0.5]])?;
-    let r = attention_rollout(std::slice::from_ref(&b), RolloutFusion::Mean, false, 0.12)?;
+    let r = attention_rollout(std::slice::from_ref(&b), HeadFusion::Mean, false, 0.12)?;
     assert_matrix(
         &r,
         &[&[0.05, 0.5, 0.45], &[0.2, 0.7, 0.1], &[0.25, 0.25, 0.5]],
@@ -123,12 +123,12 @@ fn discard_ratio_drops_the_lowest_weights_but_not_the_diagonal() -> Result<()> {
 #[test]
 fn rollout_errors() -> Result<()> {
     let dev = Device::Cpu;
-    let e = attention_rollout(&[], RolloutFusion::Mean, false, 0.0)
+    let e = attention_rollout(&[], HeadFusion::Mean, false, 0.0)
         .unwrap_err()
         .to_string();
     assert!(e.contains("layers is empty"), "{e}");
     let two = Tensor::new(&[[1f64, 0.], [0.5, 0.5]], &dev)?;
-    let e = attention_rollout(&[layer1()?, two.clone()], RolloutFusion::Mean, false, 0.0)
+    let e = attention_rollout(&[layer1()?, two.clone()], HeadFusion::Mean, false, 0.0)
         .unwrap_err()
         .to_string();
     assert!(
@@ -136,24 +136,20 @@ fn rollout_errors() -> Result<()> {
         "{e}"
     );
     let rect = Tensor::new(&[[1f64, 0., 0.], [0.5, 0.5, 0.]], &dev)?;
-    let e = attention_rollout(&[rect], RolloutFusion::Mean, false, 0.0)
+    let e = attention_rollout(&[rect], HeadFusion::Mean, false, 0.0)
         .unwrap_err()
         .to_string();
     assert!(e.contains("layers[0]") && e.contains("[2, 3]"), "{e}");
-    let e = attention_rollout(std::slice::from_ref(&two), RolloutFusion::Mean, false, 1.0)
+    let e = attention_rollout(std::slice::from_ref(&two), HeadFusion::Mean, false, 1.0)
         .unwrap_err()
         .to_string();
     assert!(e.contains("discard_ratio = 1"), "{e}");
-    let e = attention_flow(
-        &[two.unsqueeze(0)?.unsqueeze(0)?],
-        RolloutFusion::Mean,
-        false,
-    )
-    .unwrap_err()
-    .to_string();
+    let e = attention_flow(&[two.unsqueeze(0)?.unsqueeze(0)?], HeadFusion::Mean, false)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("[1, 1, 2, 2]"), "{e}");
     let long = Tensor::ones((65, 65), DType::F32, &dev)?;
-    let e = attention_flow(&[long], RolloutFusion::Mean, false)
+    let e = attention_flow(&[long], HeadFusion::Mean, false)
         .unwrap_err()
         .to_string();
     assert!(e.contains("length 65") && e.contains("64"), "{e}");
@@ -173,17 +169,17 @@ fn attention_flow_on_a_hand_made_example() -> Result<()> {
     let a1 = Tensor::new(&[[1.0f64, 0.0], [0.5, 0.5]], &dev)?;
     let a2 = Tensor::new(&[[0.5f64, 0.5], [0.0, 1.0]], &dev)?;
     let layers = [a1, a2];
-    let flow = attention_flow(&layers, RolloutFusion::Mean, false)?;
+    let flow = attention_flow(&layers, HeadFusion::Mean, false)?;
     assert_matrix(&flow, &[&[1.0, 0.5], &[0.5, 0.5]], TOL)?;
-    let roll = attention_rollout(&layers, RolloutFusion::Mean, false, 0.0)?;
+    let roll = attention_rollout(&layers, HeadFusion::Mean, false, 0.0)?;
     assert_matrix(&roll, &[&[0.75, 0.25], &[0.5, 0.5]], TOL)?;
     // One layer: the flow is the matrix itself.
-    let one = attention_flow(&layers[..1], RolloutFusion::Mean, false)?;
+    let one = attention_flow(&layers[..1], HeadFusion::Mean, false)?;
     assert_matrix(&one, &[&[1.0, 0.0], &[0.5, 0.5]], TOL)?;
     // With the residual, A1' = [[1, 0], [0.25, 0.75]], A2' = [[0.75, 0.25], [0, 1]]:
     // (0,0): min(.75, 1) + min(.25, .25) = 1.0; (0,1): 0 + min(.25, .75) = 0.25;
     // (1,0): 0 + min(1, .25) = 0.25; (1,1): 0 + min(1, .75) = 0.75.
-    let res = attention_flow(&layers, RolloutFusion::Mean, true)?;
+    let res = attention_flow(&layers, HeadFusion::Mean, true)?;
     assert_matrix(&res, &[&[1.0, 0.25], &[0.25, 0.75]], TOL)?;
     Ok(())
 }
@@ -200,7 +196,7 @@ fn attention_flow_equals_brute_force_min_cut() -> Result<()> {
         [[0.25, 0.25, 0.5], [0.9, 0.05, 0.05], [0.2, 0.6, 0.2]],
     ];
     let layers: Vec<Tensor> = mats.iter().map(|m| m3(*m)).collect::<Result<_>>()?;
-    let flow = attention_flow(&layers, RolloutFusion::Mean, false)?.to_vec2::<f64>()?;
+    let flow = attention_flow(&layers, HeadFusion::Mean, false)?.to_vec2::<f64>()?;
     let l = 3;
     // Node (layer, pos) has id layer·3 + pos; edge (ℓ, i) → (ℓ-1, j) has capacity
     // mats[ℓ-1][i][j]. Layer-0 nodes other than the sink have no out-edges, so they sit on
@@ -239,7 +235,7 @@ fn attention_flow_equals_brute_force_min_cut() -> Result<()> {
         .iter()
         .map(|t| Tensor::stack(&[t, t], 0))
         .collect::<candle_mha::candle::Result<_>>()?;
-    let fused = attention_flow(&heads, RolloutFusion::Max, false)?.to_vec2::<f64>()?;
+    let fused = attention_flow(&heads, HeadFusion::Max, false)?.to_vec2::<f64>()?;
     for (a, b) in fused.iter().flatten().zip(flow.iter().flatten()) {
         assert!(close(*a, *b, 1e-12));
     }
@@ -257,12 +253,12 @@ fn attention_flow_at_the_limit() -> Result<()> {
         })
         .collect::<candle_mha::candle::Result<_>>()?;
     let t = std::time::Instant::now();
-    let flow = attention_flow(&layers, RolloutFusion::Mean, true)?;
+    let flow = attention_flow(&layers, HeadFusion::Mean, true)?;
     println!("64 x 64, 2 layers: {:?}", t.elapsed());
     let v = flow.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>()?;
     assert!(v.iter().all(|x| (-1e-9..=1.0 + 1e-6).contains(x)));
     // Rollout of the same layers stays row-stochastic.
-    let roll = attention_rollout(&layers, RolloutFusion::Mean, true, 0.0)?;
+    let roll = attention_rollout(&layers, HeadFusion::Mean, true, 0.0)?;
     let rows = roll.to_dtype(DType::F64)?.sum(1)?.to_vec1::<f64>()?;
     assert!(rows.iter().all(|s| close(*s, 1.0, 1e-5)), "{rows:?}");
     Ok(())

@@ -8,7 +8,7 @@ mod explorer_page;
 use anyhow::Result;
 use candle_mha::candle::{DType, Device, Tensor};
 use candle_mha_viz::html::{attention_explorer, ExplorerOptions};
-use candle_mha_viz::{attention_flow, attention_rollout, RolloutFusion};
+use candle_mha_viz::{attention_flow, attention_rollout, HeadFusion};
 use common::browser::page_data;
 use explorer_page::*;
 use serde_json::Value;
@@ -164,8 +164,8 @@ fn the_data_round_trips_within_the_precision() -> Result<()> {
         .as_str()
         .unwrap()
         .starts_with("flow over 3 layers"));
-    let rollout = attention_rollout(&layers, RolloutFusion::Mean, true, 0.0)?;
-    let flow = attention_flow(&layers, RolloutFusion::Mean, true)?;
+    let rollout = attention_rollout(&layers, HeadFusion::Mean, true, 0.0)?;
+    let flow = attention_flow(&layers, HeadFusion::Mean, true)?;
     // The f32 inputs make f32 results; 1e-6 covers their rounding.
     let close6 = |stored: &[i64], want: &[f64]| {
         for (s, w) in stored.iter().zip(want) {

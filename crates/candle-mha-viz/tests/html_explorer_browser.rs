@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use candle_mha_viz::html::{attention_explorer, ExplorerOptions};
-use candle_mha_viz::{attention_flow, attention_rollout, fuse_heads, HeadFusion, RolloutFusion};
+use candle_mha_viz::{attention_flow, attention_rollout, fuse_heads, HeadFusion};
 use common::browser::{page_data, screenshot_dir};
 use explorer_page::*;
 use serde_json::Value;
@@ -176,8 +176,8 @@ fn views_of_a_model_in_the_browser() -> Result<()> {
     let matrices = data["matrices"].as_array().unwrap();
     assert_eq!(b.count("#mx-matrix option")?, 3 + 3 + 3);
     for (k, want) in [
-        attention_rollout(&layers, RolloutFusion::Mean, true, 0.0)?,
-        attention_flow(&layers, RolloutFusion::Mean, true)?,
+        attention_rollout(&layers, HeadFusion::Mean, true, 0.0)?,
+        attention_flow(&layers, HeadFusion::Mean, true)?,
         mine,
     ]
     .iter()

@@ -44,8 +44,8 @@ pub use prepare_job::{
     DEFAULT_BPE_VOCAB,
 };
 pub use prepared::{
-    nanogpt_vocab, sha256_hex, split_point, BpeSettings, SourceFile, TokenData, TokenDataMeta,
-    TokenDtype, DATA_FORMAT, META_FILE, NANOGPT_FILES, TOKENS_FILE,
+    nanogpt_vocab, split_point, BpeSettings, SourceFile, TokenData, TokenDataMeta, TokenDtype,
+    DATA_FORMAT, META_FILE, NANOGPT_FILES, TOKENS_FILE,
 };
 pub use source::{EvalSet, TrainSource, WindowSource};
 pub use spec::{

@@ -16,7 +16,8 @@ use super::prepared::{
 use super::text::TextTokenizer;
 use super::text_chunks::{text_file_sizes, TextChunks, DEFAULT_CHUNK_BYTES};
 use super::vocab::{Vocab, BOS_ID, EOS_ID, UNK_ID};
-use crate::io::{hex, write_atomic};
+use crate::io::hex;
+use candle_mha::io::write_atomic;
 
 /// Settings of [`prepare_text`] and [`prepare_token_files`].
 ///
@@ -68,7 +69,7 @@ struct TokenWriter {
 impl TokenWriter {
     fn create(dir: &Path, vocab_size: usize) -> Result<Self> {
         let path = dir.join(TOKENS_FILE);
-        crate::io::refuse_link(&path)?;
+        candle_mha::io::refuse_link(&path)?;
         let tmp = candle_mha::io::temp_beside(&path)?;
         Ok(Self {
             path,
@@ -153,7 +154,7 @@ fn claim_dir(out: &Path) -> Result<()> {
     }
     std::fs::create_dir_all(out)
         .map_err(|e| candle::Error::Msg(format!("creating {}: {e}", out.display())))?;
-    crate::io::remove_stale_temps(out);
+    candle_mha::io::remove_stale_temps(out);
     write_atomic(&marker, format!("pid {}\n", std::process::id()).as_bytes())
 }
 

@@ -151,8 +151,6 @@ pub fn split_point(num_tokens: u64, val_fraction: f64) -> Result<u64> {
     Ok(num_tokens - val.min(num_tokens))
 }
 
-pub use crate::io::sha256_hex;
-
 /// A prepared data directory, its token stream memory-mapped.
 ///
 /// PyTorch equivalent: `np.memmap("train.bin", dtype=np.uint16, mode="r")`.

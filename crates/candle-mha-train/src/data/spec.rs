@@ -256,7 +256,7 @@ impl DataSpec {
         let join = |p: &mut PathBuf| -> Result<()> {
             if p.is_relative() {
                 let joined = normalise(&ckpt.join(&*p));
-                crate::io::refuse_link(&joined)?;
+                candle_mha::io::refuse_link(&joined)?;
                 *p = absolute(&joined).unwrap_or(joined);
             }
             Ok(())

@@ -13,7 +13,7 @@ use tokenizers::{
 use super::dataset::Dataset;
 use super::example::Example;
 use super::vocab::{BOS, EOS, PAD, UNK};
-use crate::io::write_atomic;
+use candle_mha::io::write_atomic;
 
 /// The symbols looked up, in order, for [`TextTokenizer::pad_id`].
 const PAD_NAMES: [&str; 3] = [PAD, "[PAD]", "<|pad|>"];

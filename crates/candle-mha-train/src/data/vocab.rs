@@ -6,7 +6,7 @@ use std::path::Path;
 
 use candle::Result;
 
-use crate::io::write_atomic;
+use candle_mha::io::write_atomic;
 
 /// The padding symbol (id [`PAD_ID`]).
 pub const PAD: &str = "<pad>";

@@ -1,10 +1,9 @@
 //! Models built on the attention core and the [`nn`](candle_mha::nn) layers: a next-token predictor
-//! and its generation. (`layers` re-exports the layers that moved to `nn`.)
+//! and its generation.
 
 mod config;
 mod generate;
 pub mod gpt2;
-pub mod layers;
 mod next_token;
 
 pub use config::{Gelu, NextTokenPredictorConfig};

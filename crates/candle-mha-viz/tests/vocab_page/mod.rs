@@ -270,7 +270,7 @@ pub fn write_page(vm: &VocabMatrix, labels: &[String]) -> Result<(tempfile::Temp
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("vocab.html");
     let html = vocab_matrix_html(vm, labels, &VocabHtmlOptions::default().with_decimals(DEC))?;
-    candle_mha_train::io::write_atomic(&path, html.as_bytes())?;
+    candle_mha::io::write_atomic(&path, html.as_bytes())?;
     Ok((dir, path))
 }
 

@@ -11,10 +11,9 @@ use candle::{Result, Tensor};
 
 pub use options::ExplorerOptions;
 
+use super::super::heads::HeadFusion;
 use super::super::line_plot::PALETTE;
-use super::super::rollout::{
-    attention_flow, attention_rollout, RolloutFusion, ATTENTION_FLOW_MAX_LEN,
-};
+use super::super::rollout::{attention_flow, attention_rollout, ATTENTION_FLOW_MAX_LEN};
 use super::page::{check_decimals, json_string, json_strings, push_scaled_ints, Page};
 use input::{check_labels, check_storable, read_matrix, read_weights};
 
@@ -119,7 +118,7 @@ pub fn attention_explorer(
         };
         // Weights that are not distributions (negative ones) can make these large.
         if opts.rollout {
-            let r = attention_rollout(&layers, RolloutFusion::Mean, true, 0.0)?;
+            let r = attention_rollout(&layers, HeadFusion::Mean, true, 0.0)?;
             let values: Vec<f64> = r.flatten_all()?.to_vec1()?;
             check_storable(&values, w.cols, opts.decimals, "the rollout of weights")?;
             matrices.push((
@@ -128,7 +127,7 @@ pub fn attention_explorer(
             ));
         }
         if opts.flow && w.rows <= ATTENTION_FLOW_MAX_LEN {
-            let f = attention_flow(&layers, RolloutFusion::Mean, true)?;
+            let f = attention_flow(&layers, HeadFusion::Mean, true)?;
             let values: Vec<f64> = f.flatten_all()?.to_vec1()?;
             check_storable(
                 &values,
