@@ -16,25 +16,24 @@
 //!   [`expand_sources`] read the sources.
 
 mod batch;
-mod codec;
 mod corpus;
 mod dataset;
 mod example;
 mod prepare;
 mod prepare_job;
-mod prepared;
 mod source;
 mod spec;
 mod synthetic;
 mod text;
 mod text_chunks;
 mod text_windows;
+mod token_data;
 mod token_file;
+mod tokenizer;
 mod vocab;
 mod windows;
 
 pub use batch::{batches, Batch};
-pub use codec::{Codec, TOKENIZER_FILE, VOCAB_FILE};
 pub use corpus::{checkpoint_corpus, Corpus, RunSplit};
 pub use dataset::Dataset;
 pub use example::Example;
@@ -42,10 +41,6 @@ pub use prepare::{prepare_text, prepare_token_files, PrepareOptions, PrepareProg
 pub use prepare_job::{
     describe_prepared, same_sources, PrepareJob, SetupObserver, DEFAULT_BPE_SAMPLE_MB,
     DEFAULT_BPE_VOCAB,
-};
-pub use prepared::{
-    nanogpt_vocab, split_point, BpeSettings, SourceFile, TokenData, TokenDataMeta, TokenDtype,
-    DATA_FORMAT, META_FILE, NANOGPT_FILES, TOKENS_FILE,
 };
 pub use source::{EvalSet, TrainSource, WindowSource};
 pub use spec::{
@@ -56,6 +51,11 @@ pub use synthetic::AssociativeRecall;
 pub use text::{text_dataset, TextTokenizer, MAX_BPE_VOCAB, MIN_BPE_VOCAB};
 pub use text_chunks::{expand_sources, TextChunks, DEFAULT_CHUNK_BYTES, MAX_CHUNK_BYTES};
 pub use text_windows::TextWindows;
+pub use token_data::{
+    nanogpt_vocab, split_point, BpeSettings, SourceFile, TokenData, TokenDataMeta, TokenDtype,
+    DATA_FORMAT, META_FILE, NANOGPT_FILES, TOKENS_FILE,
+};
 pub use token_file::{encode_sequences, read_token_file};
+pub use tokenizer::{Codec, TOKENIZER_FILE, VOCAB_FILE};
 pub use vocab::{Vocab, BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, UNK, UNK_ID};
 pub use windows::{consecutive_windows, windows_dataset, TokenWindows};

@@ -1,5 +1,5 @@
 //! Writing prepared token data ([`prepare_text`], [`prepare_token_files`]): a corpus encoded
-//! once, in bounded memory, into a data directory (the format is in `prepared.rs`).
+//! once, in bounded memory, into a data directory (the format is in `token_data.rs`).
 
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
@@ -8,13 +8,13 @@ use candle::Result;
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
-use super::codec::{Codec, TOKENIZER_FILE, VOCAB_FILE};
-use super::prepared::{
+use super::text::TextTokenizer;
+use super::text_chunks::{text_file_sizes, TextChunks, DEFAULT_CHUNK_BYTES};
+use super::token_data::{
     split_point, BpeSettings, SourceFile, TokenDataMeta, TokenDtype, DATA_FORMAT, DATA_VERSION,
     META_FILE, TOKENS_FILE,
 };
-use super::text::TextTokenizer;
-use super::text_chunks::{text_file_sizes, TextChunks, DEFAULT_CHUNK_BYTES};
+use super::tokenizer::{Codec, TOKENIZER_FILE, VOCAB_FILE};
 use super::vocab::{Vocab, BOS_ID, EOS_ID, UNK_ID};
 use crate::io::hex;
 use candle_mha::io::write_atomic;

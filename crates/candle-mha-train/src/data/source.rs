@@ -7,7 +7,7 @@ use candle::Result;
 
 use super::dataset::Dataset;
 use super::example::Example;
-use super::prepared::TokenData;
+use super::token_data::TokenData;
 use super::windows::TokenWindows;
 
 /// The examples of each training step, as a function of (seed, step) alone, so that a run

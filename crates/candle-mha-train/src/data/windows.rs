@@ -9,7 +9,7 @@ use rand::Rng;
 
 use super::dataset::Dataset;
 use super::example::Example;
-use super::prepared::TokenData;
+use super::token_data::TokenData;
 use candle_mha::rng::{derive_seed, rng_from_seed};
 
 /// Consecutive windows of at most `len` (≥ 2) tokens over `range`, each starting where the

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use candle::Result;
 use serde::{Deserialize, Serialize};
 
-use super::codec::Codec;
+use super::tokenizer::Codec;
 
 /// The token stream of a data directory.
 pub const TOKENS_FILE: &str = "tokens.bin";
