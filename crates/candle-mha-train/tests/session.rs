@@ -59,13 +59,17 @@ fn a_run_starts_saves_and_resumes_in_its_directory() -> Result<()> {
 
     // The directory holds a run: a new one is refused and nothing changes.
     let before = std::fs::read(dir.join(STATE_FILE))?;
-    let again = Session::start(
-        &dir,
-        NewRun::new(synthetic(), config(6)),
-        &Device::Cpu,
-        &SingleProcess,
-        &mut (),
-    );
+    // A new 6-step run of the synthetic task in `d`.
+    let start_in = |d: &std::path::Path| {
+        Session::start(
+            d,
+            NewRun::new(synthetic(), config(6)),
+            &Device::Cpu,
+            &SingleProcess,
+            &mut (),
+        )
+    };
+    let again = start_in(&dir);
     // A variant a program can match, not only a message.
     match again {
         Err(RunError::RunExists { dir: d }) => assert_eq!(d, dir),
@@ -90,26 +94,14 @@ fn a_run_starts_saves_and_resumes_in_its_directory() -> Result<()> {
     let stray = tmp.path().join("stray");
     std::fs::create_dir_all(&stray)?;
     std::fs::write(stray.join("notes.txt"), "mine")?;
-    let started = Session::start(
-        &stray,
-        NewRun::new(synthetic(), config(6)),
-        &Device::Cpu,
-        &SingleProcess,
-        &mut (),
-    );
+    let started = start_in(&stray);
     match started {
         Err(RunError::StrayFiles { files, .. }) => assert_eq!(files, ["notes.txt"]),
         other => panic!("expected StrayFiles, got {:?}", other.err()),
     }
     // Another owner's lock.
     let held = candle_mha_train::io::DirLock::acquire(&stray, "a test")?;
-    let locked = Session::start(
-        &stray,
-        NewRun::new(synthetic(), config(6)),
-        &Device::Cpu,
-        &SingleProcess,
-        &mut (),
-    );
+    let locked = start_in(&stray);
     assert!(
         matches!(locked, Err(RunError::Locked { .. })) || cfg!(not(unix)),
         "{:?}",
