@@ -33,8 +33,8 @@ use candle_mha::seeded_var_builder;
 use candle_nn::VarMap;
 
 use crate::data::{
-    expand_sources, open_prepared, same_sources, split_point, Codec, DataSpec, EvalSet, PrepareJob,
-    RunData, SetupObserver, TextTokenizer, TokenData, META_FILE,
+    expand_sources, open_prepared, same_sources, split_point, Codec, DataSpec, PrepareJob, RunData,
+    SetupObserver, TextTokenizer, TokenData, META_FILE,
 };
 use crate::distributed::{Communicator, SingleProcess};
 use crate::io::{finish_interrupted_commit, recover_file_set, verify_file_set, DirLock, SetFiles};
@@ -404,13 +404,9 @@ impl Session {
         comm: &dyn Communicator,
         observer: &mut dyn TrainObserver,
     ) -> Result<Option<Evaluation>> {
-        let val = EvalSet {
-            data: &self.data.val,
-            text_bytes: self.data.val_bytes,
-        };
-        let source = self.data.train.source();
+        let val = self.data.eval_set();
         self.trainer
-            .run_distributed(comm, source, &val, Some(&self.dir), observer)
+            .run_distributed(comm, &*self.data.train, &val, Some(&self.dir), observer)
     }
 }
 

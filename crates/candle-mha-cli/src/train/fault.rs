@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 use candle_mha::candle::Result as CandleResult;
-use candle_mha_train::data::{Dataset, EvalSet, Example, TrainSource};
+use candle_mha_train::data::{Dataset, Example, TrainSource};
 use candle_mha_train::distributed::Communicator;
 use candle_mha_train::{Evaluation, Session, TrainObserver};
 
@@ -21,12 +21,9 @@ pub fn run(
     let Session {
         trainer, data, dir, ..
     } = session;
-    let val = EvalSet {
-        data: &data.val,
-        text_bytes: data.val_bytes,
-    };
+    let val = data.eval_set();
     let source = Faulty {
-        inner: data.train.source(),
+        inner: &*data.train,
         fault,
     };
     Ok(trainer.run_distributed(comm, &source, &val, Some(dir), observer)?)
@@ -98,6 +95,10 @@ impl TrainSource for Faulty<'_> {
 
     fn is_empty(&self) -> bool {
         self.inner.is_empty()
+    }
+
+    fn describe(&self) -> String {
+        self.inner.describe()
     }
 
     fn fallback_eval(&self, seed: u64) -> CandleResult<std::borrow::Cow<'_, Dataset>> {

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use candle::Result;
 
-use super::spec::{open_prepared, run_data_spec, TrainData};
+use super::spec::{open_prepared, run_data_spec};
 use super::{
     consecutive_windows, Codec, DataSpec, Dataset, Example, TextTokenizer, TextWindows, TokenData,
 };
@@ -74,9 +74,10 @@ pub fn checkpoint_corpus(
             val_fraction: 0.0,
             seed: 0,
         };
-        let TrainData::Sequences(d) = spec
+        let Some(d) = spec
             .load(Some(codec.clone()), None, 0, Some(max_tokens))?
             .train
+            .into_sequences()
         else {
             unreachable!("token files load as sequences")
         };
@@ -144,9 +145,9 @@ pub fn checkpoint_corpus(
     }
     let data = spec.load(Some(codec.clone()), None, 0, Some(max_tokens))?;
     Ok(match split {
-        RunSplit::Train => match data.train {
-            TrainData::Sequences(d) => ("the run's training set".to_string(), Corpus::Sequences(d)),
-            TrainData::Stream(_) => unreachable!("handled above"),
+        RunSplit::Train => match data.train.into_sequences() {
+            Some(d) => ("the run's training set".to_string(), Corpus::Sequences(d)),
+            None => unreachable!("streams are handled above"),
         },
         RunSplit::Val => (
             "the run's validation set".to_string(),

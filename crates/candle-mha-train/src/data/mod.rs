@@ -44,7 +44,7 @@ pub use prepare_job::{
 };
 pub use source::{EvalSet, TrainSource, WindowSource};
 pub use spec::{
-    example_text_bytes, open_prepared, run_data_spec, target_bytes, DataSpec, RunData, TrainData,
+    example_text_bytes, open_prepared, run_data_spec, target_bytes, DataSpec, RunData,
     DEFAULT_EVAL_WINDOWS,
 };
 pub use synthetic::AssociativeRecall;

@@ -25,6 +25,15 @@ pub trait TrainSource {
     /// What to evaluate on when there is no validation set: the whole dataset, or a fixed
     /// sample of training windows.
     fn fallback_eval(&self, seed: u64) -> Result<Cow<'_, Dataset>>;
+
+    /// A line for the log: how much there is to train on.
+    fn describe(&self) -> String;
+
+    /// The sequences themselves, when the source is a finite [`Dataset`] (`None` for a
+    /// stream).
+    fn into_sequences(self: Box<Self>) -> Option<Dataset> {
+        None
+    }
 }
 
 impl TrainSource for Dataset {
@@ -47,6 +56,14 @@ impl TrainSource for Dataset {
 
     fn fallback_eval(&self, _seed: u64) -> Result<Cow<'_, Dataset>> {
         Ok(Cow::Borrowed(self))
+    }
+
+    fn describe(&self) -> String {
+        format!("{} training", self.len())
+    }
+
+    fn into_sequences(self: Box<Self>) -> Option<Dataset> {
+        Some(*self)
     }
 }
 
@@ -76,6 +93,15 @@ impl TrainSource for WindowSource {
             .windows
             .train_examples(&self.data, seed, u64::MAX, 64)?;
         Ok(Cow::Owned(Dataset { examples }))
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{} training tokens (random windows of {}: {} offsets)",
+            self.windows.train.end - self.windows.train.start,
+            self.windows.len,
+            self.windows.num_train_offsets()
+        )
     }
 }
 

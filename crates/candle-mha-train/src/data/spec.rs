@@ -9,8 +9,8 @@ use candle::Result;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    encode_sequences, read_token_file, text_dataset, AssociativeRecall, Codec, Dataset, Example,
-    TextTokenizer, TokenData, TokenWindows, TrainSource, Vocab, WindowSource,
+    encode_sequences, read_token_file, text_dataset, AssociativeRecall, Codec, Dataset, EvalSet,
+    Example, TextTokenizer, TokenData, TokenWindows, TrainSource, Vocab, WindowSource,
 };
 
 /// Validation windows of prepared data evaluated at most (evenly spaced over the tail).
@@ -77,41 +77,10 @@ pub enum DataSpec {
     },
 }
 
-/// What a run trains on.
-pub enum TrainData {
-    /// A finite set of sequences, shuffled per epoch.
-    Sequences(Dataset),
-    /// A token stream, random windows per step.
-    Stream(Box<WindowSource>),
-}
-
-impl TrainData {
-    /// As a [`TrainSource`] for the trainer.
-    pub fn source(&self) -> &dyn TrainSource {
-        match self {
-            Self::Sequences(d) => d,
-            Self::Stream(w) => w.as_ref(),
-        }
-    }
-
-    /// A line for the log.
-    pub fn describe(&self) -> String {
-        match self {
-            Self::Sequences(d) => format!("{} training", d.len()),
-            Self::Stream(w) => format!(
-                "{} training tokens (random windows of {}: {} offsets)",
-                w.windows.train.end - w.windows.train.start,
-                w.windows.len,
-                w.windows.num_train_offsets()
-            ),
-        }
-    }
-}
-
 /// Training and validation data and the tokenization, as [`DataSpec::load`] opens them.
 pub struct RunData {
-    /// What the steps draw from.
-    pub train: TrainData,
+    /// What the steps draw from: a [`Dataset`] of sequences or a [`WindowSource`].
+    pub train: Box<dyn TrainSource>,
     /// The validation set.
     pub val: Dataset,
     /// Bytes of text the validation targets stand for (text data only).
@@ -123,12 +92,20 @@ pub struct RunData {
 }
 
 impl RunData {
+    /// The validation set as the trainer evaluates it.
+    pub fn eval_set(&self) -> EvalSet<'_> {
+        EvalSet {
+            data: &self.val,
+            text_bytes: self.val_bytes,
+        }
+    }
+
     /// Sequences split by `(val_fraction, seed)` into training and validation sets.
     fn split(data: Dataset, val_fraction: f64, seed: u64, codec: Codec) -> Self {
         let longest = data.max_len();
         let (train, val) = data.split(val_fraction, seed);
         Self {
-            train: TrainData::Sequences(train),
+            train: Box::new(train),
             val,
             val_bytes: None,
             codec,
@@ -348,7 +325,7 @@ impl DataSpec {
                     task.generate(*val_examples, seed ^ 0x5eed),
                 );
                 Ok(RunData {
-                    train: TrainData::Sequences(train),
+                    train: Box::new(train),
                     val,
                     val_bytes: None,
                     codec,
@@ -434,7 +411,7 @@ impl DataSpec {
                 let val = windows.val_dataset(&data, *eval_windows)?;
                 let val_bytes = target_bytes(&codec, &val.examples)?;
                 Ok(RunData {
-                    train: TrainData::Stream(Box::new(WindowSource { data, windows })),
+                    train: Box::new(WindowSource { data, windows }),
                     val,
                     val_bytes,
                     codec,
