@@ -8,7 +8,7 @@ use candle_mha::checkpoint::{load_into_varmap, LoadOptions, StateDict};
 use candle_mha::seeded_var_builder;
 use candle_mha_train::data::Codec;
 use candle_mha_train::models::{NextTokenPredictor, NextTokenPredictorConfig};
-use candle_mha_train::{CONFIG_FILE, MODEL_FILE};
+use candle_mha_train::run_dir::{CONFIG_FILE, MODEL_FILE};
 use candle_nn::VarMap;
 
 /// The options `mha eval` and `mha vocab-matrix` share: a checkpoint, the corpus to run it

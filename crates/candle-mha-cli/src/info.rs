@@ -28,9 +28,9 @@ pub fn run(args: &InfoArgs) -> Result<()> {
         if dir.join(candle_mha_train::data::META_FILE).exists() {
             return data_info(dir);
         }
-        let model = dir.join(candle_mha_train::MODEL_FILE);
+        let model = dir.join(candle_mha_train::run_dir::MODEL_FILE);
         if model.exists() {
-            candle_mha_train::verify_checkpoint(dir, &[candle_mha_train::MODEL_FILE])?;
+            candle_mha_train::verify_checkpoint(dir, &[candle_mha_train::run_dir::MODEL_FILE])?;
         }
         if !model.exists() {
             anyhow::bail!(

@@ -5,7 +5,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use candle_mha_train::{read_metrics, MetricsRecord, METRICS_FILE};
+use candle_mha_train::run_dir::METRICS_FILE;
+use candle_mha_train::{read_metrics, MetricsRecord};
 use candle_mha_viz::heatmap::save;
 use candle_mha_viz::{LinePlot, Series, PALETTE};
 

@@ -13,7 +13,8 @@ use candle_mha::seeded_var_builder;
 use candle_mha_train::data::{AssociativeRecall, Dataset};
 use candle_mha_train::io::CommitPoint;
 use candle_mha_train::models::{NextTokenPredictor, NextTokenPredictorConfig};
-use candle_mha_train::{TrainConfig, TrainObserver, Trainer, BEST_DIR, STATE_FILE};
+use candle_mha_train::run_dir::{BEST_DIR, STATE_FILE};
+use candle_mha_train::{TrainConfig, TrainObserver, Trainer};
 use candle_nn::VarMap;
 
 fn model_config(task: &AssociativeRecall) -> NextTokenPredictorConfig {
@@ -209,7 +210,9 @@ fn a_text_run_killed_twenty_times_ends_as_the_uninterrupted_one() -> Result<()> 
     let with_resume = |out: &Path| {
         let mut a = args(out);
         // A checkpoint (whole or mid-save) exists once the first save began its commit.
-        if out.join(STATE_FILE).exists() || out.join(candle_mha_train::io::MANIFEST_FILE).exists() {
+        if out.join(STATE_FILE).exists()
+            || out.join(candle_mha_train::run_dir::MANIFEST_FILE).exists()
+        {
             a.push("--resume".into());
         }
         a

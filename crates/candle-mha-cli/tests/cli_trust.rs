@@ -286,9 +286,9 @@ fn readers_never_report_damage_during_a_save() -> Result<()> {
         .stderr(Stdio::null())
         .spawn()?;
     let reads = [
-        candle_mha_train::CONFIG_FILE,
-        candle_mha_train::MODEL_FILE,
-        candle_mha_train::STATE_FILE,
+        candle_mha_train::run_dir::CONFIG_FILE,
+        candle_mha_train::run_dir::MODEL_FILE,
+        candle_mha_train::run_dir::STATE_FILE,
     ];
     let (mut whole, mut saving, mut calls) = (0, 0, 0);
     let result = (|| -> Result<()> {

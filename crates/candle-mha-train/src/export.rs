@@ -10,10 +10,8 @@ use candle_mha::checkpoint::{save_torch, PickleValue, StateDict};
 use crate::data::Codec;
 use crate::models::gpt2::{self, Gpt2Format, NanoGptArgs};
 use crate::models::NextTokenPredictorConfig;
-use crate::{
-    verify_checkpoint, verify_model_files, TrainerState, CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE,
-    STATE_FILE,
-};
+use crate::run_dir::{CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE};
+use crate::{verify_checkpoint, verify_model_files, TrainerState};
 
 /// Writes the model of the run (or checkpoint) directory `run` into `out` as a Hugging Face
 /// GPT-2 directory: `config.json` ([`gpt2::config_to_hf`]), `model.safetensors` (GPT-2's

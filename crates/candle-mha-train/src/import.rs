@@ -368,7 +368,7 @@ impl Imported {
     /// unit, holding the directory's lock; `dir` must not hold a run already.
     pub fn write_run(&self, dir: &Path) -> Result<()> {
         let _lock = crate::io::DirLock::acquire(dir, "mha import")?;
-        if dir.join(crate::STATE_FILE).exists() {
+        if dir.join(crate::run_dir::STATE_FILE).exists() {
             candle::bail!(
                 "{} already holds a run: choose another directory",
                 dir.display()

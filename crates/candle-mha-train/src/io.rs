@@ -9,6 +9,7 @@
 //!
 //! Single files are written with [`candle_mha::io::write_atomic`] (re-exported here).
 
+use crate::run_dir::{LOCK_FILE, MANIFEST_FILE};
 use std::io::{Read, Write};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -16,8 +17,6 @@ use std::time::{Duration, Instant};
 use candle::Result;
 use candle_mha::io::open_no_follow;
 use candle_mha::io::{refuse_link, write_atomic};
-/// The commit record of a [`FileSet`] in its directory.
-pub const MANIFEST_FILE: &str = "checkpoint.json";
 
 /// The largest [`MANIFEST_FILE`] read (a checkpoint's is a few hundred bytes).
 pub const MAX_MANIFEST_BYTES: u64 = 64 * 1024;
@@ -477,9 +476,6 @@ fn matches(path: &Path, entry: &ManifestEntry) -> Result<bool> {
     };
     Ok(size_and_sha256(file).is_ok_and(|(n, sha)| n == entry.bytes && sha == entry.sha256))
 }
-
-/// The lock file of a directory owned by one process ([`DirLock`]).
-pub const LOCK_FILE: &str = ".lock";
 
 /// An advisory lock on a directory: while it lives, no other process gets one on the same
 /// directory. The operating system releases it when the process ends, however it ends, so a

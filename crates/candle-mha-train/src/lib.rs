@@ -50,6 +50,7 @@ pub mod import;
 pub mod io;
 pub mod limits;
 pub mod models;
+pub mod run_dir;
 
 mod baseline;
 mod config;
@@ -71,13 +72,11 @@ pub use error::{RunError, RunResult};
 pub use evaluate::{evaluate, evaluate_examples, Evaluation};
 pub use metrics::{
     append_metrics, read_metrics, truncate_metrics, MetricsLog, MetricsRecord, MAX_METRICS_BYTES,
-    METRICS_FILE,
 };
 pub use schedule::LrSchedule;
-pub use session::{ModelFor, NewData, NewRun, ResumeRun, Session, RUN_DATA_DIR};
+pub use session::{ModelFor, NewData, NewRun, ResumeRun, Session};
 pub use state::{
     device_kind, verify_checkpoint, verify_model_files, EvalRecord, StepStats, TrainObserver,
-    TrainerState, BEST_DIR, CHECKPOINT_FILES, CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE,
-    STATE_VERSION,
+    TrainerState, STATE_VERSION,
 };
 pub use trainer::Trainer;

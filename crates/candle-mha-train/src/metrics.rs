@@ -15,9 +15,6 @@ use std::path::Path;
 use candle::Result;
 use serde::{Deserialize, Serialize};
 
-/// The metrics file in a run directory.
-pub const METRICS_FILE: &str = "metrics.jsonl";
-
 /// One line of `metrics.jsonl`.
 ///
 /// PyTorch equivalent: none (what a training script logs to TensorBoard or wandb).
@@ -134,6 +131,7 @@ pub fn truncate_metrics(path: &Path, step: u64) -> Result<Vec<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::run_dir::METRICS_FILE;
 
     #[test]
     fn records_round_trip_and_truncate() -> Result<()> {

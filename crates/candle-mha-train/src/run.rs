@@ -8,10 +8,11 @@ use std::time::Instant;
 use candle::Result;
 
 use super::distributed::{Communicator, SingleProcess};
-use super::metrics::{append_metrics, truncate_metrics, MetricsRecord, METRICS_FILE};
-use super::state::{EvalRecord, TrainObserver, BEST_DIR};
+use super::metrics::{append_metrics, truncate_metrics, MetricsRecord};
+use super::state::{EvalRecord, TrainObserver};
 use super::{Evaluation, Trainer};
 use crate::data::{Dataset, EvalSet, TrainSource};
+use crate::run_dir::{BEST_DIR, METRICS_FILE};
 
 /// Copies the validation fields of `eval` into a metrics record.
 fn fill_eval(record: &mut MetricsRecord, eval: &Evaluation) {

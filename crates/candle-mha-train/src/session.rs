@@ -38,18 +38,16 @@ use crate::data::{
 };
 use crate::distributed::{Communicator, SingleProcess};
 use crate::io::{finish_interrupted_commit, recover_file_set, verify_file_set, DirLock, SetFiles};
-use crate::metrics::{read_metrics, METRICS_FILE};
+use crate::metrics::read_metrics;
 use crate::models::{NextTokenPredictor, NextTokenPredictorConfig};
-use crate::state::{device_kind, CHECKPOINT_FILES};
-use crate::{
-    Evaluation, TrainConfig, TrainObserver, Trainer, TrainerState, BEST_DIR, CONFIG_FILE,
-    MODEL_FILE, OPTIMIZER_FILE, STATE_FILE,
+use crate::run_dir::{
+    BEST_DIR, CHECKPOINT_FILES, CONFIG_FILE, METRICS_FILE, MODEL_FILE, OPTIMIZER_FILE,
+    RUN_DATA_DIR, STATE_FILE,
 };
+use crate::state::device_kind;
+use crate::{Evaluation, TrainConfig, TrainObserver, Trainer, TrainerState};
 use crate::{RunError, RunResult};
 use candle_mha::io::{refuse_link, remove_stale_temps};
-
-/// Where a session prepares the text of [`NewData::Text`], inside the run directory.
-pub const RUN_DATA_DIR: &str = "data";
 
 /// What a new run trains on.
 #[derive(Clone, Debug)]
@@ -230,7 +228,7 @@ impl Session {
         }
         // Text for a checkpoint's model is encoded with its tokenizer, not a new BPE.
         if let (Some(init), NewData::Text { job, .. }) = (&run.init_from, &mut run.data) {
-            let own = init.join(crate::data::TOKENIZER_FILE);
+            let own = init.join(crate::run_dir::TOKENIZER_FILE);
             if job.tokenizer.is_none() && own.exists() {
                 job.tokenizer = Some(own);
             }
@@ -462,7 +460,7 @@ pub(crate) fn check_fresh(dir: &Path, text: bool) -> RunResult<()> {
             refuse_link(&path)?;
         }
         let ours = match name.as_str() {
-            crate::io::LOCK_FILE => true,
+            crate::run_dir::LOCK_FILE => true,
             RUN_DATA_DIR => text && md.is_dir(),
             BEST_DIR => md.is_dir() && holds_only_checkpoint(&path),
             METRICS_FILE => read_metrics(&path).is_ok_and(|log| log.skipped.is_empty()),
@@ -488,7 +486,7 @@ fn holds_only_checkpoint(dir: &Path) -> bool {
         entries.flatten().all(|e| {
             let name = e.file_name().to_string_lossy().into_owned();
             CHECKPOINT_FILES.contains(&name.as_str())
-                || name == crate::io::MANIFEST_FILE
+                || name == crate::run_dir::MANIFEST_FILE
                 || is_scratch(&name)
         })
     })

@@ -1,6 +1,7 @@
 //! What a run records and reports: [`TrainerState`] (`trainer_state.json`), [`StepStats`],
 //! the [`TrainObserver`] hooks, and the file names of a checkpoint directory.
 
+use crate::run_dir::{CHECKPOINT_FILES, CONFIG_FILE, MODEL_FILE, STATE_FILE};
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -155,26 +156,6 @@ pub trait TrainObserver {
 }
 
 impl TrainObserver for () {}
-
-/// The model's files in a checkpoint directory.
-pub const MODEL_FILE: &str = "model.safetensors";
-/// The model's configuration in a checkpoint directory.
-pub const CONFIG_FILE: &str = "config.json";
-/// The optimizer's state in a checkpoint directory.
-pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
-/// The trainer's state in a checkpoint directory.
-pub const STATE_FILE: &str = "trainer_state.json";
-/// The subdirectory of a run directory holding the checkpoint of the best validation loss.
-pub const BEST_DIR: &str = "best";
-/// Every file a checkpoint's manifest (`checkpoint.json`) may list.
-pub const CHECKPOINT_FILES: [&str; 6] = [
-    MODEL_FILE,
-    CONFIG_FILE,
-    OPTIMIZER_FILE,
-    STATE_FILE,
-    crate::data::VOCAB_FILE,
-    crate::data::TOKENIZER_FILE,
-];
 
 /// Checks the checkpoint in `dir` before `read` (file names) are loaded from it: its manifest
 /// is valid and lists each of them, each matches it, none is a link. A save in progress is

@@ -8,15 +8,13 @@ use candle::backprop::GradStore;
 use candle::{DType, Device, Result, Tensor};
 use candle_nn::VarMap;
 
-use super::state::{
-    device_kind, EvalRecord, StepStats, TrainerState, CHECKPOINT_FILES, CONFIG_FILE, MODEL_FILE,
-    OPTIMIZER_FILE, STATE_FILE, STATE_VERSION,
-};
+use super::state::{device_kind, EvalRecord, StepStats, TrainerState, STATE_VERSION};
 use super::{evaluate_examples, Evaluation, LrSchedule, TrainConfig};
 use crate::data::DataSpec;
 use crate::data::{Batch, Codec, Dataset, EvalSet, Example, TrainSource};
 use crate::io::{recover_file_set, CommitPoint, FileSet, SetFiles};
 use crate::models::NextTokenPredictor;
+use crate::run_dir::{CHECKPOINT_FILES, CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE};
 use candle_mha::checkpoint::{state_dict_of, NamedParameters, StateDict};
 use candle_mha::optim::{clip_grad_norm, AdamW, AdamWConfig};
 use candle_mha::rng::derive_seed;

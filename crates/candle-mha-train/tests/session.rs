@@ -9,7 +9,8 @@ use candle_mha::candle::{DType, Device};
 use candle_mha_train::data::{run_data_spec, DataSpec, PrepareJob};
 use candle_mha_train::distributed::SingleProcess;
 use candle_mha_train::models::NextTokenPredictorConfig;
-use candle_mha_train::{NewData, NewRun, ResumeRun, RunError, Session, TrainConfig, STATE_FILE};
+use candle_mha_train::run_dir::STATE_FILE;
+use candle_mha_train::{NewData, NewRun, ResumeRun, RunError, Session, TrainConfig};
 
 fn synthetic() -> NewData {
     NewData::Spec(DataSpec::Synthetic {

@@ -12,9 +12,8 @@ use candle_mha_train::data::{
     TrainSource, WindowSource,
 };
 use candle_mha_train::models::{NextTokenPredictor, NextTokenPredictorConfig};
-use candle_mha_train::{
-    evaluate, read_metrics, TrainConfig, Trainer, BEST_DIR, METRICS_FILE, MODEL_FILE,
-};
+use candle_mha_train::run_dir::{BEST_DIR, METRICS_FILE, MODEL_FILE};
+use candle_mha_train::{evaluate, read_metrics, TrainConfig, Trainer};
 use candle_nn::VarMap;
 
 fn model(vocab: usize, dtype: DType) -> Result<(NextTokenPredictor, VarMap)> {

@@ -15,7 +15,8 @@ use anyhow::{bail, Result};
 use candle_mha::candle::DType;
 use candle_mha_train::data::{DataSpec, PrepareJob, DEFAULT_CHUNK_BYTES};
 use candle_mha_train::distributed::{rank_prefix, Communicator, GradientBuckets};
-use candle_mha_train::{NewData, NewRun, ResumeRun, RunError, Session, TrainObserver, BEST_DIR};
+use candle_mha_train::run_dir::BEST_DIR;
+use candle_mha_train::{NewData, NewRun, ResumeRun, RunError, Session, TrainObserver};
 use indicatif::{ProgressBar, ProgressStyle};
 
 pub use args::TrainArgs;
@@ -99,7 +100,7 @@ fn resume_data(args: &TrainArgs) -> Option<NewData> {
     }
     let mut data = new_data(args);
     if let NewData::Text { job, .. } = &mut data {
-        let own = args.out.join(candle_mha_train::data::TOKENIZER_FILE);
+        let own = args.out.join(candle_mha_train::run_dir::TOKENIZER_FILE);
         job.tokenizer = job.tokenizer.clone().or(Some(own));
     }
     Some(data)

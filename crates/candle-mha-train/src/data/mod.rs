@@ -56,6 +56,6 @@ pub use token_data::{
     DATA_FORMAT, META_FILE, NANOGPT_FILES, TOKENS_FILE,
 };
 pub use token_file::{encode_sequences, read_token_file};
-pub use tokenizer::{Codec, TOKENIZER_FILE, VOCAB_FILE};
+pub use tokenizer::Codec;
 pub use vocab::{Vocab, BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, UNK, UNK_ID};
 pub use windows::{consecutive_windows, windows_dataset, TokenWindows};

@@ -14,9 +14,10 @@ use super::token_data::{
     split_point, BpeSettings, SourceFile, TokenDataMeta, TokenDtype, DATA_FORMAT, DATA_VERSION,
     META_FILE, TOKENS_FILE,
 };
-use super::tokenizer::{Codec, TOKENIZER_FILE, VOCAB_FILE};
+use super::tokenizer::Codec;
 use super::vocab::{Vocab, BOS_ID, EOS_ID, UNK_ID};
 use crate::io::hex;
+use crate::run_dir::{TOKENIZER_FILE, VOCAB_FILE};
 use candle_mha::io::write_atomic;
 
 /// Settings of [`prepare_text`] and [`prepare_token_files`].

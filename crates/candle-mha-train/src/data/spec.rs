@@ -145,7 +145,7 @@ pub fn run_data_spec(run: &Path) -> Result<DataSpec> {
         Some(spec) => Ok(spec),
         None => candle::bail!(
             "{} does not say what the run was trained on (its trainer was given its data directly)",
-            run.join(crate::STATE_FILE).display()
+            run.join(crate::run_dir::STATE_FILE).display()
         ),
     }
 }
@@ -212,7 +212,10 @@ impl DataSpec {
         let mut spec = self.clone();
         if let Self::Prepared { dir, .. } = &mut spec {
             let here = absolute(ckpt).unwrap_or_else(|_| ckpt.to_path_buf());
-            let run = match here.file_name().is_some_and(|n| n == crate::BEST_DIR) {
+            let run = match here
+                .file_name()
+                .is_some_and(|n| n == crate::run_dir::BEST_DIR)
+            {
                 true => here.parent().map(Path::to_path_buf),
                 false => None,
             };

@@ -1,15 +1,11 @@
 //! [`Codec`]: how a checkpoint turns text into ids and back, whichever tokenization it uses.
 
+use crate::run_dir::{TOKENIZER_FILE, VOCAB_FILE};
 use std::path::Path;
 
 use candle::Result;
 
 use super::{TextTokenizer, Vocab, BOS_ID, EOS_ID};
-
-/// The file a symbol vocabulary is stored in, beside the model.
-pub const VOCAB_FILE: &str = "vocab.json";
-/// The file a `tokenizers` tokenizer is stored in, beside the model.
-pub const TOKENIZER_FILE: &str = "tokenizer.json";
 
 /// A checkpoint's tokenization: whitespace-separated symbols with a [`Vocab`], or text with a
 /// [`TextTokenizer`].
