@@ -49,6 +49,28 @@ pub enum RunError {
         /// What the run recorded.
         recorded: String,
     },
+    /// A checkpoint's file does not match its manifest while no save is under way: it was
+    /// changed or damaged after it was written.
+    #[error("{} does not match {} (size {bytes} bytes, sha256 {sha256}): it was changed or damaged after it was written", .file.display(), .manifest.display())]
+    Damaged {
+        /// The file.
+        file: PathBuf,
+        /// The manifest that lists it.
+        manifest: PathBuf,
+        /// The size the manifest records.
+        bytes: u64,
+        /// The SHA-256 the manifest records.
+        sha256: String,
+    },
+    /// A checkpoint is being saved by another process (or its save was interrupted): reading
+    /// it again in a moment may succeed.
+    #[error("{} is being saved, or its save was interrupted ({file} is not in place yet): retry in a moment; if no training process is writing it, resuming the run finishes the save", .dir.display())]
+    SaveInProgress {
+        /// The checkpoint directory.
+        dir: PathBuf,
+        /// The first file not yet in place.
+        file: String,
+    },
     /// Any other failure.
     #[error(transparent)]
     Other(#[from] candle::Error),

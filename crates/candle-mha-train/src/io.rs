@@ -302,7 +302,7 @@ pub fn recover_file_set(dir: &Path, files: SetFiles) -> Result<FileSetState> {
                 finished += 1;
                 continue;
             }
-            return Err(damaged(dir, &path, entry));
+            return Err(damaged(dir, &path, entry).into());
         }
         if finished > 0 {
             sync_dir(dir)?;
@@ -331,7 +331,7 @@ pub fn recover_file_set(dir: &Path, files: SetFiles) -> Result<FileSetState> {
 /// such ("being saved"), never as damage. Errors, naming the file: an invalid manifest or a
 /// link (see [`SetFiles`]), a save in progress or interrupted, a file changed or damaged
 /// after its commit.
-pub fn verify_file_set(dir: &Path, files: SetFiles) -> Result<FileSetState> {
+pub fn verify_file_set(dir: &Path, files: SetFiles) -> crate::RunResult<FileSetState> {
     let deadline = Instant::now() + SAVE_WAIT;
     loop {
         let staged_before = has_staged(dir);
@@ -360,24 +360,22 @@ pub fn verify_file_set(dir: &Path, files: SetFiles) -> Result<FileSetState> {
             return Err(damaged(dir, &path, entry));
         }
         if Instant::now() >= deadline {
-            candle::bail!(
-                "{} is being saved, or its save was interrupted ({} is not in place yet): retry in a moment; if no training process is writing it, resuming the run finishes the save",
-                dir.display(),
-                entry.name
-            )
+            return Err(crate::RunError::SaveInProgress {
+                dir: dir.to_path_buf(),
+                file: entry.name.clone(),
+            });
         }
         std::thread::sleep(Duration::from_millis(20));
     }
 }
 
-fn damaged(dir: &Path, path: &Path, entry: &ManifestEntry) -> candle::Error {
-    candle::Error::Msg(format!(
-        "{} does not match {} (size {} bytes, sha256 {}): it was changed or damaged after it was written",
-        path.display(),
-        dir.join(MANIFEST_FILE).display(),
-        entry.bytes,
-        entry.sha256
-    ))
+fn damaged(dir: &Path, path: &Path, entry: &ManifestEntry) -> crate::RunError {
+    crate::RunError::Damaged {
+        file: path.to_path_buf(),
+        manifest: dir.join(MANIFEST_FILE),
+        bytes: entry.bytes,
+        sha256: entry.sha256.clone(),
+    }
 }
 
 /// The manifest's text, `None` when there is none; bounded, and never through a link.
@@ -605,6 +603,7 @@ mod tests {
                 assert_eq!(finished > 0, verified.is_err(), "point {at}");
                 if let Err(e) = verified {
                     assert!(e.to_string().contains("being saved"), "{e}");
+                    assert!(matches!(e, crate::RunError::SaveInProgress { .. }), "{e}");
                 }
             }
             assert_eq!(staged_count(dir), 0);
@@ -621,8 +620,13 @@ mod tests {
         );
         set(tmp.path(), 1).commit(&mut |_| Ok(()))?;
         std::fs::write(tmp.path().join("b.json"), b"edited")?;
-        for e in [
+        // The reader's error is a variant a program can match.
+        assert!(matches!(
             verify_file_set(tmp.path(), files()),
+            Err(crate::RunError::Damaged { .. })
+        ));
+        for e in [
+            verify_file_set(tmp.path(), files()).map_err(candle::Error::from),
             recover_file_set(tmp.path(), files()),
         ] {
             let e = e.unwrap_err().to_string();
@@ -674,7 +678,7 @@ mod tests {
             std::fs::write(dir.join(MANIFEST_FILE), manifest)?;
             std::fs::write(dir.join(".a.bin.staged"), payload)?;
             for e in [
-                verify_file_set(&dir, files()),
+                verify_file_set(&dir, files()).map_err(candle::Error::from),
                 recover_file_set(&dir, files()),
             ] {
                 let e = e.unwrap_err().to_string();

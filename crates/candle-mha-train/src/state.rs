@@ -159,8 +159,10 @@ impl TrainObserver for () {}
 
 /// Checks the checkpoint in `dir` before `read` (file names) are loaded from it: its manifest
 /// is valid and lists each of them, each matches it, none is a link. A save in progress is
-/// waited for a moment, then reported as such. See [`crate::io::verify_file_set`].
-pub fn verify_checkpoint(dir: &Path, read: &[&str]) -> candle::Result<()> {
+/// waited for a moment, then reported as [`RunError::SaveInProgress`](crate::RunError), a
+/// file that does not match as [`RunError::Damaged`](crate::RunError). See
+/// [`crate::io::verify_file_set`].
+pub fn verify_checkpoint(dir: &Path, read: &[&str]) -> crate::RunResult<()> {
     crate::io::verify_file_set(
         dir,
         crate::io::SetFiles {
@@ -173,7 +175,7 @@ pub fn verify_checkpoint(dir: &Path, read: &[&str]) -> candle::Result<()> {
 
 /// [`verify_checkpoint`] for what a model is loaded from: `config.json`, `model.safetensors`
 /// and the tokenization file ([`Codec::file_in`](crate::data::Codec::file_in)).
-pub fn verify_model_files(dir: &Path) -> candle::Result<()> {
+pub fn verify_model_files(dir: &Path) -> crate::RunResult<()> {
     let codec_file = crate::data::Codec::file_in(dir)?;
     verify_checkpoint(dir, &[CONFIG_FILE, MODEL_FILE, codec_file])
 }
