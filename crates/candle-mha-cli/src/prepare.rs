@@ -98,7 +98,7 @@ pub fn run(args: &PrepareArgs) -> Result<()> {
         chunk_bytes: args.chunk_kb * 1024,
     };
     // One process writes a data directory at a time.
-    let _lock = candle_mha_train::io::DirLock::acquire(&args.out, "mha prepare")?;
+    let _lock = candle_mha_train::lock::DirLock::acquire(&args.out, "mha prepare")?;
     let mut notices = Notices::new(args.quiet, true)?;
     let meta = job.run(&args.out, &mut notices)?;
     notices.bar.finish_and_clear();

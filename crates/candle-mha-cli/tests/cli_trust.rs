@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use candle_mha_train::io::sha256_hex;
+use candle_mha_train::commit::sha256_hex;
 use common::{gpl_text, mha, mha_exe, train_tiny_run, TINY_TEXT_MODEL};
 
 fn s(p: &Path) -> &str {

@@ -55,7 +55,7 @@ pub fn export_hugging_face(run: &Path, out: &Path) -> Result<()> {
     }
     let config = serde_json::to_string_pretty(&config)
         .map_err(|e| candle::Error::Msg(format!("serializing config.json: {e}")))?;
-    let _lock = crate::io::DirLock::acquire(out, "mha export")?;
+    let _lock = crate::lock::DirLock::acquire(out, "mha export")?;
     candle_mha::io::write_atomic(&out.join("config.json"), config.as_bytes())?;
     weights.save_safetensors(out.join("model.safetensors"))?;
     if let Codec::Text(_) = codec {
@@ -213,6 +213,6 @@ pub fn export_nanogpt(run: &Path, out: &Path) -> Result<()> {
         (s("best_val_loss"), f(best)),
         (s("config"), config),
     ]);
-    let _lock = crate::io::DirLock::acquire(out, "mha export")?;
+    let _lock = crate::lock::DirLock::acquire(out, "mha export")?;
     save_torch(&out.join("ckpt.pt"), &checkpoint)
 }

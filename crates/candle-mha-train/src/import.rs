@@ -367,7 +367,7 @@ impl Imported {
     /// `config.json`, the tokenizer, `optimizer.safetensors`, `trainer_state.json`), as one
     /// unit, holding the directory's lock; `dir` must not hold a run already.
     pub fn write_run(&self, dir: &Path) -> Result<()> {
-        let _lock = crate::io::DirLock::acquire(dir, "mha import")?;
+        let _lock = crate::lock::DirLock::acquire(dir, "mha import")?;
         if dir.join(crate::run_dir::STATE_FILE).exists() {
             candle::bail!(
                 "{} already holds a run: choose another directory",

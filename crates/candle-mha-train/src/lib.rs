@@ -3,7 +3,7 @@
 //! Next-token predictors on [candle-mha](candle_mha): data ([`data`]: vocabularies, BPE on a
 //! user's text, prepared token directories, seeded batching), the model and its generation
 //! ([`models`]), and training ([`Trainer`]: one step, evaluation, checkpoints written as one
-//! unit ([`io::FileSet`]), exact resume, data-parallel runs over MPI/NCCL). [`Session`] is the
+//! unit ([`commit::FileSet`]), exact resume, data-parallel runs over MPI/NCCL). [`Session`] is the
 //! one call behind `mha train`; the pieces below it are public for your own loop:
 //!
 //! ```
@@ -44,11 +44,12 @@
 /// The attention core this crate builds on (re-exported so users match its version).
 pub use candle_mha;
 
+pub mod commit;
 pub mod data;
 pub mod export;
 pub mod import;
-pub mod io;
 pub mod limits;
+pub mod lock;
 pub mod models;
 pub mod run_dir;
 

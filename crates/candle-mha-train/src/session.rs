@@ -32,12 +32,13 @@ use candle::{DType, Device, Result};
 use candle_mha::seeded_var_builder;
 use candle_nn::VarMap;
 
+use crate::commit::{finish_interrupted_commit, recover_file_set, verify_file_set, SetFiles};
 use crate::data::{
     expand_sources, open_prepared, same_sources, split_point, Codec, DataSpec, PrepareJob, RunData,
     SetupObserver, TextTokenizer, TokenData, META_FILE,
 };
 use crate::distributed::{Communicator, SingleProcess};
-use crate::io::{finish_interrupted_commit, recover_file_set, verify_file_set, DirLock, SetFiles};
+use crate::lock::DirLock;
 use crate::metrics::read_metrics;
 use crate::models::{NextTokenPredictor, NextTokenPredictorConfig};
 use crate::run_dir::{

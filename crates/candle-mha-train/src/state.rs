@@ -140,12 +140,12 @@ pub trait TrainObserver {
     /// After a validation evaluation that set a new best loss and was saved into `dir`.
     fn on_best(&mut self, _step: u64, _eval: &Evaluation, _dir: &Path) {}
     /// At each point of a checkpoint save into `dir` (before and after each file write and
-    /// rename, [`crate::io::CommitPoint`]): an error stops the save there, leaving the files
+    /// rename, [`crate::commit::CommitPoint`]): an error stops the save there, leaving the files
     /// as a crash at that point would. For fault-injection tests; the default does nothing.
     fn at_commit_point(
         &mut self,
         _dir: &Path,
-        _point: &crate::io::CommitPoint,
+        _point: &crate::commit::CommitPoint,
     ) -> candle::Result<()> {
         Ok(())
     }
@@ -161,11 +161,11 @@ impl TrainObserver for () {}
 /// is valid and lists each of them, each matches it, none is a link. A save in progress is
 /// waited for a moment, then reported as [`RunError::SaveInProgress`](crate::RunError), a
 /// file that does not match as [`RunError::Damaged`](crate::RunError). See
-/// [`crate::io::verify_file_set`].
+/// [`crate::commit::verify_file_set`].
 pub fn verify_checkpoint(dir: &Path, read: &[&str]) -> crate::RunResult<()> {
-    crate::io::verify_file_set(
+    crate::commit::verify_file_set(
         dir,
-        crate::io::SetFiles {
+        crate::commit::SetFiles {
             allowed: &CHECKPOINT_FILES,
             read,
         },

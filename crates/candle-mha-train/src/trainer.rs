@@ -10,9 +10,9 @@ use candle_nn::VarMap;
 
 use super::state::{device_kind, EvalRecord, StepStats, TrainerState, STATE_VERSION};
 use super::{evaluate_examples, Evaluation, LrSchedule, TrainConfig};
+use crate::commit::{recover_file_set, CommitPoint, FileSet, SetFiles};
 use crate::data::DataSpec;
 use crate::data::{Batch, Codec, Dataset, EvalSet, Example, TrainSource};
-use crate::io::{recover_file_set, CommitPoint, FileSet, SetFiles};
 use crate::models::NextTokenPredictor;
 use crate::run_dir::{CHECKPOINT_FILES, CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE};
 use candle_mha::checkpoint::{state_dict_of, NamedParameters, StateDict};

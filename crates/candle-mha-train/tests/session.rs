@@ -101,7 +101,7 @@ fn a_run_starts_saves_and_resumes_in_its_directory() -> Result<()> {
         other => panic!("expected StrayFiles, got {:?}", other.err()),
     }
     // Another owner's lock.
-    let held = candle_mha_train::io::DirLock::acquire(&stray, "a test")?;
+    let held = candle_mha_train::lock::DirLock::acquire(&stray, "a test")?;
     let locked = start_in(&stray);
     assert!(
         matches!(locked, Err(RunError::Locked { .. })) || cfg!(not(unix)),

@@ -440,7 +440,7 @@ impl TokenData {
             for part in &self.parts {
                 hasher.update(&part[..]);
             }
-            crate::io::hex(&hasher.finalize())
+            crate::commit::hex(&hasher.finalize())
         };
         if &got != want {
             candle::bail!(
