@@ -36,8 +36,8 @@ use candle_mha_test_support::bench as support;
 use std::convert::Infallible;
 
 use support::{
-    env_usize, find_torch, median, pin_threads, print_machine, print_table, time_calls, Allocator,
-    TorchServer,
+    env_usize, find_torch, median, print_machine, print_table, thread_setting, time_calls,
+    Allocator, TorchServer,
 };
 
 /// One product `dst[m×n] = lhs[m×k] · rhs[k×n]`; `lhs_t` / `rhs_t`: that operand is stored
@@ -203,7 +203,10 @@ fn time_torch(server: &mut TorchServer, ps: &[Product], reps: usize) -> Option<V
 }
 
 fn main() {
-    let threads_from = pin_threads();
+    let (pin, threads_from) = thread_setting();
+    if let Some(n) = pin {
+        std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+    }
     print_machine(&threads_from);
     let threads = candle_mha::candle::utils::get_num_threads();
     let (rounds, reps) = (

@@ -260,16 +260,19 @@ impl Drop for TorchServer {
     }
 }
 
-/// Pins `RAYON_NUM_THREADS` to candle's count when it is unset, as the `mha` binary does at
-/// start (otherwise candle parses `/proc/cpuinfo` on every matmul), and says which it was.
-/// Call first, before any thread starts.
-pub fn pin_threads() -> String {
+/// The `RAYON_NUM_THREADS` a bench should pin when it is unset (candle's count, as the `mha`
+/// binary pins it: otherwise candle parses `/proc/cpuinfo` on every matmul), and a line
+/// saying where the count comes from. The bench sets it itself, first, before any thread
+/// starts: this crate changes no environment.
+pub fn thread_setting() -> (Option<usize>, String) {
     match std::env::var("RAYON_NUM_THREADS") {
-        Ok(v) => format!("RAYON_NUM_THREADS={v}"),
+        Ok(v) => (None, format!("RAYON_NUM_THREADS={v}")),
         Err(_) => {
             let n = candle_mha::candle::utils::get_num_threads();
-            std::env::set_var("RAYON_NUM_THREADS", n.to_string());
-            format!("RAYON_NUM_THREADS unset, pinned to {n} as mha does")
+            (
+                Some(n),
+                format!("RAYON_NUM_THREADS unset, pinned to {n} as mha does"),
+            )
         }
     }
 }

@@ -33,7 +33,8 @@ use candle_mha_test_support::bench as support;
 use std::time::Instant;
 
 use support::{
-    env_usize, find_torch, median, pin_threads, print_machine, print_table, Allocator, TorchServer,
+    env_usize, find_torch, median, print_machine, print_table, thread_setting, Allocator,
+    TorchServer,
 };
 
 use candle::{DType, Device, Result, Tensor};
@@ -89,7 +90,10 @@ fn phases(model: &NextTokenPredictor, prompt: &[u32], steps: usize) -> Result<(f
 }
 
 fn main() -> Result<()> {
-    let threads_from = pin_threads();
+    let (pin, threads_from) = thread_setting();
+    if let Some(n) = pin {
+        std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+    }
     let allocator = Allocator::from_env();
     print_machine(&threads_from);
     let threads = candle::utils::get_num_threads();

@@ -47,7 +47,7 @@ use candle_mha_test_support::bench as support;
 use std::time::Instant;
 
 use support::{
-    env_usize, find_torch, median, mode_children, pin_threads, print_machine, print_table,
+    env_usize, find_torch, median, mode_children, print_machine, print_table, thread_setting,
     Allocator, TorchServer,
 };
 
@@ -354,7 +354,10 @@ fn main() -> Result<()> {
 
 /// One allocator setting's table (in a child process, see [`mode_children`]).
 fn run_mode(mode: &str) -> Result<()> {
-    let threads_from = pin_threads();
+    let (pin, threads_from) = thread_setting();
+    if let Some(n) = pin {
+        std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+    }
     let shapes = selected_shapes();
     if shapes.is_empty() {
         eprintln!("no shape selected (MHA_BENCH_SHAPES: small, medium, large)");
