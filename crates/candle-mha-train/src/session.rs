@@ -507,7 +507,7 @@ fn new_spec(
     data: NewData,
     comm: &dyn Communicator,
     observer: &mut dyn SetupObserver,
-) -> Result<(DataSpec, Option<DirLock>)> {
+) -> RunResult<(DataSpec, Option<DirLock>)> {
     let mut data_lock = None;
     let (data_dir, tokenizer, val_fraction, eval_windows) = match data {
         NewData::Spec(spec) => return Ok((spec.absolute()?, None)),
@@ -519,10 +519,11 @@ fn new_spec(
         } => (dir, tokenizer, val_fraction, eval_windows),
         NewData::Text { job, eval_windows } => {
             if job.val_fraction >= 1.0 {
-                candle::bail!(
+                return Err(candle::Error::Msg(format!(
                     "val_fraction {}: text needs a training part; expected a fraction below 1",
                     job.val_fraction
-                )
+                ))
+                .into());
             }
             let tokenizer = job.tokenizer.clone();
             let (prepared, lock) = prepare_run_text(dir, &job, comm, observer)?;
@@ -560,7 +561,7 @@ fn prepare_run_text(
     job: &PrepareJob,
     comm: &dyn Communicator,
     observer: &mut dyn SetupObserver,
-) -> Result<(PathBuf, Option<DirLock>)> {
+) -> RunResult<(PathBuf, Option<DirLock>)> {
     let data = dir.join(RUN_DATA_DIR);
     if comm.world_size() > 1 {
         let prepared = match comm.rank() {
@@ -576,18 +577,19 @@ fn prepare_run_text(
         let prepared = TokenData::open(&data)?;
         let files = expand_sources(&job.text)?;
         if !same_sources(&prepared.meta().sources, &files) {
-            candle::bail!(
+            return Err(candle::Error::Msg(format!(
                 "{} holds data prepared from other files; remove it or choose another directory",
                 data.display()
-            )
+            ))
+            .into());
         }
         let differences = job.differences(prepared.meta())?;
         if !differences.is_empty() {
-            candle::bail!(
+            return Err(candle::Error::Msg(format!(
                 "{} holds data prepared from these files with other settings ({}); remove it or choose another directory",
                 data.display(),
                 differences.join("; ")
-            )
+            )).into());
         }
         observer.notice(&format!("reusing the data prepared in {}", data.display()));
         return Ok((data, Some(lock)));

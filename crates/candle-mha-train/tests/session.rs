@@ -109,6 +109,22 @@ fn a_run_starts_saves_and_resumes_in_its_directory() -> Result<()> {
         locked.err()
     );
     drop(held);
+    // A text run whose data directory another process is preparing: the same variant.
+    let texts = tmp.path().join("texts");
+    let held = candle_mha_train::lock::DirLock::acquire(&texts.join("data"), "a test")?;
+    let locked = Session::start(
+        &texts,
+        NewRun::new(gpl_text_data(), config(6)),
+        &Device::Cpu,
+        &SingleProcess,
+        &mut (),
+    );
+    assert!(
+        matches!(&locked, Err(RunError::Locked { dir, .. }) if dir.ends_with("data")),
+        "{:?}",
+        locked.err()
+    );
+    drop(held);
 
     // Resumed to 10 steps: the same data and model, four more steps.
     let how = ResumeRun {
