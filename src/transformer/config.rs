@@ -72,7 +72,7 @@ impl std::fmt::Display for Activation {
 }
 
 macro_rules! layer_config {
-    ($(#[$doc:meta])* $name:ident) => {
+    ($(#[$doc:meta])* $name:ident, $other:ident) => {
         $(#[$doc])*
         #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
         pub struct $name {
@@ -119,54 +119,6 @@ macro_rules! layer_config {
                 }
             }
 
-            /// Sets [`dim_feedforward`](Self::dim_feedforward).
-            pub fn with_dim_feedforward(mut self, dim_feedforward: usize) -> Self {
-                self.dim_feedforward = dim_feedforward;
-                self
-            }
-
-            /// Sets [`dropout`](Self::dropout).
-            pub fn with_dropout(mut self, dropout: f64) -> Self {
-                self.dropout = dropout;
-                self
-            }
-
-            /// Sets [`activation`](Self::activation).
-            pub fn with_activation(mut self, activation: Activation) -> Self {
-                self.activation = activation;
-                self
-            }
-
-            /// Sets [`layer_norm_eps`](Self::layer_norm_eps).
-            pub fn with_layer_norm_eps(mut self, eps: f64) -> Self {
-                self.layer_norm_eps = eps;
-                self
-            }
-
-            /// Sets [`batch_first`](Self::batch_first).
-            pub fn with_batch_first(mut self, batch_first: bool) -> Self {
-                self.batch_first = batch_first;
-                self
-            }
-
-            /// Sets [`norm_first`](Self::norm_first).
-            pub fn with_norm_first(mut self, norm_first: bool) -> Self {
-                self.norm_first = norm_first;
-                self
-            }
-
-            /// Sets [`bias`](Self::bias).
-            pub fn with_bias(mut self, bias: bool) -> Self {
-                self.bias = bias;
-                self
-            }
-
-            /// Sets [`dropout_seed`](Self::dropout_seed).
-            pub fn with_dropout_seed(mut self, seed: u64) -> Self {
-                self.dropout_seed = seed;
-                self
-            }
-
             /// The attention's config: same width, heads, dropout, bias and layout.
             pub fn attention_config(&self) -> crate::MultiheadAttentionConfig {
                 crate::MultiheadAttentionConfig::new(self.d_model, self.nhead)
@@ -199,6 +151,30 @@ macro_rules! layer_config {
                 Ok(())
             }
         }
+
+        crate::setters! {
+            $name {
+                with_dim_feedforward(dim_feedforward: usize);
+                with_dropout(dropout: f64);
+                with_activation(activation: Activation);
+                with_layer_norm_eps(layer_norm_eps: f64);
+                with_batch_first(batch_first: bool);
+                with_norm_first(norm_first: bool);
+                with_bias(bias: bool);
+                with_dropout_seed(dropout_seed: u64);
+            }
+        }
+
+        /// The same arguments for the other kind of layer (PyTorch's two layer classes take
+        /// the same constructor arguments).
+        impl From<$other> for $name {
+            fn from(c: $other) -> Self {
+                let $other { d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
+                    batch_first, norm_first, bias, dropout_seed } = c;
+                Self { d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
+                    batch_first, norm_first, bias, dropout_seed }
+            }
+        }
     };
 }
 
@@ -217,7 +193,8 @@ layer_config!(
     ///     .with_norm_first(true);
     /// assert_eq!((cfg.dropout, cfg.layer_norm_eps, cfg.bias), (0.1, 1e-5, true));
     /// ```
-    TransformerEncoderLayerConfig
+    TransformerEncoderLayerConfig,
+    TransformerDecoderLayerConfig
 );
 
 layer_config!(
@@ -226,5 +203,6 @@ layer_config!(
     /// PyTorch equivalent: the arguments of `nn.TransformerDecoderLayer(d_model, nhead,
     /// dim_feedforward=2048, dropout=0.1, activation="relu", layer_norm_eps=1e-5,
     /// batch_first=False, norm_first=False, bias=True)`, with the same defaults.
-    TransformerDecoderLayerConfig
+    TransformerDecoderLayerConfig,
+    TransformerEncoderLayerConfig
 );

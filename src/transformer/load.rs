@@ -5,7 +5,7 @@
 //! `named_parameters()` are candle variables, which `Var::from_tensor` hands to an optimizer
 //! without copying.
 //!
-//! It lives in `nn` (above `checkpoint`, whose state_dicts, reports and size inference it
+//! It lives in `transformer` (above `checkpoint`, whose state_dicts, reports and size inference it
 //! uses), as `load_attention` lives in `checkpoint` above `attention`.
 
 use std::path::Path;
@@ -15,8 +15,8 @@ use candle_nn::{VarBuilder, VarMap};
 
 use super::{
     Activation, FinalNorm, Transformer, TransformerConfig, TransformerDecoder,
-    TransformerDecoderLayer, TransformerDecoderLayerConfig, TransformerEncoder,
-    TransformerEncoderLayer, TransformerEncoderLayerConfig,
+    TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer,
+    TransformerEncoderLayerConfig,
 };
 use crate::checkpoint::{
     load_into_varmap, normalize_prefix, InferredTransformer, InferredTransformerLayer,
@@ -64,30 +64,20 @@ impl TransformerLoadOptions {
         }
     }
 
-    /// The encoder layer config for what the tensors told, after checking `nhead`.
-    fn encoder_layer(&self, l: &InferredTransformerLayer) -> Result<TransformerEncoderLayerConfig> {
+    /// The layer config for what the tensors told, after checking `nhead` (an encoder's; a
+    /// decoder layer takes the same arguments, through `into()`).
+    fn layer(&self, l: &InferredTransformerLayer) -> Result<TransformerEncoderLayerConfig> {
         self.check_nhead(l)?;
-        Ok(TransformerEncoderLayerConfig::new(l.d_model, self.nhead)
-            .with_dim_feedforward(l.dim_feedforward)
-            .with_dropout(self.dropout)
-            .with_activation(self.activation)
-            .with_layer_norm_eps(self.layer_norm_eps)
-            .with_batch_first(self.batch_first)
-            .with_norm_first(self.norm_first)
-            .with_bias(l.bias))
-    }
-
-    /// The decoder layer config for what the tensors told, after checking `nhead`.
-    fn decoder_layer(&self, l: &InferredTransformerLayer) -> Result<TransformerDecoderLayerConfig> {
-        self.check_nhead(l)?;
-        Ok(TransformerDecoderLayerConfig::new(l.d_model, self.nhead)
-            .with_dim_feedforward(l.dim_feedforward)
-            .with_dropout(self.dropout)
-            .with_activation(self.activation)
-            .with_layer_norm_eps(self.layer_norm_eps)
-            .with_batch_first(self.batch_first)
-            .with_norm_first(self.norm_first)
-            .with_bias(l.bias))
+        Ok(TransformerEncoderLayerConfig {
+            dim_feedforward: l.dim_feedforward,
+            dropout: self.dropout,
+            activation: self.activation,
+            layer_norm_eps: self.layer_norm_eps,
+            batch_first: self.batch_first,
+            norm_first: self.norm_first,
+            bias: l.bias,
+            ..TransformerEncoderLayerConfig::new(l.d_model, self.nhead)
+        })
     }
 
     fn check_nhead(&self, l: &InferredTransformerLayer) -> Result<()> {
@@ -128,6 +118,17 @@ pub trait LoadTransformer: Sized {
     /// PyTorch's class name, as reports and errors say it.
     const MODULE: &'static str;
 
+    /// A fresh module sized for what `state_dict` holds at `prefix`, its variables made
+    /// through `vb` (the loaders then fill them from the checkpoint).
+    ///
+    /// PyTorch equivalent: the module's constructor with the sizes read off the tensors.
+    fn build(
+        state_dict: &StateDict,
+        prefix: &str,
+        opts: &TransformerLoadOptions,
+        vb: VarBuilder,
+    ) -> Result<Self>;
+
     /// Loads the module at `prefix` of `state_dict` in `dtype` on `device`; strict unless
     /// `opts.strict` is false (the report lists what did not match).
     fn load(
@@ -136,7 +137,17 @@ pub trait LoadTransformer: Sized {
         opts: &TransformerLoadOptions,
         dtype: DType,
         device: &Device,
-    ) -> Result<(Self, LoadReport)>;
+    ) -> Result<(Self, LoadReport)> {
+        load_module(
+            state_dict,
+            prefix,
+            Self::MODULE,
+            opts.strict,
+            dtype,
+            device,
+            |vb| Self::build(state_dict, prefix, opts, vb),
+        )
+    }
 
     /// [`load`](Self::load) from a checkpoint file: safetensors, or a `torch.save` pickle (a
     /// state_dict, one nested under `state_dict`/`model`, or a whole pickled module).
@@ -247,83 +258,57 @@ fn other_loader_hint(module: &str, report: &LoadReport) -> String {
 impl LoadTransformer for TransformerEncoderLayer {
     const MODULE: &'static str = "TransformerEncoderLayer";
 
-    /// Loads the encoder layer at `prefix` of `state_dict` in `dtype` on `device`, inferring
-    /// `d_model`, `dim_feedforward` and `bias` from the tensors.
+    /// Infers `d_model`, `dim_feedforward` and `bias` from the tensors.
     ///
-    /// PyTorch equivalent: `layer = nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward, …);
-    /// layer.load_state_dict({k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)})`.
-    fn load(
+    /// PyTorch equivalent: `nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward, …)`.
+    fn build(
         state_dict: &StateDict,
         prefix: &str,
         opts: &TransformerLoadOptions,
-        dtype: DType,
-        device: &Device,
-    ) -> Result<(Self, LoadReport)> {
-        let cfg = opts.encoder_layer(&InferredTransformerLayer::infer(state_dict, prefix)?)?;
-        load_module(
-            state_dict,
-            prefix,
-            Self::MODULE,
-            opts.strict,
-            dtype,
-            device,
-            |vb| TransformerEncoderLayer::new(cfg, vb),
-        )
+        vb: VarBuilder,
+    ) -> Result<Self> {
+        let layer = InferredTransformerLayer::infer(state_dict, prefix)?;
+        Self::new(opts.layer(&layer)?, vb)
     }
 }
 
 impl LoadTransformer for TransformerDecoderLayer {
     const MODULE: &'static str = "TransformerDecoderLayer";
 
-    /// Loads the decoder layer at `prefix` of `state_dict`, inferring `d_model`,
-    /// `dim_feedforward` and `bias` from the tensors.
+    /// Infers `d_model`, `dim_feedforward` and `bias` from the tensors.
     ///
-    /// PyTorch equivalent: `nn.TransformerDecoderLayer(d_model, nhead, …).load_state_dict(…)`.
-    fn load(
+    /// PyTorch equivalent: `nn.TransformerDecoderLayer(d_model, nhead, dim_feedforward, …)`.
+    fn build(
         state_dict: &StateDict,
         prefix: &str,
         opts: &TransformerLoadOptions,
-        dtype: DType,
-        device: &Device,
-    ) -> Result<(Self, LoadReport)> {
-        let cfg = opts.decoder_layer(&InferredTransformerLayer::infer(state_dict, prefix)?)?;
-        load_module(
-            state_dict,
-            prefix,
-            Self::MODULE,
-            opts.strict,
-            dtype,
-            device,
-            |vb| TransformerDecoderLayer::new(cfg, vb),
-        )
+        vb: VarBuilder,
+    ) -> Result<Self> {
+        let layer = InferredTransformerLayer::infer(state_dict, prefix)?;
+        Self::new(opts.layer(&layer)?.into(), vb)
     }
 }
 
 impl LoadTransformer for TransformerEncoder {
     const MODULE: &'static str = "TransformerEncoder";
 
-    /// Loads the encoder stack at `prefix` (`layers.N.*`, `norm.*`), inferring the layer sizes,
-    /// `bias`, the number of layers and whether it has a final norm from the tensors.
+    /// Infers the layer sizes, `bias`, the number of layers (`layers.N.*`) and whether the
+    /// stack ends in a layer norm (`norm.*`) from the tensors.
     ///
     /// PyTorch equivalent: `nn.TransformerEncoder(nn.TransformerEncoderLayer(d_model, nhead, …),
-    /// num_layers, norm).load_state_dict(…)`.
-    fn load(
+    /// num_layers, norm)`.
+    fn build(
         state_dict: &StateDict,
         prefix: &str,
         opts: &TransformerLoadOptions,
-        dtype: DType,
-        device: &Device,
-    ) -> Result<(Self, LoadReport)> {
+        vb: VarBuilder,
+    ) -> Result<Self> {
         let s = InferredTransformerStack::infer(state_dict, prefix)?;
-        let cfg = opts.encoder_layer(&s.layer)?;
-        load_module(
-            state_dict,
-            prefix,
-            Self::MODULE,
-            opts.strict,
-            dtype,
-            device,
-            |vb| TransformerEncoder::new(cfg, s.num_layers, final_norm(s.final_norm), vb),
+        Self::new(
+            opts.layer(&s.layer)?,
+            s.num_layers,
+            final_norm(s.final_norm),
+            vb,
         )
     }
 }
@@ -331,28 +316,22 @@ impl LoadTransformer for TransformerEncoder {
 impl LoadTransformer for TransformerDecoder {
     const MODULE: &'static str = "TransformerDecoder";
 
-    /// Loads the decoder stack at `prefix` (`layers.N.*`, `norm.*`), inferring its sizes as
-    /// [`TransformerEncoder::load`] does.
+    /// Infers its sizes as [`TransformerEncoder`]'s loader does.
     ///
     /// PyTorch equivalent: `nn.TransformerDecoder(nn.TransformerDecoderLayer(d_model, nhead, …),
-    /// num_layers, norm).load_state_dict(…)`.
-    fn load(
+    /// num_layers, norm)`.
+    fn build(
         state_dict: &StateDict,
         prefix: &str,
         opts: &TransformerLoadOptions,
-        dtype: DType,
-        device: &Device,
-    ) -> Result<(Self, LoadReport)> {
+        vb: VarBuilder,
+    ) -> Result<Self> {
         let s = InferredTransformerStack::infer(state_dict, prefix)?;
-        let cfg = opts.decoder_layer(&s.layer)?;
-        load_module(
-            state_dict,
-            prefix,
-            Self::MODULE,
-            opts.strict,
-            dtype,
-            device,
-            |vb| TransformerDecoder::new(cfg, s.num_layers, final_norm(s.final_norm), vb),
+        Self::new(
+            opts.layer(&s.layer)?.into(),
+            s.num_layers,
+            final_norm(s.final_norm),
+            vb,
         )
     }
 }
@@ -360,38 +339,23 @@ impl LoadTransformer for TransformerDecoder {
 impl LoadTransformer for Transformer {
     const MODULE: &'static str = "Transformer";
 
-    /// Loads the whole encoder-decoder model at `prefix` (`encoder.*`, `decoder.*`), inferring
-    /// `d_model`, `dim_feedforward`, `bias` and the numbers of layers from the tensors.
+    /// Infers `d_model`, `dim_feedforward`, `bias` and the numbers of layers (`encoder.*`,
+    /// `decoder.*`) from the tensors.
     ///
-    /// PyTorch equivalent: `nn.Transformer(d_model, nhead, num_encoder_layers, num_decoder_layers,
-    /// dim_feedforward, …).load_state_dict(…)`.
-    fn load(
+    /// PyTorch equivalent: `nn.Transformer(d_model, nhead, num_encoder_layers,
+    /// num_decoder_layers, dim_feedforward, …)`.
+    fn build(
         state_dict: &StateDict,
         prefix: &str,
         opts: &TransformerLoadOptions,
-        dtype: DType,
-        device: &Device,
-    ) -> Result<(Self, LoadReport)> {
+        vb: VarBuilder,
+    ) -> Result<Self> {
         let t = InferredTransformer::infer(state_dict, prefix)?;
-        opts.check_nhead(&t.encoder.layer)?;
-        let cfg = TransformerConfig::new(t.encoder.layer.d_model, opts.nhead)
-            .with_num_encoder_layers(t.encoder.num_layers)
-            .with_num_decoder_layers(t.decoder.num_layers)
-            .with_dim_feedforward(t.encoder.layer.dim_feedforward)
-            .with_dropout(opts.dropout)
-            .with_activation(opts.activation)
-            .with_layer_norm_eps(opts.layer_norm_eps)
-            .with_batch_first(opts.batch_first)
-            .with_norm_first(opts.norm_first)
-            .with_bias(t.encoder.layer.bias);
-        load_module(
-            state_dict,
-            prefix,
-            Self::MODULE,
-            opts.strict,
-            dtype,
-            device,
-            |vb| Transformer::new(cfg, vb),
-        )
+        let cfg = TransformerConfig {
+            num_encoder_layers: t.encoder.num_layers,
+            num_decoder_layers: t.decoder.num_layers,
+            ..TransformerConfig::from_layer(&opts.layer(&t.encoder.layer)?)
+        };
+        Self::new(cfg, vb)
     }
 }

@@ -67,28 +67,43 @@ impl TransformerConfig {
 
     /// The config of each encoder layer.
     pub fn encoder_layer_config(&self) -> TransformerEncoderLayerConfig {
-        TransformerEncoderLayerConfig::new(self.d_model, self.nhead)
-            .with_dim_feedforward(self.dim_feedforward)
-            .with_dropout(self.dropout)
-            .with_activation(self.activation)
-            .with_layer_norm_eps(self.layer_norm_eps)
-            .with_batch_first(self.batch_first)
-            .with_norm_first(self.norm_first)
-            .with_bias(self.bias)
-            .with_dropout_seed(derive_seed(self.dropout_seed, "encoder"))
+        TransformerEncoderLayerConfig {
+            d_model: self.d_model,
+            nhead: self.nhead,
+            dim_feedforward: self.dim_feedforward,
+            dropout: self.dropout,
+            activation: self.activation,
+            layer_norm_eps: self.layer_norm_eps,
+            batch_first: self.batch_first,
+            norm_first: self.norm_first,
+            bias: self.bias,
+            dropout_seed: derive_seed(self.dropout_seed, "encoder"),
+        }
     }
 
     /// The config of each decoder layer.
     pub fn decoder_layer_config(&self) -> TransformerDecoderLayerConfig {
-        TransformerDecoderLayerConfig::new(self.d_model, self.nhead)
-            .with_dim_feedforward(self.dim_feedforward)
-            .with_dropout(self.dropout)
-            .with_activation(self.activation)
-            .with_layer_norm_eps(self.layer_norm_eps)
-            .with_batch_first(self.batch_first)
-            .with_norm_first(self.norm_first)
-            .with_bias(self.bias)
-            .with_dropout_seed(derive_seed(self.dropout_seed, "decoder"))
+        TransformerDecoderLayerConfig {
+            dropout_seed: derive_seed(self.dropout_seed, "decoder"),
+            ..self.encoder_layer_config().into()
+        }
+    }
+
+    /// The config with each stack's layers as `layer` says (`d_model`, `nhead`, the
+    /// feed-forward width, dropout, activation, layout, norms, bias, dropout seed) and
+    /// PyTorch's six layers per stack.
+    pub fn from_layer(layer: &TransformerEncoderLayerConfig) -> Self {
+        Self {
+            dim_feedforward: layer.dim_feedforward,
+            dropout: layer.dropout,
+            activation: layer.activation,
+            layer_norm_eps: layer.layer_norm_eps,
+            batch_first: layer.batch_first,
+            norm_first: layer.norm_first,
+            bias: layer.bias,
+            dropout_seed: layer.dropout_seed,
+            ..Self::new(layer.d_model, layer.nhead)
+        }
     }
 }
 
