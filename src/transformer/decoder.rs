@@ -1,12 +1,11 @@
 //! [`TransformerDecoder`]: a stack of decoder layers and an optional final layer norm.
 
-use candle::{Module, Result, Tensor};
+use candle::{Result, Tensor};
 use candle_nn::VarBuilder;
 
 use super::checks::DECODER_OPTIONS;
-use super::parts::{stack, Norm};
+use super::parts::Stack;
 use super::{DecoderOptions, FinalNorm, TransformerDecoderLayer, TransformerDecoderLayerConfig};
-use crate::rng::derive_seed;
 
 /// `num_layers` decoder layers (each with its own parameters) and, with [`FinalNorm::LayerNorm`], a layer
 /// norm after the last.
@@ -18,8 +17,7 @@ use crate::rng::derive_seed;
 /// As [`TransformerDecoderLayer`]: the output has the shape of `tgt`.
 #[derive(Clone, Debug)]
 pub struct TransformerDecoder {
-    layers: Vec<TransformerDecoderLayer>,
-    norm: Option<Norm>,
+    stack: Stack<TransformerDecoderLayer>,
 }
 
 impl TransformerDecoder {
@@ -40,36 +38,28 @@ impl TransformerDecoder {
             layer_cfg.layer_norm_eps,
             layer_cfg.bias,
         ));
-        let (layers, norm) = stack(num_layers, layer_cfg.dropout_seed, norm, &vb, |seed, vb| {
+        let stack = Stack::new(num_layers, layer_cfg.dropout_seed, norm, &vb, |seed, vb| {
             TransformerDecoderLayer::new(layer_cfg.clone().with_dropout_seed(seed), vb)
         })?;
-        Ok(Self { layers, norm })
+        Ok(Self { stack })
     }
 
     /// The layers.
     pub fn layers(&self) -> &[TransformerDecoderLayer] {
-        &self.layers
+        &self.stack.layers
     }
 
     /// Whether the stack ends in a layer norm (`norm.*`).
     pub fn has_final_norm(&self) -> bool {
-        self.norm.is_some()
+        self.stack.norm.is_some()
     }
 
     /// Every parameter with its state_dict name (relative to the stack), in PyTorch's order.
     ///
     /// PyTorch equivalent: `decoder.named_parameters()`.
     pub fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        let mut out = Vec::new();
-        for (i, layer) in self.layers.iter().enumerate() {
-            for (n, t) in layer.named_parameters() {
-                out.push((format!("layers.{i}.{n}"), t));
-            }
-        }
-        if let Some(norm) = &self.norm {
-            norm.push_params("norm", &mut out);
-        }
-        out
+        self.stack
+            .named_parameters(TransformerDecoderLayer::named_parameters)
     }
 
     /// The layers applied in turn to `tgt` (each attending to `memory`), then the final norm.
@@ -81,20 +71,16 @@ impl TransformerDecoder {
     /// # Errors
     /// As [`TransformerDecoderLayer::forward`].
     pub fn forward(&self, tgt: &Tensor, memory: &Tensor, opts: &DecoderOptions) -> Result<Tensor> {
-        if let Some(first) = self.layers.first() {
+        if let Some(first) = self.stack.layers.first() {
             first.check("TransformerDecoder", DECODER_OPTIONS, (tgt, memory), opts)?;
         }
-        let mut x = tgt.clone();
-        for (i, layer) in self.layers.iter().enumerate() {
-            let mut o = opts.clone();
-            o.dropout_seed = opts
-                .dropout_seed
-                .map(|s| derive_seed(s, &format!("layers.{i}")));
-            x = layer.forward(&x, memory, &o)?;
-        }
-        match &self.norm {
-            Some(norm) => norm.forward(&x),
-            None => Ok(x),
-        }
+        self.stack
+            .forward(tgt, opts.dropout_seed, |layer, x, seed| {
+                let o = DecoderOptions {
+                    dropout_seed: seed,
+                    ..opts.clone()
+                };
+                layer.forward(x, memory, &o)
+            })
     }
 }

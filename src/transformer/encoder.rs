@@ -1,12 +1,11 @@
 //! [`TransformerEncoder`]: a stack of encoder layers and an optional final layer norm.
 
-use candle::{Module, Result, Tensor};
+use candle::{Result, Tensor};
 use candle_nn::VarBuilder;
 
 use super::checks::ENCODER_OPTIONS;
-use super::parts::{stack, Norm};
+use super::parts::Stack;
 use super::{EncoderOptions, FinalNorm, TransformerEncoderLayer, TransformerEncoderLayerConfig};
-use crate::rng::derive_seed;
 
 /// `num_layers` encoder layers (each with its own parameters) and, with [`FinalNorm::LayerNorm`], a layer
 /// norm after the last.
@@ -35,8 +34,7 @@ use crate::rng::derive_seed;
 /// ```
 #[derive(Clone, Debug)]
 pub struct TransformerEncoder {
-    layers: Vec<TransformerEncoderLayer>,
-    norm: Option<Norm>,
+    stack: Stack<TransformerEncoderLayer>,
 }
 
 impl TransformerEncoder {
@@ -57,36 +55,28 @@ impl TransformerEncoder {
             layer_cfg.layer_norm_eps,
             layer_cfg.bias,
         ));
-        let (layers, norm) = stack(num_layers, layer_cfg.dropout_seed, norm, &vb, |seed, vb| {
+        let stack = Stack::new(num_layers, layer_cfg.dropout_seed, norm, &vb, |seed, vb| {
             TransformerEncoderLayer::new(layer_cfg.clone().with_dropout_seed(seed), vb)
         })?;
-        Ok(Self { layers, norm })
+        Ok(Self { stack })
     }
 
     /// The layers.
     pub fn layers(&self) -> &[TransformerEncoderLayer] {
-        &self.layers
+        &self.stack.layers
     }
 
     /// Whether the stack ends in a layer norm (`norm.*`).
     pub fn has_final_norm(&self) -> bool {
-        self.norm.is_some()
+        self.stack.norm.is_some()
     }
 
     /// Every parameter with its state_dict name (relative to the stack), in PyTorch's order.
     ///
     /// PyTorch equivalent: `encoder.named_parameters()`.
     pub fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        let mut out = Vec::new();
-        for (i, layer) in self.layers.iter().enumerate() {
-            for (n, t) in layer.named_parameters() {
-                out.push((format!("layers.{i}.{n}"), t));
-            }
-        }
-        if let Some(norm) = &self.norm {
-            norm.push_params("norm", &mut out);
-        }
-        out
+        self.stack
+            .named_parameters(TransformerEncoderLayer::named_parameters)
     }
 
     /// The layers applied in turn to `src`, then the final norm.
@@ -99,20 +89,16 @@ impl TransformerEncoder {
     /// # Errors
     /// As [`TransformerEncoderLayer::forward`].
     pub fn forward(&self, src: &Tensor, opts: &EncoderOptions) -> Result<Tensor> {
-        if let Some(first) = self.layers.first() {
+        if let Some(first) = self.stack.layers.first() {
             first.check("TransformerEncoder", ENCODER_OPTIONS, src, opts)?;
         }
-        let mut x = src.clone();
-        for (i, layer) in self.layers.iter().enumerate() {
-            let mut o = opts.clone();
-            o.dropout_seed = opts
-                .dropout_seed
-                .map(|s| derive_seed(s, &format!("layers.{i}")));
-            x = layer.forward(&x, &o)?;
-        }
-        match &self.norm {
-            Some(norm) => norm.forward(&x),
-            None => Ok(x),
-        }
+        self.stack
+            .forward(src, opts.dropout_seed, |layer, x, seed| {
+                let o = EncoderOptions {
+                    dropout_seed: seed,
+                    ..opts.clone()
+                };
+                layer.forward(x, &o)
+            })
     }
 }

@@ -15,27 +15,73 @@ use crate::rng::derive_seed;
 /// The layer norms of encoder and decoder layers: `nn.LayerNorm(d, eps, bias=bias)`.
 pub(crate) type Norm = crate::nn::LayerNorm;
 
-/// The layers of a stack, `layers.{i}` under `vb`, each built by `build` from the stack's
-/// dropout seed derived for its index (so the layers drop differently), and the final norm
-/// `norm` when asked for: what `nn.TransformerEncoder` and `nn.TransformerDecoder` share.
-pub(crate) fn stack<L>(
-    num_layers: usize,
-    dropout_seed: u64,
-    final_norm: Option<(usize, f64, bool)>,
-    vb: &VarBuilder,
-    build: impl Fn(u64, VarBuilder) -> Result<L>,
-) -> Result<(Vec<L>, Option<Norm>)> {
-    let layers = (0..num_layers)
-        .map(|i| {
-            let name = format!("layers.{i}");
-            build(derive_seed(dropout_seed, &name), vb.pp(name))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let norm = match final_norm {
-        Some((d, eps, bias)) => Some(Norm::new_with_bias(d, eps, bias, vb.pp("norm"))?),
-        None => None,
-    };
-    Ok((layers, norm))
+/// The layers of a stack (`layers.{i}`) and its final norm (`norm`): what
+/// `nn.TransformerEncoder` and `nn.TransformerDecoder` share.
+#[derive(Clone, Debug)]
+pub(crate) struct Stack<L> {
+    pub(crate) layers: Vec<L>,
+    pub(crate) norm: Option<Norm>,
+}
+
+impl<L> Stack<L> {
+    /// Each layer built by `build` under `vb.pp("layers.{i}")` from the stack's dropout seed
+    /// derived for its index (so the layers drop differently); the final norm
+    /// `(d_model, eps, bias)` when asked for.
+    pub(crate) fn new(
+        num_layers: usize,
+        dropout_seed: u64,
+        final_norm: Option<(usize, f64, bool)>,
+        vb: &VarBuilder,
+        build: impl Fn(u64, VarBuilder) -> Result<L>,
+    ) -> Result<Self> {
+        let layers = (0..num_layers)
+            .map(|i| {
+                let name = format!("layers.{i}");
+                build(derive_seed(dropout_seed, &name), vb.pp(name))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let norm = match final_norm {
+            Some((d, eps, bias)) => Some(Norm::new_with_bias(d, eps, bias, vb.pp("norm"))?),
+            None => None,
+        };
+        Ok(Self { layers, norm })
+    }
+
+    /// `layers.{i}.*` from each layer's own names, then `norm.*`.
+    pub(crate) fn named_parameters(
+        &self,
+        layer: impl Fn(&L) -> Vec<(String, Tensor)>,
+    ) -> Vec<(String, Tensor)> {
+        let mut out = Vec::new();
+        for (i, l) in self.layers.iter().enumerate() {
+            for (n, t) in layer(l) {
+                out.push((format!("layers.{i}.{n}"), t));
+            }
+        }
+        if let Some(norm) = &self.norm {
+            norm.push_params("norm", &mut out);
+        }
+        out
+    }
+
+    /// `step` through the layers in turn from `x`, each with the call's dropout seed derived
+    /// for its index, then the final norm.
+    pub(crate) fn forward(
+        &self,
+        x: &Tensor,
+        dropout_seed: Option<u64>,
+        step: impl Fn(&L, &Tensor, Option<u64>) -> Result<Tensor>,
+    ) -> Result<Tensor> {
+        let mut x = x.clone();
+        for (i, layer) in self.layers.iter().enumerate() {
+            let seed = dropout_seed.map(|s| derive_seed(s, &format!("layers.{i}")));
+            x = step(layer, &x, seed)?;
+        }
+        match &self.norm {
+            Some(norm) => norm.forward(&x),
+            None => Ok(x),
+        }
+    }
 }
 
 /// `linear2(dropout(activation(linear1(x))))` (the final dropout is the caller's).
