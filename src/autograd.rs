@@ -8,7 +8,7 @@
 
 use candle::backend::{BackendDevice, BackendStorage};
 use candle::backprop::GradStore;
-use candle::{CpuStorage, CustomOp1, Device, Layout, Result, Shape, Tensor};
+use candle::{Device, Layout, Result, Shape, Tensor};
 
 /// A scalar zero whose backward hands `grad` to its argument (the upstream gradient is the
 /// `1` that [`Tensor::backward`] starts from).
@@ -16,28 +16,21 @@ struct Seed {
     grad: Tensor,
 }
 
-impl CustomOp1 for Seed {
-    fn name(&self) -> &'static str {
-        "backward-seed"
-    }
+crate::cpu::custom_op!(CustomOp1 for Seed, "backward-seed", fwd: zero, bwd: seed, cuda: zero);
 
-    fn cpu_fwd(&self, s: &CpuStorage, _l: &Layout) -> Result<(CpuStorage, Shape)> {
+impl Seed {
+    /// A scalar zero of the argument's dtype on its device.
+    fn zero<S>(&self, [(s, _)]: [(&S, &Layout); 1]) -> Result<(S, Shape)>
+    where
+        S: BackendStorage,
+        S::Device: BackendDevice<Storage = S>,
+    {
         let shape = Shape::from(());
         Ok((s.device().zeros_impl(&shape, s.dtype())?, shape))
     }
 
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        s: &candle::CudaStorage,
-        _l: &Layout,
-    ) -> Result<(candle::CudaStorage, Shape)> {
-        let shape = Shape::from(());
-        Ok((s.device().zeros_impl(&shape, s.dtype())?, shape))
-    }
-
-    fn bwd(&self, _arg: &Tensor, _res: &Tensor, _grad: &Tensor) -> Result<Option<Tensor>> {
-        Ok(Some(self.grad.clone()))
+    fn seed(&self, _: [&Tensor; 1], _res: &Tensor, _grad: &Tensor) -> Result<[Option<Tensor>; 1]> {
+        Ok([Some(self.grad.clone())])
     }
 }
 

@@ -79,44 +79,26 @@ fn softmax_last_dim_fused(x: &Tensor) -> Result<Tensor> {
 /// as the softmax output.
 struct SoftmaxGrad;
 
-impl candle::CustomOp2 for SoftmaxGrad {
-    fn name(&self) -> &'static str {
-        "softmax-last-dim-grad"
-    }
+crate::cpu::custom_op!(CustomOp2 for SoftmaxGrad, "softmax-last-dim-grad",
+    fwd: second, bwd: bwd, cuda: second);
 
-    fn cpu_fwd(
+impl SoftmaxGrad {
+    fn second<S: candle::backend::BackendStorage>(
         &self,
-        _: &candle::CpuStorage,
-        _: &candle::Layout,
-        y: &candle::CpuStorage,
-        yl: &candle::Layout,
-    ) -> Result<(candle::CpuStorage, candle::Shape)> {
-        use candle::backend::BackendStorage;
-        Ok((y.try_clone(yl)?, yl.shape().clone()))
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        _: &candle::CudaStorage,
-        _: &candle::Layout,
-        y: &candle::CudaStorage,
-        yl: &candle::Layout,
-    ) -> Result<(candle::CudaStorage, candle::Shape)> {
-        use candle::backend::BackendStorage;
+        [_, (y, yl)]: [(&S, &candle::Layout); 2],
+    ) -> Result<(S, candle::Shape)> {
         Ok((y.try_clone(yl)?, yl.shape().clone()))
     }
 
     fn bwd(
         &self,
-        _x: &Tensor,
-        y: &Tensor,
+        [_, y]: [&Tensor; 2],
         _res: &Tensor,
         grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    ) -> Result<[Option<Tensor>; 2]> {
         let gy = (grad * y)?;
         let dx = (&gy - y.broadcast_mul(&gy.sum_keepdim(D::Minus1)?)?)?;
-        Ok((Some(dx), None))
+        Ok([Some(dx), None])
     }
 }
 

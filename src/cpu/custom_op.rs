@@ -30,6 +30,72 @@ impl NeedsGrad {
 /// The gradients of `(x, w, b)`, `None` where not needed.
 pub(crate) type Grads3 = (Option<Tensor>, Option<Tensor>, Option<Tensor>);
 
+/// `candle::CustomOp1`/`CustomOp2`/`CustomOp3` for a type from its inherent methods, which
+/// take the op's arguments as one array (candle's traits spell each argument out):
+///
+/// - `fwd(&self, [(&CpuStorage, &Layout); N]) -> Result<(CpuStorage, Shape)>`;
+/// - `bwd(&self, [&Tensor; N], res: &Tensor, grad: &Tensor) -> Result<[Option<Tensor>; N]>`;
+/// - with `cuda: f`, under the `cuda` feature,
+///   `f(&self, [(&CudaStorage, &Layout); N]) -> Result<(CudaStorage, Shape)>`.
+///
+/// ```ignore
+/// custom_op!(CustomOp2 for EmbeddingSum, "embedding-sum", fwd: cpu_fwd_args, bwd: grads);
+/// ```
+macro_rules! custom_op {
+    (CustomOp1 for $ty:ty, $name:expr, fwd: $fwd:ident, bwd: $bwd:ident $(, cuda: $cuda:ident)?) => {
+        $crate::cpu::custom_op!(@impl CustomOp1 $ty, $name, $fwd, $bwd, [$($cuda)?], (s1 l1 a1 d1));
+    };
+    (CustomOp2 for $ty:ty, $name:expr, fwd: $fwd:ident, bwd: $bwd:ident $(, cuda: $cuda:ident)?) => {
+        $crate::cpu::custom_op!(@impl CustomOp2 $ty, $name, $fwd, $bwd, [$($cuda)?],
+            (s1 l1 a1 d1) (s2 l2 a2 d2));
+    };
+    (CustomOp3 for $ty:ty, $name:expr, fwd: $fwd:ident, bwd: $bwd:ident $(, cuda: $cuda:ident)?) => {
+        $crate::cpu::custom_op!(@impl CustomOp3 $ty, $name, $fwd, $bwd, [$($cuda)?],
+            (s1 l1 a1 d1) (s2 l2 a2 d2) (s3 l3 a3 d3));
+    };
+    (@impl $trait:ident $ty:ty, $name:expr, $fwd:ident, $bwd:ident, [$($cuda:ident)?],
+        $(($s:ident $l:ident $a:ident $d:ident))+) => {
+        impl candle::$trait for $ty {
+            fn name(&self) -> &'static str {
+                $name
+            }
+
+            fn cpu_fwd(
+                &self,
+                $($s: &candle::CpuStorage, $l: &candle::Layout),+
+            ) -> candle::Result<(candle::CpuStorage, candle::Shape)> {
+                self.$fwd([$(($s, $l)),+])
+            }
+
+            $crate::cpu::custom_op!(@cuda [$($cuda)?] $(($s $l))+);
+
+            // One argument: `(T)` is `T`.
+            #[allow(unused_parens)]
+            fn bwd(
+                &self,
+                $($a: &candle::Tensor,)+
+                res: &candle::Tensor,
+                grad: &candle::Tensor,
+            ) -> candle::Result<($($crate::cpu::custom_op!(@grad $d)),+)> {
+                let [$($d),+] = self.$bwd([$($a),+], res, grad)?;
+                Ok(($($d),+))
+            }
+        }
+    };
+    (@grad $d:ident) => { Option<candle::Tensor> };
+    (@cuda [] $(($s:ident $l:ident))+) => {};
+    (@cuda [$cuda:ident] $(($s:ident $l:ident))+) => {
+        #[cfg(feature = "cuda")]
+        fn cuda_fwd(
+            &self,
+            $($s: &candle::CudaStorage, $l: &candle::Layout),+
+        ) -> candle::Result<(candle::CudaStorage, candle::Shape)> {
+            self.$cuda([$(($s, $l)),+])
+        }
+    };
+}
+pub(crate) use custom_op;
+
 /// `CustomOp2` (no bias) and `CustomOp3` (with the bias, named `"{name}-bias"`) for an op on
 /// `x`, a weight and an optional bias, from its inherent `fwd(x, w, b)` (each a storage and
 /// layout; `b` an `Option`) and `bwd(x, w, res, grad, needs: NeedsGrad) -> Result<Grads3>`.

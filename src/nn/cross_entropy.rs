@@ -4,7 +4,7 @@
 //! over the logits and their gradients.
 
 use candle::backend::BackendStorage;
-use candle::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
+use candle::{CpuStorage, DType, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
 use std::mem::MaybeUninit;
@@ -154,12 +154,10 @@ impl CrossEntropy {
     }
 }
 
-impl CustomOp1 for CrossEntropy {
-    fn name(&self) -> &'static str {
-        "fused-cross-entropy"
-    }
+crate::cpu::custom_op!(CustomOp1 for CrossEntropy, "fused-cross-entropy", fwd: fwd, bwd: bwd);
 
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+impl CrossEntropy {
+    fn fwd(&self, [(s, l)]: [(&CpuStorage, &Layout); 1]) -> Result<(CpuStorage, Shape)> {
         let v = last_dim(l.dims())?;
         let loss = match s {
             CpuStorage::F32(_) => {
@@ -173,7 +171,7 @@ impl CustomOp1 for CrossEntropy {
         Ok((loss, Shape::from(())))
     }
 
-    fn bwd(&self, x: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+    fn bwd(&self, [x]: [&Tensor; 1], _res: &Tensor, grad: &Tensor) -> Result<[Option<Tensor>; 1]> {
         let g = grad.to_dtype(DType::F64)?.to_scalar::<f64>()?;
         let v = last_dim(x.dims())?;
         let (xs, xl) = x.storage_and_layout();
@@ -188,7 +186,7 @@ impl CustomOp1 for CrossEntropy {
             }
             dt => return Err(unsupported_dtype(OP, dt)),
         };
-        Ok(Some(dx))
+        Ok([Some(dx)])
     }
 }
 

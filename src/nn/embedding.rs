@@ -1,9 +1,7 @@
 //! `nn.Embedding`: a lookup table initialised N(0, 1).
 
 use candle::backend::BackendStorage;
-use candle::{
-    CpuStorage, CustomOp2, DType, Device, Layout, Module, Result, Shape, Storage, Tensor,
-};
+use candle::{CpuStorage, DType, Device, Layout, Module, Result, Shape, Storage, Tensor};
 use candle_nn::{Init, VarBuilder};
 use rayon::prelude::*;
 
@@ -152,17 +150,12 @@ impl EmbeddingSum {
     }
 }
 
-impl CustomOp2 for EmbeddingSum {
-    fn name(&self) -> &'static str {
-        "embedding-sum"
-    }
+crate::cpu::custom_op!(CustomOp2 for EmbeddingSum, "embedding-sum", fwd: fwd, bwd: bwd);
 
-    fn cpu_fwd(
+impl EmbeddingSum {
+    fn fwd(
         &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
+        [(s1, l1), (s2, l2)]: [(&CpuStorage, &Layout); 2],
     ) -> Result<(CpuStorage, Shape)> {
         let (n, l, e) = self.shape;
         let out = match (s1, s2) {
@@ -179,11 +172,10 @@ impl CustomOp2 for EmbeddingSum {
 
     fn bwd(
         &self,
-        tok: &Tensor,
-        pos: &Tensor,
+        [tok, pos]: [&Tensor; 2],
         _res: &Tensor,
         grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    ) -> Result<[Option<Tensor>; 2]> {
         let needs = (tok.track_op(), pos.track_op());
         let tables = (tok.dim(0)?, pos.dim(0)?);
         let grad = grad.contiguous()?;
@@ -207,13 +199,13 @@ impl EmbeddingSum {
         g: &[T],
         tables: (usize, usize),
         needs: (bool, bool),
-    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    ) -> Result<[Option<Tensor>; 2]> {
         let e = self.shape.2;
         let (dt, dp) = self.backward(g, tables, needs);
         let tensor = |d: Vec<T>, rows: usize| Tensor::from_vec(d, (rows, e), &Device::Cpu);
-        Ok((
+        Ok([
             needs.0.then(|| tensor(dt, tables.0)).transpose()?,
             needs.1.then(|| tensor(dp, tables.1)).transpose()?,
-        ))
+        ])
     }
 }

@@ -2,7 +2,7 @@
 //! `crate::cpu::gelu`'s).
 
 use candle::backend::BackendStorage;
-use candle::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
+use candle::{CpuStorage, DType, Layout, Result, Shape, Tensor};
 
 use crate::cpu::{contiguous, fused, gelu, gelu_grad, unsupported_dtype};
 
@@ -10,12 +10,10 @@ const OP: &str = "fused gelu";
 
 struct GeluErf;
 
-impl CustomOp1 for GeluErf {
-    fn name(&self) -> &'static str {
-        "fused-gelu-erf"
-    }
+crate::cpu::custom_op!(CustomOp1 for GeluErf, "fused-gelu-erf", fwd: fwd, bwd: bwd);
 
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+impl GeluErf {
+    fn fwd(&self, [(s, l)]: [(&CpuStorage, &Layout); 1]) -> Result<(CpuStorage, Shape)> {
         let y = match s {
             CpuStorage::F32(_) => CpuStorage::F32(gelu(contiguous::<f32, _>(OP, s, l)?)),
             CpuStorage::F64(_) => CpuStorage::F64(gelu(contiguous::<f64, _>(OP, s, l)?)),
@@ -24,7 +22,7 @@ impl CustomOp1 for GeluErf {
         Ok((y, l.shape().clone()))
     }
 
-    fn bwd(&self, x: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+    fn bwd(&self, [x]: [&Tensor; 1], _res: &Tensor, grad: &Tensor) -> Result<[Option<Tensor>; 1]> {
         let grad = grad.contiguous()?;
         let (xs, xl) = x.storage_and_layout();
         let (gs, gl) = grad.storage_and_layout();
@@ -39,7 +37,7 @@ impl CustomOp1 for GeluErf {
             }
             dt => return Err(unsupported_dtype(OP, dt)),
         };
-        Ok(Some(dx))
+        Ok([Some(dx)])
     }
 }
 

@@ -6,7 +6,7 @@
 //! over a row) instead of keeping them.
 
 use candle::backend::BackendStorage;
-use candle::{CpuStorage, CustomOp3, DType, Layout, Module, Result, Shape, Tensor, WithDType};
+use candle::{CpuStorage, DType, Layout, Module, Result, Shape, Tensor, WithDType};
 use candle_nn::{Init, VarBuilder};
 use rayon::prelude::*;
 
@@ -177,21 +177,11 @@ impl LayerNormOp {
     }
 }
 
-impl CustomOp3 for LayerNormOp {
-    fn name(&self) -> &'static str {
-        "fused-layer-norm"
-    }
+crate::cpu::custom_op!(CustomOp3 for LayerNormOp, "fused-layer-norm", fwd: fwd, bwd: bwd);
 
-    fn cpu_fwd(
-        &self,
-        xs: &CpuStorage,
-        xl: &Layout,
-        ws: &CpuStorage,
-        wl: &Layout,
-        bs: &CpuStorage,
-        bl: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let (x, w, b) = ((xs, xl), (ws, wl), (bs, bl));
+impl LayerNormOp {
+    fn fwd(&self, [x, w, b]: [(&CpuStorage, &Layout); 3]) -> Result<(CpuStorage, Shape)> {
+        let (xs, xl) = x;
         let y = match xs {
             CpuStorage::F32(_) => CpuStorage::F32(self.fwd_typed(x, w, b)?),
             CpuStorage::F64(_) => CpuStorage::F64(self.fwd_typed(x, w, b)?),
@@ -202,19 +192,17 @@ impl CustomOp3 for LayerNormOp {
 
     fn bwd(
         &self,
-        x: &Tensor,
-        w: &Tensor,
-        _b: &Tensor,
+        [x, w, _]: [&Tensor; 3],
         _res: &Tensor,
         grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+    ) -> Result<[Option<Tensor>; 3]> {
         let grad = grad.contiguous()?;
         let (dx, dw, db) = match x.dtype() {
             DType::F32 => self.bwd_typed::<f32>(x, w, &grad)?,
             DType::F64 => self.bwd_typed::<f64>(x, w, &grad)?,
             dt => return Err(unsupported_dtype(OP, dt)),
         };
-        Ok((Some(dx), Some(dw), Some(db)))
+        Ok([Some(dx), Some(dw), Some(db)])
     }
 }
 

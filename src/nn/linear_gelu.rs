@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use candle::backend::BackendStorage;
-use candle::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
+use candle::{CpuStorage, DType, Layout, Result, Shape, Tensor};
 
 use crate::cpu::workspace::{self, AnyBuf, Buf};
 use crate::cpu::{
@@ -109,22 +109,11 @@ impl LinearGelu {
     }
 }
 
-impl CustomOp3 for LinearGelu {
-    fn name(&self) -> &'static str {
-        "fused-linear-gelu"
-    }
+crate::cpu::custom_op!(CustomOp3 for LinearGelu, "fused-linear-gelu", fwd: fwd, bwd: bwd);
 
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let (x, w, b) = ((s1, l1), (s2, l2), (s3, l3));
-        match s1 {
+impl LinearGelu {
+    fn fwd(&self, [x, w, b]: [(&CpuStorage, &Layout); 3]) -> Result<(CpuStorage, Shape)> {
+        match x.0 {
             CpuStorage::F32(_) => {
                 let (y, shape) = self.forward::<f32>(x, w, b)?;
                 Ok((CpuStorage::F32(y), shape))
@@ -139,12 +128,10 @@ impl CustomOp3 for LinearGelu {
 
     fn bwd(
         &self,
-        x: &Tensor,
-        w: &Tensor,
-        b: &Tensor,
+        [x, w, b]: [&Tensor; 3],
         _res: &Tensor,
         grad: &Tensor,
-    ) -> Result<Grads3> {
+    ) -> Result<[Option<Tensor>; 3]> {
         let needs = NeedsGrad::of(x, w, Some(b));
         let pre = self.pre.get(OP)?;
         let grad = grad.contiguous()?;
@@ -154,11 +141,12 @@ impl CustomOp3 for LinearGelu {
                 x.dtype()
             ))
         };
-        match x.dtype() {
+        let (dx, dw, db) = match x.dtype() {
             DType::F32 => self.backward(f32::of_any(&pre).ok_or_else(wrong)?, (x, w), &grad, needs),
             DType::F64 => self.backward(f64::of_any(&pre).ok_or_else(wrong)?, (x, w), &grad, needs),
             dt => Err(unsupported_dtype(OP, dt)),
-        }
+        }?;
+        Ok([dx, dw, db])
     }
 }
 

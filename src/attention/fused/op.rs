@@ -12,7 +12,7 @@
 //! in `weights_op.rs`.
 
 use candle::backend::BackendStorage;
-use candle::{CpuStorage, CustomOp1, CustomOp3, DType, Device, Layout, Result, Shape, Tensor};
+use candle::{CpuStorage, DType, Device, Layout, Result, Shape, Tensor};
 
 use super::kernel::{self, Geom, Masks, RowMap, Rows, RowsMut};
 use crate::attention::dropout::DropoutMask;
@@ -274,16 +274,52 @@ impl FusedAttention {
     }
 
     /// The forward pass on a packed `(·, ·, 3E)` projection.
-    pub(crate) fn fwd_packed(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        self.fwd(Parts::Packed, [(s, l), (s, l), (s, l)])
+    fn fwd_packed(&self, [x]: [(&CpuStorage, &Layout); 1]) -> Result<(CpuStorage, Shape)> {
+        self.fwd(Parts::Packed, [x, x, x])
     }
 
-    /// The gradient of a packed `(·, ·, 3E)` projection.
-    pub(crate) fn bwd_packed(&self, qkv: &Tensor, res: &Tensor, grad: &Tensor) -> Result<Tensor> {
-        match self.bwd(Parts::Packed, &[qkv], res, grad)?.pop() {
-            Some(t) => Ok(t),
-            None => candle::bail!("fused attention: no gradient for the packed projection"),
-        }
+    fn fwd_separate(&self, qkv: [(&CpuStorage, &Layout); 3]) -> Result<(CpuStorage, Shape)> {
+        self.fwd(Parts::Separate, qkv)
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd_packed(
+        &self,
+        [x]: [(&candle::CudaStorage, &Layout); 1],
+    ) -> Result<(candle::CudaStorage, Shape)> {
+        self.cuda_fwd_parts(Parts::Packed, [x, x, x])
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd_separate(
+        &self,
+        qkv: [(&candle::CudaStorage, &Layout); 3],
+    ) -> Result<(candle::CudaStorage, Shape)> {
+        self.cuda_fwd_parts(Parts::Separate, qkv)
+    }
+
+    /// The gradients of the op's `N` arguments (one packed `(·, ·, 3E)` projection, or q, k
+    /// and v), on the arguments' device.
+    fn grads<const N: usize>(
+        &self,
+        args: [&Tensor; N],
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<[Option<Tensor>; N]> {
+        let parts = if N == 1 {
+            Parts::Packed
+        } else {
+            Parts::Separate
+        };
+        #[cfg(feature = "cuda")]
+        let g = match args[0].device().is_cuda() {
+            true => self.cuda_bwd(parts, &args, res, grad)?,
+            false => self.bwd(parts, &args, res, grad)?,
+        };
+        #[cfg(not(feature = "cuda"))]
+        let g = self.bwd(parts, &args, res, grad)?;
+        let mut g = g.into_iter();
+        Ok(std::array::from_fn(|_| g.next()))
     }
 
     /// The gradient of a contiguous packed `(·, ·, 3E)` projection (the projected
@@ -440,79 +476,7 @@ fn on_output<T: Elem, R>(
     with_slice(OP, res, |o| with_slice(OP, grad, |d| f((o, d))))
 }
 
-impl CustomOp1 for FusedAttention {
-    fn name(&self) -> &'static str {
-        "fused-attention-packed"
-    }
-
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        self.fwd_packed(s, l)
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        s: &candle::CudaStorage,
-        l: &Layout,
-    ) -> Result<(candle::CudaStorage, Shape)> {
-        self.cuda_fwd_parts(Parts::Packed, [(s, l), (s, l), (s, l)])
-    }
-
-    fn bwd(&self, arg: &Tensor, res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        #[cfg(feature = "cuda")]
-        if arg.device().is_cuda() {
-            return Ok(self.cuda_bwd(Parts::Packed, &[arg], res, grad)?.pop());
-        }
-        self.bwd_packed(arg, res, grad).map(Some)
-    }
-}
-
-impl CustomOp3 for FusedAttention {
-    fn name(&self) -> &'static str {
-        "fused-attention"
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        self.fwd(Parts::Separate, [(s1, l1), (s2, l2), (s3, l3)])
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        s1: &candle::CudaStorage,
-        l1: &Layout,
-        s2: &candle::CudaStorage,
-        l2: &Layout,
-        s3: &candle::CudaStorage,
-        l3: &Layout,
-    ) -> Result<(candle::CudaStorage, Shape)> {
-        self.cuda_fwd_parts(Parts::Separate, [(s1, l1), (s2, l2), (s3, l3)])
-    }
-
-    fn bwd(
-        &self,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        res: &Tensor,
-        grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        #[cfg(feature = "cuda")]
-        if q.device().is_cuda() {
-            let mut g = self
-                .cuda_bwd(Parts::Separate, &[q, k, v], res, grad)?
-                .into_iter();
-            return Ok((g.next(), g.next(), g.next()));
-        }
-        let mut g = FusedAttention::bwd(self, Parts::Separate, &[q, k, v], res, grad)?.into_iter();
-        Ok((g.next(), g.next(), g.next()))
-    }
-}
+crate::cpu::custom_op!(CustomOp1 for FusedAttention, "fused-attention-packed",
+    fwd: fwd_packed, bwd: grads, cuda: cuda_fwd_packed);
+crate::cpu::custom_op!(CustomOp3 for FusedAttention, "fused-attention",
+    fwd: fwd_separate, bwd: grads, cuda: cuda_fwd_separate);

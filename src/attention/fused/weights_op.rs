@@ -3,7 +3,7 @@
 //! over when the forward pass computed them.
 
 use candle::backend::BackendStorage;
-use candle::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
+use candle::{CpuStorage, Layout, Result, Shape, Tensor};
 
 use super::kernel;
 use super::op::{FusedAttention, Parts, OP};
@@ -143,47 +143,38 @@ impl FusedWeights {
     }
 }
 
-impl CustomOp1 for FusedWeights {
-    fn name(&self) -> &'static str {
-        "fused-attention-weights-packed"
+crate::cpu::custom_op!(CustomOp1 for FusedWeights, "fused-attention-weights-packed",
+    fwd: fwd_packed, bwd: bwd_packed);
+crate::cpu::custom_op!(CustomOp2 for FusedWeights, "fused-attention-weights",
+    fwd: fwd_separate, bwd: bwd_separate);
+
+impl FusedWeights {
+    fn fwd_packed(&self, [x]: [(&CpuStorage, &Layout); 1]) -> Result<(CpuStorage, Shape)> {
+        self.attn.weights(Parts::Packed, [x, x], self.average)
     }
 
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        self.attn
-            .weights(Parts::Packed, [(s, l), (s, l)], self.average)
-    }
-
-    fn bwd(&self, arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        let (dq, dk) = self.grads(Parts::Packed, arg, arg, grad)?;
-        let dv = dq.zeros_like()?;
-        Ok(Some(Tensor::cat(&[dq, dk, dv], 2)?))
-    }
-}
-
-impl CustomOp2 for FusedWeights {
-    fn name(&self) -> &'static str {
-        "fused-attention-weights"
-    }
-
-    fn cpu_fwd(
+    fn bwd_packed(
         &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        self.attn
-            .weights(Parts::Separate, [(s1, l1), (s2, l2)], self.average)
-    }
-
-    fn bwd(
-        &self,
-        q: &Tensor,
-        k: &Tensor,
-        _res: &Tensor,
+        [qkv]: [&Tensor; 1],
+        _: &Tensor,
         grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    ) -> Result<[Option<Tensor>; 1]> {
+        let (dq, dk) = self.grads(Parts::Packed, qkv, qkv, grad)?;
+        let dv = dq.zeros_like()?;
+        Ok([Some(Tensor::cat(&[dq, dk, dv], 2)?)])
+    }
+
+    fn fwd_separate(&self, qk: [(&CpuStorage, &Layout); 2]) -> Result<(CpuStorage, Shape)> {
+        self.attn.weights(Parts::Separate, qk, self.average)
+    }
+
+    fn bwd_separate(
+        &self,
+        [q, k]: [&Tensor; 2],
+        _: &Tensor,
+        grad: &Tensor,
+    ) -> Result<[Option<Tensor>; 2]> {
         let (dq, dk) = self.grads(Parts::Separate, q, k, grad)?;
-        Ok((Some(dq), Some(dk)))
+        Ok([Some(dq), Some(dk)])
     }
 }
