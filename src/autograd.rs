@@ -29,7 +29,7 @@ impl Seed {
         Ok((s.device().zeros_impl(&shape, s.dtype())?, shape))
     }
 
-    fn seed(&self, _: [&Tensor; 1], _res: &Tensor, _grad: &Tensor) -> Result<[Option<Tensor>; 1]> {
+    fn seed(&self, _: [&Tensor; 1], _res: &Tensor, _grad: &Tensor) -> Result<crate::cpu::Grads<1>> {
         Ok([Some(self.grad.clone())])
     }
 }

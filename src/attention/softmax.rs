@@ -90,12 +90,7 @@ impl SoftmaxGrad {
         Ok((y.try_clone(yl)?, yl.shape().clone()))
     }
 
-    fn bwd(
-        &self,
-        [_, y]: [&Tensor; 2],
-        _res: &Tensor,
-        grad: &Tensor,
-    ) -> Result<[Option<Tensor>; 2]> {
+    fn bwd(&self, [_, y]: [&Tensor; 2], _: &Tensor, grad: &Tensor) -> Result<crate::cpu::Grads<2>> {
         let gy = (grad * y)?;
         let dx = (&gy - y.broadcast_mul(&gy.sum_keepdim(D::Minus1)?)?)?;
         Ok([Some(dx), None])

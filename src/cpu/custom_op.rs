@@ -27,6 +27,10 @@ impl NeedsGrad {
     }
 }
 
+/// The gradients of an op's `N` arguments, `None` where not needed (what [`custom_op!`]'s
+/// backward methods return).
+pub(crate) type Grads<const N: usize> = [Option<Tensor>; N];
+
 /// The gradients of `(x, w, b)`, `None` where not needed.
 pub(crate) type Grads3 = (Option<Tensor>, Option<Tensor>, Option<Tensor>);
 

@@ -171,7 +171,7 @@ impl CrossEntropy {
         Ok((loss, Shape::from(())))
     }
 
-    fn bwd(&self, [x]: [&Tensor; 1], _res: &Tensor, grad: &Tensor) -> Result<[Option<Tensor>; 1]> {
+    fn bwd(&self, [x]: [&Tensor; 1], _: &Tensor, grad: &Tensor) -> Result<crate::cpu::Grads<1>> {
         let g = grad.to_dtype(DType::F64)?.to_scalar::<f64>()?;
         let v = last_dim(x.dims())?;
         let (xs, xl) = x.storage_and_layout();

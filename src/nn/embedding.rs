@@ -173,9 +173,9 @@ impl EmbeddingSum {
     fn bwd(
         &self,
         [tok, pos]: [&Tensor; 2],
-        _res: &Tensor,
+        _: &Tensor,
         grad: &Tensor,
-    ) -> Result<[Option<Tensor>; 2]> {
+    ) -> Result<crate::cpu::Grads<2>> {
         let needs = (tok.track_op(), pos.track_op());
         let tables = (tok.dim(0)?, pos.dim(0)?);
         let grad = grad.contiguous()?;
@@ -199,7 +199,7 @@ impl EmbeddingSum {
         g: &[T],
         tables: (usize, usize),
         needs: (bool, bool),
-    ) -> Result<[Option<Tensor>; 2]> {
+    ) -> Result<crate::cpu::Grads<2>> {
         let e = self.shape.2;
         let (dt, dp) = self.backward(g, tables, needs);
         let tensor = |d: Vec<T>, rows: usize| Tensor::from_vec(d, (rows, e), &Device::Cpu);

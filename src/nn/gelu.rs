@@ -22,7 +22,7 @@ impl GeluErf {
         Ok((y, l.shape().clone()))
     }
 
-    fn bwd(&self, [x]: [&Tensor; 1], _res: &Tensor, grad: &Tensor) -> Result<[Option<Tensor>; 1]> {
+    fn bwd(&self, [x]: [&Tensor; 1], _: &Tensor, grad: &Tensor) -> Result<crate::cpu::Grads<1>> {
         let grad = grad.contiguous()?;
         let (xs, xl) = x.storage_and_layout();
         let (gs, gl) = grad.storage_and_layout();

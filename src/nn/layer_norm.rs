@@ -193,9 +193,9 @@ impl LayerNormOp {
     fn bwd(
         &self,
         [x, w, _]: [&Tensor; 3],
-        _res: &Tensor,
+        _: &Tensor,
         grad: &Tensor,
-    ) -> Result<[Option<Tensor>; 3]> {
+    ) -> Result<crate::cpu::Grads<3>> {
         let grad = grad.contiguous()?;
         let (dx, dw, db) = match x.dtype() {
             DType::F32 => self.bwd_typed::<f32>(x, w, &grad)?,

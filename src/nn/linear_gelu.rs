@@ -129,9 +129,9 @@ impl LinearGelu {
     fn bwd(
         &self,
         [x, w, b]: [&Tensor; 3],
-        _res: &Tensor,
+        _: &Tensor,
         grad: &Tensor,
-    ) -> Result<[Option<Tensor>; 3]> {
+    ) -> Result<crate::cpu::Grads<3>> {
         let needs = NeedsGrad::of(x, w, Some(b));
         let pre = self.pre.get(OP)?;
         let grad = grad.contiguous()?;

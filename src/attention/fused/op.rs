@@ -305,7 +305,7 @@ impl FusedAttention {
         args: [&Tensor; N],
         res: &Tensor,
         grad: &Tensor,
-    ) -> Result<[Option<Tensor>; N]> {
+    ) -> Result<crate::cpu::Grads<N>> {
         let parts = if N == 1 {
             Parts::Packed
         } else {

@@ -158,7 +158,7 @@ impl FusedWeights {
         [qkv]: [&Tensor; 1],
         _: &Tensor,
         grad: &Tensor,
-    ) -> Result<[Option<Tensor>; 1]> {
+    ) -> Result<crate::cpu::Grads<1>> {
         let (dq, dk) = self.grads(Parts::Packed, qkv, qkv, grad)?;
         let dv = dq.zeros_like()?;
         Ok([Some(Tensor::cat(&[dq, dk, dv], 2)?)])
@@ -173,7 +173,7 @@ impl FusedWeights {
         [q, k]: [&Tensor; 2],
         _: &Tensor,
         grad: &Tensor,
-    ) -> Result<[Option<Tensor>; 2]> {
+    ) -> Result<crate::cpu::Grads<2>> {
         let (dq, dk) = self.grads(Parts::Separate, q, k, grad)?;
         Ok([Some(dq), Some(dk)])
     }
