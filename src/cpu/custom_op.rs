@@ -27,6 +27,9 @@ impl NeedsGrad {
     }
 }
 
+/// One argument of a CPU op's forward pass: its storage and layout.
+pub(crate) type CpuArg<'a> = (&'a candle::CpuStorage, &'a candle::Layout);
+
 /// The gradients of an op's `N` arguments, `None` where not needed (what [`custom_op!`]'s
 /// backward methods return).
 pub(crate) type Grads<const N: usize> = [Option<Tensor>; N];
@@ -37,13 +40,13 @@ pub(crate) type Grads3 = (Option<Tensor>, Option<Tensor>, Option<Tensor>);
 /// `candle::CustomOp1`/`CustomOp2`/`CustomOp3` for a type from its inherent methods, which
 /// take the op's arguments as one array (candle's traits spell each argument out):
 ///
-/// - `fwd(&self, [(&CpuStorage, &Layout); N]) -> Result<(CpuStorage, Shape)>`;
-/// - `bwd(&self, [&Tensor; N], res: &Tensor, grad: &Tensor) -> Result<[Option<Tensor>; N]>`;
+/// - `fwd(&self, [CpuArg; N]) -> Result<(CpuStorage, Shape)>`;
+/// - `bwd(&self, [&Tensor; N], res: &Tensor, grad: &Tensor) -> Result<Grads<N>>`;
 /// - with `cuda: f`, under the `cuda` feature,
 ///   `f(&self, [(&CudaStorage, &Layout); N]) -> Result<(CudaStorage, Shape)>`.
 ///
 /// ```ignore
-/// custom_op!(CustomOp2 for EmbeddingSum, "embedding-sum", fwd: cpu_fwd_args, bwd: grads);
+/// custom_op!(CustomOp2 for EmbeddingSum, "embedding-sum", fwd: fwd, bwd: bwd);
 /// ```
 macro_rules! custom_op {
     (CustomOp1 for $ty:ty, $name:expr, fwd: $fwd:ident, bwd: $bwd:ident $(, cuda: $cuda:ident)?) => {
@@ -101,8 +104,8 @@ macro_rules! custom_op {
 pub(crate) use custom_op;
 
 /// `CustomOp2` (no bias) and `CustomOp3` (with the bias, named `"{name}-bias"`) for an op on
-/// `x`, a weight and an optional bias, from its inherent `fwd(x, w, b)` (each a storage and
-/// layout; `b` an `Option`) and `bwd(x, w, res, grad, needs: NeedsGrad) -> Result<Grads3>`.
+/// `x`, a weight and an optional bias, from its inherent `fwd(x, w, b)` (each a [`CpuArg`];
+/// `b` an `Option`) and `bwd([x, w, res, grad], needs: NeedsGrad) -> Result<Grads3>`.
 macro_rules! op_with_optional_bias {
     ($ty:ty, $name:literal) => {
         impl candle::CustomOp2 for $ty {
@@ -128,7 +131,7 @@ macro_rules! op_with_optional_bias {
                 grad: &candle::Tensor,
             ) -> candle::Result<(Option<candle::Tensor>, Option<candle::Tensor>)> {
                 let needs = $crate::cpu::NeedsGrad::of(x, w, None);
-                let (dx, dw, _) = self.bwd(x, w, res, grad, needs)?;
+                let (dx, dw, _) = self.bwd([x, w, res, grad], needs)?;
                 Ok((dx, dw))
             }
         }
@@ -163,7 +166,7 @@ macro_rules! op_with_optional_bias {
                 Option<candle::Tensor>,
             )> {
                 let needs = $crate::cpu::NeedsGrad::of(x, w, Some(b));
-                self.bwd(x, w, res, grad, needs)
+                self.bwd([x, w, res, grad], needs)
             }
         }
     };

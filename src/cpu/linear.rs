@@ -9,6 +9,7 @@ use candle::{CpuStorage, Device, Layout, Result, Shape, Storage, Tensor};
 use rayon::prelude::*;
 
 use super::workspace::{self, AnyBuf, Buf};
+use super::CpuArg;
 use super::{
     contiguous, fused, gemm, gemm_from, par, slice, unsupported_dtype, with_slice, written_vec,
     Elem, Grads3, NeedsGrad, Start, Threads,
@@ -77,7 +78,7 @@ fn product<T: Elem>(
 }
 
 /// The bias `(n)` (any stride) as one contiguous row.
-fn bias_row<T: Elem>((s, l): (&CpuStorage, &Layout), n: usize) -> Result<Vec<T>> {
+fn bias_row<T: Elem>((s, l): CpuArg, n: usize) -> Result<Vec<T>> {
     let b = mat1::<T>(s, l)?;
     Ok((0..n).map(|j| b.data[j * b.cs]).collect())
 }
@@ -112,9 +113,9 @@ fn rows_of<'a, T: Elem>(s: &'a CpuStorage, l: &Layout) -> Result<Mat<'a, T>> {
 
 /// `x (…, K) · w (Nout, K)ᵀ + b` as a `Vec` and its shape `(…, Nout)`.
 pub(crate) fn linear_forward<T: Elem>(
-    x: (&CpuStorage, &Layout),
-    w: (&CpuStorage, &Layout),
-    b: Option<(&CpuStorage, &Layout)>,
+    x: CpuArg,
+    w: CpuArg,
+    b: Option<CpuArg>,
 ) -> Result<(Vec<T>, Shape)> {
     let mnk = dims(x.1.dims(), w.1.dims())?;
     let out = linear_vec(rows_of(x.0, x.1)?, w, b, mnk)?;
@@ -124,8 +125,8 @@ pub(crate) fn linear_forward<T: Elem>(
 /// [`linear_forward`] on `x` given as a contiguous slice of shape `x_dims (…, K)`.
 pub(crate) fn linear_forward_slice<T: Elem>(
     (x, x_dims): (&[T], &[usize]),
-    w: (&CpuStorage, &Layout),
-    b: Option<(&CpuStorage, &Layout)>,
+    w: CpuArg,
+    b: Option<CpuArg>,
 ) -> Result<(Vec<T>, Shape)> {
     let (m, k, n) = dims(x_dims, w.1.dims())?;
     if x.len() != m * k {
@@ -146,8 +147,8 @@ pub(crate) fn linear_forward_slice<T: Elem>(
 /// `x (m×k) · w (n×k)ᵀ + b` as a fresh `Vec` (every element written by the product).
 fn linear_vec<T: Elem>(
     x: Mat<T>,
-    w: (&CpuStorage, &Layout),
-    b: Option<(&CpuStorage, &Layout)>,
+    w: CpuArg,
+    b: Option<CpuArg>,
     (m, k, n): (usize, usize, usize),
 ) -> Result<Vec<T>> {
     let bias = b.map(|b| bias_row::<T>(b, n)).transpose()?;
@@ -160,9 +161,9 @@ fn linear_vec<T: Elem>(
 /// contents), returning the shape `(…, Nout)`: the kernel, for ops that go on from the
 /// product into a buffer of their own (the projected self-attention).
 pub(crate) fn linear_forward_into<T: Elem>(
-    x: (&CpuStorage, &Layout),
-    w: (&CpuStorage, &Layout),
-    b: Option<(&CpuStorage, &Layout)>,
+    x: CpuArg,
+    w: CpuArg,
+    b: Option<CpuArg>,
     out: &mut [T],
 ) -> Result<Shape> {
     let (m, k, n) = dims(x.1.dims(), w.1.dims())?;
@@ -198,11 +199,7 @@ pub(crate) fn linear_out_len(x: &Layout, w: &Layout) -> Result<usize> {
     Ok(m * n)
 }
 
-fn fwd(
-    x: (&CpuStorage, &Layout),
-    w: (&CpuStorage, &Layout),
-    b: Option<(&CpuStorage, &Layout)>,
-) -> Result<(CpuStorage, Shape)> {
+fn fwd(x: CpuArg, w: CpuArg, b: Option<CpuArg>) -> Result<(CpuStorage, Shape)> {
     match x.0 {
         CpuStorage::F32(_) => {
             let (v, shape) = linear_forward::<f32>(x, w, b)?;
@@ -371,23 +368,11 @@ fn column_sums_of<T: Elem>(data: &[T], rows: usize, cols: usize) -> Vec<T> {
 }
 
 impl FusedLinear {
-    fn fwd(
-        &self,
-        x: (&CpuStorage, &Layout),
-        w: (&CpuStorage, &Layout),
-        b: Option<(&CpuStorage, &Layout)>,
-    ) -> Result<(CpuStorage, Shape)> {
+    fn fwd(&self, x: CpuArg, w: CpuArg, b: Option<CpuArg>) -> Result<(CpuStorage, Shape)> {
         fwd(x, w, b)
     }
 
-    fn bwd(
-        &self,
-        x: &Tensor,
-        w: &Tensor,
-        _res: &Tensor,
-        grad: &Tensor,
-        needs: NeedsGrad,
-    ) -> Result<Grads3> {
+    fn bwd(&self, [x, w, _, grad]: [&Tensor; 4], needs: NeedsGrad) -> Result<Grads3> {
         linear_backward(x, w, grad, needs)
     }
 }
@@ -429,8 +414,8 @@ pub(crate) fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tenso
 /// candle's graph and linked to it by a one-element token).
 pub(crate) fn linear_forward_kept(
     (x, shape): (&AnyBuf, &Shape),
-    w: (&CpuStorage, &Layout),
-    b: Option<(&CpuStorage, &Layout)>,
+    w: CpuArg,
+    b: Option<CpuArg>,
 ) -> Result<(CpuStorage, Shape)> {
     match x {
         AnyBuf::F32(x) => {

@@ -19,7 +19,7 @@ mod slice;
 mod stash;
 pub(crate) mod workspace;
 
-pub(crate) use custom_op::{custom_op, op_with_optional_bias, Grads, Grads3, NeedsGrad};
+pub(crate) use custom_op::{custom_op, op_with_optional_bias, CpuArg, Grads, Grads3, NeedsGrad};
 pub(crate) use dtype::{fused, unsupported_dtype};
 pub(crate) use elem::Elem;
 pub(crate) use gelu::{gelu, gelu_grad, gelu_grad_into, gelu_into};

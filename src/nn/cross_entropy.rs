@@ -3,8 +3,9 @@
 //! target's one-hot), where candle's `log_softmax` + `gather` + mask take about fifteen passes
 //! over the logits and their gradients.
 
+use crate::cpu::CpuArg;
 use candle::backend::BackendStorage;
-use candle::{CpuStorage, DType, Layout, Result, Shape, Tensor};
+use candle::{CpuStorage, DType, Result, Shape, Tensor};
 use rayon::prelude::*;
 
 use std::mem::MaybeUninit;
@@ -157,7 +158,7 @@ impl CrossEntropy {
 crate::cpu::custom_op!(CustomOp1 for CrossEntropy, "fused-cross-entropy", fwd: fwd, bwd: bwd);
 
 impl CrossEntropy {
-    fn fwd(&self, [(s, l)]: [(&CpuStorage, &Layout); 1]) -> Result<(CpuStorage, Shape)> {
+    fn fwd(&self, [(s, l)]: [CpuArg; 1]) -> Result<(CpuStorage, Shape)> {
         let v = last_dim(l.dims())?;
         let loss = match s {
             CpuStorage::F32(_) => {

@@ -1,7 +1,8 @@
 //! `nn.Embedding`: a lookup table initialised N(0, 1).
 
+use crate::cpu::CpuArg;
 use candle::backend::BackendStorage;
-use candle::{CpuStorage, DType, Device, Layout, Module, Result, Shape, Storage, Tensor};
+use candle::{CpuStorage, DType, Device, Module, Result, Shape, Storage, Tensor};
 use candle_nn::{Init, VarBuilder};
 use rayon::prelude::*;
 
@@ -153,10 +154,7 @@ impl EmbeddingSum {
 crate::cpu::custom_op!(CustomOp2 for EmbeddingSum, "embedding-sum", fwd: fwd, bwd: bwd);
 
 impl EmbeddingSum {
-    fn fwd(
-        &self,
-        [(s1, l1), (s2, l2)]: [(&CpuStorage, &Layout); 2],
-    ) -> Result<(CpuStorage, Shape)> {
+    fn fwd(&self, [(s1, l1), (s2, l2)]: [CpuArg; 2]) -> Result<(CpuStorage, Shape)> {
         let (n, l, e) = self.shape;
         let out = match (s1, s2) {
             (CpuStorage::F32(_), CpuStorage::F32(_)) => CpuStorage::F32(

@@ -1,8 +1,9 @@
 //! The exact GELU `x·Φ(x)` as one op with its backward (the row math is
 //! `crate::cpu::gelu`'s).
 
+use crate::cpu::CpuArg;
 use candle::backend::BackendStorage;
-use candle::{CpuStorage, DType, Layout, Result, Shape, Tensor};
+use candle::{CpuStorage, DType, Result, Shape, Tensor};
 
 use crate::cpu::{contiguous, fused, gelu, gelu_grad, unsupported_dtype};
 
@@ -13,7 +14,7 @@ struct GeluErf;
 crate::cpu::custom_op!(CustomOp1 for GeluErf, "fused-gelu-erf", fwd: fwd, bwd: bwd);
 
 impl GeluErf {
-    fn fwd(&self, [(s, l)]: [(&CpuStorage, &Layout); 1]) -> Result<(CpuStorage, Shape)> {
+    fn fwd(&self, [(s, l)]: [CpuArg; 1]) -> Result<(CpuStorage, Shape)> {
         let y = match s {
             CpuStorage::F32(_) => CpuStorage::F32(gelu(contiguous::<f32, _>(OP, s, l)?)),
             CpuStorage::F64(_) => CpuStorage::F64(gelu(contiguous::<f64, _>(OP, s, l)?)),

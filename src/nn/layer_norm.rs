@@ -5,8 +5,9 @@
 //! Row statistics are accumulated in f64; the backward pass recomputes them from `x` (one pass
 //! over a row) instead of keeping them.
 
+use crate::cpu::CpuArg;
 use candle::backend::BackendStorage;
-use candle::{CpuStorage, DType, Layout, Module, Result, Shape, Tensor, WithDType};
+use candle::{CpuStorage, DType, Module, Result, Shape, Tensor, WithDType};
 use candle_nn::{Init, VarBuilder};
 use rayon::prelude::*;
 
@@ -138,12 +139,7 @@ struct LayerNormOp {
 const OP: &str = "fused layer norm";
 
 impl LayerNormOp {
-    fn fwd_typed<T: WithDType>(
-        &self,
-        x: (&CpuStorage, &Layout),
-        w: (&CpuStorage, &Layout),
-        b: (&CpuStorage, &Layout),
-    ) -> Result<Vec<T>> {
+    fn fwd_typed<T: WithDType>(&self, x: CpuArg, w: CpuArg, b: CpuArg) -> Result<Vec<T>> {
         forward::<T>(
             contiguous(OP, x.0, x.1)?,
             contiguous(OP, w.0, w.1)?,
@@ -180,7 +176,7 @@ impl LayerNormOp {
 crate::cpu::custom_op!(CustomOp3 for LayerNormOp, "fused-layer-norm", fwd: fwd, bwd: bwd);
 
 impl LayerNormOp {
-    fn fwd(&self, [x, w, b]: [(&CpuStorage, &Layout); 3]) -> Result<(CpuStorage, Shape)> {
+    fn fwd(&self, [x, w, b]: [CpuArg; 3]) -> Result<(CpuStorage, Shape)> {
         let (xs, xl) = x;
         let y = match xs {
             CpuStorage::F32(_) => CpuStorage::F32(self.fwd_typed(x, w, b)?),

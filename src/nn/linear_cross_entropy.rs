@@ -14,10 +14,11 @@
 //! scaled by the actual one in the backward pass; for 1 the results equal the two ops' bit for
 //! bit.
 
+use crate::cpu::CpuArg;
 use std::sync::Mutex;
 
 use candle::backend::BackendStorage;
-use candle::{CpuStorage, Layout, Result, Shape, Tensor};
+use candle::{CpuStorage, Result, Shape, Tensor};
 
 use super::cross_entropy::{cross_entropy_rows, last_dim, CrossEntropy};
 use crate::cpu::workspace;
@@ -39,12 +40,7 @@ struct LinearCrossEntropy {
 }
 
 impl LinearCrossEntropy {
-    fn fwd(
-        &self,
-        x: (&CpuStorage, &Layout),
-        w: (&CpuStorage, &Layout),
-        b: Option<(&CpuStorage, &Layout)>,
-    ) -> Result<(CpuStorage, Shape)> {
+    fn fwd(&self, x: CpuArg, w: CpuArg, b: Option<CpuArg>) -> Result<(CpuStorage, Shape)> {
         let loss = match x.0 {
             CpuStorage::F32(_) => CpuStorage::F32(vec![self.fwd_as::<f32>(x, w, b)? as f32]),
             CpuStorage::F64(_) => CpuStorage::F64(vec![self.fwd_as::<f64>(x, w, b)?]),
@@ -53,12 +49,7 @@ impl LinearCrossEntropy {
         Ok((loss, Shape::from(())))
     }
 
-    fn fwd_as<T: Elem>(
-        &self,
-        x: (&CpuStorage, &Layout),
-        w: (&CpuStorage, &Layout),
-        b: Option<(&CpuStorage, &Layout)>,
-    ) -> Result<f64> {
+    fn fwd_as<T: Elem>(&self, x: CpuArg, w: CpuArg, b: Option<CpuArg>) -> Result<f64> {
         let (mut logits, shape) = linear_forward::<T>(x, w, b)?;
         let v = last_dim(shape.dims())?;
         let loss = self.ce.mean(&logits, v);
@@ -68,14 +59,7 @@ impl LinearCrossEntropy {
         Ok(loss)
     }
 
-    fn bwd(
-        &self,
-        x: &Tensor,
-        w: &Tensor,
-        _res: &Tensor,
-        grad: &Tensor,
-        needs: NeedsGrad,
-    ) -> Result<Grads3> {
+    fn bwd(&self, [x, w, _, grad]: [&Tensor; 4], needs: NeedsGrad) -> Result<Grads3> {
         let g = grad.to_dtype(candle::DType::F64)?.to_scalar::<f64>()?;
         let kept = self.grad.lock().unwrap_or_else(|p| p.into_inner());
         match kept.as_ref() {

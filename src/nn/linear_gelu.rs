@@ -8,10 +8,11 @@
 //! straight from the output gradient to the pre-activation gradient to the linear's three
 //! gradients.
 
+use crate::cpu::CpuArg;
 use std::sync::Arc;
 
 use candle::backend::BackendStorage;
-use candle::{CpuStorage, DType, Layout, Result, Shape, Tensor};
+use candle::{CpuStorage, DType, Result, Shape, Tensor};
 
 use crate::cpu::workspace::{self, AnyBuf, Buf};
 use crate::cpu::{
@@ -46,12 +47,7 @@ struct Hidden {
 }
 
 impl LinearGelu {
-    fn forward<T: Elem>(
-        &self,
-        x: (&CpuStorage, &Layout),
-        w: (&CpuStorage, &Layout),
-        b: (&CpuStorage, &Layout),
-    ) -> Result<(Vec<T>, Shape)>
+    fn forward<T: Elem>(&self, x: CpuArg, w: CpuArg, b: CpuArg) -> Result<(Vec<T>, Shape)>
     where
         AnyBuf: From<Buf<T>>,
     {
@@ -112,7 +108,7 @@ impl LinearGelu {
 crate::cpu::custom_op!(CustomOp3 for LinearGelu, "fused-linear-gelu", fwd: fwd, bwd: bwd);
 
 impl LinearGelu {
-    fn fwd(&self, [x, w, b]: [(&CpuStorage, &Layout); 3]) -> Result<(CpuStorage, Shape)> {
+    fn fwd(&self, [x, w, b]: [CpuArg; 3]) -> Result<(CpuStorage, Shape)> {
         match x.0 {
             CpuStorage::F32(_) => {
                 let (y, shape) = self.forward::<f32>(x, w, b)?;
@@ -186,26 +182,14 @@ impl MlpOutput {
         }
     }
 
-    fn fwd(
-        &self,
-        _token: (&CpuStorage, &Layout),
-        w: (&CpuStorage, &Layout),
-        b: Option<(&CpuStorage, &Layout)>,
-    ) -> Result<(CpuStorage, Shape)> {
+    fn fwd(&self, _token: CpuArg, w: CpuArg, b: Option<CpuArg>) -> Result<(CpuStorage, Shape)> {
         let (h, shape) = self.hidden()?.value.get(OP)?;
         linear_forward_kept((&h, &shape), w, b)
     }
 
     /// `d h = g · w2` (into a pooled buffer for the first layer, when the token needs a
     /// gradient), `d w2 = gᵀ · h`, `d b2` the column sums of `g`.
-    fn bwd(
-        &self,
-        token: &Tensor,
-        w: &Tensor,
-        _res: &Tensor,
-        grad: &Tensor,
-        needs: NeedsGrad,
-    ) -> Result<Grads3> {
+    fn bwd(&self, [token, w, _, grad]: [&Tensor; 4], needs: NeedsGrad) -> Result<Grads3> {
         let (h, _) = self.hidden()?.value.get(OP)?;
         linear_backward_kept(OP, &h, (token, w, grad), needs, |dh| {
             self.hidden()?.grad.put(dh);

@@ -11,6 +11,7 @@
 //! and weights passes on CUDA storage); the module only asks for the ops. The weights op is
 //! in `weights_op.rs`.
 
+use crate::cpu::CpuArg;
 use candle::backend::BackendStorage;
 use candle::{CpuStorage, DType, Device, Layout, Result, Shape, Tensor};
 
@@ -163,11 +164,7 @@ impl FusedAttention {
         })
     }
 
-    fn fwd_t<T: Elem>(
-        &self,
-        parts: Parts,
-        args: [(&CpuStorage, &Layout); 3],
-    ) -> Result<(CpuStorage, Shape)> {
+    fn fwd_t<T: Elem>(&self, parts: Parts, args: [CpuArg; 3]) -> Result<(CpuStorage, Shape)> {
         let rows = |i: usize| self.arg_rows::<T>(parts, args[i], i);
         self.fwd_rows((rows(0)?, rows(1)?, rows(2)?))
     }
@@ -265,7 +262,7 @@ impl FusedAttention {
         Ok(self.out_shape(g.l, e))
     }
 
-    fn fwd(&self, parts: Parts, args: [(&CpuStorage, &Layout); 3]) -> Result<(CpuStorage, Shape)> {
+    fn fwd(&self, parts: Parts, args: [CpuArg; 3]) -> Result<(CpuStorage, Shape)> {
         match args[0].0 {
             CpuStorage::F32(_) => self.fwd_t::<f32>(parts, args),
             CpuStorage::F64(_) => self.fwd_t::<f64>(parts, args),
@@ -274,11 +271,11 @@ impl FusedAttention {
     }
 
     /// The forward pass on a packed `(·, ·, 3E)` projection.
-    fn fwd_packed(&self, [x]: [(&CpuStorage, &Layout); 1]) -> Result<(CpuStorage, Shape)> {
+    fn fwd_packed(&self, [x]: [CpuArg; 1]) -> Result<(CpuStorage, Shape)> {
         self.fwd(Parts::Packed, [x, x, x])
     }
 
-    fn fwd_separate(&self, qkv: [(&CpuStorage, &Layout); 3]) -> Result<(CpuStorage, Shape)> {
+    fn fwd_separate(&self, qkv: [CpuArg; 3]) -> Result<(CpuStorage, Shape)> {
         self.fwd(Parts::Separate, qkv)
     }
 

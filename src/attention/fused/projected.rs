@@ -17,10 +17,11 @@
 //! PyTorch equivalent: `_in_projection_packed` followed by the attention of
 //! `F.multi_head_attention_forward`, for `query is key is value`.
 
+use crate::cpu::CpuArg;
 use std::sync::Arc;
 
 use candle::backend::BackendStorage;
-use candle::{CpuStorage, Layout, Result, Shape, Tensor};
+use candle::{CpuStorage, Result, Shape, Tensor};
 
 use super::op::{FusedAttention, Parts, OP};
 use super::weights_op::FusedWeights;
@@ -84,12 +85,7 @@ impl ProjectedSelfAttention {
         }
     }
 
-    fn fwd_t<T: Elem>(
-        &self,
-        x: (&CpuStorage, &Layout),
-        w: (&CpuStorage, &Layout),
-        b: Option<(&CpuStorage, &Layout)>,
-    ) -> Result<(CpuStorage, Shape)>
+    fn fwd_t<T: Elem>(&self, x: CpuArg, w: CpuArg, b: Option<CpuArg>) -> Result<(CpuStorage, Shape)>
     where
         AnyBuf: From<workspace::Buf<T>>,
     {
@@ -108,12 +104,7 @@ impl ProjectedSelfAttention {
         Ok(out)
     }
 
-    fn fwd(
-        &self,
-        x: (&CpuStorage, &Layout),
-        w: (&CpuStorage, &Layout),
-        b: Option<(&CpuStorage, &Layout)>,
-    ) -> Result<(CpuStorage, Shape)> {
+    fn fwd(&self, x: CpuArg, w: CpuArg, b: Option<CpuArg>) -> Result<(CpuStorage, Shape)> {
         match x.0 {
             CpuStorage::F32(_) => self.fwd_t::<f32>(x, w, b),
             CpuStorage::F64(_) => self.fwd_t::<f64>(x, w, b),
@@ -147,14 +138,7 @@ impl ProjectedSelfAttention {
         linear_backward_slice(x, w, &dqkv, needs)
     }
 
-    fn bwd(
-        &self,
-        x: &Tensor,
-        w: &Tensor,
-        res: &Tensor,
-        grad: &Tensor,
-        needs: NeedsGrad,
-    ) -> Result<Grads3> {
+    fn bwd(&self, [x, w, res, grad]: [&Tensor; 4], needs: NeedsGrad) -> Result<Grads3> {
         let qkv = self.qkv.get(OP)?;
         let dt = x.dtype();
         let wrong = || {
@@ -192,12 +176,7 @@ struct ProjectedWeights {
 
 impl ProjectedWeights {
     /// The weights the attention's forward pass left (the arguments are that call's).
-    fn fwd(
-        &self,
-        _x: (&CpuStorage, &Layout),
-        _w: (&CpuStorage, &Layout),
-        _b: Option<(&CpuStorage, &Layout)>,
-    ) -> Result<(CpuStorage, Shape)> {
+    fn fwd(&self, _x: CpuArg, _w: CpuArg, _b: Option<CpuArg>) -> Result<(CpuStorage, Shape)> {
         match self.op.attn.weights_slot.take() {
             Some(ready) => Ok(ready),
             None => candle::bail!("{OP}: the weights were not computed by the forward pass"),
@@ -206,14 +185,7 @@ impl ProjectedWeights {
 
     /// Gradients of x, the weight and the bias (those `needs` names) from the weights'
     /// gradient.
-    fn bwd(
-        &self,
-        x: &Tensor,
-        w: &Tensor,
-        _res: &Tensor,
-        grad: &Tensor,
-        needs: NeedsGrad,
-    ) -> Result<Grads3> {
+    fn bwd(&self, [x, w, _, grad]: [&Tensor; 4], needs: NeedsGrad) -> Result<Grads3> {
         let (a, b, e) = x.dims3()?;
         let buf = self.op.qkv.get(OP)?;
         let shape = (a, b, 3 * e);

@@ -2,8 +2,9 @@
 //! `(N, H, L, S')` (or their head mean) from q, k and the forward's row log-sum-exp, or handed
 //! over when the forward pass computed them.
 
+use crate::cpu::CpuArg;
 use candle::backend::BackendStorage;
-use candle::{CpuStorage, Layout, Result, Shape, Tensor};
+use candle::{CpuStorage, Result, Shape, Tensor};
 
 use super::kernel;
 use super::op::{FusedAttention, Parts, OP};
@@ -23,7 +24,7 @@ impl FusedAttention {
     fn weights_t<T: Elem>(
         &self,
         parts: Parts,
-        args: [(&CpuStorage, &Layout); 2],
+        args: [CpuArg; 2],
         average: bool,
     ) -> Result<(CpuStorage, Shape)> {
         let g = &self.geom;
@@ -48,7 +49,7 @@ impl FusedAttention {
     pub(super) fn weights(
         &self,
         parts: Parts,
-        args: [(&CpuStorage, &Layout); 2],
+        args: [CpuArg; 2],
         average: bool,
     ) -> Result<(CpuStorage, Shape)> {
         if let Some(ready) = self.weights_slot.take() {
@@ -149,7 +150,7 @@ crate::cpu::custom_op!(CustomOp2 for FusedWeights, "fused-attention-weights",
     fwd: fwd_separate, bwd: bwd_separate);
 
 impl FusedWeights {
-    fn fwd_packed(&self, [x]: [(&CpuStorage, &Layout); 1]) -> Result<(CpuStorage, Shape)> {
+    fn fwd_packed(&self, [x]: [CpuArg; 1]) -> Result<(CpuStorage, Shape)> {
         self.attn.weights(Parts::Packed, [x, x], self.average)
     }
 
@@ -164,7 +165,7 @@ impl FusedWeights {
         Ok([Some(Tensor::cat(&[dq, dk, dv], 2)?)])
     }
 
-    fn fwd_separate(&self, qk: [(&CpuStorage, &Layout); 2]) -> Result<(CpuStorage, Shape)> {
+    fn fwd_separate(&self, qk: [CpuArg; 2]) -> Result<(CpuStorage, Shape)> {
         self.attn.weights(Parts::Separate, qk, self.average)
     }
 

@@ -4,7 +4,8 @@
 //!
 //! PyTorch equivalent: the `out_proj` linear of `F.multi_head_attention_forward`.
 
-use candle::{CpuStorage, Layout, Result, Shape, Tensor};
+use crate::cpu::CpuArg;
+use candle::{CpuStorage, Result, Shape, Tensor};
 
 use super::{ProjectedSelfAttention, OP};
 use crate::cpu::{linear_backward_kept, linear_forward_kept, Grads3, NeedsGrad};
@@ -20,26 +21,14 @@ pub(super) struct ProjectedOutput {
 }
 
 impl ProjectedOutput {
-    fn fwd(
-        &self,
-        _token: (&CpuStorage, &Layout),
-        w: (&CpuStorage, &Layout),
-        b: Option<(&CpuStorage, &Layout)>,
-    ) -> Result<(CpuStorage, Shape)> {
+    fn fwd(&self, _token: CpuArg, w: CpuArg, b: Option<CpuArg>) -> Result<(CpuStorage, Shape)> {
         let (ctx, shape) = self.op.context()?.value.get(OP)?;
         linear_forward_kept((&ctx, &shape), w, b)
     }
 
     /// `d ctx = g · out_w` (into a pooled buffer for the attention op, when the token needs a
     /// gradient), `d out_w = gᵀ · ctx`, `d out_b` the column sums of `g`.
-    fn bwd(
-        &self,
-        token: &Tensor,
-        w: &Tensor,
-        _res: &Tensor,
-        grad: &Tensor,
-        needs: NeedsGrad,
-    ) -> Result<Grads3> {
+    fn bwd(&self, [token, w, _, grad]: [&Tensor; 4], needs: NeedsGrad) -> Result<Grads3> {
         let (ctx, _) = self.op.context()?.value.get(OP)?;
         linear_backward_kept(OP, &ctx, (token, w, grad), needs, |d_ctx| {
             self.op.context()?.grad.put(d_ctx);
