@@ -153,13 +153,7 @@ pub fn load_attention(
         .with_prefix(&inferred.prefix)
         .with_strict(opts.strict)
         .with_module("MultiheadAttention")
-        .with_source(
-            state_dict
-                .metadata()
-                .get("source")
-                .map(String::as_str)
-                .unwrap_or("state_dict"),
-        );
+        .with_source(state_dict.source());
     let report = load_into_varmap(&varmap, state_dict, &load)?;
     Ok(LoadedAttention {
         module,

@@ -201,6 +201,15 @@ impl StateDict {
         &self.metadata
     }
 
+    /// Where the tensors came from, as load reports name it: the `"source"` metadata (the
+    /// file a loader read), else `"state_dict"`. Not in PyTorch (a state_dict has no origin).
+    pub fn source(&self) -> &str {
+        self.metadata
+            .get("source")
+            .map(String::as_str)
+            .unwrap_or("state_dict")
+    }
+
     /// The tensor called `name`.
     pub fn get(&self, name: &str) -> Option<&Tensor> {
         // The tensors are sorted by `natural_cmp`, under which a few names may tie ("a.01",

@@ -108,67 +108,47 @@ pub(crate) use custom_op;
 /// `b` an `Option`) and `bwd([x, w, res, grad], needs: NeedsGrad) -> Result<Grads3>`.
 macro_rules! op_with_optional_bias {
     ($ty:ty, $name:literal) => {
-        impl candle::CustomOp2 for $ty {
-            fn name(&self) -> &'static str {
-                $name
-            }
-
-            fn cpu_fwd(
+        impl $ty {
+            fn fwd_no_bias(
                 &self,
-                s1: &candle::CpuStorage,
-                l1: &candle::Layout,
-                s2: &candle::CpuStorage,
-                l2: &candle::Layout,
+                [x, w]: [$crate::cpu::CpuArg; 2],
             ) -> candle::Result<(candle::CpuStorage, candle::Shape)> {
-                self.fwd((s1, l1), (s2, l2), None)
+                self.fwd(x, w, None)
             }
 
-            fn bwd(
+            fn fwd_bias(
                 &self,
-                x: &candle::Tensor,
-                w: &candle::Tensor,
+                [x, w, b]: [$crate::cpu::CpuArg; 3],
+            ) -> candle::Result<(candle::CpuStorage, candle::Shape)> {
+                self.fwd(x, w, Some(b))
+            }
+
+            fn bwd_no_bias(
+                &self,
+                [x, w]: [&candle::Tensor; 2],
                 res: &candle::Tensor,
                 grad: &candle::Tensor,
-            ) -> candle::Result<(Option<candle::Tensor>, Option<candle::Tensor>)> {
+            ) -> candle::Result<$crate::cpu::Grads<2>> {
                 let needs = $crate::cpu::NeedsGrad::of(x, w, None);
                 let (dx, dw, _) = self.bwd([x, w, res, grad], needs)?;
-                Ok((dx, dw))
-            }
-        }
-
-        impl candle::CustomOp3 for $ty {
-            fn name(&self) -> &'static str {
-                concat!($name, "-bias")
+                Ok([dx, dw])
             }
 
-            fn cpu_fwd(
+            fn bwd_bias(
                 &self,
-                s1: &candle::CpuStorage,
-                l1: &candle::Layout,
-                s2: &candle::CpuStorage,
-                l2: &candle::Layout,
-                s3: &candle::CpuStorage,
-                l3: &candle::Layout,
-            ) -> candle::Result<(candle::CpuStorage, candle::Shape)> {
-                self.fwd((s1, l1), (s2, l2), Some((s3, l3)))
-            }
-
-            fn bwd(
-                &self,
-                x: &candle::Tensor,
-                w: &candle::Tensor,
-                b: &candle::Tensor,
+                [x, w, b]: [&candle::Tensor; 3],
                 res: &candle::Tensor,
                 grad: &candle::Tensor,
-            ) -> candle::Result<(
-                Option<candle::Tensor>,
-                Option<candle::Tensor>,
-                Option<candle::Tensor>,
-            )> {
+            ) -> candle::Result<$crate::cpu::Grads<3>> {
                 let needs = $crate::cpu::NeedsGrad::of(x, w, Some(b));
-                self.bwd([x, w, res, grad], needs)
+                let (dx, dw, db) = self.bwd([x, w, res, grad], needs)?;
+                Ok([dx, dw, db])
             }
         }
+
+        $crate::cpu::custom_op!(CustomOp2 for $ty, $name, fwd: fwd_no_bias, bwd: bwd_no_bias);
+        $crate::cpu::custom_op!(CustomOp3 for $ty, concat!($name, "-bias"),
+            fwd: fwd_bias, bwd: bwd_bias);
     };
 }
 pub(crate) use op_with_optional_bias;

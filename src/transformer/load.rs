@@ -193,13 +193,7 @@ fn load_module<M>(
         .with_prefix(&under)
         .with_strict(false)
         .with_module(module)
-        .with_source(
-            state_dict
-                .metadata()
-                .get("source")
-                .map(String::as_str)
-                .unwrap_or("state_dict"),
-        );
+        .with_source(state_dict.source());
     let report = load_into_varmap(&varmap, state_dict, &load)?;
     if strict && !report.is_clean() {
         return Err(report.strict_error(&other_loader_hint(module, &report)));

@@ -308,13 +308,13 @@ impl FusedAttention {
         } else {
             Parts::Separate
         };
-        #[cfg(feature = "cuda")]
-        let g = match args[0].device().is_cuda() {
-            true => self.cuda_bwd(parts, &args, res, grad)?,
-            false => self.bwd(parts, &args, res, grad)?,
+        let g = match args[0].dtype() {
+            #[cfg(feature = "cuda")]
+            _ if args[0].device().is_cuda() => self.cuda_bwd(parts, &args, res, grad)?,
+            DType::F32 => self.bwd_t::<f32>(parts, &args, res, grad)?,
+            DType::F64 => self.bwd_t::<f64>(parts, &args, res, grad)?,
+            dt => return Err(unsupported_dtype(OP, dt)),
         };
-        #[cfg(not(feature = "cuda"))]
-        let g = self.bwd(parts, &args, res, grad)?;
         let mut g = g.into_iter();
         Ok(std::array::from_fn(|_| g.next()))
     }
@@ -446,20 +446,6 @@ impl FusedAttention {
                     Tensor::from_vec(dv, self.out_shape(g.s, e), &Device::Cpu)?,
                 ])
             }
-        }
-    }
-
-    fn bwd(
-        &self,
-        parts: Parts,
-        args: &[&Tensor],
-        res: &Tensor,
-        grad: &Tensor,
-    ) -> Result<Vec<Tensor>> {
-        match args[0].dtype() {
-            DType::F32 => self.bwd_t::<f32>(parts, args, res, grad),
-            DType::F64 => self.bwd_t::<f64>(parts, args, res, grad),
-            dt => Err(unsupported_dtype(OP, dt)),
         }
     }
 }
