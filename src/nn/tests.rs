@@ -36,16 +36,32 @@ fn tol(dtype: DType) -> f64 {
     }
 }
 
+/// `x`, or its first two dimensions swapped (a strided input).
+fn maybe_transposed(x: &Var, transpose: bool) -> Result<Tensor> {
+    match transpose {
+        true => x.as_tensor().transpose(0, 1),
+        false => Ok(x.as_tensor().clone()),
+    }
+}
+
 /// `fused` against `reference` (same graph inputs), then the gradients of `sum(out · r)` for
-/// each named variable.
+/// each named variable, `r` drawn from N(0, 1) with `r_seed`.
 fn check_op(
     what: &str,
     fused: Tensor,
     reference: Tensor,
-    r: &Tensor,
+    r_seed: u64,
     vars: &[(&str, &Var)],
 ) -> Result<()> {
     let tol = tol(fused.dtype());
+    let r = &normal(
+        0.0,
+        1.0,
+        fused.shape(),
+        fused.dtype(),
+        fused.device(),
+        r_seed,
+    )?;
     check(&format!("{what} y"), &fused, &reference, tol)?;
     let gf = (fused * r)?.sum_all()?.backward()?;
     let gr = (reference * r)?.sum_all()?.backward()?;
@@ -85,21 +101,12 @@ fn layer_norm_matches_generic_ops_forward_and_gradients() -> Result<()> {
         let x = Var::from_tensor(&normal(0.5, 2.0, shape.clone(), dtype, &dev, seed)?)?;
         let w = Var::from_tensor(&normal(1.0, 0.5, d, dtype, &dev, seed + 1)?)?;
         let b = Var::from_tensor(&normal(0.0, 0.5, d, dtype, &dev, seed + 2)?)?;
-        let input = match transpose {
-            true => x.as_tensor().transpose(0, 1)?,
-            false => x.as_tensor().clone(),
-        };
-        let r = normal(0.0, 1.0, input.shape(), dtype, &dev, seed + 3)?;
+        let input = maybe_transposed(&x, transpose)?;
         let fused = layer_norm(&input, &w, &b, 1e-5)?;
         let reference = reference_layer_norm(&input, &w, &b, 1e-5)?;
         let what = format!("case {case} {shape:?} {dtype:?}");
-        check_op(
-            &what,
-            fused,
-            reference,
-            &r,
-            &[("dx", &x), ("dw", &w), ("db", &b)],
-        )?;
+        let grads = [("dx", &x), ("dw", &w), ("db", &b)];
+        check_op(&what, fused, reference, seed + 3, &grads)?;
     }
     Ok(())
 }
@@ -118,15 +125,11 @@ fn gelu_matches_generic_ops_forward_and_gradient() -> Result<()> {
             &dev,
             200 + case as u64,
         )?)?;
-        let input = match transpose {
-            true => x.as_tensor().transpose(0, 1)?,
-            false => x.as_tensor().clone(),
-        };
-        let r = normal(0.0, 1.0, input.shape(), dtype, &dev, 300 + case as u64)?;
+        let input = maybe_transposed(&x, transpose)?;
         let fused = gelu_erf(&input)?;
         let reference = gelu_erf_ops(&input)?;
         let what = format!("case {case} {shape:?} {dtype:?}");
-        check_op(&what, fused, reference, &r, &[("dx", &x)])?;
+        check_op(&what, fused, reference, 300 + case as u64, &[("dx", &x)])?;
     }
     Ok(())
 }
@@ -144,10 +147,7 @@ fn linear_gelu_matches_generic_ops_forward_and_gradients() -> Result<()> {
         let x = Var::from_tensor(&normal(0.0, 1.0, shape.clone(), dtype, &dev, seed)?)?;
         let w = Var::from_tensor(&normal(0.0, 1.0, (n, k), dtype, &dev, seed + 1)?)?;
         let b = Var::from_tensor(&normal(0.0, 1.0, n, dtype, &dev, seed + 2)?)?;
-        let input = match transpose {
-            true => x.as_tensor().transpose(0, 1)?,
-            false => x.as_tensor().clone(),
-        };
+        let input = maybe_transposed(&x, transpose)?;
         let w2 = (w.as_tensor() * 0.5)?;
         let fused = (linear_gelu(&input, &w, Some(&b))? + linear_gelu(&input, &w2, Some(&b))?)?;
         let reference = |w: &Tensor| -> Result<Tensor> {
@@ -163,14 +163,8 @@ fn linear_gelu_matches_generic_ops_forward_and_gradients() -> Result<()> {
         };
         let reference = (reference(&w)? + reference(&w2)?)?;
         let what = format!("case {case} {shape:?} {dtype:?}");
-        let r = normal(0.0, 1.0, fused.shape(), dtype, &dev, seed + 3)?;
-        check_op(
-            &what,
-            fused,
-            reference,
-            &r,
-            &[("dx", &x), ("dw", &w), ("db", &b)],
-        )?;
+        let grads = [("dx", &x), ("dw", &w), ("db", &b)];
+        check_op(&what, fused, reference, seed + 3, &grads)?;
     }
     Ok(())
 }
@@ -438,10 +432,7 @@ fn mlp_matches_separate_layers_forward_and_gradients() -> Result<()> {
         let (w1, w2) = (var((f, k), 1)?, var((n, f), 2)?);
         let b1 = Var::from_tensor(&normal(0.0, 0.5, f, dtype, &dev, seed + 3)?)?;
         let b2 = Var::from_tensor(&normal(0.0, 0.5, n, dtype, &dev, seed + 4)?)?;
-        let input = match transpose {
-            true => x.as_tensor().transpose(0, 1)?,
-            false => x.as_tensor().clone(),
-        };
+        let input = maybe_transposed(&x, transpose)?;
         let b2v = b2;
         for with_b2 in [true, false] {
             let b2 = with_b2.then_some(b2v.as_tensor());
@@ -451,8 +442,8 @@ fn mlp_matches_separate_layers_forward_and_gradients() -> Result<()> {
             let separate = |w2: &Tensor| linear(&linear_gelu(&input, &w1, Some(&b1))?, w2, b2);
             let reference = (separate(&w2)? + separate(&w2h)?)?;
             let what = format!("case {case} {shape:?} {dtype:?} b2={with_b2}");
-            let r = normal(0.0, 1.0, fused.shape(), dtype, &dev, seed + 5)?;
             // The same graph backpropagated twice: the pool hand-over works for each pass.
+            let r = normal(0.0, 1.0, fused.shape(), dtype, &dev, seed + 5)?;
             let loss = (&fused * &r)?.sum_all()?;
             let (g1, g2) = (loss.backward()?, loss.backward()?);
             for v in [&x, &w1] {
@@ -463,7 +454,7 @@ fn mlp_matches_separate_layers_forward_and_gradients() -> Result<()> {
             if with_b2 {
                 vars.push(("db2", &b2v));
             }
-            check_op(&what, fused, reference, &r, &vars)?;
+            check_op(&what, fused, reference, seed + 5, &vars)?;
         }
     }
     Ok(())
