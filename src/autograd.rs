@@ -6,6 +6,7 @@
 //! gradient is also added into a fresh zero tensor). [`backward_with`] seeds the backward pass
 //! with the gradient itself, so only candle's accumulation into `out`'s slot remains.
 
+use crate::cpu::Grads;
 use candle::backend::{BackendDevice, BackendStorage};
 use candle::backprop::GradStore;
 use candle::{Device, Layout, Result, Shape, Tensor};
@@ -29,7 +30,7 @@ impl Seed {
         Ok((s.device().zeros_impl(&shape, s.dtype())?, shape))
     }
 
-    fn seed(&self, _: [&Tensor; 1], _res: &Tensor, _grad: &Tensor) -> Result<crate::cpu::Grads<1>> {
+    fn seed(&self, _: [&Tensor; 1], _res: &Tensor, _grad: &Tensor) -> Result<Grads<1>> {
         Ok([Some(self.grad.clone())])
     }
 }

@@ -24,6 +24,16 @@ pub(crate) fn is_float(dtype: DType) -> bool {
     matches!(dtype, DType::F16 | DType::BF16 | DType::F32 | DType::F64)
 }
 
+/// Whether `x` is batched (3-D) rather than unbatched (2-D); any other rank is an error,
+/// `wrong(rank)` followed by the shape.
+pub(crate) fn is_batched(x: &Tensor, wrong: impl FnOnce(usize) -> String) -> Result<bool> {
+    match x.rank() {
+        3 => Ok(true),
+        2 => Ok(false),
+        r => candle::bail!("{} (shape {:?})", wrong(r), x.dims()),
+    }
+}
+
 /// Checks every argument of a forward call and returns its sizes.
 pub(crate) fn check_inputs(
     cfg: &MultiheadAttentionConfig,
@@ -36,14 +46,9 @@ pub(crate) fn check_inputs(
 ) -> Result<Dims> {
     let kpm = opts.key_padding_mask.as_ref();
     let mask = opts.attn_mask.as_ref();
-    let batched = match query.rank() {
-        3 => true,
-        2 => false,
-        d => candle::bail!(
-            "query should be unbatched 2D or batched 3D tensor but received {d}-D query tensor (shape {:?})",
-            query.dims()
-        ),
-    };
+    let batched = is_batched(query, |d| {
+        format!("query should be unbatched 2D or batched 3D tensor but received {d}-D query tensor")
+    })?;
     let (kind, rank) = if batched {
         ("batched (3-D)", 3)
     } else {

@@ -2,6 +2,8 @@
 
 use candle::{DType, Result, Tensor, D};
 
+use crate::cpu::Grads;
+
 /// Softmax over the last dimension, built from differentiable ops, where a row that is
 /// entirely `-inf` (every key masked) gives all zeros and zero, finite gradients.
 ///
@@ -90,7 +92,7 @@ impl SoftmaxGrad {
         Ok((y.try_clone(yl)?, yl.shape().clone()))
     }
 
-    fn bwd(&self, [_, y]: [&Tensor; 2], _: &Tensor, grad: &Tensor) -> Result<crate::cpu::Grads<2>> {
+    fn bwd(&self, [_, y]: [&Tensor; 2], _: &Tensor, grad: &Tensor) -> Result<Grads<2>> {
         let gy = (grad * y)?;
         let dx = (&gy - y.broadcast_mul(&gy.sum_keepdim(D::Minus1)?)?)?;
         Ok([Some(dx), None])

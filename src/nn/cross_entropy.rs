@@ -4,6 +4,7 @@
 //! over the logits and their gradients.
 
 use crate::cpu::CpuArg;
+use crate::cpu::Grads;
 use candle::backend::BackendStorage;
 use candle::{CpuStorage, DType, Result, Shape, Tensor};
 use rayon::prelude::*;
@@ -172,7 +173,7 @@ impl CrossEntropy {
         Ok((loss, Shape::from(())))
     }
 
-    fn bwd(&self, [x]: [&Tensor; 1], _: &Tensor, grad: &Tensor) -> Result<crate::cpu::Grads<1>> {
+    fn bwd(&self, [x]: [&Tensor; 1], _: &Tensor, grad: &Tensor) -> Result<Grads<1>> {
         let g = grad.to_dtype(DType::F64)?.to_scalar::<f64>()?;
         let v = last_dim(x.dims())?;
         let (xs, xl) = x.storage_and_layout();

@@ -1,6 +1,7 @@
 //! `nn.Embedding`: a lookup table initialised N(0, 1).
 
 use crate::cpu::CpuArg;
+use crate::cpu::Grads;
 use candle::backend::BackendStorage;
 use candle::{CpuStorage, DType, Device, Module, Result, Shape, Storage, Tensor};
 use candle_nn::{Init, VarBuilder};
@@ -168,12 +169,7 @@ impl EmbeddingSum {
         Ok((out, Shape::from((n, l, e))))
     }
 
-    fn bwd(
-        &self,
-        [tok, pos]: [&Tensor; 2],
-        _: &Tensor,
-        grad: &Tensor,
-    ) -> Result<crate::cpu::Grads<2>> {
+    fn bwd(&self, [tok, pos]: [&Tensor; 2], _: &Tensor, grad: &Tensor) -> Result<Grads<2>> {
         let needs = (tok.track_op(), pos.track_op());
         let tables = (tok.dim(0)?, pos.dim(0)?);
         let grad = grad.contiguous()?;
@@ -197,7 +193,7 @@ impl EmbeddingSum {
         g: &[T],
         tables: (usize, usize),
         needs: (bool, bool),
-    ) -> Result<crate::cpu::Grads<2>> {
+    ) -> Result<Grads<2>> {
         let e = self.shape.2;
         let (dt, dp) = self.backward(g, tables, needs);
         let tensor = |d: Vec<T>, rows: usize| Tensor::from_vec(d, (rows, e), &Device::Cpu);

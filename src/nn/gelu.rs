@@ -2,6 +2,7 @@
 //! `crate::cpu::gelu`'s).
 
 use crate::cpu::CpuArg;
+use crate::cpu::Grads;
 use candle::backend::BackendStorage;
 use candle::{CpuStorage, DType, Result, Shape, Tensor};
 
@@ -23,7 +24,7 @@ impl GeluErf {
         Ok((y, l.shape().clone()))
     }
 
-    fn bwd(&self, [x]: [&Tensor; 1], _: &Tensor, grad: &Tensor) -> Result<crate::cpu::Grads<1>> {
+    fn bwd(&self, [x]: [&Tensor; 1], _: &Tensor, grad: &Tensor) -> Result<Grads<1>> {
         let grad = grad.contiguous()?;
         let (xs, xl) = x.storage_and_layout();
         let (gs, gl) = grad.storage_and_layout();

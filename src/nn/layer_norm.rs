@@ -6,6 +6,7 @@
 //! over a row) instead of keeping them.
 
 use crate::cpu::CpuArg;
+use crate::cpu::Grads;
 use candle::backend::BackendStorage;
 use candle::{CpuStorage, DType, Module, Result, Shape, Tensor, WithDType};
 use candle_nn::{Init, VarBuilder};
@@ -186,12 +187,7 @@ impl LayerNormOp {
         Ok((y, xl.shape().clone()))
     }
 
-    fn bwd(
-        &self,
-        [x, w, _]: [&Tensor; 3],
-        _: &Tensor,
-        grad: &Tensor,
-    ) -> Result<crate::cpu::Grads<3>> {
+    fn bwd(&self, [x, w, _]: [&Tensor; 3], _: &Tensor, grad: &Tensor) -> Result<Grads<3>> {
         let grad = grad.contiguous()?;
         let (dx, dw, db) = match x.dtype() {
             DType::F32 => self.bwd_typed::<f32>(x, w, &grad)?,

@@ -9,6 +9,7 @@
 //! gradients.
 
 use crate::cpu::CpuArg;
+use crate::cpu::Grads;
 use std::sync::Arc;
 
 use candle::backend::BackendStorage;
@@ -122,12 +123,7 @@ impl LinearGelu {
         }
     }
 
-    fn bwd(
-        &self,
-        [x, w, b]: [&Tensor; 3],
-        _: &Tensor,
-        grad: &Tensor,
-    ) -> Result<crate::cpu::Grads<3>> {
+    fn bwd(&self, [x, w, b]: [&Tensor; 3], _: &Tensor, grad: &Tensor) -> Result<Grads<3>> {
         let needs = NeedsGrad::of(x, w, Some(b));
         let pre = self.pre.get(OP)?;
         let grad = grad.contiguous()?;

@@ -12,6 +12,7 @@
 //! in `weights_op.rs`.
 
 use crate::cpu::CpuArg;
+use crate::cpu::Grads;
 use candle::backend::BackendStorage;
 use candle::{CpuStorage, DType, Device, Layout, Result, Shape, Tensor};
 
@@ -302,7 +303,7 @@ impl FusedAttention {
         args: [&Tensor; N],
         res: &Tensor,
         grad: &Tensor,
-    ) -> Result<crate::cpu::Grads<N>> {
+    ) -> Result<Grads<N>> {
         let parts = if N == 1 {
             Parts::Packed
         } else {

@@ -3,6 +3,7 @@
 //! over when the forward pass computed them.
 
 use crate::cpu::CpuArg;
+use crate::cpu::Grads;
 use candle::backend::BackendStorage;
 use candle::{CpuStorage, Result, Shape, Tensor};
 
@@ -154,12 +155,7 @@ impl FusedWeights {
         self.attn.weights(Parts::Packed, [x, x], self.average)
     }
 
-    fn bwd_packed(
-        &self,
-        [qkv]: [&Tensor; 1],
-        _: &Tensor,
-        grad: &Tensor,
-    ) -> Result<crate::cpu::Grads<1>> {
+    fn bwd_packed(&self, [qkv]: [&Tensor; 1], _: &Tensor, grad: &Tensor) -> Result<Grads<1>> {
         let (dq, dk) = self.grads(Parts::Packed, qkv, qkv, grad)?;
         let dv = dq.zeros_like()?;
         Ok([Some(Tensor::cat(&[dq, dk, dv], 2)?)])
@@ -169,12 +165,7 @@ impl FusedWeights {
         self.attn.weights(Parts::Separate, qk, self.average)
     }
 
-    fn bwd_separate(
-        &self,
-        [q, k]: [&Tensor; 2],
-        _: &Tensor,
-        grad: &Tensor,
-    ) -> Result<crate::cpu::Grads<2>> {
+    fn bwd_separate(&self, [q, k]: [&Tensor; 2], _: &Tensor, grad: &Tensor) -> Result<Grads<2>> {
         let (dq, dk) = self.grads(Parts::Separate, q, k, grad)?;
         Ok([Some(dq), Some(dk)])
     }

@@ -3,6 +3,7 @@
 
 use candle::{DType, Result, Tensor};
 
+use crate::attention::checks::is_batched;
 use crate::attention::is_float;
 use crate::attention::kv_cache::CacheGeometry;
 use crate::attention::MultiheadAttentionConfig;
@@ -29,14 +30,9 @@ impl QueryDims {
 
 /// Rank, dtype and device of one input; returns whether it is batched.
 fn check_tensor(name: &str, x: &Tensor, g: &CacheGeometry) -> Result<bool> {
-    let batched = match x.rank() {
-        3 => true,
-        2 => false,
-        r => candle::bail!(
-            "{name} should be unbatched 2-D or batched 3-D but received a {r}-D tensor (shape {:?})",
-            x.dims()
-        ),
-    };
+    let batched = is_batched(x, |r| {
+        format!("{name} should be unbatched 2-D or batched 3-D but received a {r}-D tensor")
+    })?;
     if x.dtype() != g.dtype {
         candle::bail!(
             "{name} has dtype {:?} but the module's parameters are {:?}: they must match",
