@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use candle_mha::candle::DType;
 use candle_mha::checkpoint::StateDict;
-use common::{assert_close, mha};
+use common::{assert_close, mha, run_mha};
 
 fn ckpt(name: &str) -> PathBuf {
     common::fixtures_dir().join("checkpoints").join(name)
@@ -40,12 +40,10 @@ fn info_lists_tensors_and_attention_modules() -> Result<()> {
     ] {
         assert!(out.contains(p), "{p} not in {out}");
     }
-    let (ok, out, _) = mha(&[
-        "info",
-        ckpt("cross_kv.safetensors").to_str().unwrap(),
-        "--prefix",
-        "decoder",
-    ])?;
+    let (ok, out, _) = run_mha!(
+        "info {} --prefix decoder",
+        ckpt("cross_kv.safetensors").to_str().unwrap()
+    )?;
     assert!(
         ok && out.contains("cross_attn.k_proj_weight") && !out.contains("head.weight"),
         "{out}"
@@ -133,24 +131,20 @@ fn bad_input_is_a_clear_error() -> Result<()> {
         "{err}"
     );
     assert!(!out_path.exists());
-    let (ok, _, err) = mha(&[
-        "convert",
+    let (ok, _, err) = run_mha!(
+        "convert {} {} --prefix nope",
         ckpt("encoder_bf.pt").to_str().unwrap(),
-        out_path.to_str().unwrap(),
-        "--prefix",
-        "nope",
-    ])?;
+        out_path.to_str().unwrap()
+    )?;
     assert!(
         !ok && err.contains("no tensor under prefix \"nope\""),
         "{err}"
     );
-    let (ok, _, err) = mha(&[
-        "convert",
+    let (ok, _, err) = run_mha!(
+        "convert {} {} --dtype f8",
         ckpt("encoder_bf.pt").to_str().unwrap(),
-        out_path.to_str().unwrap(),
-        "--dtype",
-        "f8",
-    ])?;
+        out_path.to_str().unwrap()
+    )?;
     assert!(!ok && err.contains("unknown dtype \"f8\""), "{err}");
     let (ok, _, err) = mha(&["info", dir.path().to_str().unwrap()])?;
     assert!(!ok && err.contains("is a directory"), "{err}");

@@ -3,7 +3,7 @@
 mod common;
 
 use anyhow::Result;
-use common::mha;
+use common::run_mha;
 
 #[test]
 fn inspect_and_vocab_matrix() -> Result<()> {
@@ -11,23 +11,7 @@ fn inspect_and_vocab_matrix() -> Result<()> {
     let p = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
     common::train_tiny_run(dir.path())?;
 
-    let (ok, stdout, stderr) = mha(&[
-        "inspect",
-        "--checkpoint",
-        &p("run"),
-        "--input",
-        "T1 T2 T3",
-        "--png",
-        &p("a.png"),
-        "--svg",
-        &p("a.svg"),
-        "--dot",
-        &p("a.dot"),
-        "--graphml",
-        &p("a.graphml"),
-        "--rollout",
-        "--all-heads",
-    ])?;
+    let (ok, stdout, stderr) = run_mha!("inspect --checkpoint {} --input 'T1 T2 T3' --png {} --svg {} --dot {} --graphml {} --rollout --all-heads", &p("run"), &p("a.png"), &p("a.svg"), &p("a.dot"), &p("a.graphml"))?;
     assert!(ok, "{stderr}");
     // A labelled 4×4 table (BOS + 3 tokens) of the last layer, causal: row <bos> is 1, 0, 0, 0.
     assert!(
@@ -58,31 +42,19 @@ fn inspect_and_vocab_matrix() -> Result<()> {
     assert!(std::fs::read_to_string(p("a.dot"))?.contains("digraph"));
     assert!(std::fs::read_to_string(p("a.graphml"))?.contains("<graphml"));
 
-    let (ok, _, stderr) = mha(&[
-        "inspect",
-        "--checkpoint",
-        &p("run"),
-        "--input",
-        "T1",
-        "--layer",
-        "5",
-    ])?;
+    let (ok, _, stderr) = run_mha!("inspect --checkpoint {} --input T1 --layer 5", &p("run"))?;
     assert!(
         !ok && stderr.contains("--layer 5: the model has 2 layers"),
         "{stderr}"
     );
-    let (ok, _, stderr) = mha(&["inspect", "--checkpoint", &p("run"), "--input", "T1 T7"])?;
+    let (ok, _, stderr) = run_mha!("inspect --checkpoint {} --input 'T1 T7'", &p("run"))?;
     assert!(!ok && stderr.contains("\"T7\""), "{stderr}");
 
-    let (ok, stdout, stderr) = mha(&[
-        "vocab-matrix",
-        "--checkpoint",
+    let (ok, stdout, stderr) = run_mha!(
+        "vocab-matrix --checkpoint {} --out {} --top-k 2",
         &p("run"),
-        "--out",
-        &p("vm"),
-        "--top-k",
-        "2",
-    ])?;
+        &p("vm")
+    )?;
     assert!(ok, "{stderr}");
     assert!(
         stdout.contains("vocabulary matrix: layer 1, mean over heads"),
@@ -102,14 +74,11 @@ fn inspect_and_vocab_matrix() -> Result<()> {
     assert!(dir.path().join("vm/vocab_matrix.safetensors").exists());
 
     // --no-safetensors: the sparse CSV only (the dense export is 4·V² f64 values).
-    let (ok, _, stderr) = mha(&[
-        "vocab-matrix",
-        "--checkpoint",
+    let (ok, _, stderr) = run_mha!(
+        "vocab-matrix --checkpoint {} --out {} --no-safetensors",
         &p("run"),
-        "--out",
-        &p("vm2"),
-        "--no-safetensors",
-    ])?;
+        &p("vm2")
+    )?;
     assert!(ok, "{stderr}");
     assert_eq!(
         std::fs::read_to_string(dir.path().join("vm2/vocab_matrix.csv"))?,

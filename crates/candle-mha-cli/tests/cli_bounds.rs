@@ -5,7 +5,7 @@
 mod common;
 
 use anyhow::Result;
-use common::{gpl_text as text, mha, TINY_TEXT_MODEL};
+use common::{gpl_text as text, mha, run_mha, TINY_TEXT_MODEL};
 
 /// Runs `mha args` and returns its exit code and stderr.
 fn run(args: &[&str]) -> Result<(Option<i32>, String)> {
@@ -150,16 +150,11 @@ fn hostile_inputs_are_errors() -> Result<()> {
         std::os::unix::fs::symlink(".", corpus.join("b"))?;
     }
     let data = tmp.path().join("data");
-    let (ok, _, err) = mha(&[
-        "prepare",
-        "--text",
+    let (ok, _, err) = run_mha!(
+        "prepare --text {} --out {} --vocab-size 300 --quiet",
         corpus.to_str().unwrap(),
-        "--out",
-        data.to_str().unwrap(),
-        "--vocab-size",
-        "300",
-        "--quiet",
-    ])?;
+        data.to_str().unwrap()
+    )?;
     assert!(ok, "{err}");
     // A tokenizer with one id set to 4000000000: refused when loaded.
     let json = std::fs::read_to_string(data.join("tokenizer.json"))?;
@@ -167,15 +162,12 @@ fn hostile_inputs_are_errors() -> Result<()> {
     assert_ne!(bad, json, "the tokenizer's <eos> entry was not found");
     let bad_path = tmp.path().join("bad.json");
     std::fs::write(&bad_path, bad)?;
-    let (ok, _, err) = mha(&[
-        "prepare",
-        "--text",
+    let (ok, _, err) = run_mha!(
+        "prepare --text {} --tokenizer {} --out {}",
         &text(),
-        "--tokenizer",
         bad_path.to_str().unwrap(),
-        "--out",
-        tmp.path().join("d2").to_str().unwrap(),
-    ])?;
+        tmp.path().join("d2").to_str().unwrap()
+    )?;
     assert!(
         !ok && err.contains("has id 4000000000") && err.contains("expected ids below"),
         "{err}"

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use common::browser::{page_data, Browser};
-use common::mha;
+use common::run_mha;
 use serde_json::Value;
 
 fn values(v: &Value, key: &str) -> Vec<Value> {
@@ -24,15 +24,11 @@ fn inspect_html_writes_the_explorer() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let p = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
     common::train_tiny_run(dir.path())?;
-    let (ok, stdout, stderr) = mha(&[
-        "inspect",
-        "--checkpoint",
+    let (ok, stdout, stderr) = run_mha!(
+        "inspect --checkpoint {} --input 'T1 T2 T3' --html {}",
         &p("run"),
-        "--input",
-        "T1 T2 T3",
-        "--html",
-        &p("attn.html"),
-    ])?;
+        &p("attn.html")
+    )?;
     assert!(ok, "{stderr}");
     // The other outputs as before: the table of the last layer.
     assert!(
@@ -77,19 +73,12 @@ fn vocab_matrix_html_writes_the_page() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let p = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
     common::train_tiny_run(dir.path())?;
-    let (ok, _, stderr) = mha(&[
-        "vocab-matrix",
-        "--checkpoint",
+    let (ok, _, stderr) = run_mha!(
+        "vocab-matrix --checkpoint {} --out {} --top-k 2 --head 1 --html {}",
         &p("run"),
-        "--out",
         &p("vm"),
-        "--top-k",
-        "2",
-        "--head",
-        "1",
-        "--html",
-        &p("vm.html"),
-    ])?;
+        &p("vm.html")
+    )?;
     assert!(ok, "{stderr}");
     let html = std::fs::read_to_string(p("vm.html"))?;
     let data = page_data(&html)?;

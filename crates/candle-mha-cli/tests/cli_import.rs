@@ -9,7 +9,7 @@ use std::path::Path;
 use anyhow::Result;
 use candle_mha::candle::DType;
 use candle_mha::checkpoint::StateDict;
-use common::mha;
+use common::run_mha;
 
 fn s(p: &Path) -> &str {
     p.to_str().expect("UTF-8 temp path")
@@ -22,14 +22,12 @@ fn gpt2() -> std::path::PathBuf {
 /// `mha import` of the nanoGPT fixture with its character vocabulary into `run`.
 fn import_nanogpt(run: &Path) -> Result<(bool, String, String)> {
     let nano = gpt2().join("nanogpt");
-    mha(&[
-        "import",
+    run_mha!(
+        "import {} --meta {} --out {}",
         s(&nano),
-        "--meta",
         s(&nano.join("meta.pkl")),
-        "--out",
-        s(run),
-    ])
+        s(run)
+    )
 }
 
 /// `mha generate` on the imported Hugging Face model continues the prompt with the tokens
@@ -38,7 +36,7 @@ fn import_nanogpt(run: &Path) -> Result<(bool, String, String)> {
 fn an_imported_hugging_face_model_generates_pytorchs_greedy_tokens() -> Result<()> {
     let tmp = tempfile::tempdir()?;
     let run = tmp.path().join("run");
-    let (ok, out, err) = mha(&["import", s(&gpt2().join("hf")), "--out", s(&run)])?;
+    let (ok, out, err) = run_mha!("import {} --out {}", s(&gpt2().join("hf")), s(&run))?;
     assert!(ok && out.contains("tied head"), "{err}");
     assert!(
         err.contains("8 Conv1D weights transposed") && err.contains("token ids"),
@@ -53,19 +51,16 @@ fn an_imported_hugging_face_model_generates_pytorchs_greedy_tokens() -> Result<(
         .to_vec1()?;
     let words: Vec<String> = greedy.iter().map(u32::to_string).collect();
     let prompt = words[..4].join(" ");
-    let (ok, out, err) = mha(&[
-        "generate",
-        "--checkpoint",
+    let (ok, out, err) = run_mha!(
+        "generate --checkpoint {} --prompt {} --max-new-tokens {}",
         s(&run),
-        "--prompt",
         &prompt,
-        "--max-new-tokens",
-        &(greedy.len() - 4).to_string(),
-    ])?;
+        &(greedy.len() - 4).to_string()
+    )?;
     assert!(ok, "{err}");
     assert_eq!(out.trim(), words.join(" "));
     // A run is there now: a second import into it is refused.
-    let (ok, _, err) = mha(&["import", s(&gpt2().join("hf")), "--out", s(&run)])?;
+    let (ok, _, err) = run_mha!("import {} --out {}", s(&gpt2().join("hf")), s(&run))?;
     assert!(!ok && err.contains("already holds a run"), "{err}");
     Ok(())
 }
@@ -81,35 +76,24 @@ fn an_imported_nanogpt_run_resumes_on_text() -> Result<()> {
         ok && out.contains("step 2, with its optimizer state"),
         "{err}"
     );
-    let (ok, out, err) = mha(&[
-        "generate",
-        "--checkpoint",
-        s(&run),
-        "--prompt",
-        "First Citizen",
-        "--max-new-tokens",
-        "5",
-    ])?;
+    let (ok, out, err) = run_mha!(
+        "generate --checkpoint {} --prompt 'First Citizen' --max-new-tokens 5",
+        s(&run)
+    )?;
     assert!(ok && out.starts_with("First Citizen"), "{err}");
     // Without data, a resume asks for it; with text it encodes it with the run's tokenizer.
-    let (ok, _, err) = mha(&["train", "--out", s(&run), "--resume", "--steps", "4"])?;
+    let (ok, _, err) = run_mha!("train --out {} --resume --steps 4", s(&run))?;
     assert!(!ok && err.contains("give its data"), "{err}");
     let text = tmp.path().join("citizens.txt");
     std::fs::write(
         &text,
         "First Citizen: we are accounted poor citizens\n".repeat(50),
     )?;
-    let (ok, _, err) = mha(&[
-        "train",
-        "--out",
+    let (ok, _, err) = run_mha!(
+        "train --out {} --resume --text {} --steps 4 --quiet",
         s(&run),
-        "--resume",
-        "--text",
-        s(&text),
-        "--steps",
-        "4",
-        "--quiet",
-    ])?;
+        s(&text)
+    )?;
     assert!(ok && err.contains("resuming at step 2 of 4"), "{err}");
     let state = std::fs::read_to_string(run.join("trainer_state.json"))?;
     assert!(
@@ -148,7 +132,7 @@ fn what_cannot_be_honoured_is_refused() -> Result<()> {
         )?;
         assert!(config.contains(from), "{from}");
         std::fs::write(dir.join("config.json"), config.replace(from, to))?;
-        let (ok, _, err) = mha(&["import", s(&dir), "--out", s(&tmp.path().join("out"))])?;
+        let (ok, _, err) = run_mha!("import {} --out {}", s(&dir), s(&tmp.path().join("out")))?;
         assert!(!ok && err.contains(needle), "{needle}: {err}");
     }
     let sharded = tmp.path().join("sharded");
@@ -158,7 +142,11 @@ fn what_cannot_be_honoured_is_refused() -> Result<()> {
         sharded.join("model.safetensors.index.json"),
         r#"{"weight_map": {"transformer.wte.weight": "../outside.safetensors"}}"#,
     )?;
-    let (ok, _, err) = mha(&["import", s(&sharded), "--out", s(&tmp.path().join("out"))])?;
+    let (ok, _, err) = run_mha!(
+        "import {} --out {}",
+        s(&sharded),
+        s(&tmp.path().join("out"))
+    )?;
     assert!(!ok && err.contains("not a file of the directory"), "{err}");
     Ok(())
 }
@@ -169,9 +157,9 @@ fn what_cannot_be_honoured_is_refused() -> Result<()> {
 fn export_gives_back_the_hugging_face_weights() -> Result<()> {
     let tmp = tempfile::tempdir()?;
     let (run, out) = (tmp.path().join("run"), tmp.path().join("out"));
-    let (ok, _, err) = mha(&["import", s(&gpt2().join("hf")), "--out", s(&run)])?;
+    let (ok, _, err) = run_mha!("import {} --out {}", s(&gpt2().join("hf")), s(&run))?;
     assert!(ok, "{err}");
-    let (ok, _, err) = mha(&["export", s(&run), "--out", s(&out)])?;
+    let (ok, _, err) = run_mha!("export {} --out {}", s(&run), s(&out))?;
     assert!(ok, "{err}");
     let original = StateDict::load(gpt2().join("hf/model.safetensors"))?;
     let exported = StateDict::load(out.join("model.safetensors"))?;
@@ -189,10 +177,10 @@ fn export_gives_back_the_hugging_face_weights() -> Result<()> {
     assert_eq!(config["tie_word_embeddings"], true);
 
     let nano = tmp.path().join("nano");
-    let (ok, _, err) = mha(&["import", s(&gpt2().join("nanogpt")), "--out", s(&nano)])?;
+    let (ok, _, err) = run_mha!("import {} --out {}", s(&gpt2().join("nanogpt")), s(&nano))?;
     assert!(ok, "{err}");
     let refused = tmp.path().join("refused");
-    let (ok, _, err) = mha(&["export", s(&nano), "--out", s(&refused)])?;
+    let (ok, _, err) = run_mha!("export {} --out {}", s(&nano), s(&refused))?;
     assert!(!ok && err.contains("no biases"), "{err}");
     assert!(!refused.exists());
     Ok(())
@@ -214,18 +202,13 @@ fn a_new_run_starts_from_an_imported_checkpoint() -> Result<()> {
     )?;
     for steps in ["0", "3"] {
         let ft = tmp.path().join(format!("ft{steps}"));
-        let (ok, _, err) = mha(&[
-            "train",
-            "--init-from",
+        let (ok, _, err) = run_mha!(
+            "train --init-from {} --text {} --out {} --steps {} --quiet",
             s(&run),
-            "--text",
             s(&text),
-            "--out",
             s(&ft),
-            "--steps",
-            steps,
-            "--quiet",
-        ])?;
+            steps
+        )?;
         assert!(ok, "{err}");
         assert_eq!(
             std::fs::read_to_string(ft.join("config.json"))?,
@@ -235,15 +218,11 @@ fn a_new_run_starts_from_an_imported_checkpoint() -> Result<()> {
             == std::fs::read(run.join("model.safetensors"))?;
         assert_eq!(same, steps == "0", "after {steps} steps");
     }
-    let (ok, _, err) = mha(&[
-        "train",
-        "--init-from",
+    let (ok, _, err) = run_mha!(
+        "train --init-from {} --embed-dim 8 --out {}",
         s(&run),
-        "--embed-dim",
-        "8",
-        "--out",
-        s(&tmp.path().join("x")),
-    ])?;
+        s(&tmp.path().join("x"))
+    )?;
     assert!(!ok && err.contains("--embed-dim"), "{err}");
     Ok(())
 }
@@ -258,9 +237,9 @@ fn nanogpt_export_gives_back_its_checkpoint() -> Result<()> {
     let tmp = tempfile::tempdir()?;
     let (run, out) = (tmp.path().join("run"), tmp.path().join("out"));
     let original = gpt2().join("nanogpt/ckpt.pt");
-    let (ok, _, err) = mha(&["import", s(&original), "--out", s(&run)])?;
+    let (ok, _, err) = run_mha!("import {} --out {}", s(&original), s(&run))?;
     assert!(ok, "{err}");
-    let (ok, _, err) = mha(&["export", s(&run), "--format", "nanogpt", "--out", s(&out)])?;
+    let (ok, _, err) = run_mha!("export {} --format nanogpt --out {}", s(&run), s(&out))?;
     assert!(ok, "{err}");
     let (a, b) = (load_pickle(&original)?, load_pickle(&out.join("ckpt.pt"))?);
     let values = |t: &PickleValue| -> Vec<f32> {
@@ -322,19 +301,13 @@ fn nanogpt_data_directories_are_data() -> Result<()> {
     let (ok, _, err) = import_nanogpt(&run)?;
     assert!(ok, "{err}");
     let data = nano.join("data");
-    let (ok, _, err) = mha(&[
-        "train",
-        "--out",
+    let (ok, _, err) = run_mha!(
+        "train --out {} --resume --data {} --steps 4 --quiet",
         s(&run),
-        "--resume",
-        "--data",
-        s(&data),
-        "--steps",
-        "4",
-        "--quiet",
-    ])?;
+        s(&data)
+    )?;
     assert!(ok && err.contains("resuming at step 2 of 4"), "{err}");
-    let (ok, out, err) = mha(&["eval", "--checkpoint", s(&run), "--data", s(&data)])?;
+    let (ok, out, err) = run_mha!("eval --checkpoint {} --data {}", s(&run), s(&data))?;
     assert!(
         ok && out.contains("validation part, 184 tokens"),
         "{out}{err}"
@@ -350,27 +323,22 @@ fn a_checkpoint_of_nanogpts_own_train_py_generates_its_greedy_text() -> Result<(
     let tmp = tempfile::tempdir()?;
     let run = tmp.path().join("run");
     let own = gpt2().join("nanogpt-own");
-    let (ok, _, err) = mha(&[
-        "import",
+    let (ok, _, err) = run_mha!(
+        "import {} --meta {} --out {}",
         s(&own.join("ckpt.pt")),
-        "--meta",
         s(&own.join("meta.pkl")),
-        "--out",
-        s(&run),
-    ])?;
+        s(&run)
+    )?;
     assert!(ok, "{err}");
     let want = std::fs::read_to_string(own.join("greedy.txt"))?;
     let prompt = "The licensee";
     let new = want.chars().count() - prompt.chars().count();
-    let (ok, out, err) = mha(&[
-        "generate",
-        "--checkpoint",
+    let (ok, out, err) = run_mha!(
+        "generate --checkpoint {} --prompt {} --max-new-tokens {}",
         s(&run),
-        "--prompt",
         prompt,
-        "--max-new-tokens",
-        &new.to_string(),
-    ])?;
+        &new.to_string()
+    )?;
     assert!(ok, "{err}");
     assert_eq!(out.trim_end_matches('\n'), want);
     Ok(())

@@ -6,7 +6,7 @@ mod common;
 
 use anyhow::Result;
 use candle_mha_train::lock::DirLock;
-use common::{gpl_text as text, mha, TINY_TEXT_MODEL};
+use common::{gpl_text as text, mha, run_mha, TINY_TEXT_MODEL};
 
 /// Every file of `dir` with its bytes, but the lock file (which holds its last owner's pid).
 fn snapshot(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
@@ -49,7 +49,7 @@ fn a_held_directory_refuses_a_second_writer() -> Result<()> {
         !ok && err.contains("in use by another process") && err.contains(&holder),
         "{err}"
     );
-    let (ok, _, err) = mha(&["prepare", "--text", &text(), "--out", run_s])?;
+    let (ok, _, err) = run_mha!("prepare --text {} --out {}", &text(), run_s)?;
     assert!(!ok && err.contains(&holder), "{err}");
     // The lock file holds the owner's pid; nothing else changed.
     let after: Vec<_> = snapshot(&run)
@@ -62,7 +62,7 @@ fn a_held_directory_refuses_a_second_writer() -> Result<()> {
     // Free again: the lock file left behind does not block.
     let (ok, _, err) = mha(&resume)?;
     assert!(ok, "{err}");
-    let (ok, _, err) = mha(&["prepare", "--text", &text(), "--out", data_s])?;
+    let (ok, _, err) = run_mha!("prepare --text {} --out {}", &text(), data_s)?;
     assert!(ok, "{err}");
     Ok(())
 }
@@ -97,26 +97,7 @@ fn resume_refuses_contradicting_options() -> Result<()> {
     assert!(ok, "{err}");
     let before = snapshot(&run);
     let other_s = other.to_str().unwrap();
-    let (ok, _, err) = mha(&[
-        "train",
-        "--resume",
-        "--out",
-        run_s,
-        "--text",
-        other_s,
-        "--embed-dim",
-        "32",
-        "--num-heads",
-        "2",
-        "--lr",
-        "0.1",
-        "--seed",
-        "9",
-        "--batch-size",
-        "3",
-        "--steps",
-        "8",
-    ])?;
+    let (ok, _, err) = run_mha!("train --resume --out {} --text {} --embed-dim 32 --num-heads 2 --lr 0.1 --seed 9 --batch-size 3 --steps 8", run_s, other_s)?;
     assert!(!ok, "{err}");
     for want in [
         "5 option(s) contradict",

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::Result;
 use common::image::Image;
-use common::mha;
+use common::{mha, run_mha};
 
 // matplotlib's tab10: run k's train curve gets entry 2k, its validation curve 2k + 1.
 const PALETTE: [[u8; 3]; 4] = [
@@ -52,21 +52,13 @@ fn plots_two_runs_to_png_and_svg() -> Result<()> {
     let (png_path, svg_path) = (tmp.path().join("x.png"), tmp.path().join("x.svg"));
     let p = |p: &Path| p.to_str().unwrap().to_string();
     let (a, b) = (p(&tmp.path().join("a")), p(&tmp.path().join("b")));
-    let (ok, out, err) = mha(&[
-        "plot",
+    let (ok, out, err) = run_mha!(
+        "plot {} {} --png {} --svg {} --width 640 --height 360 --title 'two runs'",
         &a,
         &b,
-        "--png",
         &p(&png_path),
-        "--svg",
-        &p(&svg_path),
-        "--width",
-        "640",
-        "--height",
-        "360",
-        "--title",
-        "two runs",
-    ])?;
+        &p(&svg_path)
+    )?;
     assert!(ok, "{err}");
     assert!(
         out.contains(
@@ -101,7 +93,7 @@ fn plots_two_runs_to_png_and_svg() -> Result<()> {
         assert!(svg.contains(&format!(">{name}</text>")), "{name}");
     }
     // Default size and title.
-    let (ok, _, err) = mha(&["plot", &a, "--png", &p(&png_path)])?;
+    let (ok, _, err) = run_mha!("plot {} --png {}", &a, &p(&png_path))?;
     assert!(ok, "{err}");
     assert_eq!(Image::open(&png_path)?.w, 800);
     Ok(())
@@ -120,13 +112,12 @@ fn runs_sharing_a_name_are_named_by_path() -> Result<()> {
     )?;
     run_dir(&y, &[r#"{"step":1,"train_loss":2.0}"#])?;
     let svg_path = tmp.path().join("p.svg");
-    let (ok, out, err) = mha(&[
-        "plot",
+    let (ok, out, err) = run_mha!(
+        "plot {} {} --svg {}",
         x.to_str().unwrap(),
         y.to_str().unwrap(),
-        "--svg",
-        svg_path.to_str().unwrap(),
-    ])?;
+        svg_path.to_str().unwrap()
+    )?;
     assert!(ok, "{err}");
     assert!(out.contains("no evaluations"), "{out}");
     let svg = std::fs::read_to_string(&svg_path)?;
@@ -146,13 +137,12 @@ fn errors_missing_metrics_and_no_output() -> Result<()> {
     let empty = tmp.path().join("empty");
     std::fs::create_dir_all(&empty)?;
     let png_path = tmp.path().join("x.png");
-    let (ok, _, err) = mha(&[
-        "plot",
+    let (ok, _, err) = run_mha!(
+        "plot {} {} --png {}",
         a.to_str().unwrap(),
         empty.to_str().unwrap(),
-        "--png",
-        png_path.to_str().unwrap(),
-    ])?;
+        png_path.to_str().unwrap()
+    )?;
     assert!(!ok);
     assert!(
         err.contains(empty.to_str().unwrap()) && err.contains("metrics.jsonl"),
@@ -165,21 +155,19 @@ fn errors_missing_metrics_and_no_output() -> Result<()> {
         "{err}"
     );
     let missing = tmp.path().join("nope");
-    let (ok, _, err) = mha(&[
-        "plot",
+    let (ok, _, err) = run_mha!(
+        "plot {} --png {}",
         missing.to_str().unwrap(),
-        "--png",
-        png_path.to_str().unwrap(),
-    ])?;
+        png_path.to_str().unwrap()
+    )?;
     assert!(!ok && err.contains(missing.to_str().unwrap()), "{err}");
     // A metrics file without any loss: nothing to plot.
     std::fs::write(empty.join("metrics.jsonl"), "")?;
-    let (ok, _, err) = mha(&[
-        "plot",
+    let (ok, _, err) = run_mha!(
+        "plot {} --png {}",
         empty.to_str().unwrap(),
-        "--png",
-        png_path.to_str().unwrap(),
-    ])?;
+        png_path.to_str().unwrap()
+    )?;
     assert!(!ok && err.contains("nothing to plot"), "{err}");
     Ok(())
 }

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
-use common::mha;
+use common::{mha, run_mha};
 
 fn english() -> PathBuf {
     common::fixtures_dir().join("text/gpl-3.0.txt")
@@ -47,34 +47,7 @@ fn number_after(text: &str, key: &str) -> f64 {
 fn a_small_model_trained_on_english_beats_the_unigram_entropy() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let run = dir.path().join("run");
-    let (ok, out, err) = mha(&[
-        "train",
-        "--text",
-        s(&english()),
-        "--out",
-        s(&run),
-        "--vocab-size",
-        "300",
-        "--steps",
-        "200",
-        "--batch-size",
-        "16",
-        "--embed-dim",
-        "32",
-        "--num-heads",
-        "2",
-        "--num-layers",
-        "1",
-        "--max-len",
-        "32",
-        "--eval-every",
-        "50",
-        "--warmup",
-        "20",
-        "--lr",
-        "3e-3",
-        "--quiet",
-    ])?;
+    let (ok, out, err) = run_mha!("train --text {} --out {} --vocab-size 300 --steps 200 --batch-size 16 --embed-dim 32 --num-heads 2 --num-layers 1 --max-len 32 --eval-every 50 --warmup 20 --lr 3e-3 --quiet", s(&english()), s(&run))?;
     assert!(ok, "{out}\n{err}");
     let entropy = unigram_entropy(&run.join("data").join("tokens.bin"))?;
     let best = out
@@ -99,13 +72,10 @@ fn a_small_model_trained_on_english_beats_the_unigram_entropy() -> Result<()> {
     assert!(run.join("metrics.jsonl").exists());
 
     // The best checkpoint evaluates to the loss the run reported, and beside the baselines.
-    let (ok, out, err) = mha(&[
-        "eval",
-        "--checkpoint",
-        s(&run.join("best")),
-        "--baseline",
-        "bigram",
-    ])?;
+    let (ok, out, err) = run_mha!(
+        "eval --checkpoint {} --baseline bigram",
+        s(&run.join("best"))
+    )?;
     assert!(ok, "{out}\n{err}");
     let loss = number_after(&out, "sequences): loss");
     assert!((loss - val).abs() < 1e-3, "{loss} vs {val}: {out}");
@@ -117,32 +87,24 @@ fn a_small_model_trained_on_english_beats_the_unigram_entropy() -> Result<()> {
     assert!(loss < unigram, "{out}");
 
     // Any text, streamed; generation from the best checkpoint.
-    let (ok, out, err) = mha(&["eval", "--checkpoint", s(&run), "--text", s(&english())])?;
+    let (ok, out, err) = run_mha!("eval --checkpoint {} --text {}", s(&run), s(&english()))?;
     assert!(ok && out.contains("bits/byte"), "{out}\n{err}");
-    let (ok, out, err) = mha(&[
-        "generate",
-        "--checkpoint",
-        s(&run.join("best")),
-        "--prompt",
-        "The licensee",
-        "--max-new-tokens",
-        "8",
-    ])?;
+    let (ok, out, err) = run_mha!(
+        "generate --checkpoint {} --prompt 'The licensee' --max-new-tokens 8",
+        s(&run.join("best"))
+    )?;
     assert!(ok && out.starts_with("The licensee"), "{out}\n{err}");
     Ok(())
 }
 
 /// `mha prepare` of the English fixture into `out` with a BPE of `vocab_size` ids.
 fn prepare_english(out: &Path, vocab_size: &str) -> Result<(bool, String, String)> {
-    mha(&[
-        "prepare",
-        "--text",
+    run_mha!(
+        "prepare --text {} --out {} --vocab-size {}",
         s(&english()),
-        "--out",
         s(out),
-        "--vocab-size",
-        vocab_size,
-    ])
+        vocab_size
+    )
 }
 
 fn refs(v: &[String]) -> Vec<&str> {
@@ -262,15 +224,13 @@ fn bad_data_and_settings_are_errors_and_leave_the_run_alone() -> Result<()> {
     // Preparing over existing data is refused; an empty source is named.
     let empty = dir.path().join("empty.txt");
     std::fs::write(&empty, "")?;
-    let (ok, _, err) = mha(&[
-        "prepare",
-        "--text",
+    let (ok, _, err) = run_mha!(
+        "prepare --text {} --out {}",
         s(&empty),
-        "--out",
-        s(&dir.path().join("e")),
-    ])?;
+        s(&dir.path().join("e"))
+    )?;
     assert!(!ok && err.contains("empty.txt is empty"), "{err}");
-    let (ok, _, err) = mha(&["prepare", "--text", s(&english()), "--out", s(&other)])?;
+    let (ok, _, err) = run_mha!("prepare --text {} --out {}", s(&english()), s(&other))?;
     assert!(!ok && err.contains("already holds prepared data"), "{err}");
     Ok(())
 }
@@ -287,16 +247,11 @@ fn options_left_out_take_the_text_presets() -> Result<()> {
     let (ok, _, err) = prepare_english(&data, "300")?;
     assert!(ok, "{err}");
     let run = dir.path().join("run");
-    let (ok, _, err) = mha(&[
-        "train",
-        "--data",
+    let (ok, _, err) = run_mha!(
+        "train --data {} --out {} --steps 1 --quiet",
         s(&data),
-        "--out",
-        s(&run),
-        "--steps",
-        "1",
-        "--quiet",
-    ])?;
+        s(&run)
+    )?;
     assert!(ok, "{err}");
     let state: TrainerState =
         serde_json::from_str(&std::fs::read_to_string(run.join("trainer_state.json"))?)?;

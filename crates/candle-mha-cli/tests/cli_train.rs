@@ -6,7 +6,7 @@ use std::path::Path;
 mod common;
 
 use anyhow::Result;
-use common::mha;
+use common::{mha, run_mha};
 
 /// Event streams with a rule: after `T3` comes `T5` or `T4`, sequences start with `T1`.
 fn write_events(path: &Path, lines: usize) -> Result<()> {
@@ -78,33 +78,19 @@ fn train_generate_eval_resume_on_a_token_file() -> Result<()> {
 
     // The rule "T1 first" is learned: greedy generation from BOS starts with T1 ... and
     // every prompt symbol must be known.
-    let (ok, stdout, stderr) = mha(&[
-        "generate",
-        "--checkpoint",
-        o,
-        "--prompt",
-        "T1 T3",
-        "--max-new-tokens",
-        "3",
-    ])?;
+    let (ok, stdout, stderr) = run_mha!(
+        "generate --checkpoint {} --prompt 'T1 T3' --max-new-tokens 3",
+        o
+    )?;
     assert!(ok, "{stderr}");
     assert!(stdout.starts_with("T1 T3\n=> T5"), "{stdout}");
-    let (ok, _, stderr) = mha(&["generate", "--checkpoint", o, "--prompt", "T1 T9"])?;
+    let (ok, _, stderr) = run_mha!("generate --checkpoint {} --prompt 'T1 T9'", o)?;
     assert!(
         !ok && stderr.contains("\"T9\"") && stderr.contains("not in the vocabulary"),
         "{stderr}"
     );
-    let (ok, stdout, stderr) = mha(&[
-        "generate",
-        "--checkpoint",
-        o,
-        "--prompt",
-        "T1",
-        "--top-k",
-        "2",
-        "--seed",
-        "3",
-    ])?;
+    let (ok, stdout, stderr) =
+        run_mha!("generate --checkpoint {} --prompt T1 --top-k 2 --seed 3", o)?;
     assert!(ok && stdout.starts_with("T1\n=> "), "{stdout}{stderr}");
 
     let (ok, stdout, stderr) = mha(&["eval", "--checkpoint", o])?;
@@ -112,19 +98,18 @@ fn train_generate_eval_resume_on_a_token_file() -> Result<()> {
         ok && stdout.contains("eval on the run's validation set (20 sequences): loss"),
         "{stdout}{stderr}"
     );
-    let (ok, stdout, _) = mha(&["eval", "--checkpoint", o, "--tokens", d])?;
+    let (ok, stdout, _) = run_mha!("eval --checkpoint {} --tokens {}", o, d)?;
     assert!(ok && stdout.contains("(200 sequences)"), "{stdout}");
 
     // Train further: continues at the saved step.
-    let (ok, stdout, stderr) =
-        mha(&["train", "--out", o, "--resume", "--steps", "160", "--quiet"])?;
+    let (ok, stdout, stderr) = run_mha!("train --out {} --resume --steps 160 --quiet", o)?;
     assert!(
         ok && stderr.contains("resuming at step 150 of 160")
             && stdout.contains("final eval (step 160)"),
         "{stdout}{stderr}"
     );
     // Without --resume an existing run is not overwritten.
-    let (ok, _, stderr) = mha(&["train", "--tokens", d, "--out", o, "--steps", "5"])?;
+    let (ok, _, stderr) = run_mha!("train --tokens {} --out {} --steps 5", d, o)?;
     assert!(
         !ok && stderr.contains("already holds a run: pass --resume"),
         "{stderr}"
@@ -137,32 +122,22 @@ fn bad_data_and_checkpoints_are_clear_errors() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let p = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
     std::fs::write(p("empty.txt"), "\n\n# only a comment\n")?;
-    let (ok, _, stderr) = mha(&[
-        "train",
-        "--tokens",
+    let (ok, _, stderr) = run_mha!(
+        "train --tokens {} --out {} --steps 1",
         &p("empty.txt"),
-        "--out",
-        &p("r1"),
-        "--steps",
-        "1",
-    ])?;
+        &p("r1")
+    )?;
     assert!(
         !ok && stderr.contains("error: ") && stderr.contains("empty.txt"),
         "{stderr}"
     );
 
     std::fs::write(p("long.txt"), "a b\na b c d e f g h\n")?;
-    let (ok, _, stderr) = mha(&[
-        "train",
-        "--tokens",
+    let (ok, _, stderr) = run_mha!(
+        "train --tokens {} --out {} --max-len 4 --steps 1",
         &p("long.txt"),
-        "--out",
-        &p("r2"),
-        "--max-len",
-        "4",
-        "--steps",
-        "1",
-    ])?;
+        &p("r2")
+    )?;
     assert!(
         !ok && stderr.contains("long.txt:2:") && stderr.contains("at most"),
         "{stderr}"
@@ -191,7 +166,7 @@ fn bad_data_and_checkpoints_are_clear_errors() -> Result<()> {
         ),
     ] {
         let out = p("bad_hparams");
-        let (ok, _, stderr) = mha(&["train", flag, "--out", &out, "--steps", "1"])?;
+        let (ok, _, stderr) = run_mha!("train {} --out {} --steps 1", flag, &out)?;
         assert!(!ok && stderr.contains(message), "{flag}: {stderr}");
         assert!(
             !dir.path().join("bad_hparams/model.safetensors").exists(),
@@ -199,25 +174,17 @@ fn bad_data_and_checkpoints_are_clear_errors() -> Result<()> {
         );
     }
 
-    let (ok, _, stderr) = mha(&["train", "--out", &p("r3"), "--resume"])?;
+    let (ok, _, stderr) = run_mha!("train --out {} --resume", &p("r3"))?;
     assert!(
         !ok && stderr.contains("has no trainer_state.json"),
         "{stderr}"
     );
-    let (ok, _, stderr) = mha(&["train", "--out", &p("r3"), "--dtype", "f16", "--steps", "1"])?;
+    let (ok, _, stderr) = run_mha!("train --out {} --dtype f16 --steps 1", &p("r3"))?;
     assert!(
         !ok && stderr.contains("training runs in f32 or f64"),
         "{stderr}"
     );
-    let (ok, _, stderr) = mha(&[
-        "train",
-        "--out",
-        &p("r3"),
-        "--device",
-        "cuda:0",
-        "--steps",
-        "1",
-    ])?;
+    let (ok, _, stderr) = run_mha!("train --out {} --device cuda:0 --steps 1", &p("r3"))?;
     assert!(
         !ok && (stderr.contains("without CUDA support") || stderr.contains("not available")),
         "{stderr}"
@@ -225,28 +192,17 @@ fn bad_data_and_checkpoints_are_clear_errors() -> Result<()> {
 
     // A checkpoint whose config.json does not match its weights.
     write_events(&dir.path().join("ev.txt"), 20)?;
-    let (ok, _, stderr) = mha(&[
-        "train",
-        "--tokens",
+    let (ok, _, stderr) = run_mha!(
+        "train --tokens {} --out {} --steps 2 --embed-dim 8 --num-heads 2 --num-layers 1 --quiet",
         &p("ev.txt"),
-        "--out",
-        &p("r4"),
-        "--steps",
-        "2",
-        "--embed-dim",
-        "8",
-        "--num-heads",
-        "2",
-        "--num-layers",
-        "1",
-        "--quiet",
-    ])?;
+        &p("r4")
+    )?;
     assert!(ok, "{stderr}");
     let cfg = std::fs::read_to_string(dir.path().join("r4/config.json"))?
         .replace("\"embed_dim\": 8", "\"embed_dim\": 16");
     std::fs::write(dir.path().join("r4/config.json"), cfg)?;
     // checkpoint.json records what the save wrote: the edit is named as such.
-    let (ok, _, stderr) = mha(&["generate", "--checkpoint", &p("r4"), "--prompt", "T1"])?;
+    let (ok, _, stderr) = run_mha!("generate --checkpoint {} --prompt T1", &p("r4"))?;
     assert!(
         !ok && stderr.contains("config.json does not match")
             && stderr.contains("changed or damaged"),
@@ -254,7 +210,7 @@ fn bad_data_and_checkpoints_are_clear_errors() -> Result<()> {
     );
     // Without it (a checkpoint put together by hand), the load report names the mismatch.
     std::fs::remove_file(dir.path().join("r4/checkpoint.json"))?;
-    let (ok, _, stderr) = mha(&["generate", "--checkpoint", &p("r4"), "--prompt", "T1"])?;
+    let (ok, _, stderr) = run_mha!("generate --checkpoint {} --prompt T1", &p("r4"))?;
     assert!(
         !ok && stderr.contains("size mismatch for") && stderr.contains("NextTokenPredictor"),
         "{stderr}"
@@ -279,16 +235,11 @@ fn options_left_out_take_the_sequence_presets() -> Result<()> {
     let data = dir.path().join("events.txt");
     write_events(&data, 20)?;
     let out = dir.path().join("run");
-    let (ok, _, stderr) = mha(&[
-        "train",
-        "--tokens",
+    let (ok, _, stderr) = run_mha!(
+        "train --tokens {} --out {} --steps 1 --quiet",
         data.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--steps",
-        "1",
-        "--quiet",
-    ])?;
+        out.to_str().unwrap()
+    )?;
     assert!(ok, "{stderr}");
     let state: TrainerState =
         serde_json::from_str(&std::fs::read_to_string(out.join("trainer_state.json"))?)?;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use candle_mha_train::commit::sha256_hex;
-use common::{gpl_text, mha, mha_exe, train_tiny_run, TINY_TEXT_MODEL};
+use common::{gpl_text, mha, mha_exe, run_mha, train_tiny_run, TINY_TEXT_MODEL};
 
 fn s(p: &Path) -> &str {
     p.to_str().expect("UTF-8 temp path")
@@ -402,16 +402,10 @@ fn a_moved_run_resumes_exactly_and_substituted_data_is_refused() -> Result<()> {
     );
 
     // Options that shape the data, and the dtype, contradict the run: listed.
-    let (ok, _, err) = mha(&[
-        "train",
-        "--out",
-        s(&moved),
-        "--resume",
-        "--bpe-vocab",
-        "1000",
-        "--dtype",
-        "f64",
-    ])?;
+    let (ok, _, err) = run_mha!(
+        "train --out {} --resume --bpe-vocab 1000 --dtype f64",
+        s(&moved)
+    )?;
     assert!(
         !ok && err.contains("--bpe-vocab 1000: the run has 300")
             && err.contains("--dtype f64: the run has f32"),
@@ -421,15 +415,11 @@ fn a_moved_run_resumes_exactly_and_substituted_data_is_refused() -> Result<()> {
     // A run on a data directory outside it; that directory replaced by other tokens made
     // with the same tokenizer.
     let data = tmp.path().join("data");
-    let (ok, _, err) = mha(&[
-        "prepare",
-        "--text",
+    let (ok, _, err) = run_mha!(
+        "prepare --text {} --out {} --vocab-size 300",
         &corpus,
-        "--out",
-        s(&data),
-        "--vocab-size",
-        "300",
-    ])?;
+        s(&data)
+    )?;
     assert!(ok, "{err}");
     let run = tmp.path().join("on-data");
     let mut args = vec![
@@ -452,15 +442,12 @@ fn a_moved_run_resumes_exactly_and_substituted_data_is_refused() -> Result<()> {
     let half = tmp.path().join("half.txt");
     let text = std::fs::read_to_string(&corpus)?;
     std::fs::write(&half, &text[..text.len() / 2])?;
-    let (ok, _, err) = mha(&[
-        "prepare",
-        "--text",
+    let (ok, _, err) = run_mha!(
+        "prepare --text {} --out {} --tokenizer {}",
         s(&half),
-        "--out",
         s(&data),
-        "--tokenizer",
-        s(&tokenizer),
-    ])?;
+        s(&tokenizer)
+    )?;
     assert!(ok, "{err}");
     assert_refused(
         &[
@@ -728,7 +715,7 @@ fn small_items_of_trust() -> Result<()> {
 
     let metrics = std::fs::read_to_string(run.join("metrics.jsonl"))?;
     std::fs::write(run.join("metrics.jsonl"), format!("garbage\n{metrics}"))?;
-    let (ok, _, err) = mha(&["train", "--out", s(&run), "--resume", "--steps", "22"])?;
+    let (ok, _, err) = run_mha!("train --out {} --resume --steps 22", s(&run))?;
     assert!(
         ok && err.contains("metrics.jsonl:1") && err.contains("skipped"),
         "{err}"
@@ -790,26 +777,7 @@ fn vocab_matrix_runs_on_a_gpt2_sized_vocabulary() -> Result<()> {
     let tokens = tmp.path().join("tokens.txt");
     std::fs::write(&tokens, lines.join("\n"))?;
     let run = tmp.path().join("run");
-    let (ok, _, err) = mha(&[
-        "train",
-        "--tokens",
-        s(&tokens),
-        "--out",
-        s(&run),
-        "--steps",
-        "1",
-        "--batch-size",
-        "8",
-        "--embed-dim",
-        "8",
-        "--num-heads",
-        "2",
-        "--num-layers",
-        "1",
-        "--val-fraction",
-        "0.01",
-        "--quiet",
-    ])?;
+    let (ok, _, err) = run_mha!("train --tokens {} --out {} --steps 1 --batch-size 8 --embed-dim 8 --num-heads 2 --num-layers 1 --val-fraction 0.01 --quiet", s(&tokens), s(&run))?;
     assert!(ok, "{err}");
     let corpus = tmp.path().join("corpus.txt");
     std::fs::write(&corpus, lines[..200].join("\n"))?;

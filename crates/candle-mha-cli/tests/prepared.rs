@@ -11,7 +11,7 @@ use candle_mha_train::data::{
     consecutive_windows, expand_sources, prepare_text, prepare_token_files, Codec, PrepareOptions,
     TextTokenizer, TextWindows, TokenData, TokenDtype, TokenWindows, BOS_ID, EOS_ID, TOKENS_FILE,
 };
-use common::mha;
+use common::{mha, run_mha};
 
 fn err<T>(r: candle_mha::candle::Result<T>) -> String {
     match r {
@@ -299,15 +299,11 @@ fn ids_and_hashes_are_checked_where_data_is_made_and_opened() -> Result<()> {
         )) && e.contains("outside the vocabulary"),
         "{e}"
     );
-    let (ok, _, stderr) = mha(&[
-        "train",
-        "--data",
+    let (ok, _, stderr) = run_mha!(
+        "train --data {} --out {} --steps 2",
         dir.to_str().unwrap(),
-        "--out",
-        tmp.path().join("r").to_str().unwrap(),
-        "--steps",
-        "2",
-    ])?;
+        tmp.path().join("r").to_str().unwrap()
+    )?;
     assert!(!ok && stderr.contains("outside the vocabulary"), "{stderr}");
     // An id in range but another than prepared (a flipped bit): the hash finds it.
     let other = (0..vocab)
@@ -323,16 +319,11 @@ fn ids_and_hashes_are_checked_where_data_is_made_and_opened() -> Result<()> {
         !ok && stderr.contains("changed after it was prepared"),
         "{stderr}"
     );
-    let (ok, _, stderr) = mha(&[
-        "train",
-        "--data",
+    let (ok, _, stderr) = run_mha!(
+        "train --data {} --out {} --steps 2 --verify",
         dir.to_str().unwrap(),
-        "--out",
-        tmp.path().join("r2").to_str().unwrap(),
-        "--steps",
-        "2",
-        "--verify",
-    ])?;
+        tmp.path().join("r2").to_str().unwrap()
+    )?;
     assert!(
         !ok && stderr.contains("changed after it was prepared"),
         "{stderr}"
@@ -352,30 +343,18 @@ fn prepare_keeps_foreign_files_and_cleans_its_own() -> Result<()> {
     std::fs::create_dir(&dir)?;
     std::fs::write(dir.join(TOKENS_FILE), b"a user's own file")?;
     let (d, t) = (dir.to_str().unwrap(), english());
-    let (ok, _, err) = mha(&[
-        "prepare",
-        "--text",
-        t.to_str().unwrap(),
-        "--out",
-        d,
-        "--quiet",
-    ])?;
+    let (ok, _, err) = run_mha!("prepare --text {} --out {} --quiet", t.to_str().unwrap(), d)?;
     assert!(!ok && err.contains("that preparing did not write"), "{err}");
     assert_eq!(std::fs::read(dir.join(TOKENS_FILE))?, b"a user's own file");
     // What a killed preparation left: its marker, a token file and a temporary file of a
     // process that is gone.
     std::fs::write(dir.join(".preparing"), "pid 999999999\n")?;
     std::fs::write(dir.join(".tokens.bin.tmp-999999999"), b"partial")?;
-    let (ok, _, err) = mha(&[
-        "prepare",
-        "--text",
+    let (ok, _, err) = run_mha!(
+        "prepare --text {} --out {} --vocab-size 70000 --quiet",
         t.to_str().unwrap(),
-        "--out",
-        d,
-        "--vocab-size",
-        "70000",
-        "--quiet",
-    ])?;
+        d
+    )?;
     assert!(ok, "{err}");
     assert!(err.contains("fewer than the 70000 asked"), "{err}");
     let left: Vec<String> = std::fs::read_dir(&dir)?

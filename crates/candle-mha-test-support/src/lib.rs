@@ -210,13 +210,53 @@ pub const TINY_TEXT_MODEL: [&str; 8] = [
 
 /// Runs the program `exe` (the CLI crate's tests pass `env!("CARGO_BIN_EXE_mha")`);
 /// returns (success, stdout, stderr).
-pub fn run_program(exe: &str, args: &[&str]) -> Result<(bool, String, String)> {
+pub fn run_program<S: AsRef<std::ffi::OsStr>>(
+    exe: &str,
+    args: &[S],
+) -> Result<(bool, String, String)> {
     let out = std::process::Command::new(exe).args(args).output()?;
     Ok((
         out.status.success(),
         String::from_utf8(out.stdout)?,
         String::from_utf8(out.stderr)?,
     ))
+}
+
+/// Arguments written as a command line: `template` split at whitespace (a `'…'` word keeps
+/// its spaces), each `{}` word replaced by the next of `args`, whole (a path with spaces stays
+/// one argument).
+///
+/// ```
+/// let a = candle_mha_test_support::argv("eval --checkpoint {} --input 'T1 T2'", &["/a b/run"]);
+/// assert_eq!(a, ["eval", "--checkpoint", "/a b/run", "--input", "T1 T2"]);
+/// ```
+pub fn argv(template: &str, args: &[&str]) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut rest = template.trim_start();
+    while !rest.is_empty() {
+        let (word, tail) = match rest.strip_prefix('\'') {
+            Some(quoted) => {
+                let end = quoted.find('\'').expect("argv: unclosed quote");
+                (&quoted[..end], &quoted[end + 1..])
+            }
+            None => rest.split_at(rest.find(char::is_whitespace).unwrap_or(rest.len())),
+        };
+        words.push(word);
+        rest = tail.trim_start();
+    }
+    let mut args = args.iter();
+    let out: Vec<String> = words
+        .into_iter()
+        .map(|w| match w {
+            "{}" => args
+                .next()
+                .expect("argv: more {} than arguments")
+                .to_string(),
+            w => w.to_string(),
+        })
+        .collect();
+    assert!(args.next().is_none(), "argv: more arguments than {{}}");
+    out
 }
 
 /// Trains the small analysis model of the CLI tests (2 layers × 2 heads, E = 8, 20 steps on
