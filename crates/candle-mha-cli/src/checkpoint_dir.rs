@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use candle_mha::candle::{DType, Device};
 use candle_mha::checkpoint::{load_into_varmap, LoadOptions, StateDict};
 use candle_mha::seeded_var_builder;
-use candle_mha_train::data::Codec;
+use candle_mha_train::data::{checkpoint_corpus, Codec, Corpus, RunSplit};
 use candle_mha_train::models::{NextTokenPredictor, NextTokenPredictorConfig};
 use candle_mha_train::run_dir::{CONFIG_FILE, MODEL_FILE};
 use candle_nn::VarMap;
@@ -34,6 +34,44 @@ pub struct CorpusArgs {
     /// Where to run.
     #[arg(long, default_value = "auto", value_parser = super::choices::DeviceParser)]
     pub device: String,
+}
+
+impl CorpusArgs {
+    /// Opens the device, the checkpoint in `dtype` and the corpus (`split` of the run's own
+    /// data when no other is given).
+    pub fn open(&self, dtype: DType, split: RunSplit) -> Result<CorpusRun> {
+        let (device, notice) = crate::device::open(&self.device)?;
+        eprintln!("{notice}");
+        let ckpt = open(&self.checkpoint, dtype, &device, self.batch_size)?;
+        let len = ckpt.model.config().max_len + 1;
+        let (name, corpus) = checkpoint_corpus(
+            &self.checkpoint,
+            self.tokens.as_deref(),
+            self.text.as_deref(),
+            self.data.as_deref(),
+            &ckpt.codec,
+            len,
+            split,
+        )?;
+        Ok(CorpusRun {
+            ckpt,
+            device,
+            name,
+            corpus,
+            len,
+        })
+    }
+}
+
+/// What [`CorpusArgs::open`] opened.
+pub struct CorpusRun {
+    pub ckpt: Checkpoint,
+    pub device: Device,
+    /// The corpus as messages name it.
+    pub name: String,
+    pub corpus: Corpus,
+    /// Tokens a window holds: the context plus the next-token target.
+    pub len: usize,
 }
 
 /// A trained model and its tokenization.

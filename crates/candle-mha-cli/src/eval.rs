@@ -12,9 +12,10 @@ use candle_mha_train::data::{
 };
 use candle_mha_train::{evaluate_examples, BigramBaseline, Evaluation};
 
+use super::checkpoint_dir::CorpusRun;
 use super::choices::Baseline;
 use candle_mha_train::data::{
-    checkpoint_corpus, example_text_bytes, run_data_spec, target_bytes, Corpus, DataSpec, RunSplit,
+    example_text_bytes, run_data_spec, target_bytes, Corpus, DataSpec, RunSplit,
     DEFAULT_EVAL_WINDOWS,
 };
 
@@ -91,24 +92,13 @@ fn print_baselines(
 
 /// Runs `mha eval`.
 pub fn run(args: &EvalArgs) -> Result<()> {
-    let (device, notice) = crate::device::open(&args.corpus.device)?;
-    eprintln!("{notice}");
-    let ckpt = super::checkpoint_dir::open(
-        &args.corpus.checkpoint,
-        args.dtype,
-        &device,
-        args.corpus.batch_size,
-    )?;
-    let len = ckpt.model.config().max_len + 1;
-    let (name, corpus) = checkpoint_corpus(
-        &args.corpus.checkpoint,
-        args.corpus.tokens.as_deref(),
-        args.corpus.text.as_deref(),
-        args.corpus.data.as_deref(),
-        &ckpt.codec,
+    let CorpusRun {
+        ckpt,
+        device,
+        name,
+        corpus,
         len,
-        RunSplit::Val,
-    )?;
+    } = args.corpus.open(args.dtype, RunSplit::Val)?;
     // Prepared data: at most --max-windows evenly spread windows of the part (as training
     // evaluated them), in memory so the baselines see the same tokens.
     let corpus = match corpus {

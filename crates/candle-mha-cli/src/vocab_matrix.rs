@@ -8,7 +8,9 @@ use candle_mha::io::human_size;
 use candle_mha_viz::html::{vocab_matrix_html, VocabHtmlOptions};
 use candle_mha_viz::{corpus_vocab_matrix, MAX_DENSE_VOCAB};
 
-use candle_mha_train::data::{checkpoint_corpus, RunSplit};
+use candle_mha_train::data::RunSplit;
+
+use super::checkpoint_dir::CorpusRun;
 
 /// Arguments of `mha vocab-matrix`.
 #[derive(clap::Args, Debug)]
@@ -40,24 +42,13 @@ pub struct VocabMatrixArgs {
 
 /// Runs `mha vocab-matrix`.
 pub fn run(args: &VocabMatrixArgs) -> Result<()> {
-    let (device, notice) = crate::device::open(&args.corpus.device)?;
-    eprintln!("{notice}");
-    let ckpt = super::checkpoint_dir::open(
-        &args.corpus.checkpoint,
-        DType::F32,
-        &device,
-        args.corpus.batch_size,
-    )?;
-    let len = ckpt.model.config().max_len + 1;
-    let (name, corpus) = checkpoint_corpus(
-        &args.corpus.checkpoint,
-        args.corpus.tokens.as_deref(),
-        args.corpus.text.as_deref(),
-        args.corpus.data.as_deref(),
-        &ckpt.codec,
+    let CorpusRun {
+        ckpt,
+        device,
+        name,
+        corpus,
         len,
-        RunSplit::Train,
-    )?;
+    } = args.corpus.open(DType::F32, RunSplit::Train)?;
     let layer = args.layer.unwrap_or(ckpt.model.config().num_layers - 1);
     let sequences = std::cell::Cell::new(0usize);
     let examples = corpus

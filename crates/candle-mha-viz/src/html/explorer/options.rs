@@ -35,32 +35,16 @@ impl Default for ExplorerOptions {
     }
 }
 
+candle_mha::setters! {
+    ExplorerOptions {
+        with_title(title: Some(impl Into<String>));
+        with_decimals(decimals: u32);
+        with_rollout(rollout: bool);
+        with_flow(flow: bool);
+    }
+}
+
 impl ExplorerOptions {
-    /// The options with `title` as the page title.
-    pub fn with_title(mut self, title: impl Into<String>) -> Self {
-        self.title = Some(title.into());
-        self
-    }
-
-    /// The options with `decimals` stored per weight (checked by
-    /// [`attention_explorer`](super::attention_explorer): 1 to 6).
-    pub fn with_decimals(mut self, decimals: u32) -> Self {
-        self.decimals = decimals;
-        self
-    }
-
-    /// The options with or without the rollout matrix.
-    pub fn with_rollout(mut self, rollout: bool) -> Self {
-        self.rollout = rollout;
-        self
-    }
-
-    /// The options with or without the attention flow matrix.
-    pub fn with_flow(mut self, flow: bool) -> Self {
-        self.flow = flow;
-        self
-    }
-
     /// The options with one more named matrix for the matrix view.
     ///
     /// # Shapes

@@ -94,23 +94,11 @@ impl Default for VocabHtmlOptions {
     }
 }
 
-impl VocabHtmlOptions {
-    /// Sets the title.
-    pub fn with_title(mut self, title: impl Into<String>) -> Self {
-        self.title = Some(title.into());
-        self
-    }
-
-    /// Sets the decimals stored per value (checked by [`vocab_matrix_html`]: 1 to 6).
-    pub fn with_decimals(mut self, decimals: u32) -> Self {
-        self.decimals = decimals;
-        self
-    }
-
-    /// Sets the initial number of key tokens listed per query token (at least 1).
-    pub fn with_top_k(mut self, top_k: usize) -> Self {
-        self.top_k = top_k;
-        self
+candle_mha::setters! {
+    VocabHtmlOptions {
+        with_title(title: Some(impl Into<String>));
+        with_decimals(decimals: u32);
+        with_top_k(top_k: usize);
     }
 }
 
