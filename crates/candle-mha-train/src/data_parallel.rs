@@ -18,9 +18,10 @@ use candle::{DType, Device, Result};
 
 use super::distributed::{shard_range, Communicator, GradientBuckets, DEFAULT_BUCKET_BYTES};
 use super::state::StepStats;
-use super::trainer::{non_finite_loss, StepSizes};
+use super::trainer::{no_position, StepSizes};
 use super::Trainer;
 use crate::data::{Batch, Example, TrainSource};
+use crate::{RunError, RunResult};
 
 /// One rank's part of a step, and the sizes of the whole global batch (every rank's part).
 ///
@@ -102,7 +103,7 @@ impl Trainer {
         &mut self,
         comm: &dyn Communicator,
         shard: &StepShard,
-    ) -> Result<StepStats> {
+    ) -> RunResult<StepStats> {
         let world = comm.world_size();
         if world == 1 {
             let batches: Vec<Batch> = shard.batches.iter().map(|(_, _, b)| b.clone()).collect();
@@ -113,7 +114,7 @@ impl Trainer {
         self.optimizer.set_lr(lr);
         let total = shard.tokens;
         if total == 0 {
-            candle::bail!("step {}: the batch has no position to predict", step + 1)
+            return Err(no_position(step));
         }
         let mut grads: Option<GradStore> = None;
         let mut loss_sum = 0f64;
@@ -135,7 +136,11 @@ impl Trainer {
         )?;
         let loss_value = loss[0];
         if !loss_value.is_finite() {
-            return Err(non_finite_loss(loss_value, step, lr));
+            return Err(RunError::LossNotFinite {
+                step,
+                loss: loss_value,
+                lr,
+            });
         }
         let vars = self.optimizer.vars();
         let mut grads = match grads {
@@ -144,7 +149,11 @@ impl Trainer {
             // zeros: any gradient store does, the buckets fill in the missing gradients.
             None => match vars.first() {
                 Some(v) => v.as_tensor().sum_all()?.affine(0.0, 0.0)?.backward()?,
-                None => candle::bail!("the model has no trainable variable"),
+                None => {
+                    return Err(
+                        candle::Error::Msg("the model has no trainable variable".into()).into(),
+                    )
+                }
             },
         };
         GradientBuckets::new(&vars, DEFAULT_BUCKET_BYTES)?.all_reduce(
@@ -159,7 +168,7 @@ impl Trainer {
             input_tokens: shard.input_tokens,
             sequences: shard.sequences,
         };
-        self.finish_step(&mut grads, lr, loss_value, sizes, comm_seconds)
+        Ok(self.finish_step(&mut grads, lr, loss_value, sizes, comm_seconds)?)
     }
 }
 

@@ -3,7 +3,8 @@
 
 use std::path::PathBuf;
 
-/// The failures a caller of [`Session`](crate::Session) may want to tell apart; everything
+/// The failures a caller of [`Session`](crate::Session) or [`Trainer`](crate::Trainer) may
+/// want to tell apart; everything
 /// else (a disk error, a bad option, a damaged file) is [`Other`](Self::Other). Converts into
 /// `candle::Error` (its message kept), so `?` works in code returning `candle::Result`.
 ///
@@ -70,6 +71,28 @@ pub enum RunError {
         dir: PathBuf,
         /// The first file not yet in place.
         file: String,
+    },
+    /// A step's training loss was not finite (NaN or ±inf): the run stopped before the
+    /// step's update, so the weights are those before it.
+    #[error("training loss is {loss} at step {} (lr {lr:.3e}): stopping; lower the learning rate or check the data. The weights were not updated.", .step + 1)]
+    LossNotFinite {
+        /// The step (0-based).
+        step: u64,
+        /// The loss.
+        loss: f64,
+        /// The step's learning rate.
+        lr: f64,
+    },
+    /// The evaluation before a save gave a non-finite loss: the weights have diverged and
+    /// were not saved; the directory keeps its previous checkpoint.
+    #[error("step {step}: evaluation loss is {loss}, the weights have diverged (learning rate too high?): not saved, {} keeps its previous checkpoint", .dir.display())]
+    Diverged {
+        /// The step.
+        step: u64,
+        /// The evaluation loss.
+        loss: f64,
+        /// The run directory.
+        dir: PathBuf,
     },
     /// Any other failure.
     #[error(transparent)]

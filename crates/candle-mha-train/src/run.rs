@@ -13,6 +13,7 @@ use super::state::{EvalRecord, TrainObserver};
 use super::{Evaluation, Trainer};
 use crate::data::{Dataset, EvalSet, TrainSource};
 use crate::run_dir::{BEST_DIR, METRICS_FILE};
+use crate::{RunError, RunResult};
 
 /// Copies the validation fields of `eval` into a metrics record.
 fn fill_eval(record: &mut MetricsRecord, eval: &Evaluation) {
@@ -24,12 +25,13 @@ fn fill_eval(record: &mut MetricsRecord, eval: &Evaluation) {
 
 /// An error when an evaluation just before a save gave a non-finite loss: the weights have
 /// diverged (finite but huge, or NaN) and must not replace the checkpoint in `dir`.
-fn diverged(step: u64, eval_loss: Option<f64>, dir: &Path) -> Result<()> {
+fn diverged(step: u64, eval_loss: Option<f64>, dir: &Path) -> RunResult<()> {
     match eval_loss {
-        Some(loss) if !loss.is_finite() => candle::bail!(
-            "step {step}: evaluation loss is {loss}, the weights have diverged (learning rate too high?): not saved, {} keeps its previous checkpoint",
-            dir.display()
-        ),
+        Some(loss) if !loss.is_finite() => Err(RunError::Diverged {
+            step,
+            loss,
+            dir: dir.to_path_buf(),
+        }),
         _ => Ok(()),
     }
 }
@@ -47,7 +49,7 @@ impl Trainer {
         val: &Dataset,
         dir: Option<&Path>,
         observer: &mut dyn TrainObserver,
-    ) -> Result<Evaluation> {
+    ) -> RunResult<Evaluation> {
         let val = EvalSet {
             data: val,
             text_bytes: None,
@@ -70,10 +72,11 @@ impl Trainer {
         val: &EvalSet,
         dir: Option<&Path>,
         observer: &mut dyn TrainObserver,
-    ) -> Result<Evaluation> {
+    ) -> RunResult<Evaluation> {
         self.run_distributed(&SingleProcess, train, val, dir, observer)?
             .ok_or_else(|| {
                 candle::Error::Msg("a run of one rank ended without its final evaluation".into())
+                    .into()
             })
     }
 
@@ -95,9 +98,9 @@ impl Trainer {
         val: &EvalSet,
         dir: Option<&Path>,
         observer: &mut dyn TrainObserver,
-    ) -> Result<Option<Evaluation>> {
+    ) -> RunResult<Option<Evaluation>> {
         if train.is_empty() {
-            candle::bail!("the training set is empty")
+            return Err(candle::Error::Msg("the training set is empty".into()).into());
         }
         let (rank, world) = (comm.rank(), comm.world_size());
         if world > 1 {

@@ -402,7 +402,7 @@ impl Session {
         &mut self,
         comm: &dyn Communicator,
         observer: &mut dyn TrainObserver,
-    ) -> Result<Option<Evaluation>> {
+    ) -> RunResult<Option<Evaluation>> {
         let val = self.data.eval_set();
         self.trainer
             .run_distributed(comm, &*self.data.train, &val, Some(&self.dir), observer)

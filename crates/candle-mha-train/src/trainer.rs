@@ -15,6 +15,7 @@ use crate::data::DataSpec;
 use crate::data::{Batch, Codec, Dataset, EvalSet, Example, TrainSource};
 use crate::models::NextTokenPredictor;
 use crate::run_dir::{CHECKPOINT_FILES, CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE};
+use crate::{RunError, RunResult};
 use candle_mha::checkpoint::{state_dict_of, NamedParameters, StateDict};
 use candle_mha::optim::{clip_grad_norm, AdamW, AdamWConfig};
 use candle_mha::rng::derive_seed;
@@ -28,12 +29,13 @@ fn micro_batch_label(step: u64, m: usize) -> String {
     }
 }
 
-/// The error of a non-finite training loss at step `step` (0-based) with learning rate `lr`.
-pub(super) fn non_finite_loss(value: f64, step: u64, lr: f64) -> candle::Error {
+/// The error of a step whose batch has no position to predict.
+pub(super) fn no_position(step: u64) -> RunError {
     candle::Error::Msg(format!(
-        "training loss is {value} at step {} (lr {lr:.3e}): stopping; lower the learning rate or check the data. The weights were not updated.",
+        "step {}: the batch has no position to predict",
         step + 1
     ))
+    .into()
 }
 
 /// The sizes of a step's (global) batch, for its [`StepStats`].
@@ -282,7 +284,7 @@ impl Trainer {
 
     /// One optimizer step on `batch`. A non-finite loss stops with an error and leaves the
     /// weights unchanged.
-    pub fn train_step(&mut self, batch: &Batch) -> Result<StepStats> {
+    pub fn train_step(&mut self, batch: &Batch) -> RunResult<StepStats> {
         self.train_step_accumulated(std::slice::from_ref(batch))
     }
 
@@ -299,18 +301,18 @@ impl Trainer {
     /// thread takes part in every parallel op instead of handing each one to rayon's global
     /// pool and sleeping until it ends, a cost that shows most on few cores
     /// (`docs/benchmarks.md`).
-    pub fn train_step_accumulated(&mut self, batches: &[Batch]) -> Result<StepStats> {
+    pub fn train_step_accumulated(&mut self, batches: &[Batch]) -> RunResult<StepStats> {
         let device = self.device();
         device.with_context(|| self.step_accumulated(batches))
     }
 
-    fn step_accumulated(&mut self, batches: &[Batch]) -> Result<StepStats> {
+    fn step_accumulated(&mut self, batches: &[Batch]) -> RunResult<StepStats> {
         let step = self.state.step;
         let lr = self.schedule.lr(step);
         self.optimizer.set_lr(lr);
         let total: usize = batches.iter().map(|b| b.num_tokens).sum();
         if batches.is_empty() || total == 0 {
-            candle::bail!("step {}: the batch has no position to predict", step + 1)
+            return Err(no_position(step));
         }
         let mut grads: Option<GradStore> = None;
         let mut loss_value = 0f64;
@@ -321,22 +323,23 @@ impl Trainer {
             let weight = (batches.len() > 1).then(|| batch.num_tokens as f64 / total as f64);
             let value = self.micro_batch_backward(m, 0, batch, weight, &mut grads)?;
             if !value.is_finite() {
-                return Err(non_finite_loss(value, step, lr));
+                return Err(RunError::LossNotFinite {
+                    step,
+                    loss: value,
+                    lr,
+                });
             }
             loss_value += value;
         }
         let Some(mut grads) = grads else {
-            candle::bail!(
-                "step {}: no micro-batch has a position to predict",
-                step + 1
-            )
+            return Err(no_position(step));
         };
         let sizes = StepSizes {
             tokens: total,
             input_tokens: batches.iter().map(|b| b.input.elem_count()).sum(),
             sequences: batches.iter().map(Batch::batch_size).sum(),
         };
-        self.finish_step(&mut grads, lr, loss_value, sizes, 0.0)
+        Ok(self.finish_step(&mut grads, lr, loss_value, sizes, 0.0)?)
     }
 
     /// Forward and backward of micro-batch `m` of the current step in training mode, on its

@@ -5,7 +5,7 @@ use candle_mha::candle::{DType, Device};
 use candle_mha::seeded_var_builder;
 use candle_mha_train::data::{AssociativeRecall, Dataset};
 use candle_mha_train::models::{NextTokenPredictor, NextTokenPredictorConfig};
-use candle_mha_train::{Evaluation, TrainConfig, TrainObserver, Trainer};
+use candle_mha_train::{Evaluation, RunError, TrainConfig, TrainObserver, Trainer};
 use candle_nn::VarMap;
 
 fn build(cfg: &NextTokenPredictorConfig) -> Result<(NextTokenPredictor, VarMap)> {
@@ -229,6 +229,51 @@ fn non_finite_weights_are_not_saved() -> Result<()> {
         "{e}"
     );
     assert_eq!(std::fs::read(dir.path().join("model.safetensors"))?, saved);
+    Ok(())
+}
+
+/// A diverging run stops with errors a program can match: NaN weights give a non-finite
+/// training loss (`LossNotFinite`, the weights not updated); a learning rate that blows the
+/// weights up gives a non-finite evaluation before the save (`Diverged`, nothing saved).
+#[test]
+fn divergence_is_a_typed_error() -> Result<()> {
+    let (task, train, val) = task_data(64);
+    let mut cfg = NextTokenPredictorConfig::new(task.vocab().len());
+    cfg.max_len = task.seq_len();
+
+    let (model, varmap) = build(&cfg)?;
+    let var = varmap.data().lock().unwrap()["blocks.0.mlp.fc1.bias"].clone();
+    var.set(&var.ones_like()?.affine(0.0, f64::NAN)?)?;
+    let mut trainer = Trainer::new(model, varmap, TrainConfig::default(), None)?;
+    match trainer.run(&train, &val, None, &mut ()) {
+        Err(RunError::LossNotFinite { step: 0, loss, .. }) => assert!(loss.is_nan()),
+        other => panic!("expected LossNotFinite at step 0, got {other:?}"),
+    }
+    assert_eq!(trainer.state().step, 0);
+
+    let (model, varmap) = build(&cfg)?;
+    let tc = TrainConfig {
+        steps: 1,
+        lr: 1e30,
+        ..TrainConfig::default()
+    };
+    let mut trainer = Trainer::new(model, varmap, tc, None)?;
+    let dir = tempfile::tempdir()?;
+    match trainer.run(&train, &val, Some(dir.path()), &mut ()) {
+        Err(RunError::Diverged {
+            step: 1,
+            loss,
+            dir: d,
+        }) => {
+            assert!(
+                !loss.is_finite() && d == dir.path(),
+                "{loss} {}",
+                d.display()
+            )
+        }
+        other => panic!("expected Diverged at step 1, got {other:?}"),
+    }
+    assert!(!dir.path().join("model.safetensors").exists());
     Ok(())
 }
 
