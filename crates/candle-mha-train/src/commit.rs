@@ -10,6 +10,7 @@
 //! Single files are written with [`candle_mha::io::write_atomic`].
 
 use crate::run_dir::MANIFEST_FILE;
+use crate::{RunError, RunResult};
 use std::io::{Read, Write};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -331,7 +332,7 @@ pub fn recover_file_set(dir: &Path, files: SetFiles) -> Result<FileSetState> {
 /// such ("being saved"), never as damage. Errors, naming the file: an invalid manifest or a
 /// link (see [`SetFiles`]), a save in progress or interrupted, a file changed or damaged
 /// after its commit.
-pub fn verify_file_set(dir: &Path, files: SetFiles) -> crate::RunResult<FileSetState> {
+pub fn verify_file_set(dir: &Path, files: SetFiles) -> RunResult<FileSetState> {
     let deadline = Instant::now() + SAVE_WAIT;
     loop {
         let staged_before = has_staged(dir);
@@ -360,7 +361,7 @@ pub fn verify_file_set(dir: &Path, files: SetFiles) -> crate::RunResult<FileSetS
             return Err(damaged(dir, &path, entry));
         }
         if Instant::now() >= deadline {
-            return Err(crate::RunError::SaveInProgress {
+            return Err(RunError::SaveInProgress {
                 dir: dir.to_path_buf(),
                 file: entry.name.clone(),
             });
@@ -369,8 +370,8 @@ pub fn verify_file_set(dir: &Path, files: SetFiles) -> crate::RunResult<FileSetS
     }
 }
 
-fn damaged(dir: &Path, path: &Path, entry: &ManifestEntry) -> crate::RunError {
-    crate::RunError::Damaged {
+fn damaged(dir: &Path, path: &Path, entry: &ManifestEntry) -> RunError {
+    RunError::Damaged {
         file: path.to_path_buf(),
         manifest: dir.join(MANIFEST_FILE),
         bytes: entry.bytes,
@@ -379,11 +380,11 @@ fn damaged(dir: &Path, path: &Path, entry: &ManifestEntry) -> crate::RunError {
 }
 
 /// The manifest's text, `None` when there is none; bounded, and never through a link.
-fn read_manifest(dir: &Path) -> Result<Option<String>> {
+fn read_manifest(dir: &Path) -> RunResult<Option<String>> {
     let path = dir.join(MANIFEST_FILE);
     match std::fs::symlink_metadata(&path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(io_err("reading", &path, e)),
+        Err(e) => return Err(io_err("reading", &path, e).into()),
         Ok(_) => {}
     }
     let file = open_no_follow(&path, std::fs::OpenOptions::new().read(true))?;
@@ -392,23 +393,20 @@ fn read_manifest(dir: &Path) -> Result<Option<String>> {
         .read_to_string(&mut text)
         .map_err(|e| io_err("reading", &path, e))?;
     if text.len() as u64 > MAX_MANIFEST_BYTES {
-        candle::bail!(
-            "{} is not a valid checkpoint manifest: larger than {MAX_MANIFEST_BYTES} bytes; the directory cannot be trusted",
-            path.display()
-        )
+        return Err(RunError::InvalidManifest {
+            manifest: path,
+            reason: format!("larger than {MAX_MANIFEST_BYTES} bytes"),
+        });
     }
     Ok(Some(text))
 }
 
 /// The manifest, checked: entries are plain names among `files.allowed`, each once, with a
 /// 64-digit hex SHA-256; every name in `files.read` is listed.
-fn parse_manifest(dir: &Path, text: &str, files: SetFiles) -> Result<Manifest> {
-    let path = dir.join(MANIFEST_FILE);
-    let invalid = |why: String| {
-        candle::Error::Msg(format!(
-            "{} is not a valid checkpoint manifest: {why}; the directory cannot be trusted (nothing was read or renamed)",
-            path.display()
-        ))
+fn parse_manifest(dir: &Path, text: &str, files: SetFiles) -> RunResult<Manifest> {
+    let invalid = |reason: String| RunError::InvalidManifest {
+        manifest: dir.join(MANIFEST_FILE),
+        reason,
     };
     let manifest: Manifest =
         serde_json::from_str(text).map_err(|e| invalid(format!("not its JSON ({e})")))?;
@@ -546,7 +544,7 @@ mod tests {
                 assert_eq!(finished > 0, verified.is_err(), "point {at}");
                 if let Err(e) = verified {
                     assert!(e.to_string().contains("being saved"), "{e}");
-                    assert!(matches!(e, crate::RunError::SaveInProgress { .. }), "{e}");
+                    assert!(matches!(e, RunError::SaveInProgress { .. }), "{e}");
                 }
             }
             assert_eq!(staged_count(dir), 0);
@@ -566,7 +564,7 @@ mod tests {
         // The reader's error is a variant a program can match.
         assert!(matches!(
             verify_file_set(tmp.path(), files()),
-            Err(crate::RunError::Damaged { .. })
+            Err(RunError::Damaged { .. })
         ));
         for e in [
             verify_file_set(tmp.path(), files()).map_err(candle::Error::from),
@@ -620,6 +618,13 @@ mod tests {
         for (i, manifest) in cases.iter().enumerate() {
             std::fs::write(dir.join(MANIFEST_FILE), manifest)?;
             std::fs::write(dir.join(".a.bin.staged"), payload)?;
+            // A variant a program can match, naming the manifest.
+            match verify_file_set(&dir, files()) {
+                Err(RunError::InvalidManifest { manifest, .. }) => {
+                    assert_eq!(manifest, dir.join(MANIFEST_FILE), "case {i}")
+                }
+                other => panic!("case {i}: expected InvalidManifest, got {other:?}"),
+            }
             for e in [
                 verify_file_set(&dir, files()).map_err(candle::Error::from),
                 recover_file_set(&dir, files()),

@@ -63,6 +63,16 @@ pub enum RunError {
         /// The SHA-256 the manifest records.
         sha256: String,
     },
+    /// A checkpoint's manifest cannot be trusted (not its JSON, an entry that is not one of
+    /// the directory's files, a file read but not listed, too large): nothing was read or
+    /// renamed.
+    #[error("{} is not a valid checkpoint manifest: {reason}; the directory cannot be trusted (nothing was read or renamed)", .manifest.display())]
+    InvalidManifest {
+        /// The manifest file.
+        manifest: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// A checkpoint is being saved by another process (or its save was interrupted): reading
     /// it again in a moment may succeed.
     #[error("{} is being saved, or its save was interrupted ({file} is not in place yet): retry in a moment; if no training process is writing it, resuming the run finishes the save", .dir.display())]
