@@ -25,6 +25,31 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! Failures a program branches on are [`RunError`](crate::RunError) variants, e.g. a learning
+//! rate search that skips diverging settings:
+//!
+//! ```no_run
+//! # use candle_mha::candle::Device;
+//! # use candle_mha_train::distributed::SingleProcess;
+//! # use candle_mha_train::{NewData, NewRun, RunError, Session, TrainConfig};
+//! # fn main() -> Result<(), RunError> {
+//! # let path = "events.txt".into();
+//! # let data = NewData::Spec(candle_mha_train::data::DataSpec::Tokens { path, val_fraction: 0.1, seed: 0 });
+//! for lr in [3e-3, 1e-2, 3e-2] {
+//!     let run = NewRun::new(data.clone(), TrainConfig { lr, ..TrainConfig::default() });
+//!     let dir = format!("runs/lr-{lr}");
+//!     let mut session = Session::start(dir.as_ref(), run, &Device::Cpu, &SingleProcess, &mut ())?;
+//!     match session.run(&SingleProcess, &mut ()) {
+//!         Err(RunError::LossNotFinite { step, .. } | RunError::Diverged { step, .. }) => {
+//!             println!("lr {lr}: diverged at step {step}")
+//!         }
+//!         result => println!("lr {lr}: {:?}", result?),
+//!     }
+//! }
+//! # Ok(())
+//! # }
+//! ```
 
 use std::path::{Path, PathBuf};
 
