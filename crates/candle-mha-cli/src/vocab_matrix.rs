@@ -10,8 +10,6 @@ use candle_mha_viz::{corpus_vocab_matrix, MAX_DENSE_VOCAB};
 
 use candle_mha_train::data::RunSplit;
 
-use super::checkpoint_dir::CorpusRun;
-
 /// Arguments of `mha vocab-matrix`.
 #[derive(clap::Args, Debug)]
 pub struct VocabMatrixArgs {
@@ -42,19 +40,15 @@ pub struct VocabMatrixArgs {
 
 /// Runs `mha vocab-matrix`.
 pub fn run(args: &VocabMatrixArgs) -> Result<()> {
-    let CorpusRun {
-        ckpt,
-        device,
-        name,
-        corpus,
-        len,
-    } = args.corpus.open(DType::F32, RunSplit::Train)?;
+    let run = args.corpus.open(DType::F32, RunSplit::Train)?;
+    let (ckpt, name) = (&run.ckpt, &run.name);
     let layer = args.layer.unwrap_or(ckpt.model.config().num_layers - 1);
     let sequences = std::cell::Cell::new(0usize);
-    let examples = corpus
-        .examples(len)?
+    let examples = run
+        .corpus
+        .examples(run.len)?
         .inspect(|_| sequences.set(sequences.get() + 1));
-    let batches = candle_mha_train::data::batches(examples, args.corpus.batch_size, &device)?
+    let batches = candle_mha_train::data::batches(examples, args.corpus.batch_size, &run.device)?
         .map(|b| b.map(|b| (b.input, b.key_padding_mask)));
     let vm = corpus_vocab_matrix(
         ckpt.model.config().vocab_size,

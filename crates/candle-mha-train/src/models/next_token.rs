@@ -208,17 +208,6 @@ impl NextTokenPredictor {
         Ok((n, l))
     }
 
-    fn run(
-        &self,
-        tokens: &Tensor,
-        kpm: Option<&Tensor>,
-        dropout: Option<(u64, usize)>,
-        need_weights: bool,
-    ) -> Result<(Tensor, Vec<Tensor>)> {
-        let (hidden, weights) = self.hidden(tokens, kpm, dropout, need_weights)?;
-        Ok((self.head.forward(&hidden)?, weights))
-    }
-
     /// The final hidden states `(N, L, E)` (after `ln_f`, before the head) and the attention
     /// weights when asked for.
     fn hidden(
@@ -278,7 +267,7 @@ impl NextTokenPredictor {
     ///
     /// PyTorch equivalent: `model.eval(); model(tokens, key_padding_mask)`.
     pub fn forward(&self, tokens: &Tensor, kpm: Option<&Tensor>) -> Result<Tensor> {
-        self.run(tokens, kpm, None, false).map(|(logits, _)| logits)
+        self.head.forward(&self.hidden(tokens, kpm, None, false)?.0)
     }
 
     /// Logits in training mode: attention dropout drawn from `dropout_seed`.
@@ -306,8 +295,11 @@ impl NextTokenPredictor {
         dropout_seed: u64,
         first_row: usize,
     ) -> Result<Tensor> {
-        self.run(tokens, kpm, Some((dropout_seed, first_row)), false)
-            .map(|(logits, _)| logits)
+        self.head.forward(
+            &self
+                .hidden(tokens, kpm, Some((dropout_seed, first_row)), false)?
+                .0,
+        )
     }
 
     /// The training loss of rows `first_row..` of a batch: [`masked_cross_entropy`] of
@@ -348,7 +340,8 @@ impl NextTokenPredictor {
         tokens: &Tensor,
         kpm: Option<&Tensor>,
     ) -> Result<(Tensor, Vec<Tensor>)> {
-        self.run(tokens, kpm, None, true)
+        let (hidden, weights) = self.hidden(tokens, kpm, None, true)?;
+        Ok((self.head.forward(&hidden)?, weights))
     }
 }
 
