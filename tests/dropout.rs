@@ -135,7 +135,13 @@ fn first_row_offset_draws_the_whole_batchs_mask_for_a_part() -> Result<()> {
             assert!((a - b).abs() <= 1e-12, "{kernel:?}: {a} vs {b}");
         }
         let want_w = vec(&whole.weights.unwrap().narrow(0, 1, 1)?)?;
-        assert_eq!(vec(&alone.weights.unwrap())?, want_w, "{kernel:?}");
+        let got_w = vec(&alone.weights.unwrap())?;
+        // The same bits, but for MKL (the `mkl` feature), whose products of a one-row batch
+        // and a two-row batch may round differently in the last bit.
+        let tol = if cfg!(feature = "mkl") { 1e-15 } else { 0.0 };
+        for (a, b) in got_w.iter().zip(&want_w) {
+            assert!((a - b).abs() <= tol, "{kernel:?}: {a} vs {b}");
+        }
         assert_ne!(
             vec(&row0.output)?,
             want,

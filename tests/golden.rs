@@ -92,7 +92,8 @@ fn identity_heads_split_the_features() -> Result<()> {
         &AttentionOptions::new().with_average_attn_weights(false),
     )?;
     for h in 0..heads {
-        let xh = x.narrow(1, h * 2, 2)?;
+        // Contiguous: candle's MKL matmul (the `mkl` feature) refuses a strided view.
+        let xh = x.narrow(1, h * 2, 2)?.contiguous()?;
         let w = candle_nn::ops::softmax(&(xh.matmul(&xh.t()?)? / 2f64.sqrt())?, 1)?;
         let expected = w.matmul(&xh)?;
         let got = out.output.narrow(1, h * 2, 2)?;

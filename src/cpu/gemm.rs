@@ -1,5 +1,5 @@
 //! The one matrix product of the CPU kernels, over the `gemm` crate (run-time dispatched SIMD
-//! micro-kernels).
+//! micro-kernels), or Intel MKL's with the `mkl` feature.
 
 use super::Elem;
 
@@ -120,6 +120,12 @@ pub(crate) unsafe fn gemm_from<T: Elem>(
             true
         }
     };
+    // MKL's products where it is linked, for the products a caller runs on all threads (the
+    // linear layers); MKL threads them itself.
+    #[cfg(feature = "mkl")]
+    if threads == Threads::All && super::mkl::gemm((m, n, k), dst, accumulate, lhs, rhs, alpha) {
+        return;
+    }
     let parallelism = match (all, num_threads()) {
         (true, t) if t > 1 => gemm::Parallelism::Rayon(t),
         _ => gemm::Parallelism::None,

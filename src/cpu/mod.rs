@@ -13,6 +13,8 @@ mod gelu;
 mod gemm;
 pub(crate) mod lanes;
 mod linear;
+#[cfg(feature = "mkl")]
+mod mkl;
 pub(crate) mod par;
 pub(crate) mod simd;
 mod slice;
