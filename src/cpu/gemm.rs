@@ -123,7 +123,7 @@ pub(crate) unsafe fn gemm_from<T: Elem>(
     // MKL's products where it is linked, for the products a caller runs on all threads (the
     // linear layers); MKL threads them itself.
     #[cfg(feature = "mkl")]
-    if threads == Threads::All && super::mkl::gemm((m, n, k), dst, accumulate, lhs, rhs, alpha) {
+    if threads == Threads::All && super::mkl::gemm((m, n, k), dst, accumulate, [lhs, rhs], alpha) {
         return;
     }
     let parallelism = match (all, num_threads()) {

@@ -89,8 +89,7 @@ pub(super) unsafe fn gemm<T: Elem>(
     (m, n, k): (usize, usize, usize),
     dst: (*mut T, usize, usize),
     accumulate: bool,
-    lhs: Operand<T>,
-    rhs: Operand<T>,
+    [lhs, rhs]: [Operand<T>; 2],
     alpha: T,
 ) -> bool {
     let (Ok(mi), Ok(ni), Ok(ki)) = (i32::try_from(m), i32::try_from(n), i32::try_from(k)) else {
