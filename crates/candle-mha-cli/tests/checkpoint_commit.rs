@@ -188,7 +188,7 @@ fn a_text_run_killed_twenty_times_ends_as_the_uninterrupted_one() -> Result<()> 
             "--quiet",
         ];
         run.iter()
-            .chain(&common::TINY_TEXT_MODEL)
+            .chain(&common::words(common::TINY_TEXT_MODEL))
             .map(|a| a.to_string())
             .collect()
     };

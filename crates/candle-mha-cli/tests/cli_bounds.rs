@@ -5,7 +5,7 @@
 mod common;
 
 use anyhow::Result;
-use common::{gpl_text as text, mha, run_mha, TINY_TEXT_MODEL};
+use common::{gpl_text as text, mha, run_mha, words, TINY_TEXT_MODEL};
 
 /// Runs `mha args` and returns its exit code and stderr.
 fn run(args: &[&str]) -> Result<(Option<i32>, String)> {
@@ -196,7 +196,7 @@ fn many_passes_over_a_small_corpus_are_announced() -> Result<()> {
             "0",
             "--quiet",
         ];
-        args.extend(TINY_TEXT_MODEL);
+        args.extend(words(TINY_TEXT_MODEL));
         mha(&args)
     };
     let (ok, _, err) = run("40", "many")?;

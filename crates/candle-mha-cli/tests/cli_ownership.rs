@@ -6,7 +6,7 @@ mod common;
 
 use anyhow::Result;
 use candle_mha_train::lock::DirLock;
-use common::{gpl_text as text, mha, run_mha, TINY_TEXT_MODEL};
+use common::{gpl_text as text, mha, run_mha, words, TINY_TEXT_MODEL};
 
 /// Every file of `dir` with its bytes, but the lock file (which holds its last owner's pid).
 fn snapshot(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
@@ -35,7 +35,7 @@ fn a_held_directory_refuses_a_second_writer() -> Result<()> {
     let mut train = vec![
         "train", "--text", &corpus, "--out", run_s, "--steps", "5", "--quiet",
     ];
-    train.extend(TINY_TEXT_MODEL);
+    train.extend(words(TINY_TEXT_MODEL));
     let (ok, _, err) = mha(&train)?;
     assert!(ok, "{err}");
     let before = snapshot(&run);
@@ -92,7 +92,7 @@ fn resume_refuses_contradicting_options() -> Result<()> {
         "2",
         "--quiet",
     ];
-    base.extend(TINY_TEXT_MODEL);
+    base.extend(words(TINY_TEXT_MODEL));
     let (ok, _, err) = mha(&base)?;
     assert!(ok, "{err}");
     let before = snapshot(&run);

@@ -119,21 +119,9 @@ fn bad_data_and_settings_are_errors_and_leave_the_run_alone() -> Result<()> {
     assert!(ok, "{out}\n{err}");
     assert!(out.contains("tokens (U16, 300 ids)"), "{out}");
     let run = dir.path().join("run");
-    let small = [
-        "--steps",
-        "4",
-        "--embed-dim",
-        "16",
-        "--num-heads",
-        "2",
-        "--num-layers",
-        "1",
-        "--max-len",
-        "16",
-        "--batch-size",
-        "4",
-        "--quiet",
-    ];
+    let small = common::words(
+        "--steps 4 --embed-dim 16 --num-heads 2 --num-layers 1 --max-len 16 --batch-size 4 --quiet",
+    );
     let train = |extra: &[&str]| -> Result<(bool, String, String)> {
         let mut args = vec!["train", "--data", s(&data), "--out", s(&run)];
         args.extend_from_slice(&small);

@@ -28,17 +28,8 @@ fn train_generate_eval_resume_on_a_token_file() -> Result<()> {
     write_events(&data, 200)?;
     let out = dir.path().join("run");
     let (d, o) = (data.to_str().unwrap(), out.to_str().unwrap());
-    let common = [
-        "--embed-dim",
-        "16",
-        "--num-heads",
-        "2",
-        "--num-layers",
-        "1",
-        "--batch-size",
-        "16",
-        "--quiet",
-    ];
+    let small =
+        common::words("--embed-dim 16 --num-heads 2 --num-layers 1 --batch-size 16 --quiet");
     let mut args = vec![
         "train",
         "--tokens",
@@ -52,7 +43,7 @@ fn train_generate_eval_resume_on_a_token_file() -> Result<()> {
         "--save-every",
         "100",
     ];
-    args.extend(common);
+    args.extend(small);
     let (ok, stdout, stderr) = mha(&args)?;
     assert!(ok, "{stdout}{stderr}");
     // Notices and progress on stderr; the run's result on stdout.

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use candle_mha_train::commit::sha256_hex;
-use common::{gpl_text, mha, mha_exe, run_mha, train_tiny_run, TINY_TEXT_MODEL};
+use common::{gpl_text, mha, mha_exe, run_mha, train_tiny_run, words, TINY_TEXT_MODEL};
 
 fn s(p: &Path) -> &str {
     p.to_str().expect("UTF-8 temp path")
@@ -219,7 +219,7 @@ fn links_planted_in_a_run_are_never_written_through() -> Result<()> {
         "2",
         "--quiet",
     ];
-    train.extend(TINY_TEXT_MODEL);
+    train.extend(words(TINY_TEXT_MODEL));
     assert_refused(&train, "symbolic link")?;
     assert_eq!(
         std::fs::read_dir(&outside_dir)?.count(),
@@ -348,7 +348,7 @@ fn a_moved_run_resumes_exactly_and_substituted_data_is_refused() -> Result<()> {
             args.push("--resume");
         } else {
             args.extend(["--text", &corpus]);
-            args.extend(TINY_TEXT_MODEL);
+            args.extend(words(TINY_TEXT_MODEL));
         }
         args.extend(common);
         let (ok, _, err) = mha(&args)?;
@@ -433,7 +433,7 @@ fn a_moved_run_resumes_exactly_and_substituted_data_is_refused() -> Result<()> {
         "--quiet",
     ];
     // The tiny model without its BPE size (the data has its tokenizer).
-    args.extend(&TINY_TEXT_MODEL[2..]);
+    args.extend(&words(TINY_TEXT_MODEL)[2..]);
     let (ok, _, err) = mha(&args)?;
     assert!(ok, "{err}");
     let tokenizer = tmp.path().join("tokenizer.json");
@@ -485,7 +485,7 @@ fn a_text_run_holds_its_data_directory() -> Result<()> {
         "100000",
         "--quiet",
     ];
-    args.extend(TINY_TEXT_MODEL);
+    args.extend(words(TINY_TEXT_MODEL));
     let mut child = Command::new(mha_exe()?)
         .args(&args)
         .stdout(Stdio::null())
@@ -596,7 +596,7 @@ fn devices_and_fifos_are_refused_by_every_input_option() -> Result<()> {
         "2",
         "--quiet",
     ];
-    train.extend(TINY_TEXT_MODEL);
+    train.extend(words(TINY_TEXT_MODEL));
     let (ok, _, err) = mha(&train)?;
     assert!(ok, "{err}");
     let fifo = tmp.path().join("fifo");
@@ -687,7 +687,7 @@ fn small_items_of_trust() -> Result<()> {
         "2",
         "--quiet",
     ];
-    train.extend(TINY_TEXT_MODEL);
+    train.extend(words(TINY_TEXT_MODEL));
     assert_refused(
         &train,
         "holds files a run did not write (metrics.jsonl, notes.txt)",
@@ -825,7 +825,7 @@ fn an_f64_run_resumed_plainly_stays_f64() -> Result<()> {
             "500",
         ];
         // The tiny model's shape; this task has no vocabulary to size.
-        args.extend(&TINY_TEXT_MODEL[2..]);
+        args.extend(&words(TINY_TEXT_MODEL)[2..]);
         args.push("--quiet");
         args.extend(extra);
         let (ok, _, err) = mha(&args)?;

@@ -17,20 +17,8 @@ use anyhow::{bail, Result};
 use candle_mha::candle::{DType, Device, Tensor};
 
 /// The default task, tiny: 1 block of width 16, 1000 examples, no evaluation before the end.
-const TINY: &[&str] = &[
-    "train",
-    "--embed-dim",
-    "16",
-    "--num-heads",
-    "2",
-    "--num-layers",
-    "1",
-    "--train-examples",
-    "1000",
-    "--eval-every",
-    "0",
-    "--quiet",
-];
+const TINY: &str =
+    "train --embed-dim 16 --num-heads 2 --num-layers 1 --train-examples 1000 --eval-every 0 --quiet";
 
 /// The key bias's noise level after these short runs (see [`weight_diff`]): in f64 a few
 /// `lr · 1e-17 / eps` per step; in f32 the noise (~1e-9) is near AdamW's eps, so its steps
@@ -128,7 +116,7 @@ fn mha(ranks: Option<usize>, args: &[&str], env: &[(&str, &str)], limit: u64) ->
 
 /// `mha train` that must succeed.
 fn train(ranks: Option<usize>, out: &Path, extra: &[&str], env: &[(&str, &str)]) -> Result<String> {
-    let mut args = TINY.to_vec();
+    let mut args = candle_mha_test_support::words(TINY);
     args.extend(["--out", out.to_str().unwrap()]);
     args.extend(extra);
     // Generous: a loaded machine with ranks at low priority (CI, a shared box) is slow.
@@ -288,7 +276,7 @@ fn two_ranks_train_as_one_process_and_resume_at_another_world_size() -> Result<(
     let f64_saving = [&f64_run[..], &["--save-every", "30"]].concat();
     for (first, then, name) in [(Some(2), None, "2then1"), (None, Some(2), "1then2")] {
         let dir = p(name);
-        let mut args = TINY.to_vec();
+        let mut args = candle_mha_test_support::words(TINY);
         args.extend(["--out", dir.to_str().unwrap()]);
         args.extend(&f64_saving);
         let fault = if first.is_some() {
@@ -373,7 +361,7 @@ fn a_killed_or_hanging_rank_ends_the_run_and_the_checkpoint_loads() -> Result<()
     ];
     for (fault, name) in [("1:12:kill", "killed"), ("1:12:hang", "hung")] {
         let dir = tmp.path().join(name);
-        let mut args = TINY.to_vec();
+        let mut args = candle_mha_test_support::words(TINY);
         args.extend(["--out", dir.to_str().unwrap()]);
         args.extend(run);
         let r = mha(Some(2), &args, &[("MHA_FAULT_INJECT", fault)], 60)?;

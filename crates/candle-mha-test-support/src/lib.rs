@@ -196,17 +196,15 @@ pub fn gpl_text() -> String {
         .into_owned()
 }
 
-/// `mha train` options of a tiny text model (a 300-id BPE, one block of width 16).
-pub const TINY_TEXT_MODEL: [&str; 8] = [
-    "--vocab-size",
-    "300",
-    "--embed-dim",
-    "16",
-    "--num-heads",
-    "2",
-    "--num-layers",
-    "1",
-];
+/// `mha train` options of a tiny text model (a 300-id BPE, one block of width 16), for
+/// [`words`].
+pub const TINY_TEXT_MODEL: &str = "--vocab-size 300 --embed-dim 16 --num-heads 2 --num-layers 1";
+
+/// The words of a command line without quoting (flags and plain values): `line` split at
+/// whitespace.
+pub fn words(line: &'static str) -> Vec<&'static str> {
+    line.split_whitespace().collect()
+}
 
 /// Runs the program `exe` (the CLI crate's tests pass `env!("CARGO_BIN_EXE_mha")`);
 /// returns (success, stdout, stderr).
