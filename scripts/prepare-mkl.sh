@@ -26,7 +26,8 @@ if [ ! -f "$DIR/.complete-$VERSION" ]; then
   touch "$DIR/.complete-$VERSION"
 fi
 ROOT=$DIR/root
-IOMP=$(dirname "$(find "$ROOT" -name 'libiomp5.so' | head -1)")
+# -quit, not a pipe into head: under pipefail a pipe's early reader can fail the script.
+IOMP=$(dirname "$(find "$ROOT" -name libiomp5.so -print -quit)")
 [ -f "$IOMP/libiomp5.so" ] || { echo "libiomp5.so not found under $ROOT" >&2; exit 1; }
-find "$ROOT" -name libmkl_core.a | grep -q . || { echo "libmkl_core.a not found under $ROOT" >&2; exit 1; }
+[ -n "$(find "$ROOT" -name libmkl_core.a -print -quit)" ] || { echo "libmkl_core.a not found under $ROOT" >&2; exit 1; }
 echo "export MKLROOT=\"$ROOT\" LD_LIBRARY_PATH=\"$IOMP\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}\""
