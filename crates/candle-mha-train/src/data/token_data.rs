@@ -60,6 +60,14 @@ impl TokenDtype {
             Self::U32 => 4,
         }
     }
+
+    /// The ids stored little-endian in `bytes` (a trailing partial id is left out).
+    fn ids(self, bytes: &[u8]) -> impl Iterator<Item = u32> + '_ {
+        bytes.chunks_exact(self.width()).map(move |b| match self {
+            Self::U16 => u32::from(u16::from_le_bytes([b[0], b[1]])),
+            Self::U32 => u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        })
+    }
 }
 
 /// One file the data was prepared from.
@@ -371,17 +379,7 @@ impl TokenData {
     fn largest_id(&self) -> Option<u32> {
         let mut max = None;
         for part in &self.parts {
-            let m = match self.meta.dtype {
-                TokenDtype::U16 => part
-                    .chunks_exact(2)
-                    .map(|b| u32::from(u16::from_le_bytes([b[0], b[1]])))
-                    .max(),
-                TokenDtype::U32 => part
-                    .chunks_exact(4)
-                    .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                    .max(),
-            };
-            max = max.max(m);
+            max = max.max(self.meta.dtype.ids(part).max());
         }
         max
     }
@@ -398,14 +396,11 @@ impl TokenData {
         let mut first_bad = None;
         let mut start = 0usize;
         for part in &self.parts {
-            let bad = match self.meta.dtype {
-                TokenDtype::U16 => part
-                    .chunks_exact(2)
-                    .position(|b| u64::from(u16::from_le_bytes([b[0], b[1]])) >= limit),
-                TokenDtype::U32 => part
-                    .chunks_exact(4)
-                    .position(|b| u64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]])) >= limit),
-            };
+            let bad = self
+                .meta
+                .dtype
+                .ids(part)
+                .position(|id| u64::from(id) >= limit);
             if let Some(i) = bad {
                 first_bad = Some(start + i);
                 break;
@@ -502,16 +497,7 @@ impl TokenData {
             start = end;
         }
         let bytes = single.unwrap_or(&gathered[..]);
-        Ok(match self.meta.dtype {
-            TokenDtype::U16 => bytes
-                .chunks_exact(2)
-                .map(|b| u32::from(u16::from_le_bytes([b[0], b[1]])))
-                .collect(),
-            TokenDtype::U32 => bytes
-                .chunks_exact(4)
-                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-        })
+        Ok(self.meta.dtype.ids(bytes).collect())
     }
 
     /// The tokenization stored beside the tokens; errors when its hash is not the one
