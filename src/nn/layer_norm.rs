@@ -15,18 +15,45 @@ use rayon::prelude::*;
 use crate::cpu::{contiguous, filled_vec, fused, unsupported_dtype, ROWS_PER_TASK};
 use crate::numerics::softmax_dtype;
 
+/// `Σ f(x)` over a row in f64, in eight interleaved partial sums (lane `j` takes elements
+/// `j, j + 8, …`) added at the end: independent lanes, so the compiler keeps them in vector
+/// registers where one running sum would be a chain of dependent scalar additions.
+#[inline(always)]
+fn lane_sum<T: WithDType>(row: &[T], f: impl Fn(f64) -> f64) -> f64 {
+    let mut acc = [0f64; LANES];
+    let chunks = row.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (a, x) in acc.iter_mut().zip(c) {
+            *a += f(x.to_f64());
+        }
+    }
+    for (a, x) in acc.iter_mut().zip(rest) {
+        *a += f(x.to_f64());
+    }
+    acc.iter().sum()
+}
+
+/// `Σ a·b` in the lanes of [`lane_sum`].
+#[inline(always)]
+fn lane_sum_pairs(a: &[f64], b: &[f64]) -> f64 {
+    let mut acc = [0f64; LANES];
+    for (a, b) in a.chunks(LANES).zip(b.chunks(LANES)) {
+        for ((s, a), b) in acc.iter_mut().zip(a).zip(b) {
+            *s += a * b;
+        }
+    }
+    acc.iter().sum()
+}
+
+/// Partial sums of [`lane_sum`]: one AVX-512 vector of f64.
+const LANES: usize = 8;
+
 /// Mean and `1/√(var + eps)` of a row (biased variance, as PyTorch).
 fn stats<T: WithDType>(row: &[T], eps: f64) -> (f64, f64) {
     let n = row.len().max(1) as f64;
-    let mean = row.iter().map(|x| x.to_f64()).sum::<f64>() / n;
-    let var = row
-        .iter()
-        .map(|x| {
-            let d = x.to_f64() - mean;
-            d * d
-        })
-        .sum::<f64>()
-        / n;
+    let mean = lane_sum(row, |x| x) / n;
+    let var = lane_sum(row, |x| (x - mean) * (x - mean)) / n;
     (mean, 1.0 / (var + eps).sqrt())
 }
 
@@ -91,26 +118,31 @@ fn backward<T: WithDType>(x: &[T], w: &[T], g: &[T], eps: f64) -> Result<(Vec<T>
                 .zip(x.par_chunks(chunk).zip(g.par_chunks(chunk)))
                 .map(|(dx, (x, g))| {
                     let (mut dw, mut db) = (vec![0f64; d], vec![0f64; d]);
-                    let mut xhat = vec![0f64; d];
+                    let (mut xhat, mut gw) = (vec![0f64; d], vec![0f64; d]);
                     for ((dx, x), g) in dx
                         .chunks_exact_mut(d)
                         .zip(x.chunks_exact(d))
                         .zip(g.chunks_exact(d))
                     {
                         let (mean, rstd) = stats(x, eps);
-                        let (mut c1, mut c2) = (0f64, 0f64);
-                        for j in 0..d {
-                            xhat[j] = (x[j].to_f64() - mean) * rstd;
-                            let (gj, gw) = (g[j].to_f64(), g[j].to_f64() * w[j].to_f64());
-                            c1 += gw;
-                            c2 += gw * xhat[j];
-                            dw[j] += gj * xhat[j];
-                            db[j] += gj;
+                        // Element-wise first (vectorised), then the two row sums in lanes.
+                        let per_column = dw.iter_mut().zip(db.iter_mut());
+                        for (((xh, gw), (dw, db)), ((x, g), w)) in xhat
+                            .iter_mut()
+                            .zip(gw.iter_mut())
+                            .zip(per_column)
+                            .zip(x.iter().zip(g).zip(w))
+                        {
+                            let g = g.to_f64();
+                            *xh = (x.to_f64() - mean) * rstd;
+                            *dw += g * *xh;
+                            *db += g;
+                            *gw = g * w.to_f64();
                         }
-                        let (c1, c2) = (c1 / d as f64, c2 / d as f64);
-                        for j in 0..d {
-                            let gw = g[j].to_f64() * w[j].to_f64();
-                            dx[j].write(T::from_f64(rstd * (gw - c1 - xhat[j] * c2)));
+                        let c1 = lane_sum(&gw, |v| v) / d as f64;
+                        let c2 = lane_sum_pairs(&gw, &xhat) / d as f64;
+                        for ((dx, gw), xh) in dx.iter_mut().zip(&gw).zip(&xhat) {
+                            dx.write(T::from_f64(rstd * (gw - c1 - xh * c2)));
                         }
                     }
                     (dw, db)
