@@ -26,8 +26,9 @@
 //!   `out.sum().backward()`); the reference path is not timed (`MHA_BENCH_REFERENCE=1` times
 //!   it);
 //! - `retained`: both processes keep freed memory for reuse (`alloc::retain_freed_memory`
-//!   here, the equivalent `GLIBC_TUNABLES` for PyTorch's child, as the `mha` CLI runs), and
-//!   the step's backward starts from an output gradient `r` (`autograd::backward_with(&out,
+//!   here, the equivalent `GLIBC_TUNABLES` for PyTorch's child), our side with
+//!   `runtime::recommended_env()` where the environment does not set it, as the `mha` CLI
+//!   runs; and the step's backward starts from an output gradient `r` (`autograd::backward_with(&out,
 //!   &r)`, PyTorch's `out.backward(r)`): the module's backward and nothing else.
 //!
 //! Two more modes run only when named: `MHA_BENCH_MODE=backward` (glibc defaults) and

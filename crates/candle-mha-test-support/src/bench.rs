@@ -39,7 +39,10 @@ impl Allocator {
             ),
             false => "glibc defaults".to_string(),
         };
-        format!("allocator (both sides): {setting}")
+        let spin = std::env::var(candle_mha::runtime::SPIN_LIMIT_ENV)
+            .map(|v| format!("{}={v}", candle_mha::runtime::SPIN_LIMIT_ENV))
+            .unwrap_or_else(|_| "candle's default spin limit".to_string());
+        format!("allocator (both sides): {setting} | ours: {spin}")
     }
 
     /// Gives a child process (PyTorch's side) the same setting.
@@ -295,6 +298,9 @@ pub fn print_machine(threads_from: &str) {
 /// The environment variable that tells a child process which mode it runs.
 pub const CHILD_MODE: &str = "MHA_BENCH_CHILD_MODE";
 
+/// The mode that keeps freed memory and runs with the CLI's environment.
+pub const CLI_MODE: &str = "retained";
+
 /// Runs a bench once per mode, each in a child process of its own (the same executable and
 /// arguments), since allocator settings (`mallopt`) are process-wide and cannot be undone.
 ///
@@ -302,6 +308,9 @@ pub const CHILD_MODE: &str = "MHA_BENCH_CHILD_MODE";
 /// named in `selector` (comma-separated; unset or empty: all of `modes`, in order) one after
 /// the other with inherited output, then returns `None`. `extra` modes run only when named.
 /// A mode that fails or is unknown is reported on stderr; the others still run.
+///
+/// The mode [`CLI_MODE`] runs as the `mha` CLI does: its child also gets
+/// [`candle_mha::runtime::recommended_env`] (each pair the environment does not set).
 pub fn mode_children(selector: &str, modes: &[&str], extra: &[&str]) -> Option<String> {
     if let Ok(mode) = std::env::var(CHILD_MODE) {
         return Some(mode);
@@ -327,10 +336,16 @@ pub fn mode_children(selector: &str, modes: &[&str], extra: &[&str]) -> Option<S
             continue;
         }
         println!("\n## mode: {mode}\n");
-        let status = Command::new(&exe)
-            .args(std::env::args_os().skip(1))
-            .env(CHILD_MODE, &mode)
-            .status();
+        let mut cmd = Command::new(&exe);
+        cmd.args(std::env::args_os().skip(1)).env(CHILD_MODE, &mode);
+        if mode == CLI_MODE {
+            for (name, value) in candle_mha::runtime::recommended_env() {
+                if std::env::var_os(name).is_none() {
+                    cmd.env(name, value);
+                }
+            }
+        }
+        let status = cmd.status();
         match status {
             Ok(s) if s.success() => {}
             Ok(s) => eprintln!("mode {mode}: the child process failed ({s})"),

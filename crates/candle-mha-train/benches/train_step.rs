@@ -40,7 +40,8 @@
 //!   of its own (allocator settings are process-wide): `user` leaves glibc's allocator
 //!   defaults on both sides (a library user's program); `retained` keeps freed memory on both
 //!   sides (`runtime::retain_freed_memory` here, the equivalent `GLIBC_TUNABLES` in PyTorch's
-//!   process), as the `mha` CLI trains.
+//!   process) and runs our side with `runtime::recommended_env()` where the environment does
+//!   not set it, as the `mha` CLI trains.
 
 use candle_mha_test_support::bench as support;
 
