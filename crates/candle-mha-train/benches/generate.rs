@@ -25,7 +25,9 @@
 //! Python with torch; unset: `python3`, then `python`); `RAYON_NUM_THREADS` (candle's CPU
 //! threads; torch gets the same; unset, it is pinned to candle's default as `mha generate`
 //! pins it, because candle otherwise parses `/proc/cpuinfo` on every matmul);
-//! `MHA_BENCH_MODE=user` for glibc's allocator defaults on both sides (see
+//! `MHA_BENCH_MODE=user` for glibc's allocator defaults on both sides and candle's default
+//! spin limit (otherwise ours runs as `mha generate` does: freed memory kept,
+//! `runtime::recommended_env()` where the environment does not set it; see
 //! `candle_mha_test_support::bench::Allocator`).
 
 use candle_mha_test_support::bench as support;
@@ -95,6 +97,14 @@ fn main() -> Result<()> {
         std::env::set_var("RAYON_NUM_THREADS", n.to_string());
     }
     let allocator = Allocator::from_env();
+    // Retaining is the CLI's configuration: its environment too, before the first candle op.
+    if allocator.retain {
+        for (name, value) in candle_mha::runtime::recommended_env() {
+            if std::env::var_os(name).is_none() {
+                std::env::set_var(name, value);
+            }
+        }
+    }
     print_machine(&threads_from);
     let threads = candle::utils::get_num_threads();
     println!("{}", allocator.describe());

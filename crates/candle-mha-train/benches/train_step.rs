@@ -141,7 +141,8 @@ struct Timing {
     /// The fastest step (over rounds: of all rounds). A loaded machine only slows steps down.
     fastest_s: f64,
     tokens_per_s: f64,
-    /// Our side only: median seconds of forward + loss, backward, clipping, AdamW.
+    /// Median seconds of forward + loss, backward, clipping, AdamW (PyTorch's side: where
+    /// its script reports them; its first phase includes `zero_grad`).
     phases: Option<[f64; 4]>,
 }
 
@@ -315,7 +316,10 @@ fn bench_torch(server: &mut TorchServer, shape: &BenchShape) -> Option<Timing> {
         median_s: rec["median_s"].as_f64()?,
         fastest_s: rec["min_s"].as_f64()?,
         tokens_per_s: rec["tokens_per_s"].as_f64()?,
-        phases: None,
+        phases: rec["phases_s"].as_array().and_then(|p| {
+            let p: Vec<f64> = p.iter().filter_map(|v| v.as_f64()).collect();
+            p.try_into().ok()
+        }),
     })
 }
 
@@ -490,17 +494,22 @@ fn run_mode(mode: &str) -> Result<()> {
              PyTorch's (noise only slows a step down).\nratio < 1: candle-mha is faster; > 1: slower."
         );
     }
-    println!("\nours, median ms per phase: forward+loss / backward / clip_grad_norm / AdamW step");
-    for (s, o) in shapes.iter().zip(&ours) {
-        if let Some(p) = o.phases {
-            println!(
-                "  {:<6} {:>8.1} / {:>8.1} / {:>6.1} / {:>6.1}",
-                s.name,
-                p[0] * 1e3,
-                p[1] * 1e3,
-                p[2] * 1e3,
-                p[3] * 1e3
-            );
+    println!("\nmedian ms per phase: forward+loss / backward / clip_grad_norm / AdamW step");
+    let theirs = theirs.unwrap_or_default();
+    for (i, s) in shapes.iter().enumerate() {
+        let sides = [("ours", Some(&ours[i])), ("torch", theirs.get(i).and_then(|t| t.as_ref()))];
+        for (side, t) in sides {
+            if let Some(p) = t.and_then(|t| t.phases) {
+                println!(
+                    "  {:<6} {:<5} {:>8.1} / {:>8.1} / {:>6.1} / {:>6.1}",
+                    s.name,
+                    side,
+                    p[0] * 1e3,
+                    p[1] * 1e3,
+                    p[2] * 1e3,
+                    p[3] * 1e3
+                );
+            }
         }
     }
     Ok(())
