@@ -121,10 +121,13 @@ pub(crate) unsafe fn gemm_from<T: Elem>(
         }
     };
     // MKL's products where it is linked, for the products a caller runs on all threads (the
-    // linear layers); MKL threads them itself.
+    // linear layers): split over rayon's threads where the product is worth a fork-join.
     #[cfg(feature = "mkl")]
-    if threads == Threads::All && super::mkl::gemm((m, n, k), dst, accumulate, [lhs, rhs], alpha) {
-        return;
+    if threads == Threads::All {
+        let parts = if all { num_threads() } else { 1 };
+        if super::mkl::gemm((m, n, k), dst, accumulate, [lhs, rhs], alpha, parts) {
+            return;
+        }
     }
     let parallelism = match (all, num_threads()) {
         (true, t) if t > 1 => gemm::Parallelism::Rayon(t),
@@ -167,24 +170,30 @@ mod tests {
     use super::*;
 
     /// `gemm_from` with a bias row against a plain loop on each of its paths: one thread, all
-    /// threads (forced parallel), a right operand with no unit stride, and `k = 0` (the row
-    /// alone); f32 and f64.
-    /// Nothing past column `n` is written.
+    /// threads (forced parallel; with MKL, split by output rows and by columns), operands
+    /// stored transposed, a right operand with no unit stride, and `k = 0` (the row alone);
+    /// f32 and f64. Nothing past column `n` is written.
     #[test]
     fn starts_from_a_row_on_every_path() {
         fn check<T: Elem + Into<f64>>(tol: f64) {
             let val = |i: usize, s: u64| ((i as u64 * 2654435761 + s) % 1009) as f64 / 251.0 - 2.0;
-            // (dims, threads, rhs column stride: 1 or 2 (neither stride unit))
+            // (dims, threads, rhs column stride: 1 or 2 (neither stride unit), lhs and rhs
+            // stored transposed)
             let cases = [
-                ((9, 21, 13), Threads::One, 1),
-                ((70, 37, 300), Threads::All, 1),
-                ((70, 37, 300), Threads::All, 2),
-                ((5, 7, 0), Threads::All, 1),
+                ((9, 21, 13), Threads::One, 1, (false, false)),
+                ((70, 37, 300), Threads::All, 1, (false, false)),
+                ((70, 37, 300), Threads::All, 2, (false, false)),
+                ((70, 37, 300), Threads::All, 1, (true, true)),
+                ((20, 90, 50), Threads::All, 1, (false, false)),
+                ((20, 90, 50), Threads::All, 1, (true, true)),
+                ((5, 7, 0), Threads::All, 1, (false, false)),
             ];
-            for ((m, n, k), threads, bcs) in cases {
+            for ((m, n, k), threads, bcs, (lhs_t, rhs_t)) in cases {
                 let a: Vec<T> = (0..m * k).map(|i| T::from_f64(val(i, 1))).collect();
-                let brs = bcs * n + 1;
-                let b: Vec<T> = (0..k.max(1) * brs)
+                // a[i][p] at i·ars + p·acs; b[p][j] at p·brs + j·bcs.
+                let (ars, acs) = if lhs_t { (1, m) } else { (k, 1) };
+                let (brs, bcs) = if rhs_t { (1, k) } else { (bcs * n + 1, bcs) };
+                let b: Vec<T> = (0..k.max(1) * (bcs * n + 1).max(brs))
                     .map(|i| T::from_f64(val(i, 2)))
                     .collect();
                 let row: Vec<T> = (0..n).map(|j| T::from_f64(val(j, 4))).collect();
@@ -194,14 +203,14 @@ mod tests {
                     c[i * ld + n] = T::from_f64(7.0);
                 }
                 crate::cpu::par::force(Some(threads == Threads::All));
-                // SAFETY: a is m×k, b k rows of stride brs with n columns of stride bcs, c m
-                // rows of stride ld, the row n elements.
+                // SAFETY: a holds m·k elements at (ars, acs), b covers k rows of stride brs
+                // and n columns of stride bcs, c m rows of stride ld, the row n elements.
                 unsafe {
                     gemm_from(
                         (m, n, k),
                         (c.as_mut_ptr(), ld, 1),
                         Start::Row(row.as_ptr()),
-                        (a.as_ptr(), k, 1),
+                        (a.as_ptr(), ars, acs),
                         (b.as_ptr(), brs, bcs),
                         T::from_f64(0.5),
                         threads,
@@ -216,12 +225,13 @@ mod tests {
                     );
                     for j in 0..n {
                         let dot: f64 = (0..k)
-                            .map(|p| a[i * k + p].into() * b[p * brs + j * bcs].into())
+                            .map(|p| a[i * ars + p * acs].into() * b[p * brs + j * bcs].into())
                             .sum();
                         let (got, want) = (c[i * ld + j].into(), row[j].into() + 0.5 * dot);
                         assert!(
                             (got - want).abs() <= tol * (1.0 + want.abs()),
-                            "({m},{n},{k}) bcs={bcs}: c[{i}][{j}] = {got}, want {want}"
+                            "({m},{n},{k}) bcs={bcs} transposed {lhs_t}/{rhs_t}: \
+                             c[{i}][{j}] = {got}, want {want}"
                         );
                     }
                 }

@@ -1,5 +1,10 @@
 //! The large products of [`gemm`](super::gemm) on Intel MKL's `cblas_sgemm`/`cblas_dgemm`
 //! (the `mkl` feature; candle-core's `mkl` feature links the library).
+//!
+//! Each call runs MKL sequentially (`mkl_set_num_threads_local(1)`, restored after) and a
+//! product on all threads is split into one block of output rows or columns per rayon
+//! thread: MKL's own OpenMP threads would spin after each product on the cores that rayon's
+//! element-wise work and attention tiles need next.
 
 use candle::DType;
 
@@ -9,7 +14,15 @@ const ROW_MAJOR: i32 = 101;
 const NO_TRANS: i32 = 111;
 const TRANS: i32 = 112;
 
+extern "C" {
+    /// Sets the calling thread's MKL thread count (0: the global setting) and returns the
+    /// previous one (`mkl_set_num_threads_local` in C; the lower-case symbol is Fortran's,
+    /// which takes a pointer).
+    fn MKL_Set_Num_Threads_Local(nt: i32) -> i32;
+}
+
 /// One row-major `c = beta·c + alpha·op(a)·op(b)`, its matrices untyped and its scalars f64.
+#[derive(Clone, Copy)]
 struct Call {
     trans: (i32, i32),
     mnk: (i32, i32, i32),
@@ -68,6 +81,60 @@ macro_rules! cblas_gemm {
 cblas_gemm!(sgemm, cblas_sgemm, f32);
 cblas_gemm!(dgemm, cblas_dgemm, f64);
 
+// SAFETY: a `Call`'s pointers are only dereferenced by MKL during `run`; the parts of one
+// product that threads run at once read shared operands and write disjoint blocks of `c`.
+unsafe impl Send for Call {}
+// SAFETY: as above.
+unsafe impl Sync for Call {}
+
+impl Call {
+    /// The same product restricted to output rows (`rows`) or columns (`!rows`) `range`:
+    /// `op(a)`'s rows or `op(b)`'s columns move with them.
+    fn part<T>(&self, rows: bool, range: std::ops::Range<usize>) -> Self {
+        let (m, n, k) = self.mnk;
+        let len = (range.end - range.start) as i32;
+        let offset = |ld: i32, trans: i32, along_op_rows: bool| -> usize {
+            // Element offset of index `range.start` along op(matrix)'s rows or columns, for a
+            // row-major matrix of leading dimension `ld` that `trans` reads transposed or not.
+            match (trans == NO_TRANS) == along_op_rows {
+                true => range.start * ld as usize,
+                false => range.start,
+            }
+        };
+        let bytes = |elements: usize| elements * std::mem::size_of::<T>();
+        let mut part = *self;
+        if rows {
+            part.mnk = (len, n, k);
+            let a = offset(self.a.1, self.trans.0, true);
+            part.a.0 = self.a.0.wrapping_add(bytes(a));
+            part.c.0 = self
+                .c
+                .0
+                .wrapping_add(bytes(range.start * self.c.1 as usize));
+        } else {
+            part.mnk = (m, len, k);
+            let b = offset(self.b.1, self.trans.1, false);
+            part.b.0 = self.b.0.wrapping_add(bytes(b));
+            part.c.0 = self.c.0.wrapping_add(bytes(range.start));
+        }
+        part
+    }
+
+    /// Runs the product on MKL's sequential path on this thread.
+    ///
+    /// # Safety
+    /// As [`gemm`].
+    unsafe fn run(&self, dtype: DType) {
+        let previous = MKL_Set_Num_Threads_Local(1);
+        match dtype {
+            DType::F32 => sgemm(self),
+            DType::F64 => dgemm(self),
+            _ => {}
+        }
+        MKL_Set_Num_Threads_Local(previous);
+    }
+}
+
 /// How cblas reads a `rows × cols` operand of strides `(rs, cs)`: row-major as it is
 /// (`cs = 1`) or transposed (`rs = 1`), with its leading dimension; `None` when neither stride
 /// is 1 or the leading dimension is too small for cblas (a broadcast operand).
@@ -81,7 +148,8 @@ fn layout(rows: usize, cols: usize, rs: usize, cs: usize) -> Option<(i32, i32)> 
 }
 
 /// `dst = beta·dst + alpha·lhs·rhs` (`beta` 0 or 1) on MKL when the operands are row- or
-/// column-major and `dst` row-major; `false` (nothing done) when MKL cannot take them.
+/// column-major and `dst` row-major, in `parts` blocks of output rows or columns on rayon's
+/// threads (1: on this thread); `false` (nothing done) when MKL cannot take them.
 ///
 /// # Safety
 /// As [`gemm`](super::gemm).
@@ -91,6 +159,7 @@ pub(super) unsafe fn gemm<T: Elem>(
     accumulate: bool,
     [lhs, rhs]: [Operand<T>; 2],
     alpha: T,
+    parts: usize,
 ) -> bool {
     let (Ok(mi), Ok(ni), Ok(ki)) = (i32::try_from(m), i32::try_from(n), i32::try_from(k)) else {
         return false;
@@ -111,10 +180,22 @@ pub(super) unsafe fn gemm<T: Elem>(
         beta: if accumulate { 1.0 } else { 0.0 },
         c: (dst.0.cast(), ldc),
     };
-    match T::DTYPE {
-        DType::F32 => sgemm(&call),
-        DType::F64 => dgemm(&call),
-        _ => return false,
+    if !matches!(T::DTYPE, DType::F32 | DType::F64) {
+        return false;
     }
+    // Split the longer side of the output, in blocks of whole vectors where it allows.
+    let (rows, len) = if m >= n { (true, m) } else { (false, n) };
+    let parts = parts.clamp(1, len.div_ceil(16).max(1));
+    if parts == 1 {
+        call.run(T::DTYPE);
+        return true;
+    }
+    let block = len.div_ceil(parts).next_multiple_of(16).min(len);
+    use rayon::prelude::*;
+    (0..len.div_ceil(block)).into_par_iter().for_each(|i| {
+        let range = i * block..((i + 1) * block).min(len);
+        // SAFETY: each part writes its own block of dst; the operands are only read.
+        unsafe { call.part::<T>(rows, range).run(T::DTYPE) }
+    });
     true
 }

@@ -497,7 +497,10 @@ fn run_mode(mode: &str) -> Result<()> {
     println!("\nmedian ms per phase: forward+loss / backward / clip_grad_norm / AdamW step");
     let theirs = theirs.unwrap_or_default();
     for (i, s) in shapes.iter().enumerate() {
-        let sides = [("ours", Some(&ours[i])), ("torch", theirs.get(i).and_then(|t| t.as_ref()))];
+        let sides = [
+            ("ours", Some(&ours[i])),
+            ("torch", theirs.get(i).and_then(|t| t.as_ref())),
+        ];
         for (side, t) in sides {
             if let Some(p) = t.and_then(|t| t.phases) {
                 println!(
