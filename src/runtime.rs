@@ -23,6 +23,10 @@
 //! that (the `train_step` bench's steps are faster with it where threads equal cores). candle
 //! reads the limit only from the environment variable [`SPIN_LIMIT_ENV`].
 //!
+//! With the `mkl` feature, MKL's OpenMP threads (candle's MKL matmuls and vector math) spin
+//! 200 ms after each parallel region by default, on the same cores; [`recommended_env`] adds
+//! `KMP_BLOCKTIME=0` ([`BLOCKTIME_ENV`]) so that they sleep at once.
+//!
 //! # Keeping freed memory ([`retain_freed_memory`])
 //! candle allocates a fresh buffer for every intermediate tensor and gradient. With glibc's
 //! defaults the large ones are returned to the operating system when freed and page-faulted
@@ -87,16 +91,25 @@ pub const SPIN_LIMIT_ENV: &str = "CANDLE_BARRIER_POOL_SPIN_LIMIT";
 /// default: 25,000).
 pub const SPIN_LIMIT: u32 = 1000;
 
+/// Intel OpenMP's environment variable for how long (ms) its threads spin after a parallel
+/// region before sleeping (default 200).
+pub const BLOCKTIME_ENV: &str = "KMP_BLOCKTIME";
+
 /// The environment settings candle should start with for training and decoding on the CPU:
 /// `(name, value)` pairs for the program to set (where the user has not) before its first
-/// candle op. The library reads and writes no environment variable itself.
+/// candle op: the spin limit of candle's element-wise workers, and with the `mkl` feature
+/// `KMP_BLOCKTIME=0`. The library reads and writes no environment variable itself.
 ///
 /// ```
 /// let env = candle_mha::runtime::recommended_env();
 /// assert_eq!(env[0], ("CANDLE_BARRIER_POOL_SPIN_LIMIT", "1000".to_string()));
 /// ```
 pub fn recommended_env() -> Vec<(&'static str, String)> {
-    vec![(SPIN_LIMIT_ENV, SPIN_LIMIT.to_string())]
+    let mut env = vec![(SPIN_LIMIT_ENV, SPIN_LIMIT.to_string())];
+    if cfg!(feature = "mkl") {
+        env.push((BLOCKTIME_ENV, "0".to_string()));
+    }
+    env
 }
 
 /// Allocations at least this large (32 MiB, glibc's maximum for the setting) still get their
@@ -182,5 +195,19 @@ mod imp {
 mod imp {
     pub(super) fn retain() -> bool {
         false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The OpenMP setting is recommended exactly where MKL (and its OpenMP) is linked.
+    #[test]
+    fn blocktime_is_recommended_with_mkl_only() {
+        let env = recommended_env();
+        let blocktime = env.iter().any(|(k, v)| *k == BLOCKTIME_ENV && v == "0");
+        assert_eq!(blocktime, cfg!(feature = "mkl"), "{env:?}");
+        assert_eq!(env[0], (SPIN_LIMIT_ENV, SPIN_LIMIT.to_string()));
     }
 }

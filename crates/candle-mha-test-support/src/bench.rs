@@ -39,10 +39,18 @@ impl Allocator {
             ),
             false => "glibc defaults".to_string(),
         };
-        let spin = std::env::var(candle_mha::runtime::SPIN_LIMIT_ENV)
-            .map(|v| format!("{}={v}", candle_mha::runtime::SPIN_LIMIT_ENV))
-            .unwrap_or_else(|_| "candle's default spin limit".to_string());
-        format!("allocator (both sides): {setting} | ours: {spin}")
+        // The variables `recommended_env` names, as this process has them.
+        let env: Vec<String> = candle_mha::runtime::recommended_env()
+            .into_iter()
+            .map(|(name, _)| match std::env::var(name) {
+                Ok(v) => format!("{name}={v}"),
+                Err(_) => format!("{name} unset"),
+            })
+            .collect();
+        format!(
+            "allocator (both sides): {setting} | ours: {}",
+            env.join(" ")
+        )
     }
 
     /// Gives a child process (PyTorch's side) the same setting.
