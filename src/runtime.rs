@@ -197,17 +197,3 @@ mod imp {
         false
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The OpenMP setting is recommended exactly where MKL (and its OpenMP) is linked.
-    #[test]
-    fn blocktime_is_recommended_with_mkl_only() {
-        let env = recommended_env();
-        let blocktime = env.iter().any(|(k, v)| *k == BLOCKTIME_ENV && v == "0");
-        assert_eq!(blocktime, cfg!(feature = "mkl"), "{env:?}");
-        assert_eq!(env[0], (SPIN_LIMIT_ENV, SPIN_LIMIT.to_string()));
-    }
-}

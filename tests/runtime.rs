@@ -19,10 +19,12 @@ fn building_layers_changes_no_environment_variable() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// candle's spin limit, and with `mkl` Intel OpenMP's blocktime: nothing where it is not linked.
 #[test]
-fn the_recommended_environment_is_candles_spin_limit() {
-    assert_eq!(
-        recommended_env(),
-        vec![("CANDLE_BARRIER_POOL_SPIN_LIMIT", SPIN_LIMIT.to_string())]
-    );
+fn the_recommended_environment_is_candles_spin_limit_and_with_mkl_the_blocktime() {
+    let mut want = vec![("CANDLE_BARRIER_POOL_SPIN_LIMIT", SPIN_LIMIT.to_string())];
+    if cfg!(feature = "mkl") {
+        want.push(("KMP_BLOCKTIME", "0".to_string()));
+    }
+    assert_eq!(recommended_env(), want);
 }
