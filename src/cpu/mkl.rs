@@ -120,17 +120,14 @@ impl Call {
         part
     }
 
-    /// Runs the product on MKL's sequential path on this thread.
+    /// Runs the product with `product` (the call of its element type) on MKL's sequential
+    /// path on this thread.
     ///
     /// # Safety
-    /// As [`gemm`].
-    unsafe fn run(&self, dtype: DType) {
+    /// As [`gemm`]; `product` is the call of the matrices' element type.
+    unsafe fn run(&self, product: unsafe fn(&Call)) {
         let previous = MKL_Set_Num_Threads_Local(1);
-        match dtype {
-            DType::F32 => sgemm(self),
-            DType::F64 => dgemm(self),
-            _ => {}
-        }
+        product(self);
         MKL_Set_Num_Threads_Local(previous);
     }
 }
@@ -180,14 +177,17 @@ pub(super) unsafe fn gemm<T: Elem>(
         beta: if accumulate { 1.0 } else { 0.0 },
         c: (dst.0.cast(), ldc),
     };
-    if !matches!(T::DTYPE, DType::F32 | DType::F64) {
-        return false;
-    }
-    // Split the longer side of the output, in blocks of whole vectors where it allows.
+    let product: unsafe fn(&Call) = match T::DTYPE {
+        DType::F32 => sgemm,
+        DType::F64 => dgemm,
+        _ => return false,
+    };
+    // Split the longer side of the output (`m, n > 0`), in blocks of whole vectors where it
+    // allows.
     let (rows, len) = if m >= n { (true, m) } else { (false, n) };
-    let parts = parts.clamp(1, len.div_ceil(16).max(1));
+    let parts = parts.clamp(1, len.div_ceil(16));
     if parts == 1 {
-        call.run(T::DTYPE);
+        call.run(product);
         return true;
     }
     let block = len.div_ceil(parts).next_multiple_of(16).min(len);
@@ -195,7 +195,7 @@ pub(super) unsafe fn gemm<T: Elem>(
     (0..len.div_ceil(block)).into_par_iter().for_each(|i| {
         let range = i * block..((i + 1) * block).min(len);
         // SAFETY: each part writes its own block of dst; the operands are only read.
-        unsafe { call.part::<T>(rows, range).run(T::DTYPE) }
+        unsafe { call.part::<T>(rows, range).run(product) }
     });
     true
 }

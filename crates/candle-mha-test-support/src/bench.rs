@@ -4,9 +4,8 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-/// Both sides of a bench under the same allocator settings: unless
-/// `MHA_BENCH_MODE=user`, this process keeps freed memory
-/// (`alloc::retain_freed_memory`, as the `mha` CLI runs) and PyTorch's process gets the
+/// Both sides of a bench under the same allocator settings: in the mode that keeps freed
+/// memory (`runtime::retain_freed_memory`, as the `mha` CLI runs), PyTorch's process gets the
 /// equivalent `GLIBC_TUNABLES` through [`Allocator::apply`].
 pub struct Allocator {
     /// The setting took effect here (so it is given to the child too).
@@ -14,14 +13,6 @@ pub struct Allocator {
 }
 
 impl Allocator {
-    /// Applies the setting to this process; prints nothing.
-    pub fn from_env() -> Self {
-        let wanted = std::env::var("MHA_BENCH_MODE").as_deref() != Ok("user");
-        Self {
-            retain: wanted && candle_mha::runtime::retain_freed_memory(),
-        }
-    }
-
     /// The setting given: `retain` applies [`candle_mha::runtime::retain_freed_memory`] here
     /// (and hands the equivalent to children); `false` leaves glibc's defaults.
     pub fn new(retain: bool) -> Self {

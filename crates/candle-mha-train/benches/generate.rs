@@ -25,18 +25,19 @@
 //! Python with torch; unset: `python3`, then `python`); `RAYON_NUM_THREADS` (candle's CPU
 //! threads; torch gets the same; unset, it is pinned to candle's default as `mha generate`
 //! pins it, because candle otherwise parses `/proc/cpuinfo` on every matmul);
-//! `MHA_BENCH_MODE=user` for glibc's allocator defaults on both sides and candle's default
-//! spin limit (otherwise ours runs as `mha generate` does: freed memory kept,
-//! `runtime::recommended_env()` where the environment does not set it; see
-//! `candle_mha_test_support::bench::Allocator`).
+//! `MHA_BENCH_MODE`: `retained` (the default: ours runs as `mha generate` does, freed memory
+//! kept and `runtime::recommended_env()` where the environment does not set it), `user`
+//! (glibc's allocator defaults on both sides and candle's default spin limit), or both
+//! comma-separated, each in a child process (see
+//! `candle_mha_test_support::bench::mode_children`).
 
 use candle_mha_test_support::bench as support;
 
 use std::time::Instant;
 
 use support::{
-    env_usize, find_torch, median, print_machine, print_table, thread_setting, Allocator,
-    TorchServer,
+    env_usize, find_torch, median, mode_children, print_machine, print_table, thread_setting,
+    Allocator, TorchServer, CLI_MODE,
 };
 
 use candle::{DType, Device, Result, Tensor};
@@ -92,19 +93,20 @@ fn phases(model: &NextTokenPredictor, prompt: &[u32], steps: usize) -> Result<(f
 }
 
 fn main() -> Result<()> {
+    // One child process per allocator setting (see `mode_children`): `retained` unless named.
+    match mode_children("MHA_BENCH_MODE", &[CLI_MODE], &["user"]) {
+        Some(mode) => run_mode(&mode),
+        None => Ok(()),
+    }
+}
+
+/// One allocator setting's table, in its child process.
+fn run_mode(mode: &str) -> Result<()> {
     let (pin, threads_from) = thread_setting();
     if let Some(n) = pin {
         std::env::set_var("RAYON_NUM_THREADS", n.to_string());
     }
-    let allocator = Allocator::from_env();
-    // Retaining is the CLI's configuration: its environment too, before the first candle op.
-    if allocator.retain {
-        for (name, value) in candle_mha::runtime::recommended_env() {
-            if std::env::var_os(name).is_none() {
-                std::env::set_var(name, value);
-            }
-        }
-    }
+    let allocator = Allocator::new(mode == CLI_MODE);
     print_machine(&threads_from);
     let threads = candle::utils::get_num_threads();
     println!("{}", allocator.describe());
