@@ -1,8 +1,14 @@
-//! The matrix products of the `train_step` bench's models, alone: the `gemm` crate as our
-//! linear ops call it (`src/cpu/gemm.rs`: the same strides, rayon on candle's thread count)
-//! against PyTorch's `torch.mm` (MKL) on the same machine and threads, alternating in rounds.
-//! A model's step is mostly these products, so this table says how much of a gap between the
+//! The matrix products of the `train_step` bench's models, alone, as our linear ops compute
+//! them (`src/cpu/gemm.rs`: the `gemm` crate on candle's thread count, or with the `mkl`
+//! feature MKL's sequential `sgemm` on each of rayon's threads, the same strides) against
+//! PyTorch's `torch.mm` (MKL) on the same machine and threads, alternating in rounds. A
+//! model's step is mostly these products, so this table says how much of a gap between the
 //! two steps lies in the matrix products, a component neither side's own code owns.
+//!
+//! Then the attention kernels' tile products (`tiles`), on one thread: the register tiles of
+//! `src/attention/fused/kernel` (right operand packed once, as a head's keys and values are)
+//! against the library's product on the same operands (MKL's sequential `sgemm` with `mkl`,
+//! else the `gemm` crate): whether the kernels should call the library instead.
 //!
 //! ```sh
 //! cargo bench --bench products
@@ -25,7 +31,7 @@
 //! model sums its products' median times, once per layer (the model has several blocks; the
 //! ratio is what matters).
 //!
-//! Environment: `MHA_BENCH_SHAPES` (`medium,large` by default), `MHA_BENCH_ROUNDS` (3),
+//! Environment: `MHA_BENCH_SHAPES` (`medium,large,tiles` by default), `MHA_BENCH_ROUNDS` (3),
 //! `MHA_BENCH_REPS` (15), `MHA_BENCH_PYTHON` (a Python with torch; unset: `python3`, then
 //! `python`), `RAYON_NUM_THREADS` (our threads; torch gets the same), `MHA_BENCH_LAYERS`
 //! (only the named layers: `in_proj,fc2`, …).
@@ -35,6 +41,7 @@ use candle_mha_test_support::bench as support;
 
 use std::convert::Infallible;
 
+use candle_mha::bench_internals::{self as internals, Operand};
 use support::{
     env_usize, find_torch, median, print_machine, print_table, thread_setting, time_calls,
     Allocator, TorchServer,
@@ -56,6 +63,22 @@ struct Product {
 impl Product {
     fn flop(&self) -> f64 {
         2.0 * (self.m * self.n * self.k) as f64
+    }
+
+    /// `m×n×k` and which operands are read transposed.
+    fn dims(&self) -> String {
+        let t = |yes: bool, which: &str| match yes {
+            true => format!(" ({which} read transposed)"),
+            false => String::new(),
+        };
+        format!(
+            "{}×{}×{}{}{}",
+            self.m,
+            self.n,
+            self.k,
+            t(self.lhs_t, "lhs"),
+            t(self.rhs_t, "rhs")
+        )
     }
 }
 
@@ -83,10 +106,35 @@ fn models() -> Vec<(&'static str, usize, usize, usize)> {
         ("medium", 16 * 128, 256, 512),
         ("large", 8 * 256, 512, 1024),
     ];
-    let wanted = std::env::var("MHA_BENCH_SHAPES").unwrap_or_else(|_| "medium,large".into());
-    all.into_iter()
-        .filter(|(name, ..)| wanted.split(',').any(|w| w.trim() == *name))
-        .collect()
+    all.into_iter().filter(|(name, ..)| wanted(name)).collect()
+}
+
+/// Whether `MHA_BENCH_SHAPES` (default `medium,large,tiles`) names `shape`.
+fn wanted(shape: &str) -> bool {
+    let shapes = std::env::var("MHA_BENCH_SHAPES").unwrap_or_else(|_| "medium,large,tiles".into());
+    shapes.split(',').any(|w| w.trim() == shape)
+}
+
+/// The attention kernels' tile products for head dimension `d`
+/// (`src/attention/fused/kernel`): the forward's tiles of 64 queries × 256 keys, the
+/// backward's of 256 × 256 (dK's product is dV's shape and layout).
+fn tile_products(d: usize) -> [Product; 5] {
+    let p = |what, m, n, k, lhs_t, rhs_t| Product {
+        layer: "tile",
+        what,
+        m,
+        n,
+        k,
+        lhs_t,
+        rhs_t,
+    };
+    [
+        p("forward scores q·kᵀ", 64, 256, d, false, true),
+        p("forward context p·v", 64, d, 256, false, false),
+        p("backward dP = dO·vᵀ", 256, 256, d, false, true),
+        p("backward dV += Pᵀ·dO", 256, d, 256, true, false),
+        p("backward dQ += dS·k", 256, d, 256, false, false),
+    ]
 }
 
 /// The products of a model's linear layers (those named in `MHA_BENCH_LAYERS`, if set).
@@ -133,43 +181,25 @@ impl Operands {
         }
     }
 
-    /// `dst = lhs · rhs` with the `gemm` crate as our linear ops call it (`dst`: m×n elements).
+    /// `dst = lhs · rhs` as our linear ops compute it (`dst`: m×n elements).
     fn call(&self, dst: &mut [f32]) {
         let Product { m, n, k, .. } = self.p;
-        assert_eq!(dst.len(), m * n);
-        // (row stride, column stride) of each operand as stored.
-        let (lrs, lcs) = if self.p.lhs_t { (1, m) } else { (k, 1) };
-        let (rrs, rcs) = if self.p.rhs_t { (1, k) } else { (n, 1) };
-        let threads = candle_mha::candle::utils::get_num_threads();
-        let parallelism = match threads {
-            1 => gemm::Parallelism::None,
-            t => gemm::Parallelism::Rayon(t),
-        };
-        // SAFETY: every operand holds the elements its strides address; dst is m×n. gemm's
-        // arguments: column stride before row stride; `dst = 0·dst + 1·lhs·rhs`.
-        unsafe {
-            gemm::gemm(
-                m,
-                n,
-                k,
-                dst.as_mut_ptr(),
-                1,
-                n as isize,
-                false,
-                self.lhs.as_ptr(),
-                lcs as isize,
-                lrs as isize,
-                self.rhs.as_ptr(),
-                rcs as isize,
-                rrs as isize,
-                0.0,
-                1.0,
-                false,
-                false,
-                false,
-                parallelism,
-            )
-        }
+        let (lhs, rhs) = self.operands();
+        internals::linear_product((m, n, k), lhs, rhs, dst)
+            .expect("operands of the product's sizes");
+    }
+
+    fn operands(&self) -> (Operand<'_>, Operand<'_>) {
+        (
+            Operand {
+                data: &self.lhs,
+                transposed: self.p.lhs_t,
+            },
+            Operand {
+                data: &self.rhs,
+                transposed: self.p.rhs_t,
+            },
+        )
     }
 }
 
@@ -177,13 +207,80 @@ impl Operands {
 fn time_ours(p: &Product, reps: usize) -> (f64, f64) {
     let ops = Operands::new(p);
     let mut dst = vec![0f32; p.m * p.n];
-    let mut call = || ops.call(&mut dst);
+    let timed = time_one(reps, || ops.call(&mut dst));
+    std::hint::black_box(&dst);
+    timed
+}
+
+/// Median and fastest seconds of `call`, a product on this thread.
+fn time_one(reps: usize, mut call: impl FnMut()) -> (f64, f64) {
     let timed = time_calls(reps, 3, 100.0, || -> Result<(), Infallible> {
         call();
         Ok(())
     });
-    std::hint::black_box(&dst);
     timed.unwrap_or_else(|never| match never {})
+}
+
+/// The tile products for head dimensions 32, 64 and 128, on this thread: the kernels'
+/// register tiles against the library's product, alternating in rounds.
+fn tiles(rounds: usize, reps: usize) {
+    let library = match cfg!(feature = "mkl") {
+        true => "MKL sgemm, sequential",
+        false => "gemm crate, 1 thread",
+    };
+    let ps: Vec<(usize, Product)> = [32, 64, 128]
+        .into_iter()
+        .flat_map(|d| tile_products(d).map(|p| (d, p)))
+        .collect();
+    let dims = |p: &Product| (p.m, p.n, p.k);
+    let mut times = vec![[Vec::new(), Vec::new()]; ps.len()];
+    for round in 0..rounds {
+        eprintln!("tiles: round {}/{rounds}…", round + 1);
+        for ((_, p), t) in ps.iter().zip(&mut times) {
+            let ops = Operands::new(p);
+            let (lhs, rhs) = ops.operands();
+            let packed = internals::pack(p.k, p.n, rhs).expect("the product's sizes");
+            let mut dst = vec![0f32; p.m * p.n];
+            let run = |r: candle_mha::candle::Result<()>| r.expect("the product's sizes");
+            t[0].push(time_one(reps, || {
+                run(internals::tile_product(dims(p), lhs, &packed, &mut dst))
+            }));
+            t[1].push(time_one(reps, || {
+                run(internals::library_product(dims(p), lhs, rhs, &mut dst))
+            }));
+            std::hint::black_box(&dst);
+        }
+    }
+    let header: Vec<String> = [
+        "d",
+        "product",
+        "m×n×k",
+        "tiles GFLOP/s",
+        &format!("{library} GFLOP/s"),
+        "tiles/library time",
+        "fastest tiles/library",
+    ]
+    .map(String::from)
+    .to_vec();
+    let rows: Vec<Vec<String>> = ps
+        .iter()
+        .zip(&times)
+        .map(|((d, p), [ours, lib])| {
+            let med = |v: &[(f64, f64)]| median(&v.iter().map(|t| t.0).collect::<Vec<_>>());
+            let best = |v: &[(f64, f64)]| v.iter().map(|t| t.1).fold(f64::INFINITY, f64::min);
+            vec![
+                d.to_string(),
+                p.what.to_string(),
+                p.dims(),
+                format!("{:.0}", p.flop() / med(ours) / 1e9),
+                format!("{:.0}", p.flop() / med(lib) / 1e9),
+                format!("{:.2}", med(ours) / med(lib)),
+                format!("{:.2}", best(ours) / best(lib)),
+            ]
+        })
+        .collect();
+    println!("\n### tiles: the attention kernels' products on one thread\n");
+    print_table(&header, &rows);
 }
 
 /// PyTorch's side for a list of products, in the same order.
@@ -267,22 +364,7 @@ fn main() {
             rows.push(vec![
                 p.layer.to_string(),
                 p.what.to_string(),
-                format!(
-                    "{}×{}×{}{}{}",
-                    p.m,
-                    p.n,
-                    p.k,
-                    if p.lhs_t {
-                        " (lhs read transposed)"
-                    } else {
-                        ""
-                    },
-                    if p.rhs_t {
-                        " (rhs read transposed)"
-                    } else {
-                        ""
-                    }
-                ),
+                p.dims(),
                 format!("{:.0}", p.flop() / o / 1e9),
                 t.map_or("n/a".into(), |t| format!("{:.0}", p.flop() / t / 1e9)),
                 ratio(o, t),
@@ -309,9 +391,13 @@ fn main() {
         );
         print_table(&header, &rows);
     }
+    if wanted("tiles") {
+        tiles(rounds, reps);
+    }
     println!(
         "\nGFLOP/s and time ratios: medians over the rounds of each round's median call; fastest: \
          each side's fastest call of all rounds.\nratio < 1: our product is faster than \
-         PyTorch's mm; > 1: slower."
+         PyTorch's mm; > 1: slower. tiles/library < 1: the attention kernels' register tiles \
+         are faster than the library's product."
     );
 }

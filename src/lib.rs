@@ -50,6 +50,8 @@ pub use candle_nn;
 
 pub mod attention;
 pub mod autograd;
+#[doc(hidden)]
+pub mod bench_internals;
 pub mod checkpoint;
 mod cpu;
 pub mod device;

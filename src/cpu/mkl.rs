@@ -150,7 +150,7 @@ fn layout(rows: usize, cols: usize, rs: usize, cs: usize) -> Option<(i32, i32)> 
 ///
 /// # Safety
 /// As [`gemm`](super::gemm).
-pub(super) unsafe fn gemm<T: Elem>(
+pub(crate) unsafe fn gemm<T: Elem>(
     (m, n, k): (usize, usize, usize),
     dst: (*mut T, usize, usize),
     accumulate: bool,

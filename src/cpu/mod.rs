@@ -14,7 +14,7 @@ mod gemm;
 pub(crate) mod lanes;
 mod linear;
 #[cfg(feature = "mkl")]
-mod mkl;
+pub(crate) mod mkl;
 pub(crate) mod par;
 pub(crate) mod simd;
 mod slice;

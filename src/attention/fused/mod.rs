@@ -21,7 +21,7 @@
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
 mod decode_op;
-mod kernel;
+pub(crate) mod kernel;
 mod op;
 mod projected;
 mod weights_op;

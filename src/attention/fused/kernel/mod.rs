@@ -19,6 +19,7 @@ mod weights;
 pub(crate) use backward::backward;
 pub(crate) use decode::{decode, DecodeGeom};
 pub(crate) use forward::forward;
+pub(crate) use panels::{gemm_panels, pack_rows, pack_transposed, panels_len, Panels};
 pub(crate) use weights::{forward_with_weights, weights};
 
 /// Sizes of one call, in head space.
