@@ -7,7 +7,8 @@ have: tiny random models in the two formats they come in, with PyTorch's numbers
    `model.safetensors`); `hf_expected.safetensors`: tokens, eval logits, the greedy
    continuation of `generate(do_sample=False)`, and one training step with nanoGPT's AdamW
    groups (decay on the >= 2-D tensors), betas, clipping: its loss, gradient norm and the
-   updated parameters (Hugging Face names).
+   updated parameters (Hugging Face names). `hf-untied/` and `hf-untied_expected.safetensors`:
+   the same with `tie_word_embeddings=False` (`lm_head.weight` a parameter of its own, no bias).
 2. `tests/fixtures/gpt2/nanogpt/ckpt.pt`: a checkpoint in the format nanoGPT's `train.py` saves
    (`model`, `model_args`, `optimizer`, `iter_num`, `best_val_loss`, `config`), of nanoGPT's
    model with `bias=False` (exact GELU, LayerNorms without bias, tied head) after two
@@ -150,15 +151,15 @@ class GPT(nn.Module):
 # ------------------------------------------------------------------------------------------
 
 
-def hugging_face(out):
+def hugging_face(out, name="hf", tie=True):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
     cfg = GPT2Config(vocab_size=61, n_positions=24, n_embd=24, n_layer=2, n_head=3,
                      activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0,
-                     attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+                     attn_pdrop=0.0, bos_token_id=0, eos_token_id=0, tie_word_embeddings=tie)
     model = randomize(GPT2LMHeadModel(cfg), 0.2).eval()
-    hf = os.path.join(out, "hf")
+    hf = os.path.join(out, name)
     model.save_pretrained(hf, safe_serialization=True)
     g = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, cfg.vocab_size, (2, 12), generator=g)
@@ -175,7 +176,7 @@ def hugging_face(out):
     expected.update({f"updated.{n}": p.detach().clone()
                      for n, p in model.named_parameters()})
     save_file({k: v.contiguous() for k, v in expected.items()},
-              os.path.join(out, "hf_expected.safetensors"), metadata={"format": "pt"})
+              os.path.join(out, f"{name}_expected.safetensors"), metadata={"format": "pt"})
 
 
 def nano_gpt(out):
@@ -247,6 +248,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     torch.set_num_threads(1)
     hugging_face(args.out)
+    hugging_face(args.out, "hf-untied", tie=False)
     nano_gpt(args.out)
     for dirpath, _, files in sorted(os.walk(args.out)):
         for f in sorted(files):

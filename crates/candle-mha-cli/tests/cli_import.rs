@@ -151,30 +151,37 @@ fn what_cannot_be_honoured_is_refused() -> Result<()> {
     Ok(())
 }
 
-/// Import then export gives back the Hugging Face file bit for bit; a model Hugging Face's
-/// GPT-2 cannot hold (nanoGPT's `bias=False`) is refused before anything is written.
+/// Import then export gives back the Hugging Face file bit for bit, with a tied head and with
+/// an untied one (`lm_head.weight` in the file); a model Hugging Face's GPT-2 cannot hold
+/// (nanoGPT's `bias=False`, `mha train`'s head with a bias) is refused before anything is
+/// written.
 #[test]
 fn export_gives_back_the_hugging_face_weights() -> Result<()> {
     let tmp = tempfile::tempdir()?;
-    let (run, out) = (tmp.path().join("run"), tmp.path().join("out"));
-    let (ok, _, err) = run_mha!("import {} --out {}", s(&gpt2().join("hf")), s(&run))?;
-    assert!(ok, "{err}");
-    let (ok, _, err) = run_mha!("export {} --out {}", s(&run), s(&out))?;
-    assert!(ok, "{err}");
-    let original = StateDict::load(gpt2().join("hf/model.safetensors"))?;
-    let exported = StateDict::load(out.join("model.safetensors"))?;
-    assert_eq!(exported.len(), original.len());
-    for (name, t) in original.tensors() {
-        let e = exported
-            .get(name)
-            .unwrap_or_else(|| panic!("{name} not exported"));
-        let same = e.flatten_all()?.to_vec1::<f32>()? == t.flatten_all()?.to_vec1::<f32>()?;
-        assert!(same && e.dims() == t.dims(), "{name} changed");
+    for name in ["hf", "hf-untied"] {
+        let (run, out) = (
+            tmp.path().join(name),
+            tmp.path().join(format!("{name}-out")),
+        );
+        let (ok, _, err) = run_mha!("import {} --out {}", s(&gpt2().join(name)), s(&run))?;
+        assert!(ok, "{err}");
+        let (ok, _, err) = run_mha!("export {} --out {}", s(&run), s(&out))?;
+        assert!(ok, "{err}");
+        let original = StateDict::load(gpt2().join(name).join("model.safetensors"))?;
+        let exported = StateDict::load(out.join("model.safetensors"))?;
+        assert_eq!(exported.len(), original.len(), "{name}");
+        for (n, t) in original.tensors() {
+            let e = exported
+                .get(n)
+                .unwrap_or_else(|| panic!("{name}: {n} not exported"));
+            let same = e.flatten_all()?.to_vec1::<f32>()? == t.flatten_all()?.to_vec1::<f32>()?;
+            assert!(same && e.dims() == t.dims(), "{name}: {n} changed");
+        }
+        let config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("config.json"))?)?;
+        assert_eq!(config["activation_function"], "gelu_new");
+        assert_eq!(config["tie_word_embeddings"], name == "hf", "{name}");
     }
-    let config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("config.json"))?)?;
-    assert_eq!(config["activation_function"], "gelu_new");
-    assert_eq!(config["tie_word_embeddings"], true);
 
     let nano = tmp.path().join("nano");
     let (ok, _, err) = run_mha!("import {} --out {}", s(&gpt2().join("nanogpt")), s(&nano))?;
@@ -182,6 +189,16 @@ fn export_gives_back_the_hugging_face_weights() -> Result<()> {
     let refused = tmp.path().join("refused");
     let (ok, _, err) = run_mha!("export {} --out {}", s(&nano), s(&refused))?;
     assert!(!ok && err.contains("no biases"), "{err}");
+    assert!(!refused.exists());
+    // `mha train`'s own model: an untied head with a bias.
+    let own = tmp.path().join("own");
+    let (ok, _, err) = run_mha!(
+        "train --out {} --steps 1 --embed-dim 8 --num-heads 2 --num-layers 1 --quiet",
+        s(&own)
+    )?;
+    assert!(ok, "{err}");
+    let (ok, _, err) = run_mha!("export {} --out {}", s(&own), s(&refused))?;
+    assert!(!ok && err.contains("has a bias"), "{err}");
     assert!(!refused.exists());
     Ok(())
 }

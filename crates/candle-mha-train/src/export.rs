@@ -16,9 +16,10 @@ use crate::{verify_checkpoint, verify_model_files, TrainerState};
 /// Writes the model of the run (or checkpoint) directory `run` into `out` as a Hugging Face
 /// GPT-2 directory: `config.json` ([`gpt2::config_to_hf`]), `model.safetensors` (GPT-2's
 /// names, `Conv1D` weights stored `(in, out)`, the tied head left to `tie_word_embeddings`
-/// as `save_pretrained` does) and the run's `tokenizer.json` when it has one. Errors, before
-/// anything is written, for a model GPT-2 cannot hold: one without biases (GPT-2 always has
-/// them) or with an untied head that has a bias (GPT-2's `lm_head` has none).
+/// as `save_pretrained` does; an untied one written as `lm_head.weight`) and the run's
+/// `tokenizer.json` when it has one. Errors, before anything is written, for a model GPT-2
+/// cannot hold: one without biases (GPT-2 always has them) or with an untied head that has a
+/// bias (GPT-2's `lm_head` has none).
 ///
 /// PyTorch equivalent: `model.save_pretrained(out)`.
 pub fn export_hugging_face(run: &Path, out: &Path) -> Result<()> {
@@ -30,9 +31,9 @@ pub fn export_hugging_face(run: &Path, out: &Path) -> Result<()> {
             run.display()
         )
     }
-    if !cfg.tie_embeddings {
+    if cfg.head_has_bias() {
         candle::bail!(
-            "{}: the model's head is not tied to the token embedding and has a bias; GPT2LMHeadModel's lm_head is tied and has none",
+            "{}: the model's head is not tied to the token embedding and has a bias; GPT2LMHeadModel's lm_head has none",
             run.display()
         )
     }
@@ -42,17 +43,15 @@ pub fn export_hugging_face(run: &Path, out: &Path) -> Result<()> {
         theirs
             .tensors()
             .iter()
-            .filter(|(n, _)| n != "lm_head.weight")
+            .filter(|(n, _)| !cfg.tie_embeddings || n != "lm_head.weight")
             .cloned(),
     );
     let mut config = gpt2::config_to_hf(&cfg);
     let codec = Codec::load_dir(run)?;
-    if let Some(id) = codec.bos_id() {
-        config["bos_token_id"] = id.into();
-    }
-    if let Some(id) = codec.eos_id() {
-        config["eos_token_id"] = id.into();
-    }
+    // Written even when unknown (null): GPT2Config's defaults (50256) lie outside a smaller
+    // vocabulary, which transformers warns about.
+    config["bos_token_id"] = codec.bos_id().into();
+    config["eos_token_id"] = codec.eos_id().into();
     let config = serde_json::to_string_pretty(&config)
         .map_err(|e| candle::Error::Msg(format!("serializing config.json: {e}")))?;
     let _lock = crate::lock::DirLock::acquire(out, "mha export")?;

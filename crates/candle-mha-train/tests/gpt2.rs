@@ -1,5 +1,6 @@
 //! GPT-2-family checkpoints against PyTorch (`scripts/make_gpt2_fixtures.py`): a Hugging Face
-//! `GPT2LMHeadModel` (tanh GELU, biases, `Conv1D`, tied head) and nanoGPT's `GPT`
+//! `GPT2LMHeadModel` (tanh GELU, biases, `Conv1D`, tied head; and the same untied, its
+//! `lm_head` without bias) and nanoGPT's `GPT`
 //! (`bias=False`, exact GELU, tied head) load into a `NextTokenPredictor` with PyTorch's
 //! logits, greedy generation and training step.
 
@@ -39,8 +40,11 @@ fn build(cfg: &NextTokenPredictorConfig, sd: &StateDict) -> Result<(NextTokenPre
     Ok((model, varmap))
 }
 
-fn hf_model() -> Result<(NextTokenPredictor, VarMap, NextTokenPredictorConfig)> {
-    let dir = fixtures().join("hf");
+/// The Hugging Face fixtures: tied head, untied head.
+const HF: [&str; 2] = ["hf", "hf-untied"];
+
+fn hf_model(name: &str) -> Result<(NextTokenPredictor, VarMap, NextTokenPredictorConfig)> {
+    let dir = fixtures().join(name);
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("config.json"))?)?;
     let cfg = gpt2::config_from_hf(&json)?;
@@ -69,32 +73,37 @@ fn rel_diff(a: &Tensor, b: &Tensor) -> Result<f64> {
 
 #[test]
 fn hugging_face_logits_equal_pytorch() -> Result<()> {
-    let (model, _, cfg) = hf_model()?;
-    assert!(cfg.tie_embeddings && cfg.bias);
-    let want = expected("hf_expected.safetensors")?;
-    let tokens = ids(want.get("tokens").unwrap())?;
-    let logits = model.forward(&tokens, None)?;
-    let d = rel_diff(&logits, want.get("logits").unwrap())?;
-    assert!(d < 1e-5, "relative difference {d:e}");
+    for name in HF {
+        let (model, _, cfg) = hf_model(name)?;
+        assert!(cfg.bias && !cfg.head_has_bias(), "{name}");
+        assert_eq!(cfg.tie_embeddings, name == "hf", "{name}");
+        let want = expected(&format!("{name}_expected.safetensors"))?;
+        let tokens = ids(want.get("tokens").unwrap())?;
+        let logits = model.forward(&tokens, None)?;
+        let d = rel_diff(&logits, want.get("logits").unwrap())?;
+        assert!(d < 1e-5, "{name}: relative difference {d:e}");
+    }
     Ok(())
 }
 
 #[test]
 fn hugging_face_greedy_generation_equals_generate() -> Result<()> {
-    let (model, _, _) = hf_model()?;
-    let want = expected("hf_expected.safetensors")?;
-    let greedy: Vec<u32> = ids(want.get("greedy").unwrap())?.squeeze(0)?.to_vec1()?;
-    let (prompt, continuation) = greedy.split_at(4);
-    let cfg = GenerateConfig {
-        max_new_tokens: continuation.len(),
-        ..Default::default()
-    };
-    assert_eq!(generate(&model, prompt, &cfg)?, continuation);
-    let no_cache = GenerateConfig {
-        kv_cache: false,
-        ..cfg
-    };
-    assert_eq!(generate(&model, prompt, &no_cache)?, continuation);
+    for name in HF {
+        let (model, _, _) = hf_model(name)?;
+        let want = expected(&format!("{name}_expected.safetensors"))?;
+        let greedy: Vec<u32> = ids(want.get("greedy").unwrap())?.squeeze(0)?.to_vec1()?;
+        let (prompt, continuation) = greedy.split_at(4);
+        let cfg = GenerateConfig {
+            max_new_tokens: continuation.len(),
+            ..Default::default()
+        };
+        assert_eq!(generate(&model, prompt, &cfg)?, continuation, "{name}");
+        let no_cache = GenerateConfig {
+            kv_cache: false,
+            ..cfg
+        };
+        assert_eq!(generate(&model, prompt, &no_cache)?, continuation, "{name}");
+    }
     Ok(())
 }
 
@@ -153,7 +162,7 @@ fn step_matches(
     );
     let theirs = gpt2::to_gpt2(&ours, format, model.config())?;
     for (name, t) in theirs.tensors() {
-        if name == "lm_head.weight" {
+        if name == "lm_head.weight" && model.config().tie_embeddings {
             continue; // tied: PyTorch's named_parameters lists it once, as wte
         }
         let key = format!("updated.{name}");
@@ -182,32 +191,45 @@ fn step_matches(
 
 #[test]
 fn hugging_face_training_step_equals_pytorch() -> Result<()> {
-    let (model, varmap, _) = hf_model()?;
-    let want = expected("hf_expected.safetensors")?;
-    step_matches(&model, &varmap, &want, Gpt2Format::HuggingFace, None)
+    for name in HF {
+        let (model, varmap, _) = hf_model(name)?;
+        let want = expected(&format!("{name}_expected.safetensors"))?;
+        step_matches(&model, &varmap, &want, Gpt2Format::HuggingFace, None)?;
+    }
+    Ok(())
 }
 
-/// Export gives back the file's tensors, bit for bit (the tied head included).
+/// Export gives back the file's tensors, bit for bit (the head included, tied or not).
 #[test]
 fn hugging_face_round_trip_is_exact() -> Result<()> {
-    let dir = fixtures().join("hf");
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json"))?)?;
-    let cfg = gpt2::config_from_hf(&json)?;
-    let sd = StateDict::load(dir.join("model.safetensors"))?;
-    let (ours, _) = gpt2::from_gpt2(&sd, Gpt2Format::HuggingFace, &cfg)?;
-    let back = gpt2::to_gpt2(&ours, Gpt2Format::HuggingFace, &cfg)?;
-    for (name, t) in sd.tensors() {
-        let b = back
-            .get(name)
-            .unwrap_or_else(|| panic!("{name} not exported"));
-        assert_eq!(b.dims(), t.dims(), "{name}");
-        let same = b.flatten_all()?.to_vec1::<f32>()? == t.flatten_all()?.to_vec1::<f32>()?;
-        assert!(same, "{name} changed");
+    for name in HF {
+        let dir = fixtures().join(name);
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json"))?)?;
+        let cfg = gpt2::config_from_hf(&json)?;
+        let sd = StateDict::load(dir.join("model.safetensors"))?;
+        let (ours, _) = gpt2::from_gpt2(&sd, Gpt2Format::HuggingFace, &cfg)?;
+        let back = gpt2::to_gpt2(&ours, Gpt2Format::HuggingFace, &cfg)?;
+        for (n, t) in sd.tensors() {
+            let b = back
+                .get(n)
+                .unwrap_or_else(|| panic!("{name}: {n} not exported"));
+            assert_eq!(b.dims(), t.dims(), "{name}: {n}");
+            let same = b.flatten_all()?.to_vec1::<f32>()? == t.flatten_all()?.to_vec1::<f32>()?;
+            assert!(same, "{name}: {n} changed");
+        }
+        // Tied: lm_head.weight is added (PyTorch's state_dict holds both names); untied, the
+        // file holds it already.
+        let added = usize::from(cfg.tie_embeddings);
+        assert_eq!(back.len(), sd.len() + added, "{name}");
+        assert_eq!(
+            sd.get("lm_head.weight").is_some(),
+            !cfg.tie_embeddings,
+            "{name}"
+        );
+        let cfg_back = gpt2::config_from_hf(&gpt2::config_to_hf(&cfg))?;
+        assert_eq!(cfg_back, cfg, "{name}");
     }
-    assert_eq!(back.len(), sd.len() + 1, "lm_head.weight added, tied");
-    let cfg_back = gpt2::config_from_hf(&gpt2::config_to_hf(&cfg))?;
-    assert_eq!(cfg_back, cfg);
     let _ = D::Minus1;
     Ok(())
 }

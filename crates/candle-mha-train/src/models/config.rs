@@ -48,6 +48,11 @@ pub struct NextTokenPredictorConfig {
     /// gradient the sum of both uses; no head bias), as in GPT-2 and nanoGPT. Default false.
     #[serde(default, skip_serializing_if = "is_false")]
     pub tie_embeddings: bool,
+    /// Whether an untied head has a bias. `None` (the default): [`bias`](Self::bias), as
+    /// before the field existed. Hugging Face's untied GPT-2 (`tie_word_embeddings: false`)
+    /// has `Some(false)`: its `lm_head` is `nn.Linear(n_embd, vocab_size, bias=False)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_bias: Option<bool>,
     /// The MLP's GELU. Default [`Gelu::Exact`].
     #[serde(default, skip_serializing_if = "is_exact")]
     pub gelu: Gelu,
@@ -110,6 +115,7 @@ impl NextTokenPredictorConfig {
             embed_dropout: None,
             bias: true,
             tie_embeddings: false,
+            head_bias: None,
             gelu: Gelu::Exact,
             layer_norm_eps: 1e-5,
         }
@@ -187,6 +193,12 @@ impl NextTokenPredictorConfig {
         Ok(())
     }
 
+    /// Whether the model has a `head.bias`: an untied head, with [`head_bias`](Self::head_bias)
+    /// (default [`bias`](Self::bias)).
+    pub fn head_has_bias(&self) -> bool {
+        !self.tie_embeddings && self.head_bias.unwrap_or(self.bias)
+    }
+
     /// The number of parameters.
     ///
     /// PyTorch equivalent: `sum(p.numel() for p in model.parameters())`.
@@ -205,7 +217,7 @@ impl NextTokenPredictorConfig {
         let block = 4 * e * e + b * 4 * e + 2 * e * (1 + b) + 2 * e * f + b * (f + e);
         let head = match self.tie_embeddings {
             true => 0,
-            false => e * v + b * v,
+            false => e * v + u128::from(self.head_has_bias()) * v,
         };
         v * e + l * e + n * block + e * (1 + b) + head
     }

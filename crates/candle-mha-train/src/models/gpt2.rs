@@ -330,6 +330,8 @@ pub fn config_from_hf(json: &serde_json::Value) -> Result<NextTokenPredictorConf
         embed_dropout: Some(rate("embd_pdrop")),
         bias: true,
         tie_embeddings: flag("tie_word_embeddings", true),
+        // GPT-2's lm_head has no bias; it is a parameter of its own only when untied.
+        head_bias: (!flag("tie_word_embeddings", true)).then_some(false),
         gelu,
         layer_norm_eps: field("layer_norm_epsilon")
             .and_then(|v| v.as_f64())
@@ -383,6 +385,7 @@ pub fn config_from_nanogpt(args: &NanoGptArgs) -> Result<NextTokenPredictorConfi
         embed_dropout: Some(args.dropout),
         bias: args.bias,
         tie_embeddings: true,
+        head_bias: None,
         gelu: Gelu::Exact,
         layer_norm_eps: 1e-5,
     };

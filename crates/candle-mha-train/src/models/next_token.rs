@@ -120,7 +120,7 @@ impl NextTokenPredictor {
         // gradients of both uses into the one parameter (PyTorch's `lm_head.weight = wte.weight`).
         let head = match config.tie_embeddings {
             true => Linear::from_weights(token_embedding.weight().clone(), None),
-            false => Linear::new(e, v, config.bias, vb.pp("head"))?,
+            false => Linear::new(e, v, config.head_has_bias(), vb.pp("head"))?,
         };
         Ok(Self {
             token_embedding,
