@@ -9,6 +9,9 @@ have: tiny random models in the two formats they come in, with PyTorch's numbers
    groups (decay on the >= 2-D tensors), betas, clipping: its loss, gradient norm and the
    updated parameters (Hugging Face names). `hf-untied/` and `hf-untied_expected.safetensors`:
    the same with `tie_word_embeddings=False` (`lm_head.weight` a parameter of its own, no bias).
+   `slow-tokenizer/`: a GPT-2 byte-level BPE (500 ids, trained on the GPL's text) as the slow
+   tokenizer's files (`vocab.json`, `merges.txt`, `added_tokens.json`), and `expected.json`:
+   a text and the ids transformers' `GPT2Tokenizer.from_pretrained` of the directory gives it.
 2. `tests/fixtures/gpt2/nanogpt/ckpt.pt`: a checkpoint in the format nanoGPT's `train.py` saves
    (`model`, `model_args`, `optimizer`, `iter_num`, `best_val_loss`, `config`), of nanoGPT's
    model with `bias=False` (exact GELU, LayerNorms without bias, tied head) after two
@@ -179,6 +182,35 @@ def hugging_face(out, name="hf", tie=True):
               os.path.join(out, f"{name}_expected.safetensors"), metadata={"format": "pt"})
 
 
+def slow_tokenizer(out):
+    import json
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import GPT2Tokenizer
+
+    d = os.path.join(out, "slow-tokenizer")
+    os.makedirs(d, exist_ok=True)
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    with open("/usr/share/common-licenses/GPL-3") as f:
+        corpus = f.read()
+    bpe.train_from_iterator([corpus], trainers.BpeTrainer(
+        vocab_size=500, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=["<|endoftext|>"]))
+    bpe.model.save(d)  # vocab.json, merges.txt
+    with open(os.path.join(d, "added_tokens.json"), "w") as f:
+        json.dump({"<|sep|>": 500}, f)
+    # As a user's directory without tokenizer.json is read: transformers converts the files.
+    tok = GPT2Tokenizer.from_pretrained(d)
+    text = ("Licensed under the Apache License, Version 2.0 (the \"License\");\n"
+            "  you may not use this file except in compliance with the License.<|endoftext|>"
+            "naïve café — 日本語 <|sep|> tabs\tand   spaces\n\n")
+    ids = tok.encode(text, add_special_tokens=False)
+    assert tok.decode(ids) == text
+    with open(os.path.join(d, "expected.json"), "w") as f:
+        json.dump({"text": text, "ids": ids}, f, ensure_ascii=False)
+
+
 def nano_gpt(out):
     torch.manual_seed(0)
     chars = sorted(set("First Citizen: we are accounted poor citizens\n"))
@@ -249,6 +281,7 @@ def main():
     torch.set_num_threads(1)
     hugging_face(args.out)
     hugging_face(args.out, "hf-untied", tie=False)
+    slow_tokenizer(args.out)
     nano_gpt(args.out)
     for dirpath, _, files in sorted(os.walk(args.out)):
         for f in sorted(files):

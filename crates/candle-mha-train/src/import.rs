@@ -82,14 +82,21 @@ fn plain_file(dir: &Path, name: &str) -> Result<PathBuf> {
 }
 
 /// The weights of a Hugging Face directory: `model.safetensors`, the shards its
-/// `model.safetensors.index.json` lists, or `pytorch_model.bin`.
+/// `model.safetensors.index.json` (or `pytorch_model.bin.index.json`) lists, or
+/// `pytorch_model.bin`.
 fn hugging_face_weights(dir: &Path) -> Result<StateDict> {
     let single = dir.join("model.safetensors");
     if single.exists() {
         return StateDict::load(&single);
     }
-    let index = dir.join("model.safetensors.index.json");
-    if index.exists() {
+    for index in [
+        "model.safetensors.index.json",
+        "pytorch_model.bin.index.json",
+    ] {
+        let index = dir.join(index);
+        if !index.exists() {
+            continue;
+        }
         let map = json(&index)?;
         let Some(files) = map.get("weight_map").and_then(|m| m.as_object()) else {
             candle::bail!("{}: no weight_map", index.display())
@@ -109,9 +116,41 @@ fn hugging_face_weights(dir: &Path) -> Result<StateDict> {
         return StateDict::load(&bin);
     }
     candle::bail!(
-        "{}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin",
+        "{}: no model.safetensors, model.safetensors.index.json, pytorch_model.bin.index.json or pytorch_model.bin",
         dir.display()
     )
+}
+
+/// The tokenizer of a Hugging Face directory: `tokenizer.json`, else the slow tokenizer's
+/// `vocab.json` and `merges.txt` (with `added_tokens.json` when present); `None` without
+/// either.
+fn hugging_face_tokenizer(dir: &Path) -> Result<Option<TextTokenizer>> {
+    let own = dir.join("tokenizer.json");
+    if own.exists() {
+        return Ok(Some(TextTokenizer::load(&own)?));
+    }
+    let (vocab, merges) = (dir.join("vocab.json"), dir.join("merges.txt"));
+    if !(vocab.exists() && merges.exists()) {
+        return Ok(None);
+    }
+    let added_file = dir.join("added_tokens.json");
+    let mut added = Vec::new();
+    if added_file.exists() {
+        let map = json(&added_file)?;
+        let Some(map) = map.as_object() else {
+            candle::bail!("{}: expected an object of token → id", added_file.display())
+        };
+        for (token, id) in map {
+            let Some(id) = id.as_u64().and_then(|i| u32::try_from(i).ok()) else {
+                candle::bail!(
+                    "{}: {token:?} has id {id}; expected a whole number",
+                    added_file.display()
+                )
+            };
+            added.push((token.clone(), id));
+        }
+    }
+    Ok(Some(TextTokenizer::gpt2_files(&vocab, &merges, &added)?))
 }
 
 /// The tokenization of an import: `tokenizer` when given, else `found` (the checkpoint's
@@ -149,11 +188,7 @@ pub fn read_hugging_face(dir: &Path, tokenizer: Option<&Path>) -> Result<Importe
     let sd = hugging_face_weights(dir)?;
     let (weights, report) = gpt2::from_gpt2(&sd, Gpt2Format::HuggingFace, &config)?;
     let mut notes = Vec::new();
-    let own = dir.join("tokenizer.json");
-    let found = match own.exists() {
-        true => Some(TextTokenizer::load(&own)?),
-        false => None,
-    };
+    let found = hugging_face_tokenizer(dir)?;
     let codec = codec_for(tokenizer, found, config.vocab_size, &mut notes)?;
     Ok(Imported {
         source: format!("{} (Hugging Face GPT-2)", dir.display()),

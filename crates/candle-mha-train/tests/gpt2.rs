@@ -290,35 +290,104 @@ fn nanogpt_data_directory_is_one_stream() -> Result<()> {
     Ok(())
 }
 
-/// A sharded checkpoint (`model.safetensors.index.json` and its shards) of a bare
-/// `GPT2Model`'s names (no `transformer.`) imports to the same logits.
+/// A sharded checkpoint (`model.safetensors.index.json` and its shards, or the older
+/// `pytorch_model.bin.index.json` and `torch.save` shards) of a bare `GPT2Model`'s names (no
+/// `transformer.`) imports to the same logits.
 #[test]
 fn sharded_checkpoints_without_the_prefix_import() -> Result<()> {
-    let tmp = tempfile::tempdir()?;
-    let dir = tmp.path();
-    std::fs::copy(fixtures().join("hf/config.json"), dir.join("config.json"))?;
+    use candle_mha::checkpoint::{save_torch, PickleValue};
     let sd = StateDict::load(fixtures().join("hf/model.safetensors"))?;
-    let mut shards: [Vec<(String, Tensor)>; 2] = [Vec::new(), Vec::new()];
-    let mut map = serde_json::Map::new();
-    for (i, (name, t)) in sd.tensors().iter().enumerate() {
-        let bare = name.trim_start_matches("transformer.").to_string();
-        let file = format!("model-0000{}-of-00002.safetensors", i % 2 + 1);
-        map.insert(bare.clone(), file.into());
-        shards[i % 2].push((bare, t.clone()));
-    }
-    for (i, shard) in shards.into_iter().enumerate() {
-        StateDict::from_tensors(shard)
-            .save_safetensors(dir.join(format!("model-0000{}-of-00002.safetensors", i + 1)))?;
-    }
-    std::fs::write(
-        dir.join("model.safetensors.index.json"),
-        serde_json::json!({ "metadata": {}, "weight_map": map }).to_string(),
-    )?;
-    let imported = import::read_hugging_face(dir, None)?;
-    let (model, _) = build(&imported.config, &imported.weights)?;
     let want = expected("hf_expected.safetensors")?;
-    let logits = model.forward(&ids(want.get("tokens").unwrap())?, None)?;
-    let d = rel_diff(&logits, want.get("logits").unwrap())?;
-    assert!(d < 1e-5, "relative difference {d:e}");
+    for (index, ext) in [
+        ("model.safetensors.index.json", "safetensors"),
+        ("pytorch_model.bin.index.json", "bin"),
+    ] {
+        let tmp = tempfile::tempdir()?;
+        let dir = tmp.path();
+        std::fs::copy(fixtures().join("hf/config.json"), dir.join("config.json"))?;
+        let mut shards: [Vec<(String, Tensor)>; 2] = [Vec::new(), Vec::new()];
+        let mut map = serde_json::Map::new();
+        let file = |i: usize| format!("shard-0000{}-of-00002.{ext}", i + 1);
+        for (i, (name, t)) in sd.tensors().iter().enumerate() {
+            let bare = name.trim_start_matches("transformer.").to_string();
+            map.insert(bare.clone(), file(i % 2).into());
+            shards[i % 2].push((bare, t.clone()));
+        }
+        for (i, shard) in shards.into_iter().enumerate() {
+            let path = dir.join(file(i));
+            match ext {
+                "bin" => save_torch(
+                    &path,
+                    &PickleValue::Dict(
+                        shard
+                            .into_iter()
+                            .map(|(n, t)| (PickleValue::Str(n), PickleValue::Tensor(t)))
+                            .collect(),
+                    ),
+                )?,
+                _ => StateDict::from_tensors(shard).save_safetensors(path)?,
+            }
+        }
+        std::fs::write(
+            dir.join(index),
+            serde_json::json!({ "metadata": {}, "weight_map": map }).to_string(),
+        )?;
+        let imported = import::read_hugging_face(dir, None)?;
+        let (model, _) = build(&imported.config, &imported.weights)?;
+        let logits = model.forward(&ids(want.get("tokens").unwrap())?, None)?;
+        let d = rel_diff(&logits, want.get("logits").unwrap())?;
+        assert!(d < 1e-5, "{index}: relative difference {d:e}");
+    }
+    Ok(())
+}
+
+/// GPT-2's slow-tokenizer files (`vocab.json`, `merges.txt`, `added_tokens.json`) give the ids
+/// transformers gives (`GPT2Tokenizer.from_pretrained` of the directory), special and added
+/// tokens, bytes outside ASCII and runs of spaces included; decoding skips only the special
+/// token. A Hugging Face directory with these files and no `tokenizer.json` is read with them.
+#[test]
+fn slow_tokenizer_files_encode_as_transformers() -> Result<()> {
+    use candle_mha_train::data::TextTokenizer;
+    let dir = fixtures().join("slow-tokenizer");
+    let want: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json"))?)?;
+    let text = want["text"].as_str().unwrap();
+    let ids: Vec<u32> = serde_json::from_value(want["ids"].clone())?;
+    let tok = TextTokenizer::gpt2_files(
+        &dir.join("vocab.json"),
+        &dir.join("merges.txt"),
+        &[("<|sep|>".to_string(), 500)],
+    )?;
+    assert_eq!(tok.encode(text)?, ids);
+    assert_eq!(tok.vocab_size(), 501);
+    assert_eq!(tok.eos_id(), Some(0));
+    assert_eq!(tok.decode(&ids)?, text.replace("<|endoftext|>", ""));
+
+    // The import finds them (501 ids, more than the fixture model's 61: refused by name).
+    let tmp = tempfile::tempdir()?;
+    for f in ["vocab.json", "merges.txt", "added_tokens.json"] {
+        std::fs::copy(dir.join(f), tmp.path().join(f))?;
+    }
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(fixtures().join("hf").join(f), tmp.path().join(f))?;
+    }
+    let err = import::read_hugging_face(tmp.path(), None)
+        .err()
+        .expect("a tokenizer larger than the model")
+        .to_string();
+    assert!(err.contains("501 ids, more than the model's 61"), "{err}");
+    // A malformed merges file is refused with its line.
+    std::fs::write(
+        tmp.path().join("merges.txt"),
+        "#version: 0.2\nĠ t\nnospace\n",
+    )?;
+    let err = import::read_hugging_face(tmp.path(), None)
+        .err()
+        .expect("a bad merges.txt")
+        .to_string();
+    assert!(
+        err.contains("merges.txt:3") && err.contains("nospace"),
+        "{err}"
+    );
     Ok(())
 }

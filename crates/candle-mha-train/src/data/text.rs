@@ -156,6 +156,94 @@ impl TextTokenizer {
         Ok(TextTokenizer { inner })
     }
 
+    /// GPT-2's byte-level BPE from the two files of its slow tokenizer (`GPT2Tokenizer`'s
+    /// `save_pretrained`: `vocab.json`, token → id, and `merges.txt`, one merge a line after an
+    /// optional `#version` line), built as `GPT2TokenizerFast` builds it: ByteLevel
+    /// pre-tokenizer (no prefix space) and decoder, `"<|endoftext|>"` a special token when the
+    /// vocabulary has it, and `added_tokens` (token → id: the directory's `added_tokens.json`)
+    /// added as plain tokens, matched whole and kept by [`decode`](Self::decode).
+    ///
+    /// PyTorch equivalent: `transformers.GPT2Tokenizer.from_pretrained(dir)` on a directory
+    /// with these files and no `tokenizer.json`.
+    pub fn gpt2_files(vocab: &Path, merges: &Path, added_tokens: &[(String, u32)]) -> Result<Self> {
+        let vocab_text = read_text(vocab, "vocab.json")?;
+        let vocab_map: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(&vocab_text).map_err(|e| {
+                candle::Error::Msg(format!(
+                    "{}: not a vocabulary ({e}); expected a JSON object of token → id",
+                    vocab.display()
+                ))
+            })?;
+        for (token, id) in &vocab_map {
+            match id.as_u64() {
+                Some(id) if id < MAX_BPE_VOCAB as u64 => {}
+                _ => candle::bail!(
+                    "{}: token {token:?} has id {id}; expected an id below {MAX_BPE_VOCAB}",
+                    vocab.display()
+                ),
+            }
+        }
+        let merges_text = read_text(merges, "merges.txt")?;
+        let mut pairs = Vec::new();
+        for (i, line) in merges_text.lines().enumerate() {
+            if (i == 0 && line.starts_with("#version")) || line.trim().is_empty() {
+                continue;
+            }
+            let Some((a, b)) = line.split_once(' ') else {
+                candle::bail!(
+                    "{}:{}: {line:?} is not a merge; expected two tokens separated by a space",
+                    merges.display(),
+                    i + 1
+                )
+            };
+            pairs.push(serde_json::json!([a, b]));
+        }
+        // As transformers adds them: the end of text special and unnormalised, the directory's
+        // added tokens plain (kept by decoding).
+        let token = |content: &str, id: u64, special: bool| {
+            serde_json::json!({"id": id, "content": content, "single_word": false,
+                "lstrip": false, "rstrip": false, "normalized": !special, "special": special})
+        };
+        let mut added: Vec<serde_json::Value> = Vec::new();
+        if let Some(id) = vocab_map.get("<|endoftext|>").and_then(|v| v.as_u64()) {
+            added.push(token("<|endoftext|>", id, true));
+        }
+        for (content, id) in added_tokens {
+            if content != "<|endoftext|>" {
+                added.push(token(content, u64::from(*id), false));
+            }
+        }
+        let byte_level = |add_prefix_space: bool, trim_offsets: bool| {
+            serde_json::json!({"type": "ByteLevel", "add_prefix_space": add_prefix_space,
+                "trim_offsets": trim_offsets, "use_regex": true})
+        };
+        let tok = Self::from_json_value(serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
+            "normalizer": null, "pre_tokenizer": byte_level(false, true),
+            "post_processor": byte_level(true, false), "decoder": byte_level(true, true),
+            "model": {"type": "BPE", "dropout": null, "unk_token": null,
+                      "continuing_subword_prefix": "", "end_of_word_suffix": "",
+                      "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                      "vocab": vocab_map, "merges": pairs}
+        }))
+        .map_err(|e| {
+            candle::Error::Msg(format!("{} and {}: {e}", vocab.display(), merges.display()))
+        })?;
+        if let Some((token, id)) = tok
+            .inner
+            .get_vocab(true)
+            .into_iter()
+            .max_by_key(|(_, id)| *id)
+        {
+            if id as usize >= MAX_BPE_VOCAB {
+                candle::bail!(
+                    "added token {token:?} has id {id}; expected ids below {MAX_BPE_VOCAB}"
+                )
+            }
+        }
+        Ok(tok)
+    }
+
     /// Trains a byte-level BPE (ByteLevel pre-tokenizer and decoder, no prefix space, so
     /// decoding gives the text back exactly) on the text of `corpus`, with the special tokens
     /// `"<pad>"`, `"<unk>"`, `"<bos>"`, `"<eos>"` at ids 0..3 and at most `vocab_size` ids
