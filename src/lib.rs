@@ -29,7 +29,8 @@
 //!    crate-private CPU kernel layer every fused op shares.
 //! 1. [`nn`]: plain layers ([`nn::Linear`], [`nn::LayerNorm`], [`nn::Embedding`], the fused
 //!    GELU, MLP and cross-entropy ops).
-//! 2. [`attention`]: the module itself, its key/value caches and fused kernels.
+//! 2. [`attention`]: the module itself, its key/value caches and fused kernels; beside it the
+//!    hidden `bench_internals` (the CPU products and attention tiles, for the benches).
 //! 3. [`checkpoint`]: PyTorch state_dicts in and out; [`optim`]: AdamW and clipping.
 //! 4. [`transformer`]: PyTorch's Transformer layers, stacks and `nn.Transformer`, with their
 //!    loaders from checkpoints.

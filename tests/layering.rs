@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 /// Each top-level module's floor, from the bottom. A new module must be placed here.
-const FLOORS: [(&str, u8); 14] = [
+const FLOORS: [(&str, u8); 15] = [
     ("setters", 0),
     ("rng", 0),
     ("init", 0),
@@ -18,6 +18,7 @@ const FLOORS: [(&str, u8); 14] = [
     ("cpu", 0),
     ("nn", 1),
     ("attention", 2),
+    ("bench_internals", 2),
     ("checkpoint", 3),
     ("optim", 3),
     ("transformer", 4),

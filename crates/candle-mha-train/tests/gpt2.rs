@@ -43,7 +43,8 @@ fn build(cfg: &NextTokenPredictorConfig, sd: &StateDict) -> Result<(NextTokenPre
 /// The Hugging Face fixtures: tied head, untied head.
 const HF: [&str; 2] = ["hf", "hf-untied"];
 
-fn hf_model(name: &str) -> Result<(NextTokenPredictor, VarMap, NextTokenPredictorConfig)> {
+/// A Hugging Face fixture's configuration, its file's tensors and those tensors in our names.
+fn hf_files(name: &str) -> Result<(NextTokenPredictorConfig, StateDict, StateDict)> {
     let dir = fixtures().join(name);
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("config.json"))?)?;
@@ -51,6 +52,11 @@ fn hf_model(name: &str) -> Result<(NextTokenPredictor, VarMap, NextTokenPredicto
     let sd = StateDict::load(dir.join("model.safetensors"))?;
     let (ours, report) = gpt2::from_gpt2(&sd, Gpt2Format::HuggingFace, &cfg)?;
     assert_eq!(report.transposed, 4 * cfg.num_layers, "{report}");
+    Ok((cfg, sd, ours))
+}
+
+fn hf_model(name: &str) -> Result<(NextTokenPredictor, VarMap, NextTokenPredictorConfig)> {
+    let (cfg, _, ours) = hf_files(name)?;
     let (model, varmap) = build(&cfg, &ours)?;
     Ok((model, varmap, cfg))
 }
@@ -203,12 +209,7 @@ fn hugging_face_training_step_equals_pytorch() -> Result<()> {
 #[test]
 fn hugging_face_round_trip_is_exact() -> Result<()> {
     for name in HF {
-        let dir = fixtures().join(name);
-        let json: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json"))?)?;
-        let cfg = gpt2::config_from_hf(&json)?;
-        let sd = StateDict::load(dir.join("model.safetensors"))?;
-        let (ours, _) = gpt2::from_gpt2(&sd, Gpt2Format::HuggingFace, &cfg)?;
+        let (cfg, sd, ours) = hf_files(name)?;
         let back = gpt2::to_gpt2(&ours, Gpt2Format::HuggingFace, &cfg)?;
         for (n, t) in sd.tensors() {
             let b = back
