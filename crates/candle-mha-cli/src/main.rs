@@ -93,6 +93,12 @@ fn main() -> std::process::ExitCode {
     // Training and corpus passes allocate the same large buffers every step: keep freed memory
     // for reuse rather than page-faulting it in again (see `candle_mha::runtime`).
     candle_mha::runtime::retain_freed_memory();
+    // candle attaches a backtrace to its errors when RUST_BACKTRACE is set, and its Display
+    // prints it: the user errors below are one line. RUST_LIB_BACKTRACE governs only those
+    // captures (panics still follow RUST_BACKTRACE); a user may set it to 1.
+    if std::env::var_os("RUST_LIB_BACKTRACE").is_none() {
+        std::env::set_var("RUST_LIB_BACKTRACE", "0");
+    }
     pin_thread_count();
     // Before any candle op starts candle's element-wise pool (see `candle_mha::runtime`).
     for (name, value) in candle_mha::runtime::recommended_env() {

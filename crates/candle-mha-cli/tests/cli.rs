@@ -117,6 +117,37 @@ fn convert_pickle_to_safetensors_validated() -> Result<()> {
     Ok(())
 }
 
+/// An error is one line even when the user runs with `RUST_BACKTRACE=1` (candle would attach
+/// and print a backtrace); `RUST_LIB_BACKTRACE=1` asks for it.
+#[test]
+fn errors_are_one_line_under_rust_backtrace() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let run = |lib: Option<&str>| -> Result<String> {
+        let mut cmd = std::process::Command::new(common::mha_exe()?);
+        cmd.args(["convert", ckpt("no_tensors.pt").to_str().unwrap()])
+            .arg(dir.path().join("x.safetensors"))
+            .env("RUST_BACKTRACE", "1")
+            .env_remove("RUST_LIB_BACKTRACE");
+        if let Some(v) = lib {
+            cmd.env("RUST_LIB_BACKTRACE", v);
+        }
+        let out = cmd.output()?;
+        assert!(!out.status.success());
+        Ok(String::from_utf8(out.stderr)?)
+    };
+    let err = run(None)?;
+    assert!(
+        err.contains("holds no tensors") && err.trim_end().lines().count() == 1,
+        "{err}"
+    );
+    let err = run(Some("1"))?;
+    assert!(
+        err.contains("holds no tensors") && err.lines().count() > 1,
+        "{err}"
+    );
+    Ok(())
+}
+
 #[test]
 fn bad_input_is_a_clear_error() -> Result<()> {
     let dir = tempfile::tempdir()?;
