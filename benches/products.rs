@@ -212,6 +212,16 @@ fn time_ours(p: &Product, reps: usize) -> (f64, f64) {
     timed
 }
 
+/// The median over rounds of each round's median call (the first of `time_one`'s pairs).
+fn round_median(rounds: &[(f64, f64)]) -> f64 {
+    median(&rounds.iter().map(|t| t.0).collect::<Vec<_>>())
+}
+
+/// The fastest call of all rounds.
+fn fastest(rounds: &[(f64, f64)]) -> f64 {
+    rounds.iter().map(|t| t.1).fold(f64::INFINITY, f64::min)
+}
+
 /// Median and fastest seconds of `call`, a product on this thread.
 fn time_one(reps: usize, mut call: impl FnMut()) -> (f64, f64) {
     let timed = time_calls(reps, 3, 100.0, || -> Result<(), Infallible> {
@@ -266,16 +276,14 @@ fn tiles(rounds: usize, reps: usize) {
         .iter()
         .zip(&times)
         .map(|((d, p), [ours, lib])| {
-            let med = |v: &[(f64, f64)]| median(&v.iter().map(|t| t.0).collect::<Vec<_>>());
-            let best = |v: &[(f64, f64)]| v.iter().map(|t| t.1).fold(f64::INFINITY, f64::min);
             vec![
                 d.to_string(),
                 p.what.to_string(),
                 p.dims(),
-                format!("{:.0}", p.flop() / med(ours) / 1e9),
-                format!("{:.0}", p.flop() / med(lib) / 1e9),
-                format!("{:.2}", med(ours) / med(lib)),
-                format!("{:.2}", best(ours) / best(lib)),
+                format!("{:.0}", p.flop() / round_median(ours) / 1e9),
+                format!("{:.0}", p.flop() / round_median(lib) / 1e9),
+                format!("{:.2}", round_median(ours) / round_median(lib)),
+                format!("{:.2}", fastest(ours) / fastest(lib)),
             ]
         })
         .collect();
@@ -337,8 +345,6 @@ fn main() {
                 }
             }
         }
-        let med = |v: &[(f64, f64)]| median(&v.iter().map(|t| t.0).collect::<Vec<_>>());
-        let best = |v: &[(f64, f64)]| v.iter().map(|t| t.1).fold(f64::INFINITY, f64::min);
         let header: Vec<String> = [
             "layer",
             "product",
@@ -354,10 +360,10 @@ fn main() {
         let mut rows = Vec::new();
         let (mut sum_ours, mut sum_theirs) = (0.0, 0.0);
         for (i, p) in ps.iter().enumerate() {
-            let (o, o_best) = (med(&ours[i]), best(&ours[i]));
+            let (o, o_best) = (round_median(&ours[i]), fastest(&ours[i]));
             let (t, t_best) = match theirs[i].is_empty() {
                 true => (None, None),
-                false => (Some(med(&theirs[i])), Some(best(&theirs[i]))),
+                false => (Some(round_median(&theirs[i])), Some(fastest(&theirs[i]))),
             };
             sum_ours += o;
             sum_theirs += t.unwrap_or(f64::NAN);

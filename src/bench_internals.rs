@@ -13,6 +13,12 @@ use candle::Result;
 use crate::attention::fused::kernel::{gemm_panels, pack_rows, pack_transposed, Panels};
 use crate::cpu::{gemm, Threads};
 
+/// `(m, n, k)` of `dst[m×n] = lhs[m×k]·rhs[k×n]`.
+pub type Dims = (usize, usize, usize);
+
+/// `(pointer, row stride, column stride)` of an operand.
+type Strided = crate::cpu::Operand<f32>;
+
 /// A row-major matrix operand; `transposed`: it is stored as its transpose (`cols × rows`).
 #[derive(Clone, Copy, Debug)]
 pub struct Operand<'a> {
@@ -25,7 +31,7 @@ pub struct Operand<'a> {
 impl Operand<'_> {
     /// `(pointer, row stride, column stride)` of the `rows × cols` matrix it holds, after a
     /// check of its length.
-    fn strided(&self, what: &str, rows: usize, cols: usize) -> Result<crate::cpu::Operand<f32>> {
+    fn strided(&self, what: &str, rows: usize, cols: usize) -> Result<Strided> {
         check_len(what, self.data.len(), rows, cols)?;
         let (rs, cs) = match self.transposed {
             false => (cols, 1),
@@ -42,51 +48,39 @@ fn check_len(what: &str, got: usize, rows: usize, cols: usize) -> Result<()> {
     }
 }
 
-/// The operands of `dst[m×n] = lhs[m×k]·rhs[k×n]` checked and run through `product`.
+/// The operands of `dst[m×n] = lhs[m×k]·rhs[k×n]` checked and run through `product`, `dst`
+/// handed on as a row-major operand.
 fn run(
     (m, n, k): (usize, usize, usize),
     lhs: Operand,
     rhs: Operand,
     dst: &mut [f32],
-    product: impl FnOnce(crate::cpu::Operand<f32>, crate::cpu::Operand<f32>, *mut f32),
+    product: impl FnOnce(Strided, Strided, (*mut f32, usize, usize)),
 ) -> Result<()> {
     let (a, b) = (lhs.strided("lhs", m, k)?, rhs.strided("rhs", k, n)?);
     check_len("dst", dst.len(), m, n)?;
-    product(a, b, dst.as_mut_ptr());
+    product(a, b, (dst.as_mut_ptr(), n, 1));
     Ok(())
 }
 
 /// `dst[m×n] = lhs[m×k]·rhs[k×n]` as the linear layers compute it, on candle's threads.
-pub fn linear_product(
-    dims: (usize, usize, usize),
-    lhs: Operand,
-    rhs: Operand,
-    dst: &mut [f32],
-) -> Result<()> {
-    let n = dims.1;
-    run(dims, lhs, rhs, dst, |a, b, c| {
-        // SAFETY: `run` checked every operand's length against the dimensions.
-        unsafe { gemm(dims, (c, n, 1), false, a, b, 1.0, Threads::All) }
+pub fn linear_product(dims: Dims, lhs: Operand, rhs: Operand, dst: &mut [f32]) -> Result<()> {
+    // SAFETY: `run` checked every operand's length against the dimensions.
+    run(dims, lhs, rhs, dst, |a, b, c| unsafe {
+        gemm(dims, c, false, a, b, 1.0, Threads::All)
     })
 }
 
 /// `dst[m×n] = lhs[m×k]·rhs[k×n]` with the library's product on the calling thread: MKL's
 /// sequential `sgemm` with the `mkl` feature, else the `gemm` crate.
-pub fn library_product(
-    dims: (usize, usize, usize),
-    lhs: Operand,
-    rhs: Operand,
-    dst: &mut [f32],
-) -> Result<()> {
-    let n = dims.1;
-    run(dims, lhs, rhs, dst, |a, b, c| {
-        // SAFETY: `run` checked every operand's length against the dimensions.
+pub fn library_product(dims: Dims, lhs: Operand, rhs: Operand, dst: &mut [f32]) -> Result<()> {
+    // SAFETY: `run` checked every operand's length against the dimensions.
+    run(dims, lhs, rhs, dst, |a, b, c| unsafe {
         #[cfg(feature = "mkl")]
-        if unsafe { crate::cpu::mkl::gemm(dims, (c, n, 1), false, [a, b], 1.0, 1) } {
+        if crate::cpu::mkl::gemm(dims, c, false, [a, b], 1.0, 1) {
             return;
         }
-        // SAFETY: as above.
-        unsafe { gemm(dims, (c, n, 1), false, a, b, 1.0, Threads::One) }
+        gemm(dims, c, false, a, b, 1.0, Threads::One)
     })
 }
 
@@ -110,12 +104,7 @@ pub fn pack(k: usize, n: usize, rhs: Operand) -> Result<Packed> {
 }
 
 /// `dst[m×n] = lhs[m×k]·rhs` with the attention kernels' register tiles on the calling thread.
-pub fn tile_product(
-    dims: (usize, usize, usize),
-    lhs: Operand,
-    rhs: &Packed,
-    dst: &mut [f32],
-) -> Result<()> {
+pub fn tile_product(dims: Dims, lhs: Operand, rhs: &Packed, dst: &mut [f32]) -> Result<()> {
     let (m, n, k) = dims;
     if (rhs.k, rhs.n) != (k, n) {
         candle::bail!("rhs: packed {} × {}, expected {k} × {n}", rhs.k, rhs.n);

@@ -144,16 +144,9 @@ impl TextTokenizer {
                 path.display()
             ))
         })?;
-        // Ids index tables sized by the largest one.
-        if let Some((token, id)) = inner.get_vocab(true).into_iter().max_by_key(|(_, id)| *id) {
-            if id as usize >= MAX_BPE_VOCAB {
-                candle::bail!(
-                    "{}: token {token:?} has id {id}; expected ids below {MAX_BPE_VOCAB}",
-                    path.display()
-                )
-            }
-        }
-        Ok(TextTokenizer { inner })
+        let tok = TextTokenizer { inner };
+        tok.check_largest_id(&path.display().to_string())?;
+        Ok(tok)
     }
 
     /// GPT-2's byte-level BPE from the two files of its slow tokenizer (`GPT2Tokenizer`'s
@@ -229,19 +222,22 @@ impl TextTokenizer {
         .map_err(|e| {
             candle::Error::Msg(format!("{} and {}: {e}", vocab.display(), merges.display()))
         })?;
-        if let Some((token, id)) = tok
-            .inner
-            .get_vocab(true)
-            .into_iter()
-            .max_by_key(|(_, id)| *id)
-        {
+        tok.check_largest_id("added tokens")?;
+        Ok(tok)
+    }
+
+    /// Errors, naming `source` and the token, when an id is [`MAX_BPE_VOCAB`] or more: ids
+    /// index tables sized by the largest one.
+    fn check_largest_id(&self, source: &str) -> Result<()> {
+        let vocab = self.inner.get_vocab(true);
+        if let Some((token, id)) = vocab.into_iter().max_by_key(|(_, id)| *id) {
             if id as usize >= MAX_BPE_VOCAB {
                 candle::bail!(
-                    "added token {token:?} has id {id}; expected ids below {MAX_BPE_VOCAB}"
+                    "{source}: token {token:?} has id {id}; expected ids below {MAX_BPE_VOCAB}"
                 )
             }
         }
-        Ok(tok)
+        Ok(())
     }
 
     /// Trains a byte-level BPE (ByteLevel pre-tokenizer and decoder, no prefix space, so

@@ -315,6 +315,7 @@ pub fn config_from_hf(json: &serde_json::Value) -> Result<NextTokenPredictorConf
         ),
     };
     let e = count("n_embd")?;
+    let tied = flag("tie_word_embeddings", true);
     let cfg = NextTokenPredictorConfig {
         vocab_size: count("vocab_size")?,
         max_len: count("n_positions")?,
@@ -329,9 +330,9 @@ pub fn config_from_hf(json: &serde_json::Value) -> Result<NextTokenPredictorConf
         resid_dropout: rate("resid_pdrop"),
         embed_dropout: Some(rate("embd_pdrop")),
         bias: true,
-        tie_embeddings: flag("tie_word_embeddings", true),
+        tie_embeddings: tied,
         // GPT-2's lm_head has no bias; it is a parameter of its own only when untied.
-        head_bias: (!flag("tie_word_embeddings", true)).then_some(false),
+        head_bias: (!tied).then_some(false),
         gelu,
         layer_norm_eps: field("layer_norm_epsilon")
             .and_then(|v| v.as_f64())
