@@ -36,6 +36,8 @@
 #   MHA_BENCH_MAX_LEN     L [256]          MHA_BENCH_EMBED   E [256]
 #   MHA_BENCH_HEADS       H [8]            MHA_BENCH_LAYERS  layers [4]   (ff = 4E)
 #   MHA_BENCH_VOCAB       V, BPE vocabulary [512]
+#   MHA_BENCH_DROPOUT     attention dropout, both sides [0]   (mha train's text defaults:
+#   MHA_BENCH_RESID_DROPOUT  residual dropout, both sides [0]    0.1 and 0.2)
 #   MHA_BENCH_TORCH_CAUSAL=1   PyTorch's attention also gets is_causal=True (SDPA without a
 #                         mask; ours always runs causal without a mask); default: the mask
 #   MHA_BENCH_TRAIN=0     skip the training table
@@ -91,6 +93,14 @@ prepare_mb=$(uint MHA_BENCH_PREPARE_MB 1000)
 do_train=${MHA_BENCH_TRAIN:-1}
 do_bpe=${MHA_BENCH_PREPARE_BPE:-1}
 torch_causal=${MHA_BENCH_TORCH_CAUSAL:-0}
+prob() { # NAME: a probability in [0, 1) from the environment, 0 when unset
+    local v=${!1:-0}
+    awk -v v="$v" 'BEGIN { exit !(v ~ /^[0-9]*\.?[0-9]+$/ && v < 1) }' ||
+        die "$1=$v: expected a number in [0, 1)"
+    echo "$v"
+}
+dropout=$(prob MHA_BENCH_DROPOUT)
+resid_dropout=$(prob MHA_BENCH_RESID_DROPOUT)
 ((rounds >= 1 && steps >= 1)) || die "MHA_BENCH_ROUNDS and MHA_BENCH_STEPS must be at least 1"
 total_steps=$((warmup + steps))
 ff=$((4 * embed))
@@ -206,7 +216,7 @@ if [[ $do_train != 0 ]]; then
         run_measured "$work/ours_$1.log" "$mha" train --data "$data" --out "$run" \
             --steps "$total_steps" --batch-size "$batch" --max-len "$max_len" \
             --embed-dim "$embed" --num-heads "$heads" --num-layers "$layers" --ff-dim "$ff" \
-            --dropout 0 --resid-dropout 0 --eval-every 0 --save-every 0 --eval-windows 8 --quiet
+            --dropout "$dropout" --resid-dropout "$resid_dropout" --eval-every 0 --save-every 0 --eval-windows 8 --quiet
         local tps
         tps=$(awk -v w="$warmup" '/"tokens_per_s"/ {
                   s = $0; sub(/.*"step":/, "", s); sub(/[,}].*/, "", s)
@@ -222,6 +232,7 @@ if [[ $do_train != 0 ]]; then
             "$here/reference_train.py" "$data" --steps "$total_steps" --batch-size "$batch" \
             --max-len "$max_len" --embed-dim "$embed" --num-heads "$heads" \
             --num-layers "$layers" --ff-dim "$ff" --threads "$threads" \
+            --dropout "$dropout" --resid-dropout "$resid_dropout" \
             --timing-warmup "$warmup" --quiet ${torch_args[@]+"${torch_args[@]}"}
         local tps
         tps=$(awk '/^torch tokens\/s median/ { print $4 }' "$work/torch_$1.log")
@@ -245,7 +256,7 @@ if [[ $do_train != 0 ]]; then
     fi
     torch_mode=$([[ $torch_causal == 1 ]] && echo "mask + is_causal hint" || echo "causal mask")
     echo
-    echo "Training on text: $rounds rounds of $warmup warmup + $steps timed steps per side (order alternating), f32, dropout 0; torch attention: $torch_mode"
+    echo "Training on text: $rounds rounds of $warmup warmup + $steps timed steps per side (order alternating), f32, dropout $dropout, residual dropout $resid_dropout; torch attention: $torch_mode"
     echo
     echo "| shape (N×L, V, E/H/layers, ff) | ours tok/s | torch tok/s | ratio ours/torch | per round | ours peak RSS MiB | torch peak RSS MiB |"
     echo "|---|--:|--:|--:|--:|--:|--:|"

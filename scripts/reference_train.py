@@ -23,7 +23,7 @@ with `--causal-hint` nn.MultiheadAttention also gets `is_causal=True`, see below
 step, in f32 on the CPU. The learning rate follows mha's schedule (linear warmup over
 `--warmup` steps, then cosine to lr/10 at `--steps`), set before the step. Optimizer:
 torch.optim.AdamW(lr, betas=(0.9, 0.98), eps=1e-8, weight_decay) on every parameter, as
-mha's AdamW. Dropout is 0 (attention and residual).
+mha's AdamW. Dropout is 0 (attention and residual) unless --dropout / --resid-dropout give it.
 
 Timing: the step above only (perf_counter around it); drawing the offsets, slicing the
 memmap and making the tensors come before the timer starts, as mha times
@@ -103,6 +103,11 @@ def parse_args(argv, prog=None):
     ap.add_argument("--warmup", type=int, default=100, help="lr warmup steps (default 100)")
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--clip", type=float, default=1.0, help="gradient-norm clip (0 = off)")
+    ap.add_argument("--dropout", type=float, default=0.0,
+                    help="attention dropout (default 0; mha train's text default is 0.1)")
+    ap.add_argument("--resid-dropout", type=float, default=0.0,
+                    help="dropout on the embeddings and each block's outputs (default 0; "
+                         "mha train's text default is 0.2)")
     ap.add_argument("--threads", type=int, default=0,
                     help="torch.set_num_threads (default: RAYON_NUM_THREADS if set, else "
                          "the number of cores, as mha)")
@@ -146,7 +151,8 @@ def main(argv=None, prog=None):
     torch.manual_seed(args.seed)
     model = NextTokenPredictor(vocab_size=vocab, max_len=l, embed_dim=args.embed_dim,
                                num_heads=args.num_heads, num_layers=args.num_layers,
-                               ff_dim=ff, dropout=0.0, resid_dropout=0.0)
+                               ff_dim=ff, dropout=args.dropout,
+                               resid_dropout=args.resid_dropout)
     model.train()
     params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), eps=1e-8,
@@ -158,7 +164,8 @@ def main(argv=None, prog=None):
           f"({meta['dtype']}), vocab {vocab}; model {args.num_layers} blocks, embed_dim "
           f"{args.embed_dim}, {args.num_heads} heads, ff {ff}, context {l}, {params} "
           f"parameters; {args.steps} steps of {n} windows"
-          f"{', is_causal hint' if args.causal_hint else ''}", flush=True)
+          f"{', is_causal hint' if args.causal_hint else ''}; dropout {args.dropout}, "
+          f"residual dropout {args.resid_dropout}", flush=True)
 
     steps = []
     for step in range(args.steps):

@@ -123,17 +123,19 @@ impl TransformerDecoderLayer {
             .dropout(cfg.dropout, cfg.dropout_seed, opts.train, opts.dropout_seed);
         let mut x = tgt.clone();
         if cfg.norm_first {
-            x = (&x + self.sa_block(&self.norm1.forward(&x)?, opts, &drop)?)?;
-            x = (&x + self.mha_block(&self.norm2.forward(&x)?, memory, opts, &drop)?)?;
-            x = (&x + self.ff_block(&self.norm3.forward(&x)?, &drop)?)?;
+            let sa = self.sa_block(&self.norm1.forward(&x)?, opts, &drop)?;
+            x = drop.add(&x, &sa, "dropout1")?;
+            let mha = self.mha_block(&self.norm2.forward(&x)?, memory, opts, &drop)?;
+            x = drop.add(&x, &mha, "dropout2")?;
+            let ff = self.ff.forward(&self.norm3.forward(&x)?, &drop)?;
+            x = drop.add(&x, &ff, "dropout3")?;
         } else {
-            x = self
-                .norm1
-                .forward(&(&x + self.sa_block(&x, opts, &drop)?)?)?;
-            x = self
-                .norm2
-                .forward(&(&x + self.mha_block(&x, memory, opts, &drop)?)?)?;
-            x = self.norm3.forward(&(&x + self.ff_block(&x, &drop)?)?)?;
+            let sa = self.sa_block(&x, opts, &drop)?;
+            x = self.norm1.forward(&drop.add(&x, &sa, "dropout1")?)?;
+            let mha = self.mha_block(&x, memory, opts, &drop)?;
+            x = self.norm2.forward(&drop.add(&x, &mha, "dropout2")?)?;
+            let ff = self.ff.forward(&x, &drop)?;
+            x = self.norm3.forward(&drop.add(&x, &ff, "dropout3")?)?;
         }
         Ok(x)
     }
@@ -172,8 +174,7 @@ impl TransformerDecoderLayer {
         a.attn_mask = opts.tgt_mask.clone();
         a.key_padding_mask = opts.tgt_key_padding_mask.clone();
         a.dropout_seed = drop.sub_seed("self_attn");
-        let out = self.self_attn.forward(x, x, x, &a)?.output;
-        drop.apply(&out, "dropout1")
+        Ok(self.self_attn.forward(x, x, x, &a)?.output)
     }
 
     fn mha_block(
@@ -190,11 +191,6 @@ impl TransformerDecoderLayer {
         a.attn_mask = opts.memory_mask.clone();
         a.key_padding_mask = opts.memory_key_padding_mask.clone();
         a.dropout_seed = drop.sub_seed("multihead_attn");
-        let out = self.multihead_attn.forward(x, memory, memory, &a)?.output;
-        drop.apply(&out, "dropout2")
-    }
-
-    fn ff_block(&self, x: &Tensor, drop: &Dropout) -> Result<Tensor> {
-        drop.apply(&self.ff.forward(x, drop)?, "dropout3")
+        Ok(self.multihead_attn.forward(x, memory, memory, &a)?.output)
     }
 }

@@ -100,13 +100,15 @@ impl TransformerEncoderLayer {
             .dropout(cfg.dropout, cfg.dropout_seed, opts.train, opts.dropout_seed);
         let mut x = src.clone();
         if cfg.norm_first {
-            x = (&x + self.sa_block(&self.norm1.forward(&x)?, opts, &drop)?)?;
-            x = (&x + self.ff_block(&self.norm2.forward(&x)?, &drop)?)?;
+            let sa = self.sa_block(&self.norm1.forward(&x)?, opts, &drop)?;
+            x = drop.add(&x, &sa, "dropout1")?;
+            let ff = self.ff.forward(&self.norm2.forward(&x)?, &drop)?;
+            x = drop.add(&x, &ff, "dropout2")?;
         } else {
-            x = self
-                .norm1
-                .forward(&(&x + self.sa_block(&x, opts, &drop)?)?)?;
-            x = self.norm2.forward(&(&x + self.ff_block(&x, &drop)?)?)?;
+            let sa = self.sa_block(&x, opts, &drop)?;
+            x = self.norm1.forward(&drop.add(&x, &sa, "dropout1")?)?;
+            let ff = self.ff.forward(&x, &drop)?;
+            x = self.norm2.forward(&drop.add(&x, &ff, "dropout2")?)?;
         }
         Ok(x)
     }
@@ -138,11 +140,6 @@ impl TransformerEncoderLayer {
         a.attn_mask = opts.mask.clone();
         a.key_padding_mask = opts.src_key_padding_mask.clone();
         a.dropout_seed = drop.sub_seed("self_attn");
-        let out = self.self_attn.forward(x, x, x, &a)?.output;
-        drop.apply(&out, "dropout1")
-    }
-
-    fn ff_block(&self, x: &Tensor, drop: &Dropout) -> Result<Tensor> {
-        drop.apply(&self.ff.forward(x, drop)?, "dropout2")
+        Ok(self.self_attn.forward(x, x, x, &a)?.output)
     }
 }

@@ -8,7 +8,7 @@ use candle::{DType, Module, Result, Tensor};
 use candle_nn::VarBuilder;
 
 use super::Activation;
-use crate::attention::dropout::seeded_dropout;
+use crate::attention::dropout::{seeded_dropout, seeded_dropout_add};
 use crate::nn::Linear;
 use crate::rng::derive_seed;
 
@@ -146,6 +146,14 @@ impl Dropout {
         match self.seed {
             Some(seed) => seeded_dropout(x, self.p, derive_seed(seed, name)),
             None => Ok(x.clone()),
+        }
+    }
+
+    /// `x + dropout(y)`: a residual connection whose branch is the dropout module `name`.
+    pub(crate) fn add(&self, x: &Tensor, y: &Tensor, name: &str) -> Result<Tensor> {
+        match self.seed {
+            Some(seed) => seeded_dropout_add(x, y, self.p, derive_seed(seed, name), 0),
+            None => x + y,
         }
     }
 

@@ -4,7 +4,7 @@ use candle::{DType, Module, Result, Tensor};
 use candle_nn::VarBuilder;
 
 use super::{Gelu, NextTokenPredictorConfig};
-use candle_mha::attention::dropout::seeded_dropout_at;
+use candle_mha::attention::dropout::{seeded_dropout_add, seeded_dropout_at};
 use candle_mha::attention::{
     AttentionKernel, AttentionOptions, MultiheadAttention, MultiheadAttentionConfig,
 };
@@ -70,19 +70,20 @@ impl Block {
         opts: &AttentionOptions,
         resid: Option<(f64, u64, u64)>,
     ) -> Result<(Tensor, Option<Tensor>)> {
-        let drop = |t: Tensor, label: &str| -> Result<Tensor> {
+        // `x + dropout(branch)`, one op on the CPU.
+        let add = |x: &Tensor, branch: &Tensor, label: &str| -> Result<Tensor> {
             match resid {
                 Some((p, seed, offset)) if p > 0.0 => {
-                    seeded_dropout_at(&t, p, derive_seed(seed, label), offset)
+                    seeded_dropout_add(x, branch, p, derive_seed(seed, label), offset)
                 }
-                _ => Ok(t),
+                _ => x + branch,
             }
         };
         let h = self.ln1.forward(x)?;
         let attn = self.attn.forward(&h, &h, &h, opts)?;
-        let x = (x + drop(attn.output, "attn")?)?;
-        let m = drop(self.mlp(&self.ln2.forward(&x)?)?, "mlp")?;
-        Ok(((x + m)?, attn.weights))
+        let x = add(x, &attn.output, "attn")?;
+        let m = self.mlp(&self.ln2.forward(&x)?)?;
+        Ok((add(&x, &m, "mlp")?, attn.weights))
     }
 }
 

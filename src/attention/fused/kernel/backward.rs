@@ -4,7 +4,7 @@
 use super::panels::{gemm_panels, Panels};
 use super::tiles::{
     drop_of, pack_head_into, pack_head_panels, packed_map, packed_rows, probs_tile, scores_tile,
-    weight_index, Keys,
+    weight_index, Keys, BC,
 };
 use super::{Geom, Masks, Rows, RowsMut};
 use crate::attention::dropout::DropoutMask;
@@ -145,6 +145,7 @@ pub(crate) fn backward<T: Elem>(
                     );
                 }
                 // s: P → P̃ (what multiplied v); dp: dP̃ → dS = P∘(dP − D).
+                let mut factors = [T::ZERO; BC];
                 for r in 0..rows {
                     let i = i0 + r;
                     let (sr, dr) = (
@@ -157,11 +158,11 @@ pub(crate) fn backward<T: Elem>(
                             .zip(dr.iter_mut())
                             .for_each(|(p, x)| *x = *p * (*x - dsum[i])),
                         Some(dm) => {
-                            for c in 0..cols {
-                                let keep = dm.mask.keep(weight_index(g, b, h, i, j0 + c));
-                                let z = if keep { dm.scale } else { T::ZERO };
-                                dr[c] = sr[c] * (dr[c] * z - dsum[i]);
-                                sr[c] *= z;
+                            let f = &mut factors[..cols];
+                            dm.mask.factors_into(weight_index(g, b, h, i, j0), f);
+                            for ((s, x), &z) in sr.iter_mut().zip(dr.iter_mut()).zip(&*f) {
+                                *x = *s * (*x * z - dsum[i]);
+                                *s *= z;
                             }
                         }
                     }

@@ -81,6 +81,7 @@ pub(super) fn attend_tile<T: Elem>(
             s,
             BC,
         );
+        let mut factors = [T::ZERO; BC];
         for r in 0..rows {
             let row = &mut s[r * BC..r * BC + cols];
             let m_new = T::row_max(row);
@@ -107,11 +108,10 @@ pub(super) fn attend_tile<T: Elem>(
             }
             l[r] += sum;
             if let Some(dr) = drop {
-                let i = i0 + r;
-                for (c, x) in row.iter_mut().enumerate() {
-                    let keep = dr.mask.keep(weight_index(g, b, h, i, j0 + c));
-                    *x = if keep { *x * dr.scale } else { T::ZERO };
-                }
+                // x·0 = 0 where dropped: the probabilities are finite.
+                let f = &mut factors[..cols];
+                dr.mask.factors_into(weight_index(g, b, h, i0 + r, j0), f);
+                row.iter_mut().zip(&*f).for_each(|(x, f)| *x *= *f);
             }
         }
         // Past the diagonal the probabilities are 0: each block of rows multiplies only the
