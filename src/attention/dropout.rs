@@ -4,6 +4,9 @@
 //! `(seed, idx)` ([`DropoutMask::keep`]): the reference path builds the whole mask from it, the
 //! fused kernel draws the same bits tile by tile in the forward pass and again in the
 //! backward pass, so the mask is never stored and both paths drop the same elements.
+//!
+//! The same masks drop any other tensor ([`seeded_dropout`]) and the branch of a residual
+//! connection ([`seeded_dropout_add`]): on the CPU each is one pass forward and one backward.
 
 use candle::backend::BackendStorage;
 use candle::{CpuStorage, DType, Device, Result, Shape, Tensor};
