@@ -225,10 +225,30 @@ pub fn temp_beside(path: &Path) -> Result<tempfile::NamedTempFile> {
 ///
 /// PyTorch equivalent: none (`torch.save` writes in place).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    write_atomic_with(path, &mut |w| {
+        w.write_all(bytes).map_err(|e| io_err("writing", path, e))
+    })
+}
+
+/// [`write_atomic`] of what `write` writes into the temporary file (through a 1 MiB buffer):
+/// a large file streamed without its bytes in memory. An error from `write` leaves `path` as
+/// it was and removes the temporary file.
+///
+/// PyTorch equivalent: none (`torch.save` writes in place).
+pub fn write_atomic_with(
+    path: &Path,
+    write: &mut dyn FnMut(&mut dyn Write) -> Result<()>,
+) -> Result<()> {
     refuse_link(path)?;
-    let mut tmp = temp_beside(path)?;
-    let written = tmp.write_all(bytes).and_then(|_| tmp.as_file().sync_all());
-    written.map_err(|e| io_err("writing", path, e))?;
+    let tmp = temp_beside(path)?;
+    let mut buffered = std::io::BufWriter::with_capacity(1 << 20, tmp);
+    write(&mut buffered)?;
+    let tmp = buffered
+        .into_inner()
+        .map_err(|e| io_err("writing", path, e.into_error()))?;
+    tmp.as_file()
+        .sync_all()
+        .map_err(|e| io_err("writing", path, e))?;
     tmp.persist(path)
         .map_err(|e| io_err("writing", path, e.error))?;
     Ok(())

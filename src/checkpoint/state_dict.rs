@@ -6,7 +6,7 @@ use std::path::Path;
 
 use candle::{DType, Device, Result, Tensor};
 
-use crate::io::write_atomic;
+use crate::io::write_atomic_with;
 
 /// An ordered map of parameter names to tensors, with the file's metadata.
 ///
@@ -274,27 +274,71 @@ impl StateDict {
     /// `{"format": "pt"}` in the metadata (what `safetensors.torch` writes and
     /// `transformers` checks).
     pub fn to_safetensors_bytes(&self) -> Result<Vec<u8>> {
-        // Contiguous CPU copies: the safetensors `View` of a candle tensor must not fail.
-        let tensors = self
-            .tensors
+        let mut bytes = Vec::new();
+        self.write_safetensors(&mut bytes)?;
+        Ok(bytes)
+    }
+
+    /// Writes [`to_safetensors_bytes`](Self::to_safetensors_bytes)'s bytes into `w` one tensor
+    /// at a time: the file is never whole in memory (a checkpoint of a large model is saved in
+    /// about its largest tensor's size, not the model's).
+    ///
+    /// PyTorch equivalent: `safetensors.torch.save(state_dict, {"format": "pt"})`, streamed.
+    pub fn write_safetensors(&self, w: &mut dyn std::io::Write) -> Result<()> {
+        use safetensors::tensor::{Metadata, TensorInfo};
+        use safetensors::View;
+        let io = |e: std::io::Error| candle::Error::Msg(format!("writing safetensors: {e}"));
+        // The `safetensors` crate's order (`serialize`): descending dtype, then name.
+        let mut order: Vec<&(String, Tensor)> = self.tensors.iter().collect();
+        order.sort_by(|(ln, l), (rn, r)| View::dtype(r).cmp(&View::dtype(l)).then(ln.cmp(rn)));
+        let mut offset = 0;
+        let infos = order
             .iter()
-            .map(|(n, t)| Ok((n.clone(), t.to_device(&Device::Cpu)?.contiguous()?)))
-            .collect::<Result<Vec<_>>>()?;
+            .map(|(name, t)| {
+                let n = View::data_len(t);
+                let info = TensorInfo {
+                    dtype: View::dtype(t),
+                    shape: t.dims().to_vec(),
+                    data_offsets: (offset, offset + n),
+                };
+                offset += n;
+                (name.clone(), info)
+            })
+            .collect();
         let mut metadata = self.metadata.clone();
         // What this crate noted about the source file, not the file's own metadata.
         metadata.retain(|k, _| k != "nested_under" && k != "pickled_module");
         metadata.insert("format".into(), "pt".into());
-        let bytes = safetensors::serialize(tensors, Some(metadata))
+        let header = Metadata::new(Some(metadata), infos)
+            .and_then(|m| Ok(serde_json::to_string(&m)?))
             .map_err(|e| candle::Error::Msg(format!("serializing safetensors: {e}")))?;
-        Ok(sort_metadata(bytes))
+        let mut header = header.into_bytes();
+        header.resize(header.len().next_multiple_of(8), b' ');
+        if header.len() > MAX_HEADER_BYTES {
+            candle::bail!(
+                "serializing safetensors: a header of {} bytes ({} tensors), more than the format's {MAX_HEADER_BYTES}",
+                header.len(),
+                self.tensors.len()
+            )
+        }
+        let mut head = (header.len() as u64).to_le_bytes().to_vec();
+        head.extend(header);
+        w.write_all(&sort_metadata(head)).map_err(io)?;
+        for (_, t) in order {
+            // A contiguous CPU copy where it is not one already: `View::data` must not fail.
+            let t = t.to_device(&Device::Cpu)?.contiguous()?;
+            w.write_all(&View::data(&t)).map_err(io)?;
+        }
+        Ok(())
     }
 
-    /// Writes the tensors as safetensors to `path`, atomically.
+    /// Writes the tensors as safetensors to `path`, atomically, streamed
+    /// ([`write_safetensors`](Self::write_safetensors)).
     ///
     /// PyTorch equivalent: `safetensors.torch.save_file(state_dict, path, {"format": "pt"})`;
     /// PyTorch reads it back with `load_state_dict(load_file(path), strict=True)`.
     pub fn save_safetensors(&self, path: impl AsRef<Path>) -> Result<()> {
-        write_atomic(path.as_ref(), &self.to_safetensors_bytes()?)
+        write_atomic_with(path.as_ref(), &mut |w| self.write_safetensors(w))
     }
 
     /// Adds `key: value` to the metadata written by [`save_safetensors`](Self::save_safetensors).
@@ -303,6 +347,9 @@ impl StateDict {
         self
     }
 }
+
+/// The `safetensors` crate's largest header (it refuses to read a larger one).
+const MAX_HEADER_BYTES: usize = 100_000_000;
 
 /// Safetensors bytes with the `__metadata__` entries in sorted order: the `safetensors` crate
 /// writes them in a `HashMap`'s order, which varies from process to process, so that the same
@@ -383,6 +430,41 @@ mod tests {
             assert_eq!(t, [i as f32], "{n}");
         }
         assert!(sd.get("a.3").is_none() && sd.get("c").is_none());
+        Ok(())
+    }
+
+    /// The streamed writer gives the bytes of the `safetensors` crate's own `serialize` (its
+    /// tensor order, offsets, padding), metadata sorted: mixed dtypes, a strided tensor, an
+    /// empty one, and metadata entries.
+    #[test]
+    fn streamed_safetensors_equal_the_crates_serialize() -> Result<()> {
+        let dev = Device::Cpu;
+        let m = Tensor::arange(0f32, 12.0, &dev)?.reshape((3, 4))?;
+        let tensors = vec![
+            ("w.t".to_string(), m.t()?),
+            ("b".to_string(), Tensor::new(&[1.5f64, -2.0], &dev)?),
+            ("h".to_string(), m.to_dtype(DType::F16)?),
+            ("a.bf".to_string(), m.to_dtype(DType::BF16)?),
+            ("mask".to_string(), Tensor::new(&[1u8, 0, 1], &dev)?),
+            ("ids".to_string(), Tensor::new(&[7i64, -1], &dev)?),
+            (
+                "empty".to_string(),
+                Tensor::zeros((0, 3), DType::F32, &dev)?,
+            ),
+        ];
+        let sd = StateDict::from_tensors(tensors.clone())
+            .with_metadata("zeta", "1")
+            .with_metadata("alpha", "2");
+        let views: Vec<_> = tensors
+            .iter()
+            .map(|(n, t)| (n.clone(), t.contiguous().unwrap()))
+            .collect();
+        let meta: HashMap<String, String> = [("zeta", "1"), ("alpha", "2"), ("format", "pt")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let want = sort_metadata(safetensors::serialize(views, Some(meta)).unwrap());
+        assert_eq!(sd.to_safetensors_bytes()?, want);
         Ok(())
     }
 }

@@ -243,11 +243,25 @@ impl AdamW {
     ///
     /// PyTorch equivalent: `optimizer.state_dict()`.
     pub fn state_dict(&self) -> Result<StateDict> {
+        // Copies: the moments are updated in place by later steps.
+        self.state(Tensor::copy)
+    }
+
+    /// [`state_dict`](Self::state_dict) as safetensors written into `w`, one tensor at a time
+    /// and without copying the moments (a checkpoint save: the state is written whole before
+    /// the next step).
+    ///
+    /// PyTorch equivalent: `torch.save(optimizer.state_dict(), f)`.
+    pub fn write_safetensors(&self, w: &mut dyn std::io::Write) -> Result<()> {
+        self.state(|t| Ok(t.clone()))?.write_safetensors(w)
+    }
+
+    /// The state with each moment as `take` gives it.
+    fn state(&self, take: impl Fn(&Tensor) -> Result<Tensor>) -> Result<StateDict> {
         let mut tensors = Vec::new();
         for s in &self.slots {
-            // Copies: the moments are updated in place by later steps.
-            tensors.push((format!("exp_avg.{}", s.name), s.exp_avg.copy()?));
-            tensors.push((format!("exp_avg_sq.{}", s.name), s.exp_avg_sq.copy()?));
+            tensors.push((format!("exp_avg.{}", s.name), take(&s.exp_avg)?));
+            tensors.push((format!("exp_avg_sq.{}", s.name), take(&s.exp_avg_sq)?));
             tensors.push((
                 format!("step.{}", s.name),
                 Tensor::new(s.step as f64, s.var.device())?,

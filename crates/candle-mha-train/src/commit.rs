@@ -65,11 +65,52 @@ pub struct CommitPoint {
 /// in the set are left alone; a set file that is a link is an error, never written through.
 ///
 /// PyTorch equivalent: none (`torch.save` writes each file in place).
-#[derive(Debug)]
 pub struct FileSet<'a> {
     dir: std::path::PathBuf,
     allowed: &'a [&'a str],
-    files: Vec<(String, Vec<u8>)>,
+    files: Vec<(String, Content<'a>)>,
+}
+
+impl std::fmt::Debug for FileSet<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileSet")
+            .field("dir", &self.dir)
+            .field(
+                "files",
+                &self.files.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+/// What a file of a [`FileSet`] holds: its bytes, or a writer that streams them into the
+/// staged file at commit (a large checkpoint is never whole in memory).
+type Stream<'a> = Box<dyn FnMut(&mut dyn Write) -> Result<()> + 'a>;
+
+enum Content<'a> {
+    Bytes(Vec<u8>),
+    Stream(Stream<'a>),
+}
+
+/// A writer that counts and hashes what passes through it (a staged file's manifest entry).
+struct Hashing<W> {
+    inner: W,
+    hasher: sha2::Sha256,
+    bytes: u64,
+}
+
+impl<W: Write> Write for Hashing<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        use sha2::Digest;
+        let n = self.inner.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        self.bytes += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -159,6 +200,21 @@ impl<'a> FileSet<'a> {
 
     /// Adds file `name` (one of the set's allowed names) with `bytes`.
     pub fn add(&mut self, name: &str, bytes: Vec<u8>) -> Result<()> {
+        self.push(name, Content::Bytes(bytes))
+    }
+
+    /// Adds file `name` (one of the set's allowed names) with what `write` writes when the
+    /// commit stages it: the bytes stream to disk and are never all in memory. An error from
+    /// `write` stops the commit before its record, as a failed write does.
+    pub fn add_streamed(
+        &mut self,
+        name: &str,
+        write: impl FnMut(&mut dyn Write) -> Result<()> + 'a,
+    ) -> Result<()> {
+        self.push(name, Content::Stream(Box::new(write)))
+    }
+
+    fn push(&mut self, name: &str, content: Content<'a>) -> Result<()> {
         if !plain_name(name)
             || !self.allowed.contains(&name)
             || self.files.iter().any(|(n, _)| n == name)
@@ -168,13 +224,13 @@ impl<'a> FileSet<'a> {
                 self.allowed
             )
         }
-        self.files.push((name.to_string(), bytes));
+        self.files.push((name.to_string(), content));
         Ok(())
     }
 
     /// Writes the set as one unit (see [`FileSet`]); `hook` is called at every
     /// [`CommitPoint`], and an error from it stops the commit there.
-    pub fn commit(self, hook: &mut dyn FnMut(&CommitPoint) -> Result<()>) -> Result<()> {
+    pub fn commit(mut self, hook: &mut dyn FnMut(&CommitPoint) -> Result<()>) -> Result<()> {
         let dir = &self.dir;
         std::fs::create_dir_all(dir).map_err(|e| io_err("cannot create directory", dir, e))?;
         // An interrupted commit is finished first: staging would overwrite its staged files.
@@ -191,36 +247,41 @@ impl<'a> FileSet<'a> {
             hook(&p)
         };
         let mut staged = Vec::new();
+        let files = &mut self.files;
         let staging = (|| -> Result<()> {
-            for (name, bytes) in &self.files {
+            let mut entries = Vec::new();
+            for (name, content) in files.iter_mut() {
                 let path = dir.join(staged_name(name));
                 point(format!("before staging {name}"))?;
                 // Whatever sits at the staged name (a link included) is replaced, never
                 // written through: the new file is created exclusively.
                 let _ = std::fs::remove_file(&path);
                 staged.push(path.clone());
-                let write = || -> std::io::Result<()> {
-                    let mut file = std::fs::OpenOptions::new()
-                        .write(true)
-                        .create_new(true)
-                        .open(&path)?;
-                    file.write_all(bytes)?;
-                    file.sync_all()
+                let err = |e| io_err("writing", &path, e);
+                let file = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(&path)
+                    .map_err(err)?;
+                let mut out = Hashing {
+                    inner: std::io::BufWriter::with_capacity(1 << 20, file),
+                    hasher: sha2::Digest::new(),
+                    bytes: 0,
                 };
-                write().map_err(|e| io_err("writing", &path, e))?;
+                match content {
+                    Content::Bytes(bytes) => out.write_all(bytes).map_err(err)?,
+                    Content::Stream(write) => write(&mut out)?,
+                }
+                let file = out.inner.into_inner().map_err(|e| err(e.into_error()))?;
+                file.sync_all().map_err(err)?;
+                entries.push(ManifestEntry {
+                    name: name.clone(),
+                    bytes: out.bytes,
+                    sha256: hex(&sha2::Digest::finalize(out.hasher)),
+                });
                 point(format!("after staging {name}"))?;
             }
-            let manifest = Manifest {
-                files: self
-                    .files
-                    .iter()
-                    .map(|(name, bytes)| ManifestEntry {
-                        name: name.clone(),
-                        bytes: bytes.len() as u64,
-                        sha256: sha256_hex(bytes),
-                    })
-                    .collect(),
-            };
+            let manifest = Manifest { files: entries };
             let json = serde_json::to_string_pretty(&manifest)
                 .map_err(|e| candle::Error::Msg(format!("serializing {MANIFEST_FILE}: {e}")))?;
             point(format!("before writing {MANIFEST_FILE}"))?;
@@ -483,12 +544,48 @@ mod tests {
         SetFiles::writer(&NAMES)
     }
 
+    /// Version `version` of the set; the second file streamed in two writes, the others
+    /// given as bytes.
     fn set(dir: &Path, version: u8) -> FileSet<'static> {
         let mut s = FileSet::new(dir, &NAMES);
-        for name in NAMES {
-            s.add(name, vec![version; 100 + name.len()]).unwrap();
+        for (i, name) in NAMES.into_iter().enumerate() {
+            let bytes = vec![version; 100 + name.len()];
+            match i {
+                1 => s
+                    .add_streamed(name, move |w| {
+                        let (a, b) = bytes.split_at(7);
+                        w.write_all(a)?;
+                        Ok(w.write_all(b)?)
+                    })
+                    .unwrap(),
+                _ => s.add(name, bytes).unwrap(),
+            }
         }
         s
+    }
+
+    /// A streamed file whose writer fails half-way stops the commit before its record: the
+    /// previous set stays whole and verified, nothing staged is left.
+    #[test]
+    fn a_failed_stream_leaves_the_previous_set() -> Result<()> {
+        let tmp = tempfile::tempdir()?;
+        let dir = tmp.path();
+        set(dir, 1).commit(&mut |_| Ok(()))?;
+        let mut s = FileSet::new(dir, &NAMES);
+        s.add(NAMES[0], vec![2; 50])?;
+        s.add_streamed(NAMES[1], |w| {
+            w.write_all(&[2; 10])?;
+            candle::bail!("the tensor could not be read")
+        })?;
+        let e = s.commit(&mut |_| Ok(())).unwrap_err().to_string();
+        assert!(e.contains("could not be read"), "{e}");
+        assert_eq!(version(dir), Some(1));
+        assert_eq!(
+            verify_file_set(dir, files())?,
+            FileSetState::Whole { finished: 0 }
+        );
+        assert_eq!(staged_count(dir), 0);
+        Ok(())
     }
 
     /// The files as one version, or `None` for a mix.

@@ -509,11 +509,7 @@ impl Trainer {
             .unwrap_or_else(|p| p.into_inner())
             .iter()
         {
-            let values = var
-                .flatten_all()?
-                .to_dtype(candle::DType::F64)?
-                .to_vec1::<f64>()?;
-            if !values.iter().all(|x| x.is_finite()) {
+            if !all_finite(var)? {
                 candle::bail!(
                     "step {}: parameter {name} holds NaN or infinite values (learning rate too high?): not saved, {} keeps its previous checkpoint",
                     self.state.step,
@@ -521,20 +517,17 @@ impl Trainer {
                 )
             }
         }
+        // The two large files stream into their staged files, one tensor at a time.
+        let params: &dyn NamedParameters = &self.varmap;
+        let model = state_dict_of(&[("", params)]);
+        let optimizer = &self.optimizer;
         let mut set = FileSet::new(dir, &CHECKPOINT_FILES);
         if let Some(codec) = &self.codec {
             set.add(codec.file_name(), codec.to_json()?.into_bytes())?;
         }
-        let params: &dyn NamedParameters = &self.varmap;
-        set.add(
-            MODEL_FILE,
-            state_dict_of(&[("", params)]).to_safetensors_bytes()?,
-        )?;
+        set.add_streamed(MODEL_FILE, |w| model.write_safetensors(w))?;
         set.add(CONFIG_FILE, self.model.config().to_json().into_bytes())?;
-        set.add(
-            OPTIMIZER_FILE,
-            self.optimizer.state_dict()?.to_safetensors_bytes()?,
-        )?;
+        set.add_streamed(OPTIMIZER_FILE, |w| optimizer.write_safetensors(w))?;
         // The data's paths as seen from `dir`: a run moved as a whole still finds its data.
         let mut state = self.state.clone();
         state.data = state.data.map(|d| d.recorded_in(dir));
@@ -545,4 +538,25 @@ impl Trainer {
             candle::Error::Msg(format!("saving the checkpoint in {}: {e}", dir.display()))
         })
     }
+}
+
+/// Whether every element of `t` is finite: read in place for a contiguous CPU f32/f64 tensor
+/// (a model's largest parameter is not copied), through an f64 copy otherwise.
+fn all_finite(t: &Tensor) -> Result<bool> {
+    {
+        let (storage, layout) = t.storage_and_layout();
+        if let (candle::Storage::Cpu(cpu), Some((a, b))) = (&*storage, layout.contiguous_offsets())
+        {
+            match cpu {
+                candle::CpuStorage::F32(v) => return Ok(v[a..b].iter().all(|x| x.is_finite())),
+                candle::CpuStorage::F64(v) => return Ok(v[a..b].iter().all(|x| x.is_finite())),
+                _ => {}
+            }
+        }
+    }
+    let values = t
+        .flatten_all()?
+        .to_dtype(candle::DType::F64)?
+        .to_vec1::<f64>()?;
+    Ok(values.iter().all(|x| x.is_finite()))
 }
