@@ -1,11 +1,11 @@
 //! [`evaluate`]: loss, perplexity, accuracy and bits per byte of a model on a dataset or on a
 //! stream of examples.
 
-use candle::{DType, Device, Result, D};
+use candle::{Device, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::data::{Batch, Dataset, Example};
-use crate::models::{masked_cross_entropy, NextTokenPredictor};
+use crate::models::NextTokenPredictor;
 
 /// Evaluation metrics over the counted (loss-masked) positions.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -102,17 +102,14 @@ pub fn evaluate_examples(
         if batch.num_tokens == 0 {
             continue;
         }
-        let logits = model
-            .forward(&batch.input, Some(&batch.key_padding_mask))?
-            .detach();
-        let loss = masked_cross_entropy(&logits, &batch.targets, &batch.loss_mask)?;
-        loss_sum += loss.to_dtype(DType::F64)?.to_scalar::<f64>()? * batch.num_tokens as f64;
-        let hits = logits
-            .argmax(D::Minus1)?
-            .eq(&batch.targets)?
-            .to_dtype(DType::F64)?;
-        let mask = batch.loss_mask.to_dtype(DType::F64)?;
-        correct += (hits * mask)?.sum_all()?.to_scalar::<f64>()?;
+        let (loss, hits) = model.eval_sums(
+            &batch.input,
+            Some(&batch.key_padding_mask),
+            &batch.targets,
+            &batch.loss_mask,
+        )?;
+        loss_sum += loss;
+        correct += hits;
         count += batch.num_tokens;
     }
     if count == 0 {

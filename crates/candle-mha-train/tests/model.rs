@@ -395,3 +395,67 @@ fn evaluation_agrees_across_dtypes() -> Result<()> {
     }
     Ok(())
 }
+
+/// `eval_sums` (the head on blocks of rows, activations detached) gives what the logits
+/// tensor gives: the masked mean cross-entropy times the counted positions, and the argmax
+/// hits. The vocabulary is large enough that the rows span three blocks of `EVAL_LOGITS`, one
+/// of which counts no position; the graph of `forward` is not cut (its gradient reaches the
+/// embeddings).
+#[test]
+fn eval_sums_equal_the_logits_in_blocks() -> Result<()> {
+    use candle_mha_train::models::EVAL_LOGITS;
+    let (n, l, v) = (3usize, 200usize, 60_000usize);
+    let cfg = NextTokenPredictorConfig {
+        vocab_size: v,
+        max_len: l,
+        embed_dim: 8,
+        num_heads: 2,
+        num_layers: 2,
+        ff_dim: 16,
+        ..NextTokenPredictorConfig::new(0)
+    };
+    let varmap = VarMap::new();
+    let dev = Device::Cpu;
+    let m = NextTokenPredictor::new(cfg, seeded_var_builder(&varmap, 3, DType::F32, &dev))?;
+    let block = EVAL_LOGITS / v;
+    assert!(
+        n * l > 2 * block,
+        "{block} rows a block: the test needs three blocks"
+    );
+    let tokens: Vec<u32> = (0..n * l).map(|i| (i * 7919 % v) as u32).collect();
+    let targets: Vec<u32> = (0..n * l).map(|i| (i * 104_729 % v) as u32).collect();
+    // Counted: the first block's rows but every third, none of the second block's, all of the
+    // third's.
+    let mask: Vec<u8> = (0..n * l)
+        .map(|i| match i / block {
+            0 => u8::from(i % 3 != 0),
+            1 => 0,
+            _ => 1,
+        })
+        .collect();
+    let tokens = Tensor::from_vec(tokens, (n, l), &dev)?;
+    let targets = Tensor::from_vec(targets, (n, l), &dev)?;
+    let mask = Tensor::from_vec(mask, (n, l), &dev)?;
+    let (loss, hits) = m.eval_sums(&tokens, None, &targets, &mask)?;
+
+    let logits = m.forward(&tokens, None)?;
+    let count = mask.to_dtype(DType::F64)?.sum_all()?.to_scalar::<f64>()?;
+    let mean = masked_cross_entropy(&logits, &targets, &mask)?.to_scalar::<f32>()? as f64;
+    let want_hits = logits
+        .argmax(candle_mha::candle::D::Minus1)?
+        .eq(&targets)?
+        .mul(&mask)?
+        .to_dtype(DType::F64)?
+        .sum_all()?
+        .to_scalar::<f64>()?;
+    assert!(
+        (loss - mean * count).abs() <= 1e-5 * loss.abs(),
+        "{loss} vs {}",
+        mean * count
+    );
+    assert_eq!(hits, want_hits);
+    let grads = logits.sum_all()?.backward()?;
+    let wte = varmap.data().lock().unwrap()["token_embedding.weight"].clone();
+    assert!(grads.get(&wte).is_some());
+    Ok(())
+}

@@ -8,4 +8,4 @@ mod next_token;
 
 pub use config::{Gelu, NextTokenPredictorConfig};
 pub use generate::{generate, generate_batch, generate_stream, sample_next, GenerateConfig};
-pub use next_token::{masked_cross_entropy, Block, NextTokenPredictor};
+pub use next_token::{masked_cross_entropy, Block, NextTokenPredictor, EVAL_LOGITS};
