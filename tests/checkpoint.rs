@@ -494,3 +494,45 @@ fn hostile_files_are_errors_not_aborts() -> Result<()> {
     }
     Ok(())
 }
+
+/// `StateDict::load` reads a safetensors file one tensor at a time; it gives what parsing the
+/// whole file in memory gives (`from_safetensors_bytes`, the `safetensors` crate's own
+/// parser): names, dtypes, values bit for bit, skipped tensors (bool, int8) and metadata, for
+/// every safetensors fixture PyTorch wrote.
+#[test]
+fn streamed_load_equals_the_whole_file_parsed() -> Result<()> {
+    let dir = common::fixtures_dir().join("checkpoints");
+    let mut files = 0;
+    for entry in std::fs::read_dir(&dir)? {
+        let path = entry?.path();
+        if path.extension().is_none_or(|e| e != "safetensors") {
+            continue;
+        }
+        files += 1;
+        let streamed = StateDict::load(&path)?;
+        let whole = StateDict::from_safetensors_bytes(&std::fs::read(&path)?)?;
+        let what = path.display().to_string();
+        assert_eq!(streamed.skipped(), whole.skipped(), "{what}");
+        assert_eq!(streamed.tensors().len(), whole.tensors().len(), "{what}");
+        for ((n1, t1), (n2, t2)) in streamed.tensors().iter().zip(whole.tensors()) {
+            assert_eq!(n1, n2, "{what}");
+            assert_eq!(
+                (t1.dtype(), t1.dims()),
+                (t2.dtype(), t2.dims()),
+                "{what} {n1}"
+            );
+            let bits = |t: &Tensor| -> Result<Vec<u8>> {
+                Ok(StateDict::from_tensors([("t".to_string(), t.clone())])
+                    .to_safetensors_bytes()?)
+            };
+            assert_eq!(bits(t1)?, bits(t2)?, "{what} {n1}");
+        }
+        let mut m1: Vec<_> = streamed.metadata().iter().collect();
+        let mut m2: Vec<_> = whole.metadata().iter().collect();
+        m1.sort();
+        m2.sort();
+        assert_eq!(m1, m2, "{what}");
+    }
+    assert!(files >= 10, "{files} safetensors fixtures");
+    Ok(())
+}

@@ -116,12 +116,7 @@ impl StateDict {
             candle::Error::Msg(format!("cannot read checkpoint {}: {e}", path.display()))
         };
         match CheckpointFormat::detect(path)? {
-            CheckpointFormat::Safetensors => {
-                let mut bytes = Vec::new();
-                std::io::Read::read_to_end(&mut open(path)?, &mut bytes)
-                    .map_err(|e| io_err(path, e))?;
-                Self::from_safetensors_bytes(&bytes).map_err(ctx)
-            }
+            CheckpointFormat::Safetensors => Self::read_safetensors(path).map_err(ctx),
             CheckpointFormat::Pickle => {
                 open(path)?;
                 Self::from_pickle(path).map_err(ctx)
@@ -140,33 +135,63 @@ impl StateDict {
             .map_err(|e| candle::Error::Msg(format!("invalid safetensors header: {e}")))?;
         let (_, header) = safetensors::SafeTensors::read_metadata(bytes)
             .map_err(|e| candle::Error::Msg(format!("invalid safetensors header: {e}")))?;
-        let mut tensors = Vec::new();
-        let mut skipped = Vec::new();
+        let mut read = ReadTensors::default();
         for (name, view) in st.tensors() {
-            let view = if view.dtype() == safetensors::Dtype::BOOL {
-                safetensors::tensor::TensorView::new(
-                    safetensors::Dtype::U8,
-                    view.shape().to_vec(),
-                    view.data(),
-                )
-                .map_err(|e| candle::Error::Msg(format!("tensor {name}: {e}")))?
-            } else {
-                view
-            };
-            match candle::safetensors::Load::load(&view, &Device::Cpu) {
-                Ok(t) => tensors.push((name, t)),
-                Err(e) if e.to_string().contains("unsupported safetensor dtype") => skipped.push((
-                    name,
-                    format!("its dtype {:?} has no candle equivalent", view.dtype()),
-                )),
-                Err(e) => return Err(e),
-            }
+            read.push(name, view)?;
         }
-        let mut sd = Self::from_tensors(tensors);
-        sd.metadata = header.metadata().clone().unwrap_or_default();
-        skipped.sort_by(|a, b| natural_cmp(&a.0, &b.0));
-        sd.skipped = skipped;
-        Ok(sd)
+        Ok(read.finish(header.metadata().clone()))
+    }
+
+    /// A safetensors file read one tensor at a time (in the order of their bytes): its
+    /// header checked as the `safetensors` crate checks a whole buffer (offsets contiguous and
+    /// matching each shape, ending at the file's end), then each tensor's bytes read and
+    /// converted before the next, so the file is never whole in memory.
+    fn read_safetensors(path: &Path) -> Result<Self> {
+        use safetensors::tensor::{Metadata, TensorView};
+        use std::io::Read;
+        let invalid =
+            |what: String| candle::Error::Msg(format!("invalid safetensors header: {what}"));
+        let mut file = open(path)?;
+        let len = file.metadata().map_err(|e| io_err(path, e))?.len();
+        if len == 0 {
+            candle::bail!("the file is empty, expected a safetensors header")
+        }
+        let mut n = [0u8; 8];
+        file.read_exact(&mut n)
+            .map_err(|_| invalid(format!("the file has {len} bytes, fewer than 8")))?;
+        let n = u64::from_le_bytes(n);
+        if n > MAX_HEADER_BYTES as u64 || n > len - 8 {
+            return Err(invalid(format!(
+                "it announces {n} bytes of header in a file of {len} bytes"
+            )));
+        }
+        let mut header = vec![0u8; n as usize];
+        file.read_exact(&mut header).map_err(|e| io_err(path, e))?;
+        let header: Metadata = std::str::from_utf8(&header)
+            .map_err(|e| invalid(e.to_string()))
+            .and_then(|h| serde_json::from_str(h).map_err(|e| invalid(e.to_string())))?;
+        let data = len - 8 - n;
+        if header.data_len() as u64 != data {
+            return Err(invalid(format!(
+                "its tensors take {} bytes, the file holds {data} after the header",
+                header.data_len()
+            )));
+        }
+        let mut read = ReadTensors::default();
+        let mut bytes = Vec::new();
+        for name in header.offset_keys() {
+            let Some(info) = header.info(&name) else {
+                continue;
+            };
+            let (start, end) = info.data_offsets;
+            bytes.clear();
+            bytes.resize(end - start, 0);
+            file.read_exact(&mut bytes).map_err(|e| io_err(path, e))?;
+            let view = TensorView::new(info.dtype, info.shape.clone(), &bytes)
+                .map_err(|e| candle::Error::Msg(format!("tensor {name}: {e}")))?;
+            read.push(name, view)?;
+        }
+        Ok(read.finish(header.metadata().clone()))
     }
 
     fn from_pickle(path: &Path) -> Result<Self> {
@@ -345,6 +370,49 @@ impl StateDict {
     pub fn with_metadata(mut self, key: &str, value: &str) -> Self {
         self.metadata.insert(key.into(), value.into());
         self
+    }
+}
+
+/// The tensors of a safetensors file as they are converted, and those candle cannot hold.
+#[derive(Default)]
+struct ReadTensors {
+    tensors: Vec<(String, Tensor)>,
+    skipped: Vec<(String, String)>,
+}
+
+impl ReadTensors {
+    /// Converts one tensor: a bool tensor as u8 (0/1, candle having no bool); a dtype candle
+    /// lacks (int8, complex, float8_e5m2, …) goes to the skipped list.
+    fn push(&mut self, name: String, view: safetensors::tensor::TensorView) -> Result<()> {
+        let view = if view.dtype() == safetensors::Dtype::BOOL {
+            safetensors::tensor::TensorView::new(
+                safetensors::Dtype::U8,
+                view.shape().to_vec(),
+                view.data(),
+            )
+            .map_err(|e| candle::Error::Msg(format!("tensor {name}: {e}")))?
+        } else {
+            view
+        };
+        match candle::safetensors::Load::load(&view, &Device::Cpu) {
+            Ok(t) => self.tensors.push((name, t)),
+            Err(e) if e.to_string().contains("unsupported safetensor dtype") => {
+                self.skipped.push((
+                    name,
+                    format!("its dtype {:?} has no candle equivalent", view.dtype()),
+                ))
+            }
+            Err(e) => return Err(e),
+        }
+        Ok(())
+    }
+
+    fn finish(mut self, metadata: Option<HashMap<String, String>>) -> StateDict {
+        let mut sd = StateDict::from_tensors(self.tensors);
+        sd.metadata = metadata.unwrap_or_default();
+        self.skipped.sort_by(|a, b| natural_cmp(&a.0, &b.0));
+        sd.skipped = self.skipped;
+        sd
     }
 }
 
