@@ -122,6 +122,62 @@ impl SimpleBackend for SeededVarMap {
     }
 }
 
+/// A [`VarMap`] backend whose new variables are zeros the operating system maps on first
+/// write (`calloc`): they take no memory until a checkpoint fills them.
+struct ZeroedVarMap(VarMap);
+
+impl SimpleBackend for ZeroedVarMap {
+    fn get(&self, s: Shape, name: &str, _: Init, dtype: DType, dev: &Device) -> Result<Tensor> {
+        let mut data = self
+            .0
+            .data()
+            .lock()
+            .map_err(|_| candle::Error::Msg("the VarMap's lock is poisoned".into()))?;
+        if let Some(var) = data.get(name) {
+            if var.shape() != &s {
+                candle::bail!(
+                    "parameter `{name}` already exists with shape {:?}, but shape {:?} was requested",
+                    var.dims(),
+                    s.dims()
+                )
+            }
+            return Ok(var.as_tensor().clone());
+        }
+        let var = Var::zeros(s, dtype, dev)?;
+        let tensor = var.as_tensor().clone();
+        data.insert(name.to_string(), var);
+        Ok(tensor)
+    }
+
+    fn get_unchecked(&self, name: &str, _dtype: DType, _dev: &Device) -> Result<Tensor> {
+        candle::bail!("`get_unchecked({name})` is not supported on a zeroed VarMap, use `get`")
+    }
+
+    fn contains_tensor(&self, name: &str) -> bool {
+        self.0
+            .data()
+            .lock()
+            .map(|d| d.contains_key(name))
+            .unwrap_or(false)
+    }
+}
+
+/// A [`VarBuilder`] over `varmap` whose new parameters are zeros that take no memory until
+/// written: for a model a checkpoint is about to fill whole
+/// ([`load_into_varmap_owned`](crate::checkpoint::load_into_varmap_owned)), so that loading
+/// does not hold a random initialisation and the checkpoint at once. Not for training from
+/// scratch (zeros are no initialisation).
+///
+/// PyTorch equivalent: building the model under `torch.device("meta")` before
+/// `load_state_dict(..., assign=True)`.
+pub fn zeroed_var_builder(varmap: &VarMap, dtype: DType, device: &Device) -> VarBuilder<'static> {
+    VarBuilder::from_backend(
+        Box::new(ZeroedVarMap(varmap.clone())),
+        dtype,
+        device.clone(),
+    )
+}
+
 /// A [`VarBuilder`] over `varmap` whose new parameters are initialised reproducibly from
 /// `seed`: the same seed and names give the same values, on every run and platform.
 ///

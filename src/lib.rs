@@ -70,7 +70,7 @@ pub use attention::{
     multihead_attention, AttentionKernel, AttentionOptions, AttentionOutput, IncrementalOptions,
     KvCache, MemoryCache, MultiheadAttention, MultiheadAttentionConfig, StackKvCache,
 };
-pub use init::seeded_var_builder;
+pub use init::{seeded_var_builder, zeroed_var_builder};
 pub use transformer::{
     Activation, DecoderOptions, EncoderOptions, Transformer, TransformerConfig, TransformerDecoder,
     TransformerDecoderLayer, TransformerDecoderLayerConfig, TransformerEncoder,

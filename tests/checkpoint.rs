@@ -536,3 +536,47 @@ fn streamed_load_equals_the_whole_file_parsed() -> Result<()> {
     assert!(files >= 10, "{files} safetensors fixtures");
     Ok(())
 }
+
+/// A model built with `zeroed_var_builder` (zeros, no initialisation) and filled by
+/// `load_into_varmap_owned` equals the model the state_dict came from; a state_dict missing a
+/// parameter is refused by name and writes nothing (the variables stay zeros).
+#[test]
+fn zeroed_model_loaded_owned_equals_the_source() -> Result<()> {
+    use candle_mha::checkpoint::{load_into_varmap_owned, state_dict_of, LoadOptions};
+    use candle_mha::{
+        seeded_var_builder, zeroed_var_builder, MultiheadAttention, MultiheadAttentionConfig,
+    };
+    let dev = Device::Cpu;
+    let cfg = MultiheadAttentionConfig::new(8, 2);
+    let source_map = candle_nn::VarMap::new();
+    let source = MultiheadAttention::new(
+        cfg.clone(),
+        seeded_var_builder(&source_map, 5, DType::F32, &dev),
+    )?;
+    let sd = state_dict_of(&[("", &source_map)]);
+    let x = Tensor::randn(0f32, 1.0, (2, 3, 8), &dev)?;
+    let want = source.forward(&x, &x, &x, &AttentionOptions::new())?.output;
+
+    let map = candle_nn::VarMap::new();
+    let loaded = MultiheadAttention::new(cfg.clone(), zeroed_var_builder(&map, DType::F32, &dev))?;
+    let zero = loaded.forward(&x, &x, &x, &AttentionOptions::new())?.output;
+    assert_eq!(zero.abs()?.sum_all()?.to_scalar::<f32>()?, 0.0);
+    let report = load_into_varmap_owned(&map, sd.clone(), &LoadOptions::new())?;
+    assert_eq!(report.loaded.len(), sd.tensors().len());
+    let got = loaded.forward(&x, &x, &x, &AttentionOptions::new())?.output;
+    assert_eq!(got.to_vec3::<f32>()?, want.to_vec3::<f32>()?);
+
+    let short = StateDict::from_tensors(
+        sd.tensors()
+            .iter()
+            .filter(|(n, _)| n != "out_proj.bias")
+            .cloned(),
+    );
+    let map = candle_nn::VarMap::new();
+    let m = MultiheadAttention::new(cfg, zeroed_var_builder(&map, DType::F32, &dev))?;
+    let e = load_into_varmap_owned(&map, short, &LoadOptions::new()).unwrap_err();
+    assert!(e.to_string().contains("out_proj.bias"), "{e}");
+    let still = m.forward(&x, &x, &x, &AttentionOptions::new())?.output;
+    assert_eq!(still.abs()?.sum_all()?.to_scalar::<f32>()?, 0.0);
+    Ok(())
+}

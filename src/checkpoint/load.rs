@@ -80,8 +80,28 @@ pub fn load_into_varmap(
     state_dict: &StateDict,
     opts: &LoadOptions,
 ) -> Result<LoadReport> {
+    load_owned(varmap, state_dict.clone(), opts)
+}
+
+/// [`load_into_varmap`] that takes the state_dict and lets go of each tensor once its
+/// variable holds it. With a model built by [`crate::zeroed_var_builder`] (whose variables take
+/// no memory until written) a checkpoint loads in about the model's size plus its largest
+/// tensor, not twice the model's size. The same checks and report; nothing is written unless
+/// they pass.
+///
+/// PyTorch equivalent: `model.load_state_dict(torch.load(path, mmap=True), assign=True)`.
+pub fn load_into_varmap_owned(
+    varmap: &VarMap,
+    state_dict: StateDict,
+    opts: &LoadOptions,
+) -> Result<LoadReport> {
+    load_owned(varmap, state_dict, opts)
+}
+
+fn load_owned(varmap: &VarMap, state_dict: StateDict, opts: &LoadOptions) -> Result<LoadReport> {
     let prefix = normalize_prefix(&opts.prefix);
     let stored = state_dict.under(&prefix);
+    drop(state_dict);
     let data = varmap
         .data()
         .lock()
@@ -139,6 +159,9 @@ pub fn load_into_varmap(
         .filter(|(n, _)| !data.contains_key(n))
         .map(|(n, _)| format!("{prefix}{n}"))
         .collect();
+    // From here on `updates` holds the only references the loader keeps: each tensor is freed
+    // once its variable holds it (when the caller gave its state_dict away).
+    drop(stored);
     if opts.strict && !report.is_clean() {
         return Err(report.strict_error(""));
     }

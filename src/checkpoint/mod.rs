@@ -30,7 +30,7 @@ pub use attention_io::{
 };
 pub use cast::cast;
 pub use discover::{find_attention_modules, InferredAttention};
-pub use load::{load_into_varmap, LoadOptions};
+pub use load::{load_into_varmap, load_into_varmap_owned, LoadOptions};
 pub use pickle::{load_pickle, parse_plain_pickle, PickleValue};
 pub use report::{DtypeCast, LoadReport, ShapeMismatch};
 pub use state_dict::{normalize_prefix, CheckpointFormat, StateDict};

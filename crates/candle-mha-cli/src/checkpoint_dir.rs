@@ -4,8 +4,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use candle_mha::candle::{DType, Device};
-use candle_mha::checkpoint::{load_into_varmap, LoadOptions, StateDict};
-use candle_mha::seeded_var_builder;
+use candle_mha::checkpoint::{load_into_varmap_owned, LoadOptions, StateDict};
+use candle_mha::zeroed_var_builder;
 use candle_mha_train::data::{checkpoint_corpus, Codec, Corpus, RunSplit};
 use candle_mha_train::models::{NextTokenPredictor, NextTokenPredictorConfig};
 use candle_mha_train::run_dir::{CONFIG_FILE, MODEL_FILE};
@@ -139,13 +139,15 @@ pub fn open(dir: &Path, dtype: DType, device: &Device, batch: usize) -> Result<C
             cfg.vocab_size
         )
     }
+    // Zeros that take no memory until the checkpoint's tensors fill them, each freed once
+    // copied: the model is held once, not twice, while it loads.
     let varmap = VarMap::new();
-    let model = NextTokenPredictor::new(cfg, seeded_var_builder(&varmap, 0, dtype, device))?;
+    let model = NextTokenPredictor::new(cfg, zeroed_var_builder(&varmap, dtype, device))?;
     let weights = StateDict::load(&path)?;
     let opts = LoadOptions::new()
         .with_module("NextTokenPredictor")
         .with_source(&path.display().to_string());
-    load_into_varmap(&varmap, &weights, &opts)
+    load_into_varmap_owned(&varmap, weights, &opts)
         .with_context(|| format!("loading {}", dir.display()))?;
     Ok(Checkpoint { model, codec })
 }
