@@ -90,8 +90,9 @@ impl AdamWConfig {
 struct Slot {
     name: String,
     var: Var,
-    exp_avg: Tensor,
-    exp_avg_sq: Tensor,
+    /// `exp_avg` and `exp_avg_sq`, made at the parameter's first step (PyTorch keeps no state
+    /// for a parameter never stepped): a fresh optimizer holds and saves no moments.
+    moments: Option<(Tensor, Tensor)>,
     step: u64,
     /// Whether weight decay applies (PyTorch: the parameter's group has `weight_decay > 0`).
     decay: bool,
@@ -102,15 +103,27 @@ impl Slot {
     /// other dtypes, strided tensors): the same operations in the same order.
     fn tensor_update(&mut self, u: &Update, g: &Tensor) -> Result<()> {
         let p = (self.var.as_tensor().detach() * u.decay)?;
+        let (m, v) = self.moments()?;
         // m.lerp_(g, 1 - β1) = m + (1 - β1)(g - m)
-        self.exp_avg = (&self.exp_avg + ((g - &self.exp_avg)? * (1.0 - u.beta1))?)?;
-        self.exp_avg_sq = ((&self.exp_avg_sq * u.beta2)? + (g.sqr()? * (1.0 - u.beta2))?)?;
+        let m = (m + ((g - m)? * (1.0 - u.beta1))?)?;
+        let v = ((v * u.beta2)? + (g.sqr()? * (1.0 - u.beta2))?)?;
         // A true division, as PyTorch's and the CPU loop's (`tensor / f64` would multiply by
         // the reciprocal, one rounding apart).
         let bias2_sqrt = Tensor::new(u.bias2_sqrt, g.device())?.to_dtype(g.dtype())?;
-        let denom = (self.exp_avg_sq.sqrt()?.broadcast_div(&bias2_sqrt)? + u.eps)?;
-        let update = ((&self.exp_avg / denom)? * u.step_size)?;
+        let denom = (v.sqrt()?.broadcast_div(&bias2_sqrt)? + u.eps)?;
+        let update = ((&m / denom)? * u.step_size)?;
+        self.moments = Some((m, v));
         self.var.set(&(p - update)?)
+    }
+
+    /// The moments, zeros at the first step: two storages of their own, since the CPU step
+    /// updates them in place.
+    fn moments(&mut self) -> Result<&(Tensor, Tensor)> {
+        if self.moments.is_none() {
+            let zeros = || self.var.as_tensor().zeros_like();
+            self.moments = Some((zeros()?, zeros()?));
+        }
+        Ok(self.moments.as_ref().expect("made above"))
     }
 }
 
@@ -132,19 +145,14 @@ impl AdamW {
         config.validate()?;
         let slots = params
             .into_iter()
-            .map(|(name, var)| {
-                // Two storages: the CPU step updates the moments in place.
-                let zeros = || var.as_tensor().zeros_like();
-                Ok(Slot {
-                    name,
-                    exp_avg: zeros()?,
-                    exp_avg_sq: zeros()?,
-                    var,
-                    step: 0,
-                    decay: true,
-                })
+            .map(|(name, var)| Slot {
+                name,
+                var,
+                moments: None,
+                step: 0,
+                decay: true,
             })
-            .collect::<Result<Vec<_>>>()?;
+            .collect();
         Ok(Self { slots, config })
     }
 
@@ -230,18 +238,21 @@ impl AdamW {
                 bias2_sqrt: (1.0 - beta2.powi(t)).sqrt(),
                 eps,
             };
-            let (p, m, v) = (slot.var.as_tensor(), &slot.exp_avg, &slot.exp_avg_sq);
-            if !(in_place && adamw_update_in_place(&u, p, g, m, v)?) {
+            // Handles on the moments' storages, which the CPU step updates in place.
+            let (m, v) = &slot.moments()?.clone();
+            if !(in_place && adamw_update_in_place(&u, slot.var.as_tensor(), g, m, v)?) {
                 slot.tensor_update(&u, g)?;
             }
         }
         Ok(())
     }
 
-    /// The moments and step counts: `exp_avg.<name>`, `exp_avg_sq.<name>`, `step.<name>`
-    /// (f64 scalar), and the hyper-parameters in the metadata.
+    /// The moments and step counts: `step.<name>` (f64 scalar) for every parameter,
+    /// `exp_avg.<name>` and `exp_avg_sq.<name>` for each one stepped at least once, and the
+    /// hyper-parameters in the metadata. A fresh optimizer's state is its step counts (zeros).
     ///
-    /// PyTorch equivalent: `optimizer.state_dict()`.
+    /// PyTorch equivalent: `optimizer.state_dict()` (where a parameter never stepped has no
+    /// entry in `state`).
     pub fn state_dict(&self) -> Result<StateDict> {
         // Copies: the moments are updated in place by later steps.
         self.state(Tensor::copy)
@@ -260,8 +271,10 @@ impl AdamW {
     fn state(&self, take: impl Fn(&Tensor) -> Result<Tensor>) -> Result<StateDict> {
         let mut tensors = Vec::new();
         for s in &self.slots {
-            tensors.push((format!("exp_avg.{}", s.name), take(&s.exp_avg)?));
-            tensors.push((format!("exp_avg_sq.{}", s.name), take(&s.exp_avg_sq)?));
+            if let Some((m, v)) = &s.moments {
+                tensors.push((format!("exp_avg.{}", s.name), take(m)?));
+                tensors.push((format!("exp_avg_sq.{}", s.name), take(v)?));
+            }
             tensors.push((
                 format!("step.{}", s.name),
                 Tensor::new(s.step as f64, s.var.device())?,
@@ -276,12 +289,14 @@ impl AdamW {
             .with_metadata("weight_decay", &c.weight_decay.to_string()))
     }
 
-    /// Restores what [`state_dict`](Self::state_dict) saved; every parameter must be present
-    /// with its shape.
+    /// Restores what [`state_dict`](Self::state_dict) saved: every parameter's step count, and
+    /// its moments with its shape where the count is not zero (at zero they may be absent: a
+    /// fresh state). Errors, changing nothing, naming the first key missing or misshapen.
     ///
     /// PyTorch equivalent: `optimizer.load_state_dict(state)`.
     pub fn load_state_dict(&mut self, sd: &StateDict) -> Result<()> {
-        for s in self.slots.iter_mut() {
+        let mut loaded = Vec::with_capacity(self.slots.len());
+        for s in &self.slots {
             let get = |key: String, like: &Tensor| -> Result<Tensor> {
                 let t = sd
                     .get(&key)
@@ -300,12 +315,29 @@ impl AdamW {
                     .contiguous()?
                     .copy()
             };
-            s.exp_avg = get(format!("exp_avg.{}", s.name), s.var.as_tensor())?;
-            s.exp_avg_sq = get(format!("exp_avg_sq.{}", s.name), s.var.as_tensor())?;
             let step = sd.get(&format!("step.{}", s.name)).ok_or_else(|| {
                 candle::Error::Msg(format!("optimizer state has no step.{}", s.name))
             })?;
-            s.step = step.to_dtype(DType::F64)?.to_scalar::<f64>()? as u64;
+            let step = step.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+            if !(step >= 0.0 && step.fract() == 0.0 && step < 2f64.powi(53)) {
+                candle::bail!(
+                    "optimizer state step.{} is {step}, expected a whole number of steps",
+                    s.name
+                )
+            }
+            let (m, v) = (
+                format!("exp_avg.{}", s.name),
+                format!("exp_avg_sq.{}", s.name),
+            );
+            let moments = match (step, sd.get(&m).is_some() || sd.get(&v).is_some()) {
+                (0.0, false) => None,
+                _ => Some((get(m, s.var.as_tensor())?, get(v, s.var.as_tensor())?)),
+            };
+            loaded.push((moments, step as u64));
+        }
+        for (s, (moments, step)) in self.slots.iter_mut().zip(loaded) {
+            s.moments = moments;
+            s.step = step;
         }
         Ok(())
     }
@@ -537,6 +569,70 @@ mod tests {
             let (sd, before) = saved.expect("saved at step 2");
             assert_eq!(values(&sd)?, before, "{dtype:?}");
             assert_ne!(values(&in_place.state_dict()?)?, before);
+        }
+        Ok(())
+    }
+
+    /// A fresh optimizer saves only its step counts, as PyTorch's `state` is empty before the
+    /// first step; that state, and the older form with zero moments, resume as a fresh one.
+    #[test]
+    fn a_fresh_state_holds_no_moments_and_resumes_as_fresh() -> Result<()> {
+        let dev = Device::Cpu;
+        let w0 = Tensor::new(&[0.3f32, -1.2, 2.0], &dev)?;
+        let run = |state: Option<&StateDict>| -> Result<(Vec<f32>, StateDict)> {
+            let w = Var::from_tensor(&w0)?;
+            let mut opt = AdamW::new(vec![("w".to_string(), w.clone())], Default::default())?;
+            if let Some(sd) = state {
+                opt.load_state_dict(sd)?;
+            }
+            for _ in 0..2 {
+                opt.step(&(w.as_tensor() * 1.7)?.sin()?.sum_all()?.backward()?)?;
+            }
+            Ok((w.to_vec1()?, opt.state_dict()?))
+        };
+        let fresh = AdamW::new(
+            vec![("w".to_string(), Var::from_tensor(&w0)?)],
+            Default::default(),
+        )?
+        .state_dict()?;
+        assert_eq!(values(&fresh)?, [("step.w".to_string(), vec![0.0])]);
+        let zeros = StateDict::from_tensors(vec![
+            ("exp_avg.w".to_string(), w0.zeros_like()?),
+            ("exp_avg_sq.w".to_string(), w0.zeros_like()?),
+            ("step.w".to_string(), Tensor::new(0f64, &dev)?),
+        ]);
+        let (expected, stepped) = run(None)?;
+        assert_eq!(stepped.tensors().len(), 3);
+        for state in [&fresh, &zeros] {
+            let (got, after) = run(Some(state))?;
+            assert_eq!(got, expected);
+            assert_eq!(values(&after)?, values(&stepped)?);
+        }
+
+        // A parameter stepped without its moments, or a step count that is no count, is an
+        // error that names the key and leaves the optimizer as it was.
+        let mut opt = AdamW::new(
+            vec![("w".to_string(), Var::from_tensor(&w0)?)],
+            Default::default(),
+        )?;
+        opt.load_state_dict(&stepped)?;
+        for (sd, message) in [
+            (
+                StateDict::from_tensors(vec![("step.w".to_string(), Tensor::new(3f64, &dev)?)]),
+                "optimizer state has no exp_avg.w",
+            ),
+            (
+                StateDict::from_tensors(vec![("step.w".to_string(), Tensor::new(-1f64, &dev)?)]),
+                "step.w is -1, expected a whole number of steps",
+            ),
+            (
+                StateDict::from_tensors(vec![("step.w".to_string(), Tensor::new(f64::NAN, &dev)?)]),
+                "step.w is NaN",
+            ),
+        ] {
+            let e = opt.load_state_dict(&sd).unwrap_err().to_string();
+            assert!(e.contains(message), "{e}");
+            assert_eq!(values(&opt.state_dict()?)?, values(&stepped)?);
         }
         Ok(())
     }

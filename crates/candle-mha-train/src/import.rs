@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use candle::{DType, Device, Result, Tensor};
 use candle_mha::checkpoint::{load_into_varmap, load_pickle, LoadOptions, PickleValue, StateDict};
-use candle_mha::seeded_var_builder;
+use candle_mha::zeroed_var_builder;
 use candle_nn::VarMap;
 
 use crate::data::{Codec, TextTokenizer};
@@ -300,25 +300,29 @@ fn nanogpt_optimizer(opt: &PickleValue, order: &[(String, Vec<usize>)]) -> Resul
             candle::Error::Msg(format!("optimizer: {name} is not a GPT-2 parameter"))
         })?;
         let slot = state.and_then(|s| s.get_index(i as i64));
-        let moment = |key: &str| -> Result<Tensor> {
-            match slot
-                .and_then(|s| s.get(key))
-                .and_then(PickleValue::as_tensor)
-            {
-                Some(t) if t.dims() == shape.as_slice() => Ok(t.to_dtype(DType::F32)?),
-                Some(t) => candle::bail!(
-                    "optimizer: {key} of {name} has shape {:?}, the parameter {shape:?}",
-                    t.dims()
-                ),
-                None => Ok(Tensor::zeros(shape.as_slice(), DType::F32, &Device::Cpu)?),
-            }
-        };
         let step = slot
             .and_then(|s| s.get("step"))
             .and_then(PickleValue::as_f64)
             .unwrap_or(0.0);
-        tensors.push((format!("exp_avg.{ours}"), moment("exp_avg")?));
-        tensors.push((format!("exp_avg_sq.{ours}"), moment("exp_avg_sq")?));
+        // A parameter never stepped has no moments (PyTorch keeps no state for it).
+        for key in ["exp_avg", "exp_avg_sq"] {
+            match slot
+                .and_then(|s| s.get(key))
+                .and_then(PickleValue::as_tensor)
+            {
+                Some(t) if t.dims() == shape.as_slice() => {
+                    tensors.push((format!("{key}.{ours}"), t.to_dtype(DType::F32)?))
+                }
+                Some(t) => candle::bail!(
+                    "optimizer: {key} of {name} has shape {:?}, the parameter {shape:?}",
+                    t.dims()
+                ),
+                None if step == 0.0 => {}
+                None => {
+                    candle::bail!("optimizer: {name} was stepped {step} times but has no {key}")
+                }
+            }
+        }
         tensors.push((format!("step.{ours}"), Tensor::new(step, &Device::Cpu)?));
     }
     Ok(StateDict::from_tensors(tensors))
@@ -426,7 +430,8 @@ impl Imported {
             )
         }
         let varmap = VarMap::new();
-        let vb = seeded_var_builder(&varmap, 0, DType::F32, &Device::Cpu);
+        // Zeros that take no memory until the weights are copied in: no initialisation drawn.
+        let vb = zeroed_var_builder(&varmap, DType::F32, &Device::Cpu);
         let model = NextTokenPredictor::new(self.config.clone(), vb)?;
         let opts = LoadOptions::new()
             .with_module("NextTokenPredictor")

@@ -195,12 +195,31 @@ fn step_matches(
     Ok(())
 }
 
+/// PyTorch's first step from a fresh optimizer, and from the state that `mha import` writes
+/// into the run (step counts only: no optimizer has stepped, so no moments are held).
 #[test]
 fn hugging_face_training_step_equals_pytorch() -> Result<()> {
     for name in HF {
-        let (model, varmap, _) = hf_model(name)?;
         let want = expected(&format!("{name}_expected.safetensors"))?;
+        let (model, varmap, _) = hf_model(name)?;
         step_matches(&model, &varmap, &want, Gpt2Format::HuggingFace, None)?;
+
+        let tmp = tempfile::tempdir()?;
+        import::read_hugging_face(&fixtures().join(name), None)?.write_run(tmp.path())?;
+        let state = StateDict::load(tmp.path().join("optimizer.safetensors"))?;
+        assert!(!state.is_empty(), "{name}");
+        for (key, t) in state.tensors() {
+            assert!(key.starts_with("step."), "{name}: {key} in a fresh state");
+            assert_eq!(t.to_scalar::<f64>()?, 0.0, "{name}: {key}");
+        }
+        let (model, varmap, _) = hf_model(name)?;
+        step_matches(
+            &model,
+            &varmap,
+            &want,
+            Gpt2Format::HuggingFace,
+            Some(&state),
+        )?;
     }
     Ok(())
 }

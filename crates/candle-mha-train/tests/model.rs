@@ -283,7 +283,7 @@ fn optimizer_state_round_trips() -> Result<()> {
         .load_state_dict(&saved)
         .unwrap_err()
         .to_string()
-        .contains("optimizer state has no exp_avg.other"));
+        .contains("optimizer state has no step.other"));
     Ok(())
 }
 
