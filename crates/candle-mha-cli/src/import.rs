@@ -43,9 +43,8 @@ pub fn run(args: &ImportArgs) -> Result<()> {
     for note in &imported.notes {
         eprintln!("note: {note}");
     }
-    imported.write_run(&args.out)?;
     let c = &imported.config;
-    println!(
+    let done = format!(
         "imported into {}: {} blocks, embed_dim {}, {} heads, context {}, {} ids, {} parameters{}{}; step {}{}",
         args.out.display(),
         c.num_layers,
@@ -63,5 +62,7 @@ pub fn run(args: &ImportArgs) -> Result<()> {
             ""
         }
     );
+    imported.write_run(&args.out)?;
+    println!("{done}");
     Ok(())
 }

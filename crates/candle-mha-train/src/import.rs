@@ -6,7 +6,9 @@
 use std::path::{Path, PathBuf};
 
 use candle::{DType, Device, Result, Tensor};
-use candle_mha::checkpoint::{load_into_varmap, load_pickle, LoadOptions, PickleValue, StateDict};
+use candle_mha::checkpoint::{
+    load_into_varmap_owned, load_pickle, LoadOptions, PickleValue, StateDict,
+};
 use candle_mha::zeroed_var_builder;
 use candle_nn::VarMap;
 
@@ -404,8 +406,9 @@ pub fn read_nanogpt(
 impl Imported {
     /// Writes it into `dir` as a run directory of `mha train` (`model.safetensors`,
     /// `config.json`, the tokenizer, `optimizer.safetensors`, `trainer_state.json`), as one
-    /// unit, holding the directory's lock; `dir` must not hold a run already.
-    pub fn write_run(&self, dir: &Path) -> Result<()> {
+    /// unit, holding the directory's lock; `dir` must not hold a run already. Each weight is
+    /// let go once the model holds it (about the model's size in memory, not twice).
+    pub fn write_run(self, dir: &Path) -> Result<()> {
         let _lock = crate::lock::DirLock::acquire(dir, "mha import")?;
         if dir.join(crate::run_dir::STATE_FILE).exists() {
             candle::bail!(
@@ -436,15 +439,15 @@ impl Imported {
         let opts = LoadOptions::new()
             .with_module("NextTokenPredictor")
             .with_source(&self.source);
-        load_into_varmap(&varmap, &self.weights, &opts)?;
+        load_into_varmap_owned(&varmap, self.weights, &opts)?;
         let trainer = Trainer::from_imported(
             model,
             varmap,
-            self.train.clone(),
+            self.train,
             self.optimizer.as_ref(),
             self.step,
         )?
-        .with_codec(self.codec.clone());
+        .with_codec(self.codec);
         trainer.save(dir)
     }
 }
