@@ -54,7 +54,7 @@
 use std::path::{Path, PathBuf};
 
 use candle::{DType, Device, Result};
-use candle_mha::seeded_var_builder;
+use candle_mha::{seeded_var_builder, zeroed_var_builder};
 use candle_nn::VarMap;
 
 use crate::commit::{finish_interrupted_commit, recover_file_set, verify_file_set, SetFiles};
@@ -293,13 +293,18 @@ impl Session {
         }
         let varmap = VarMap::new();
         let seed = run.train.seed;
-        let vb = seeded_var_builder(&varmap, seed, run.dtype, device);
+        // A checkpoint to start from fills every variable: no initialisation is drawn, and
+        // each of its tensors is let go once copied.
+        let vb = match &init {
+            Some(_) => zeroed_var_builder(&varmap, run.dtype, device),
+            None => seeded_var_builder(&varmap, seed, run.dtype, device),
+        };
         let model = NextTokenPredictor::new(cfg.clone(), vb)?;
-        if let Some(i) = &init {
+        if let Some(i) = init {
             let opts = candle_mha::checkpoint::LoadOptions::new()
                 .with_module("NextTokenPredictor")
                 .with_source(&i.source);
-            candle_mha::checkpoint::load_into_varmap(&varmap, &i.weights, &opts)?;
+            candle_mha::checkpoint::load_into_varmap_owned(&varmap, i.weights, &opts)?;
         }
         // Checks everything before anything is written into the directory.
         let trainer = Trainer::new(model, varmap, run.train, Some(spec.clone()))?;
@@ -401,7 +406,8 @@ impl Session {
         let codec = Codec::load_dir(dir)?;
         let data = spec.load(Some(codec), None, 0, Some(cfg.max_len + 1))?;
         let varmap = VarMap::new();
-        let vb = seeded_var_builder(&varmap, 0, dtype, device);
+        // The checkpoint fills every variable (checked strictly): no initialisation drawn.
+        let vb = zeroed_var_builder(&varmap, dtype, device);
         let model = NextTokenPredictor::new(cfg.clone(), vb)?;
         // The files were recovered (or verified) above: not hashed again. A run that recorded
         // no data records the data it was given from now on.

@@ -196,7 +196,8 @@ impl Trainer {
         let opts = candle_mha::checkpoint::LoadOptions::new()
             .with_module("NextTokenPredictor")
             .with_source(&dir.join(MODEL_FILE).display().to_string());
-        candle_mha::checkpoint::load_into_varmap(&varmap, &weights, &opts)?;
+        // Each tensor is let go once its variable holds it.
+        candle_mha::checkpoint::load_into_varmap_owned(&varmap, weights, &opts)?;
         let mut trainer = Self::new(model, varmap, state.config.clone(), state.data.clone())?;
         trainer
             .optimizer
