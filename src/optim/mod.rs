@@ -90,9 +90,8 @@ impl AdamWConfig {
 struct Slot {
     name: String,
     var: Var,
-    /// `exp_avg` and `exp_avg_sq`, made at the parameter's first step (PyTorch keeps no state
-    /// for a parameter never stepped): a fresh optimizer holds and saves no moments.
-    moments: Option<(Tensor, Tensor)>,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
     step: u64,
     /// Whether weight decay applies (PyTorch: the parameter's group has `weight_decay > 0`).
     decay: bool,
@@ -103,27 +102,15 @@ impl Slot {
     /// other dtypes, strided tensors): the same operations in the same order.
     fn tensor_update(&mut self, u: &Update, g: &Tensor) -> Result<()> {
         let p = (self.var.as_tensor().detach() * u.decay)?;
-        let (m, v) = self.moments()?;
         // m.lerp_(g, 1 - β1) = m + (1 - β1)(g - m)
-        let m = (m + ((g - m)? * (1.0 - u.beta1))?)?;
-        let v = ((v * u.beta2)? + (g.sqr()? * (1.0 - u.beta2))?)?;
+        self.exp_avg = (&self.exp_avg + ((g - &self.exp_avg)? * (1.0 - u.beta1))?)?;
+        self.exp_avg_sq = ((&self.exp_avg_sq * u.beta2)? + (g.sqr()? * (1.0 - u.beta2))?)?;
         // A true division, as PyTorch's and the CPU loop's (`tensor / f64` would multiply by
         // the reciprocal, one rounding apart).
         let bias2_sqrt = Tensor::new(u.bias2_sqrt, g.device())?.to_dtype(g.dtype())?;
-        let denom = (v.sqrt()?.broadcast_div(&bias2_sqrt)? + u.eps)?;
-        let update = ((&m / denom)? * u.step_size)?;
-        self.moments = Some((m, v));
+        let denom = (self.exp_avg_sq.sqrt()?.broadcast_div(&bias2_sqrt)? + u.eps)?;
+        let update = ((&self.exp_avg / denom)? * u.step_size)?;
         self.var.set(&(p - update)?)
-    }
-
-    /// The moments, zeros at the first step: two storages of their own, since the CPU step
-    /// updates them in place.
-    fn moments(&mut self) -> Result<&(Tensor, Tensor)> {
-        if self.moments.is_none() {
-            let zeros = || self.var.as_tensor().zeros_like();
-            self.moments = Some((zeros()?, zeros()?));
-        }
-        Ok(self.moments.as_ref().expect("made above"))
     }
 }
 
@@ -145,14 +132,21 @@ impl AdamW {
         config.validate()?;
         let slots = params
             .into_iter()
-            .map(|(name, var)| Slot {
-                name,
-                var,
-                moments: None,
-                step: 0,
-                decay: true,
+            .map(|(name, var)| {
+                // Two storages, made now: the CPU step updates the moments in place, and made
+                // at the first step they would land among the freed activations of a retained
+                // heap, which the next step's activations no longer fit (a higher peak).
+                let zeros = || var.as_tensor().zeros_like();
+                Ok(Slot {
+                    name,
+                    exp_avg: zeros()?,
+                    exp_avg_sq: zeros()?,
+                    var,
+                    step: 0,
+                    decay: true,
+                })
             })
-            .collect();
+            .collect::<Result<Vec<_>>>()?;
         Ok(Self { slots, config })
     }
 
@@ -238,9 +232,8 @@ impl AdamW {
                 bias2_sqrt: (1.0 - beta2.powi(t)).sqrt(),
                 eps,
             };
-            // Handles on the moments' storages, which the CPU step updates in place.
-            let (m, v) = &slot.moments()?.clone();
-            if !(in_place && adamw_update_in_place(&u, slot.var.as_tensor(), g, m, v)?) {
+            let (p, m, v) = (slot.var.as_tensor(), &slot.exp_avg, &slot.exp_avg_sq);
+            if !(in_place && adamw_update_in_place(&u, p, g, m, v)?) {
                 slot.tensor_update(&u, g)?;
             }
         }
@@ -271,9 +264,10 @@ impl AdamW {
     fn state(&self, take: impl Fn(&Tensor) -> Result<Tensor>) -> Result<StateDict> {
         let mut tensors = Vec::new();
         for s in &self.slots {
-            if let Some((m, v)) = &s.moments {
-                tensors.push((format!("exp_avg.{}", s.name), take(m)?));
-                tensors.push((format!("exp_avg_sq.{}", s.name), take(v)?));
+            // Never stepped: its moments are zeros, which PyTorch does not keep either.
+            if s.step > 0 {
+                tensors.push((format!("exp_avg.{}", s.name), take(&s.exp_avg)?));
+                tensors.push((format!("exp_avg_sq.{}", s.name), take(&s.exp_avg_sq)?));
             }
             tensors.push((
                 format!("step.{}", s.name),
@@ -330,13 +324,20 @@ impl AdamW {
                 format!("exp_avg_sq.{}", s.name),
             );
             let moments = match (step, sd.get(&m).is_some() || sd.get(&v).is_some()) {
-                (0.0, false) => None,
+                (0.0, false) => None, // a fresh state: zeros
                 _ => Some((get(m, s.var.as_tensor())?, get(v, s.var.as_tensor())?)),
             };
             loaded.push((moments, step as u64));
         }
         for (s, (moments, step)) in self.slots.iter_mut().zip(loaded) {
-            s.moments = moments;
+            match moments {
+                Some((m, v)) => (s.exp_avg, s.exp_avg_sq) = (m, v),
+                None => {
+                    // In place: the storages stay where they were made.
+                    s.exp_avg.zero_set()?;
+                    s.exp_avg_sq.zero_set()?;
+                }
+            }
             s.step = step;
         }
         Ok(())
