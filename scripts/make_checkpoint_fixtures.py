@@ -308,6 +308,12 @@ def main():
     w.pt("views_dtypes.pt", {**readable, **unreadable}, "views and dtypes")
     w.st("views_dtypes_expected.safetensors", contiguous_expected(readable), {"format": "pt"})
 
+    # ---- an archive whose name (the file's stem) is 21 characters: its first central
+    # directory record is exactly as long as PyTorch's zip64 records, which misled the zip
+    # crate's search for the directory
+    w.pt("ckpt_iter_000400_best.pt", {"w": torch.arange(6.0).reshape(2, 3)},
+         "a 21-character archive name")
+
     # ---- a view far larger than its storage: one float expanded to 2**29 elements (2 GiB if
     # materialised, 1.5 KB on disk)
     w.pt("expanded_view.pt", {"x": torch.zeros(1).expand(2 ** 29)},

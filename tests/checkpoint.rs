@@ -580,3 +580,19 @@ fn zeroed_model_loaded_owned_equals_the_source() -> Result<()> {
     assert_eq!(still.abs()?.sum_all()?.to_scalar::<f32>()?, 0.0);
     Ok(())
 }
+
+/// `torch.save` to a file named with a 21-character stem (`ckpt_iter_000400_best.pt`): its
+/// first central directory record is as long as PyTorch's zip64 records, and the zip crate's
+/// search for the directory took the second record for the first ("Invalid Central Directory
+/// header"). Written by PyTorch (`scripts/make_checkpoint_fixtures.py`).
+#[test]
+fn a_torch_save_archive_with_a_21_character_name_is_read() -> Result<()> {
+    let sd = StateDict::load(ckpt("ckpt_iter_000400_best.pt"))?;
+    let w = sd.get("w").expect("w");
+    assert_eq!(w.dims(), [2, 3]);
+    assert_eq!(
+        w.flatten_all()?.to_vec1::<f32>()?,
+        [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    );
+    Ok(())
+}

@@ -1,5 +1,6 @@
 //! `mha export`: a run's model as a Hugging Face GPT-2 directory that
-//! `GPT2LMHeadModel.from_pretrained` loads, or as nanoGPT's `ckpt.pt`.
+//! `GPT2LMHeadModel.from_pretrained` loads (`--format hf`), or as nanoGPT's `ckpt.pt` that its
+//! `train.py` resumes (`--format nanogpt`).
 
 use std::path::PathBuf;
 
@@ -10,11 +11,12 @@ use anyhow::Result;
 pub struct ExportArgs {
     /// A run or checkpoint directory (e.g. RUN/best).
     pub run: PathBuf,
-    /// The directory to write (config.json, model.safetensors, tokenizer.json).
+    /// The directory to write, new or empty: `hf` writes config.json, model.safetensors and
+    /// tokenizer.json; `nanogpt` writes ckpt.pt. It appears whole or not at all.
     #[arg(long)]
     pub out: PathBuf,
     /// The format: `hf`, a Hugging Face GPT2LMHeadModel directory; `nanogpt`, nanoGPT's
-    /// OUT/ckpt.pt (model, model_args, optimizer, iter_num, config).
+    /// OUT/ckpt.pt (model, model_args, optimizer, iter_num, best_val_loss, config).
     #[arg(long, default_value = "hf", value_parser = ["hf", "nanogpt"])]
     pub format: String,
 }

@@ -26,6 +26,8 @@ pub struct ImportArgs {
 
 /// Runs `mha import`.
 pub fn run(args: &ImportArgs) -> Result<()> {
+    // Refused before the checkpoint is read: the run directory must be new.
+    candle_mha_train::staged_dir::StagedDir::check(&args.out, "mha import")?;
     let imported = match detect(&args.source)? {
         Gpt2Format::HuggingFace => {
             if args.meta.is_some() {

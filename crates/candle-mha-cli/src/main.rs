@@ -12,7 +12,7 @@
 //! mha info FILE [--prefix P]                        tensors, dtypes, shapes, attention modules
 //! mha convert IN.pt OUT.safetensors [--dtype D] [--prefix P]   validated conversion
 //! mha import SRC --out RUN [--meta meta.pkl]       a Hugging Face GPT-2 or nanoGPT checkpoint as a run
-//! mha export RUN --out DIR                          a run as a Hugging Face GPT-2 directory
+//! mha export RUN --out DIR [--format hf|nanogpt]    a run as a Hugging Face GPT-2 directory or nanoGPT's ckpt.pt
 //! ```
 
 mod bounds;
@@ -67,7 +67,8 @@ enum Command {
     /// Import a GPT-2-family checkpoint (Hugging Face GPT2LMHeadModel, nanoGPT's ckpt.pt) as
     /// a run directory.
     Import(import::ImportArgs),
-    /// Export a run's model as a Hugging Face GPT-2 directory.
+    /// Export a run's model as a Hugging Face GPT-2 directory (--format hf) or nanoGPT's
+    /// ckpt.pt (--format nanogpt).
     Export(export::ExportArgs),
 }
 

@@ -97,11 +97,14 @@ pub fn run(args: &PrepareArgs) -> Result<()> {
         val_fraction: args.val_fraction,
         chunk_bytes: args.chunk_kb * 1024,
     };
-    // One process writes a data directory at a time.
-    let _lock = candle_mha_train::lock::DirLock::acquire(&args.out, "mha prepare")?;
+    // One process writes a data directory at a time; a failure takes away what it made.
+    let undo = candle_mha_train::undo::Undo::note(&args.out);
+    let lock = candle_mha_train::lock::DirLock::acquire(&args.out, "mha prepare")?;
     let mut notices = Notices::new(args.quiet, true)?;
-    let meta = job.run(&args.out, &mut notices)?;
+    let prepared = job.run(&args.out, &mut notices);
     notices.bar.finish_and_clear();
+    drop(lock);
+    let meta = prepared.inspect_err(|_| undo.undo())?;
     println!("{}", describe_prepared(&meta, &args.out));
     Ok(())
 }

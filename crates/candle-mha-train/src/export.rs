@@ -11,6 +11,7 @@ use crate::data::Codec;
 use crate::models::gpt2::{self, Gpt2Format, NanoGptArgs};
 use crate::models::NextTokenPredictorConfig;
 use crate::run_dir::{CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE};
+use crate::staged_dir::StagedDir;
 use crate::{verify_checkpoint, verify_model_files, TrainerState};
 
 /// Writes the model of the run (or checkpoint) directory `run` into `out` as a Hugging Face
@@ -23,6 +24,7 @@ use crate::{verify_checkpoint, verify_model_files, TrainerState};
 ///
 /// PyTorch equivalent: `model.save_pretrained(out)`.
 pub fn export_hugging_face(run: &Path, out: &Path) -> Result<()> {
+    let staged = StagedDir::new(out, "mha export")?;
     verify_model_files(run)?;
     let cfg = NextTokenPredictorConfig::load(run.join(CONFIG_FILE))?;
     if !cfg.bias {
@@ -54,13 +56,13 @@ pub fn export_hugging_face(run: &Path, out: &Path) -> Result<()> {
     config["eos_token_id"] = codec.eos_id().into();
     let config = serde_json::to_string_pretty(&config)
         .map_err(|e| candle::Error::Msg(format!("serializing config.json: {e}")))?;
-    let _lock = crate::lock::DirLock::acquire(out, "mha export")?;
-    candle_mha::io::write_atomic(&out.join("config.json"), config.as_bytes())?;
-    weights.save_safetensors(out.join("model.safetensors"))?;
+    let dir = staged.path();
+    candle_mha::io::write_atomic(&dir.join("config.json"), config.as_bytes())?;
+    weights.save_safetensors(dir.join("model.safetensors"))?;
     if let Codec::Text(_) = codec {
-        codec.save_dir(out)?;
+        codec.save_dir(dir)?;
     }
-    Ok(())
+    staged.finish()
 }
 
 fn s(v: &str) -> PickleValue {
@@ -84,6 +86,7 @@ fn n(v: u64) -> PickleValue {
 ///
 /// PyTorch equivalent: nanoGPT's `torch.save(checkpoint, os.path.join(out_dir, "ckpt.pt"))`.
 pub fn export_nanogpt(run: &Path, out: &Path) -> Result<()> {
+    let staged = StagedDir::new(out, "mha export")?;
     let files = [CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE];
     verify_checkpoint(run, &files)?;
     let cfg = NextTokenPredictorConfig::load(run.join(CONFIG_FILE))?;
@@ -212,6 +215,6 @@ pub fn export_nanogpt(run: &Path, out: &Path) -> Result<()> {
         (s("best_val_loss"), f(best)),
         (s("config"), config),
     ]);
-    let _lock = crate::lock::DirLock::acquire(out, "mha export")?;
-    save_torch(&out.join("ckpt.pt"), &checkpoint)
+    save_torch(&staged.path().join("ckpt.pt"), &checkpoint)?;
+    staged.finish()
 }

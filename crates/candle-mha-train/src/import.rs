@@ -15,6 +15,7 @@ use candle_nn::VarMap;
 use crate::data::{Codec, TextTokenizer};
 use crate::models::gpt2::{self, Gpt2Format, Gpt2Report, NanoGptArgs};
 use crate::models::{NextTokenPredictor, NextTokenPredictorConfig};
+use crate::staged_dir::StagedDir;
 use crate::{TrainConfig, Trainer};
 
 /// A checkpoint read for import: our configuration, weights and (nanoGPT) optimizer state,
@@ -406,17 +407,10 @@ pub fn read_nanogpt(
 impl Imported {
     /// Writes it into `dir` as a run directory of `mha train` (`model.safetensors`,
     /// `config.json`, the tokenizer, `optimizer.safetensors`, `trainer_state.json`), as one
-    /// unit, holding the directory's lock; `dir` must not hold a run already. Each weight is
-    /// let go once the model holds it (about the model's size in memory, not twice).
+    /// unit ([`StagedDir`]: `dir` must be new or empty; a failure leaves nothing). Each weight
+    /// is let go once the model holds it (about the model's size in memory, not twice).
     pub fn write_run(self, dir: &Path) -> Result<()> {
-        let _lock = crate::lock::DirLock::acquire(dir, "mha import")?;
-        if dir.join(crate::run_dir::STATE_FILE).exists() {
-            candle::bail!(
-                "{} already holds a run: choose another directory",
-                dir.display()
-            )
-        }
-        crate::session::check_fresh(dir, false)?;
+        let staged = StagedDir::new(dir, "mha import")?;
         // The model is built only as large as the weights read: a configuration promising more
         // (a crafted one) is refused before anything is allocated.
         let held: u128 = self
@@ -448,6 +442,7 @@ impl Imported {
             self.step,
         )?
         .with_codec(self.codec);
-        trainer.save(dir)
+        trainer.save(staged.path())?;
+        staged.finish()
     }
 }

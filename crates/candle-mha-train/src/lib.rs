@@ -52,6 +52,8 @@ pub mod limits;
 pub mod lock;
 pub mod models;
 pub mod run_dir;
+pub mod staged_dir;
+pub mod undo;
 
 mod baseline;
 mod config;

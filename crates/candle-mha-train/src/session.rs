@@ -236,12 +236,37 @@ impl Session {
     /// PyTorch equivalent: the set-up half of a training script (dataset, model, optimizer).
     pub fn start(
         dir: &Path,
-        mut run: NewRun,
+        run: NewRun,
         device: &Device,
         comm: &dyn Communicator,
         observer: &mut dyn SetupObserver,
     ) -> RunResult<Self> {
+        // Refused before the lock is taken: an existing run's files stay as they are.
+        if dir.join(STATE_FILE).exists() {
+            return Err(RunError::RunExists {
+                dir: dir.to_path_buf(),
+            });
+        }
+        // A start that fails takes away what it made (the directory, its lock, its data/).
+        // Noted before the lock is taken, undone only by the lock's holder: what another
+        // process holding the directory made is never removed.
+        let undo = (comm.rank() == 0).then(|| crate::undo::Undo::note(dir));
         let lock = own(dir, comm)?;
+        let started = Self::start_new(dir, run, device, comm, observer, lock);
+        if let (Err(_), Some(undo)) = (&started, undo) {
+            undo.undo();
+        }
+        started
+    }
+
+    fn start_new(
+        dir: &Path,
+        mut run: NewRun,
+        device: &Device,
+        comm: &dyn Communicator,
+        observer: &mut dyn SetupObserver,
+        lock: Option<DirLock>,
+    ) -> RunResult<Self> {
         if dir.join(STATE_FILE).exists() {
             return Err(RunError::RunExists {
                 dir: dir.to_path_buf(),

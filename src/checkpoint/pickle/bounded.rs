@@ -187,7 +187,21 @@ pub(super) fn read_bounded(r: &mut impl BufRead) -> Result<Vec<u8>> {
             0x83 => w.read_exact(r, 2).and_then(|_| w.push(LEAF))?,
             0x84 => w.read_exact(r, 4).and_then(|_| w.push(LEAF))?,
             // Length-prefixed values: 1, 4 or 8 length bytes.
-            b'U' | b'C' | 0x8a | 0x8c => {
+            // LONG1: candle's machine wraps an integer beyond 64 bits (10^30 became a small
+            // number); it is handed a string saying what stood there instead.
+            0x8a => {
+                let at = w.bytes.len() - 1;
+                let n = w.read_uint(r, 1)?;
+                w.read_exact(r, n)?;
+                if n > 8 {
+                    w.bytes.truncate(at);
+                    let text = format!("an integer wider than 64 bits ({n} bytes)");
+                    w.bytes.extend_from_slice(&[0x8c, text.len() as u8]);
+                    w.bytes.extend_from_slice(text.as_bytes());
+                }
+                w.push(LEAF)?;
+            }
+            b'U' | b'C' | 0x8c => {
                 let n = w.read_uint(r, 1)?;
                 w.read_exact(r, n)?;
                 w.push(LEAF)?;

@@ -58,11 +58,25 @@ pub(super) fn parse_one(r: &mut impl std::io::BufRead) -> Result<Object> {
     stack.finalize()
 }
 
+/// The zip archive of `path`, read from its first byte. `torch.save` archives start there;
+/// the zip crate's search for an archive behind leading bytes misreads some of them (it takes
+/// a central directory record right before PyTorch's zip64 records for the start of the
+/// directory, as with every 21-character archive name), so that search is the fallback.
+fn open_archive(path: &Path) -> Result<zip::ZipArchive<BufReader<std::fs::File>>> {
+    let open = |offset| -> Result<_> {
+        let file = std::fs::File::open(path)?;
+        let config = zip::read::Config {
+            archive_offset: offset,
+        };
+        zip::ZipArchive::with_config(config, BufReader::new(file))
+            .map_err(|e| candle::Error::Msg(format!("invalid zip archive: {e}")))
+    };
+    open(zip::read::ArchiveOffset::Known(0)).or_else(|_| open(zip::read::ArchiveOffset::Detect))
+}
+
 /// Opens a zip `torch.save` file: its `data.pkl` object and its storages.
 pub(super) fn open_zip(path: &Path) -> Result<(Object, Storages)> {
-    let file = std::fs::File::open(path)?;
-    let mut archive = zip::ZipArchive::new(BufReader::new(file))
-        .map_err(|e| candle::Error::Msg(format!("invalid zip archive: {e}")))?;
+    let mut archive = open_archive(path)?;
     let names = archive
         .file_names()
         .map(|n| n.map(|n| n.into_owned()))

@@ -30,6 +30,7 @@ mod text_windows;
 mod token_data;
 mod token_file;
 mod tokenizer;
+mod tokenizer_check;
 mod vocab;
 mod windows;
 
@@ -57,5 +58,6 @@ pub use token_data::{
 };
 pub use token_file::{encode_sequences, read_token_file};
 pub use tokenizer::Codec;
+pub use tokenizer_check::MAX_TOKENIZER_BYTES;
 pub use vocab::{Vocab, BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, UNK, UNK_ID};
 pub use windows::{consecutive_windows, windows_dataset, TokenWindows};

@@ -12,6 +12,7 @@ use tokenizers::{
 
 use super::dataset::Dataset;
 use super::example::Example;
+use super::tokenizer_check::{check_tokenizer_json, MAX_TOKENIZER_BYTES};
 use super::vocab::{BOS, EOS, PAD, UNK};
 use candle_mha::io::write_atomic;
 
@@ -57,15 +58,15 @@ impl std::fmt::Debug for TextTokenizer {
     }
 }
 
-/// Reads `path` as UTF-8 text, with errors naming the path.
-fn read_text(path: &Path, what: &str) -> Result<String> {
+/// Reads `path` (at most `max_bytes`) as UTF-8 text, with errors naming the path.
+fn read_text(path: &Path, what: &str, max_bytes: u64) -> Result<String> {
     if path.is_dir() {
         return Err(candle::Error::Msg(format!(
             "{} is a directory; expected a {what} file",
             path.display()
         )));
     }
-    let bytes = candle_mha::io::read_input(path, crate::limits::MAX_JSON_BYTES)
+    let bytes = candle_mha::io::read_input(path, max_bytes)
         .map_err(|e| candle::Error::Msg(format!("reading {what}: {e}")))?;
     String::from_utf8(bytes).map_err(|e| {
         let at = e.utf8_error().valid_up_to();
@@ -73,6 +74,33 @@ fn read_text(path: &Path, what: &str) -> Result<String> {
         candle::Error::Msg(format!(
             "{}:{line}: invalid UTF-8 at byte {at}; expected a UTF-8 {what} file",
             path.display()
+        ))
+    })
+}
+
+/// Builds a tokenizer from the text of a `tokenizer.json` (`source` names it), checked first
+/// ([`check_tokenizer_json`]); a panic inside the `tokenizers` crate becomes an error.
+fn parse_tokenizer(text: &str, source: &str) -> Result<Tokenizer> {
+    check_tokenizer_json(text, source)?;
+    let parsed = catch_panic(source, || text.parse::<Tokenizer>())?;
+    parsed.map_err(|e| {
+        candle::Error::Msg(format!(
+            "{source}: not a tokenizer ({e}); expected a tokenizers `tokenizer.json`"
+        ))
+    })
+}
+
+/// `f()`, or an error naming `source` when it panics: the `tokenizers` crate panics on some
+/// inputs it does not expect.
+fn catch_panic<T>(source: &str, f: impl FnOnce() -> T) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|p| {
+        let why = p
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| p.downcast_ref::<&str>().copied())
+            .unwrap_or("no message");
+        candle::Error::Msg(format!(
+            "{source}: the tokenizers crate failed on it ({why}); expected a consistent tokenizer"
         ))
     })
 }
@@ -116,9 +144,7 @@ impl TextTokenizer {
     }
 
     fn from_json_value(json: serde_json::Value) -> Result<Self> {
-        let inner: Tokenizer = json
-            .to_string()
-            .parse()
+        let inner = parse_tokenizer(&json.to_string(), "the tokenizer")
             .map_err(|e| candle::Error::Msg(format!("building a tokenizer: {e}")))?;
         Ok(Self { inner })
     }
@@ -137,13 +163,8 @@ impl TextTokenizer {
     ///
     /// PyTorch equivalent: `tokenizers.Tokenizer.from_file(path)`.
     pub fn load(path: &Path) -> Result<Self> {
-        let text = read_text(path, "tokenizer.json")?;
-        let inner: Tokenizer = text.parse().map_err(|e| {
-            candle::Error::Msg(format!(
-                "{}: not a tokenizer ({e}); expected a tokenizers `tokenizer.json`",
-                path.display()
-            ))
-        })?;
+        let text = read_text(path, "tokenizer.json", MAX_TOKENIZER_BYTES)?;
+        let inner = parse_tokenizer(&text, &path.display().to_string())?;
         let tok = TextTokenizer { inner };
         tok.check_largest_id(&path.display().to_string())?;
         Ok(tok)
@@ -159,7 +180,7 @@ impl TextTokenizer {
     /// PyTorch equivalent: `transformers.GPT2Tokenizer.from_pretrained(dir)` on a directory
     /// with these files and no `tokenizer.json`.
     pub fn gpt2_files(vocab: &Path, merges: &Path, added_tokens: &[(String, u32)]) -> Result<Self> {
-        let vocab_text = read_text(vocab, "vocab.json")?;
+        let vocab_text = read_text(vocab, "vocab.json", MAX_TOKENIZER_BYTES)?;
         let vocab_map: serde_json::Map<String, serde_json::Value> =
             serde_json::from_str(&vocab_text).map_err(|e| {
                 candle::Error::Msg(format!(
@@ -176,7 +197,7 @@ impl TextTokenizer {
                 ),
             }
         }
-        let merges_text = read_text(merges, "merges.txt")?;
+        let merges_text = read_text(merges, "merges.txt", MAX_TOKENIZER_BYTES)?;
         let mut pairs = Vec::new();
         for (i, line) in merges_text.lines().enumerate() {
             if (i == 0 && line.starts_with("#version")) || line.trim().is_empty() {
@@ -249,7 +270,7 @@ impl TextTokenizer {
     /// special_tokens=[...])`.
     pub fn train_bpe(corpus: &Path, vocab_size: usize) -> Result<Self> {
         check_bpe_vocab(vocab_size)?;
-        let text = read_text(corpus, "corpus")?;
+        let text = read_text(corpus, "corpus", crate::limits::MAX_JSON_BYTES)?;
         if text.is_empty() {
             return Err(candle::Error::Msg(format!(
                 "corpus {} is empty; expected some text to train a BPE on",
@@ -374,9 +395,7 @@ impl TextTokenizer {
     ///
     /// PyTorch equivalent: `tokenizer.encode(text, add_special_tokens=False).ids`.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let encoding = self
-            .inner
-            .encode(text, false)
+        let encoding = catch_panic("the tokenizer", || self.inner.encode(text, false))?
             .map_err(|e| candle::Error::Msg(format!("encoding text: {e}")))?;
         Ok(encoding.get_ids().to_vec())
     }
@@ -397,8 +416,7 @@ impl TextTokenizer {
                 self.vocab_size()
             )));
         }
-        self.inner
-            .decode(ids, true)
+        catch_panic("the tokenizer", || self.inner.decode(ids, true))?
             .map_err(|e| candle::Error::Msg(format!("decoding {} ids: {e}", ids.len())))
     }
 
@@ -448,7 +466,7 @@ pub fn text_dataset(corpus: &Path, tok: &TextTokenizer, window: usize) -> Result
             "window {window} is too short; expected at least 2 tokens (one input, one target)"
         )));
     }
-    let text = read_text(corpus, "corpus")?;
+    let text = read_text(corpus, "corpus", crate::limits::MAX_JSON_BYTES)?;
     let ids = tok
         .encode(&text)
         .map_err(|e| candle::Error::Msg(format!("encoding corpus {}: {e}", corpus.display())))?;
