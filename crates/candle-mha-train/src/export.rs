@@ -77,6 +77,21 @@ fn n(v: u64) -> PickleValue {
     PickleValue::Int(v as i64)
 }
 
+/// A JSON value of [`ImportedRecord`](crate::ImportedRecord) as the pickle it came from.
+fn from_json(v: &serde_json::Value) -> PickleValue {
+    match v {
+        serde_json::Value::Null => PickleValue::None,
+        serde_json::Value::Bool(b) => PickleValue::Bool(*b),
+        serde_json::Value::Number(x) => match x.as_i64() {
+            Some(i) => PickleValue::Int(i),
+            None => f(x.as_f64().unwrap_or(f64::NAN)),
+        },
+        serde_json::Value::String(t) => s(t),
+        serde_json::Value::Array(items) => PickleValue::List(items.iter().map(from_json).collect()),
+        serde_json::Value::Object(_) => PickleValue::None,
+    }
+}
+
 /// Writes the run (or checkpoint) directory `run` as nanoGPT's `out/ckpt.pt`: `model`
 /// (nanoGPT's names, `lm_head.weight` the tied embedding), `model_args`, `optimizer` (AdamW's
 /// `state_dict()` in nanoGPT's two groups: the ≥ 2-D tensors, then the rest), `iter_num`,
@@ -189,24 +204,49 @@ pub fn export_nanogpt(run: &Path, out: &Path) -> Result<()> {
         (s("vocab_size"), n(args.vocab_size as u64)),
         (s("dropout"), f(args.dropout)),
     ]);
-    let config = PickleValue::Dict(vec![
-        (s("learning_rate"), f(tc.lr)),
-        (s("min_lr"), f(tc.min_lr)),
-        (s("warmup_iters"), n(tc.warmup_steps)),
-        (s("lr_decay_iters"), n(tc.steps)),
-        (s("max_iters"), n(tc.steps)),
-        (s("weight_decay"), f(tc.weight_decay)),
-        (s("beta1"), f(tc.beta1)),
-        (s("beta2"), f(tc.beta2)),
-        (s("grad_clip"), f(tc.clip_norm)),
-        (s("batch_size"), n(tc.batch_size as u64)),
-        (s("gradient_accumulation_steps"), n(tc.grad_accum as u64)),
-        (s("block_size"), n(args.block_size as u64)),
-        (s("eval_interval"), n(tc.eval_every)),
-        (s("dropout"), f(args.dropout)),
-        (s("bias"), PickleValue::Bool(args.bias)),
-    ]);
-    let best = state.best.as_ref().map_or(1e9, |b| b.eval.loss);
+    let ours = [
+        ("learning_rate", f(tc.lr)),
+        ("min_lr", f(tc.min_lr)),
+        ("warmup_iters", n(tc.warmup_steps)),
+        ("lr_decay_iters", n(tc.steps)),
+        ("max_iters", n(tc.steps)),
+        ("weight_decay", f(tc.weight_decay)),
+        ("beta1", f(tc.beta1)),
+        ("beta2", f(tc.beta2)),
+        ("grad_clip", f(tc.clip_norm)),
+        ("batch_size", n(tc.batch_size as u64)),
+        ("gradient_accumulation_steps", n(tc.grad_accum as u64)),
+        ("block_size", n(args.block_size as u64)),
+        ("eval_interval", n(tc.eval_every)),
+        ("dropout", f(args.dropout)),
+        ("bias", PickleValue::Bool(args.bias)),
+    ];
+    // The imported checkpoint's config, every key in its order (its `dataset` tells nanoGPT's
+    // sample.py where meta.pkl is), with the settings this run trains with in place.
+    let imported = state.imported.as_ref();
+    let mut config: Vec<(String, PickleValue)> = imported
+        .map(|r| {
+            r.nanogpt_config
+                .iter()
+                .map(|(k, v)| (k.clone(), from_json(v)))
+                .collect()
+        })
+        .unwrap_or_default();
+    for (key, value) in ours {
+        match config.iter_mut().find(|(k, _)| k == key) {
+            Some(slot) => slot.1 = value,
+            None => config.push((key.to_string(), value)),
+        }
+    }
+    let config = PickleValue::Dict(config.into_iter().map(|(k, v)| (s(&k), v)).collect());
+    // The lowest loss either run saw (nanoGPT's initial 1e9 when neither evaluated).
+    let best = [
+        state.best.as_ref().map(|b| b.eval.loss),
+        imported.and_then(|r| r.best_val_loss),
+    ]
+    .into_iter()
+    .flatten()
+    .fold(1e9, f64::min);
     let checkpoint = PickleValue::Dict(vec![
         (s("model"), model),
         (s("optimizer"), optimizer),

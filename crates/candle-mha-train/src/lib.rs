@@ -79,7 +79,7 @@ pub use metrics::{
 pub use schedule::LrSchedule;
 pub use session::{ModelFor, NewData, NewRun, ResumeRun, Session};
 pub use state::{
-    device_kind, verify_checkpoint, verify_model_files, EvalRecord, StepStats, TrainObserver,
-    TrainerState, STATE_VERSION,
+    device_kind, verify_checkpoint, verify_model_files, EvalRecord, ImportedRecord, StepStats,
+    TrainObserver, TrainerState, STATE_VERSION,
 };
 pub use trainer::Trainer;

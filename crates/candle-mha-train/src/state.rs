@@ -51,6 +51,27 @@ pub struct TrainerState {
     /// runs saved before it was recorded.
     #[serde(default)]
     pub device: Option<String>,
+    /// What the checkpoint the run was imported from recorded beyond what the run uses,
+    /// handed back by `mha export`; `None` for a run `mha train` started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub imported: Option<ImportedRecord>,
+}
+
+/// What an imported nanoGPT checkpoint recorded beyond the model, its optimizer and the
+/// settings the run trains with: `mha export --format nanogpt` writes it back unchanged, so
+/// nanoGPT's `sample.py` finds `meta.pkl` through `config["dataset"]` and `train.py` keeps
+/// its best loss.
+///
+/// PyTorch equivalent: nanoGPT's `checkpoint["config"]` and `checkpoint["best_val_loss"]`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ImportedRecord {
+    /// nanoGPT's `config` (its `train.py` settings), in its order, as JSON: numbers,
+    /// strings, booleans and `None` (null).
+    #[serde(default)]
+    pub nanogpt_config: Vec<(String, serde_json::Value)>,
+    /// nanoGPT's `best_val_loss`: the lowest validation loss of its run.
+    #[serde(default)]
+    pub best_val_loss: Option<f64>,
 }
 
 /// The [`TrainerState::version`] this crate writes.

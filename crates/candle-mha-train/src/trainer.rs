@@ -121,6 +121,7 @@ impl Trainer {
             data: data.map(|d| d.absolute()).transpose()?,
             best: None,
             stopped_early: false,
+            imported: None,
             version: STATE_VERSION,
             dtype: first.as_ref().map(|(d, _)| d.as_str().to_string()),
             device: first.as_ref().map(|(_, d)| device_kind(d).to_string()),
@@ -213,7 +214,8 @@ impl Trainer {
 
     /// A run at step `step` whose `model` already holds its weights (an imported
     /// checkpoint), with the optimizer's moments and step counts from `optimizer` (AdamW's
-    /// [`state_dict`](AdamW::state_dict) names) when given, else fresh ones.
+    /// [`state_dict`](AdamW::state_dict) names) when given, else fresh ones, and what the
+    /// checkpoint recorded beyond them (`imported`, for its export).
     ///
     /// PyTorch equivalent: `model.load_state_dict(ckpt["model"]);
     /// optimizer.load_state_dict(ckpt["optimizer"]); iter_num = ckpt["iter_num"]`.
@@ -223,12 +225,14 @@ impl Trainer {
         config: TrainConfig,
         optimizer: Option<&StateDict>,
         step: u64,
+        imported: Option<crate::ImportedRecord>,
     ) -> Result<Self> {
         let mut trainer = Self::new(model, varmap, config, None)?;
         if let Some(o) = optimizer {
             trainer.optimizer.load_state_dict(o)?;
         }
         trainer.state.step = step;
+        trainer.state.imported = imported;
         Ok(trainer)
     }
 
@@ -543,7 +547,7 @@ impl Trainer {
 
 /// Whether every element of `t` is finite: read in place for a contiguous CPU f32/f64 tensor
 /// (a model's largest parameter is not copied), through an f64 copy otherwise.
-fn all_finite(t: &Tensor) -> Result<bool> {
+pub(crate) fn all_finite(t: &Tensor) -> Result<bool> {
     {
         let (storage, layout) = t.storage_and_layout();
         if let (candle::Storage::Cpu(cpu), Some((a, b))) = (&*storage, layout.contiguous_offsets())

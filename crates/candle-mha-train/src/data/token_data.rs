@@ -395,23 +395,28 @@ impl TokenData {
         let w = self.meta.dtype.width();
         let mut first_bad = None;
         let mut start = 0usize;
-        for part in &self.parts {
+        for (p, part) in self.parts.iter().enumerate() {
             let bad = self
                 .meta
                 .dtype
                 .ids(part)
                 .position(|id| u64::from(id) >= limit);
             if let Some(i) = bad {
-                first_bad = Some(start + i);
+                first_bad = Some((p, start, i));
                 break;
             }
             start += part.len() / w;
         }
-        if let Some(i) = first_bad {
-            let id = self.tokens(i as u64..i as u64 + 1)?[0];
+        if let Some((p, start, i)) = first_bad {
+            let id = self.tokens((start + i) as u64..(start + i) as u64 + 1)?[0];
+            // nanoGPT's data is train.bin then val.bin; ours is one tokens.bin.
+            let file = match self.meta.format.as_str() {
+                "nanogpt" => NANOGPT_FILES[p],
+                _ => TOKENS_FILE,
+            };
             candle::bail!(
                 "{}: id {id} at offset {i} (byte {}) is {}; the file is damaged or not this data's: prepare the data again",
-                self.dir.join(TOKENS_FILE).display(),
+                self.dir.join(file).display(),
                 i * self.meta.dtype.width(),
                 match u64::from(id) >= vocab {
                     true => format!("outside the vocabulary of {vocab} ids"),

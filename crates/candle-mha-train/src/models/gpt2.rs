@@ -108,7 +108,7 @@ pub fn our_name(theirs: &str) -> Option<String> {
 
 /// The GPT-2 name of one of our parameters (the inverse of [`our_name`], and
 /// `head.weight` → `lm_head.weight`).
-fn gpt2_name(ours: &str) -> Option<String> {
+pub(crate) fn gpt2_name(ours: &str) -> Option<String> {
     if ours == "head.weight" {
         return Some("lm_head.weight".into());
     }
@@ -259,8 +259,9 @@ fn check_shapes(sd: &StateDict, cfg: &NextTokenPredictorConfig) -> Result<()> {
         };
         if t.dims() != want.as_slice() {
             candle::bail!(
-                "{name}: shape {:?}, but the configuration (vocab_size {v}, context {l}, width {e}, MLP {f}) implies {want:?}",
-                t.dims()
+                "{name}: shape {}, but the configuration (vocab_size {v}, context {l}, width {e}, MLP {f}) implies {}",
+                crate::import::short_shape(t.dims()),
+                crate::import::short_shape(want)
             )
         }
     }
@@ -285,11 +286,12 @@ pub fn config_from_hf(json: &serde_json::Value) -> Result<NextTokenPredictorConf
     };
     let rate = |k: &str| field(k).and_then(|v| v.as_f64()).unwrap_or(0.1);
     let flag = |k: &str, default: bool| field(k).and_then(|v| v.as_bool()).unwrap_or(default);
-    match field("model_type").and_then(|v| v.as_str()) {
-        Some("gpt2") => {}
-        other => {
-            candle::bail!("config.json: model_type {other:?}; expected \"gpt2\" (GPT2LMHeadModel)")
+    match field("model_type") {
+        Some(v) if v.as_str() == Some("gpt2") => {}
+        Some(other) => {
+            candle::bail!("config.json: model_type {other} is not supported; expected \"gpt2\" (GPT2LMHeadModel)")
         }
+        None => candle::bail!("config.json: no model_type; expected \"gpt2\" (GPT2LMHeadModel)"),
     }
     for (key, ok) in [
         (
@@ -311,7 +313,8 @@ pub fn config_from_hf(json: &serde_json::Value) -> Result<NextTokenPredictorConf
         None | Some("gelu_new" | "gelu_pytorch_tanh" | "gelu_fast") => Gelu::Tanh,
         Some("gelu") => Gelu::Exact,
         Some(other) => candle::bail!(
-            "config.json: activation_function {other:?} is not supported; expected gelu_new, gelu_pytorch_tanh or gelu"
+            "config.json: activation_function \"{}\" is not supported; expected gelu_new, gelu_pytorch_tanh or gelu",
+            other.escape_default()
         ),
     };
     let e = count("n_embd")?;

@@ -5,18 +5,20 @@
 
 use std::path::{Path, PathBuf};
 
-use candle::{DType, Device, Result, Tensor};
-use candle_mha::checkpoint::{
-    load_into_varmap_owned, load_pickle, LoadOptions, PickleValue, StateDict,
-};
+use candle::{DType, Device, Result};
+use candle_mha::checkpoint::{load_into_varmap_owned, LoadOptions, StateDict};
 use candle_mha::zeroed_var_builder;
 use candle_nn::VarMap;
 
 use crate::data::{Codec, TextTokenizer};
-use crate::models::gpt2::{self, Gpt2Format, Gpt2Report, NanoGptArgs};
+use crate::models::gpt2::{self, Gpt2Format, Gpt2Report};
 use crate::models::{NextTokenPredictor, NextTokenPredictorConfig};
 use crate::staged_dir::StagedDir;
-use crate::{TrainConfig, Trainer};
+use crate::{ImportedRecord, TrainConfig, Trainer};
+
+mod nanogpt;
+pub use nanogpt::read_nanogpt;
+pub(crate) use nanogpt::short_shape;
 
 /// A checkpoint read for import: our configuration, weights and (nanoGPT) optimizer state,
 /// the step it was at, the training settings it recorded, and its tokenization.
@@ -44,6 +46,9 @@ pub struct Imported {
     pub report: Gpt2Report,
     /// Lines worth telling the user (a tokenizer made up, a setting not carried over).
     pub notes: Vec<String>,
+    /// What the checkpoint recorded beyond the run's own settings (nanoGPT's `config` and
+    /// `best_val_loss`), kept in the run for its export.
+    pub record: Option<ImportedRecord>,
 }
 
 /// The kind of a checkpoint `mha import` reads, by what `path` is: a directory with
@@ -190,6 +195,8 @@ pub fn read_hugging_face(dir: &Path, tokenizer: Option<&Path>) -> Result<Importe
     let config = gpt2::config_from_hf(&json(&dir.join("config.json"))?)?;
     let sd = hugging_face_weights(dir)?;
     let (weights, report) = gpt2::from_gpt2(&sd, Gpt2Format::HuggingFace, &config)?;
+    check_weights(&weights, &config, "config.json")
+        .map_err(|e| candle::Error::Msg(format!("{}: {e}", dir.display())))?;
     let mut notes = Vec::new();
     let found = hugging_face_tokenizer(dir)?;
     let codec = codec_for(tokenizer, found, config.vocab_size, &mut notes)?;
@@ -206,202 +213,81 @@ pub fn read_hugging_face(dir: &Path, tokenizer: Option<&Path>) -> Result<Importe
         codec,
         report,
         notes,
+        record: None,
     })
 }
 
-fn count(v: &PickleValue, key: &str, what: &str) -> Result<usize> {
-    v.get(key)
-        .and_then(PickleValue::as_i64)
-        .filter(|n| *n >= 0)
-        .map(|n| n as usize)
-        .ok_or_else(|| candle::Error::Msg(format!("{what}: {key} is missing or not a count")))
-}
-
-/// nanoGPT's `model_args`.
-fn nanogpt_args(v: &PickleValue) -> Result<NanoGptArgs> {
-    let what = "model_args";
-    Ok(NanoGptArgs {
-        n_layer: count(v, "n_layer", what)?,
-        n_head: count(v, "n_head", what)?,
-        n_embd: count(v, "n_embd", what)?,
-        block_size: count(v, "block_size", what)?,
-        vocab_size: count(v, "vocab_size", what)?,
-        bias: v.get("bias").and_then(PickleValue::as_bool).unwrap_or(true),
-        dropout: v
-            .get("dropout")
-            .and_then(PickleValue::as_f64)
-            .unwrap_or(0.0),
-    })
-}
-
-/// The training settings of nanoGPT's `config` (its `train.py` globals), with defaults for
-/// those it lacks.
-fn nanogpt_train(config: Option<&PickleValue>, notes: &mut Vec<String>) -> TrainConfig {
-    let base = TrainConfig {
-        decay_matrices_only: true,
-        ..TrainConfig::for_text()
-    };
-    let Some(c) = config else {
-        notes.push("no `config` in the checkpoint: the text defaults train it".into());
-        return base;
-    };
-    let f = |k: &str, d: f64| c.get(k).and_then(PickleValue::as_f64).unwrap_or(d);
-    let n = |k: &str, d: u64| {
-        c.get(k)
-            .and_then(PickleValue::as_i64)
-            .map(|x| x.max(0) as u64)
-            .unwrap_or(d)
-    };
-    if c.get("lr_decay_iters").is_some() || c.get("decay_lr").is_some() {
-        notes.push("nanoGPT's schedule (warmup to learning_rate, cosine to min_lr at lr_decay_iters) becomes ours: warmup, then cosine to min_lr at the last step".into());
+/// Errors unless `weights` (our names) are exactly the parameters `config` describes, naming
+/// the missing, the unexpected and the misshapen ones; `what` names the description
+/// (`config.json`, `model_args`).
+pub(crate) fn check_weights(
+    weights: &StateDict,
+    config: &NextTokenPredictorConfig,
+    what: &str,
+) -> Result<()> {
+    let mut expected: Vec<(String, Vec<usize>)> = gpt2::nanogpt_parameters(config)
+        .into_iter()
+        .filter_map(|(name, shape)| gpt2::our_name(&name).map(|n| (n, shape)))
+        .collect();
+    if !config.tie_embeddings {
+        expected.push((
+            "head.weight".into(),
+            vec![config.vocab_size, config.embed_dim],
+        ));
+        if config.head_has_bias() {
+            expected.push(("head.bias".into(), vec![config.vocab_size]));
+        }
     }
-    TrainConfig {
-        steps: n("max_iters", base.steps),
-        batch_size: n("batch_size", base.batch_size as u64).max(1) as usize,
-        grad_accum: n("gradient_accumulation_steps", 1).max(1) as usize,
-        lr: f("learning_rate", base.lr),
-        min_lr: f("min_lr", f("learning_rate", base.lr) / 10.0),
-        warmup_steps: n("warmup_iters", base.warmup_steps),
-        weight_decay: f("weight_decay", base.weight_decay),
-        beta1: f("beta1", base.beta1),
-        beta2: f("beta2", base.beta2),
-        clip_norm: f("grad_clip", base.clip_norm),
-        eval_every: n("eval_interval", base.eval_every),
-        ..base
-    }
-}
-
-/// nanoGPT's optimizer `state_dict()` under our parameter names. Its parameter ids follow
-/// `configure_optimizers`: the model's parameters in order (the tied head once, as the
-/// token embedding), those of rank ≥ 2 first (decayed), then the rest.
-fn nanogpt_optimizer(opt: &PickleValue, order: &[(String, Vec<usize>)]) -> Result<StateDict> {
-    let decay = order.iter().filter(|(_, s)| s.len() >= 2);
-    let rest = order.iter().filter(|(_, s)| s.len() < 2);
-    let ids: Vec<&(String, Vec<usize>)> = decay.chain(rest).collect();
-    let groups = opt
-        .get("param_groups")
-        .and_then(PickleValue::as_list)
-        .ok_or_else(|| candle::Error::Msg("optimizer: no param_groups".into()))?;
-    let listed: usize = groups
+    let held: std::collections::HashMap<&str, &[usize]> = weights
+        .tensors()
         .iter()
-        .map(|g| {
-            g.get("params")
-                .and_then(PickleValue::as_list)
-                .map_or(0, <[_]>::len)
-        })
-        .sum();
-    if listed != ids.len() {
+        .map(|(n, t)| (n.as_str(), t.dims()))
+        .collect();
+    let listed: std::collections::HashSet<&str> =
+        expected.iter().map(|(n, _)| n.as_str()).collect();
+    let list = |names: Vec<String>| {
+        let more = names.len().saturating_sub(4);
+        let mut shown: Vec<String> = names.into_iter().take(4).collect();
+        if more > 0 {
+            shown.push(format!("and {more} more"));
+        }
+        shown.join(", ")
+    };
+    let missing: Vec<String> = expected
+        .iter()
+        .filter(|(n, _)| !held.contains_key(n.as_str()))
+        .filter_map(|(n, _)| gpt2::gpt2_name(n))
+        .collect();
+    if !missing.is_empty() {
         candle::bail!(
-            "optimizer: its groups list {listed} parameters, the model has {}: not this model's optimizer",
-            ids.len()
+            "{what} describes parameters the weights lack: {}",
+            list(missing)
         )
     }
-    let state = opt.get("state");
-    let mut tensors = Vec::new();
-    for (i, (name, shape)) in ids.iter().enumerate() {
-        let ours = gpt2::our_name(name).ok_or_else(|| {
-            candle::Error::Msg(format!("optimizer: {name} is not a GPT-2 parameter"))
-        })?;
-        let slot = state.and_then(|s| s.get_index(i as i64));
-        let step = slot
-            .and_then(|s| s.get("step"))
-            .and_then(PickleValue::as_f64)
-            .unwrap_or(0.0);
-        // A parameter never stepped has no moments (PyTorch keeps no state for it).
-        for key in ["exp_avg", "exp_avg_sq"] {
-            match slot
-                .and_then(|s| s.get(key))
-                .and_then(PickleValue::as_tensor)
-            {
-                Some(t) if t.dims() == shape.as_slice() => {
-                    tensors.push((format!("{key}.{ours}"), t.to_dtype(DType::F32)?))
-                }
-                Some(t) => candle::bail!(
-                    "optimizer: {key} of {name} has shape {:?}, the parameter {shape:?}",
-                    t.dims()
-                ),
-                None if step == 0.0 => {}
-                None => {
-                    candle::bail!("optimizer: {name} was stepped {step} times but has no {key}")
-                }
-            }
-        }
-        tensors.push((format!("step.{ours}"), Tensor::new(step, &Device::Cpu)?));
-    }
-    Ok(StateDict::from_tensors(tensors))
-}
-
-/// Reads nanoGPT's `ckpt.pt` (or the `ckpt.pt` of an out directory): `model` (the
-/// `_orig_mod.` prefix of `torch.compile` removed), `model_args`, `optimizer`, `iter_num`,
-/// `config`; the character vocabulary of `meta` (nanoGPT's `meta.pkl`: `itos`) or
-/// `tokenizer` for text.
-pub fn read_nanogpt(
-    path: &Path,
-    meta: Option<&Path>,
-    tokenizer: Option<&Path>,
-) -> Result<Imported> {
-    let ckpt = match path.is_dir() {
-        true => path.join("ckpt.pt"),
-        false => path.to_path_buf(),
-    };
-    let v = load_pickle(&ckpt)
-        .map_err(|e| candle::Error::Msg(format!("reading {}: {e}", ckpt.display())))?;
-    let Some(args) = v.get("model_args") else {
+    let extra: Vec<String> = weights
+        .tensors()
+        .iter()
+        .filter(|(n, _)| !listed.contains(n.as_str()))
+        .map(|(n, _)| gpt2::gpt2_name(n).unwrap_or_else(|| n.clone()))
+        .collect();
+    if !extra.is_empty() {
         candle::bail!(
-            "{}: no model_args; expected a checkpoint saved by nanoGPT's train.py",
-            ckpt.display()
+            "the weights hold parameters {what} does not describe: {}",
+            list(extra)
         )
-    };
-    let config = gpt2::config_from_nanogpt(&nanogpt_args(args)?)?;
-    let Some(model) = v.get("model").and_then(PickleValue::as_dict) else {
-        candle::bail!("{}: no model state_dict", ckpt.display())
-    };
-    let mut tensors = Vec::new();
-    for (k, t) in model {
-        // `state_dict()`'s `_metadata` (module versions), which candle's pickle machine
-        // reads as an entry of the dict.
-        if k.as_str() == Some("_metadata") {
-            continue;
-        }
-        let (Some(name), Some(t)) = (k.as_str(), t.as_tensor()) else {
+    }
+    for (name, shape) in &expected {
+        let dims = held[name.as_str()];
+        if dims != shape.as_slice() {
             candle::bail!(
-                "{}: model holds an entry that is not a named tensor",
-                ckpt.display()
+                "{} has shape {}, but {what} describes {}",
+                gpt2::gpt2_name(name).unwrap_or_else(|| name.clone()),
+                short_shape(dims),
+                short_shape(shape)
             )
-        };
-        tensors.push((name.to_string(), t.clone()));
+        }
     }
-    let (weights, report) = gpt2::from_gpt2(
-        &StateDict::from_tensors(tensors),
-        Gpt2Format::NanoGpt,
-        &config,
-    )?;
-    let mut notes = Vec::new();
-    let optimizer = v
-        .get("optimizer")
-        .map(|o| nanogpt_optimizer(o, &gpt2::nanogpt_parameters(&config)))
-        .transpose()?;
-    let step = v
-        .get("iter_num")
-        .and_then(PickleValue::as_i64)
-        .unwrap_or(0)
-        .max(0) as u64;
-    let train = nanogpt_train(v.get("config"), &mut notes);
-    let chars = meta
-        .map(|m| TextTokenizer::characters(&crate::data::nanogpt_vocab(m)?))
-        .transpose()?;
-    let codec = codec_for(tokenizer, chars, config.vocab_size, &mut notes)?;
-    Ok(Imported {
-        source: format!("{} (nanoGPT, step {step})", ckpt.display()),
-        config,
-        weights,
-        optimizer,
-        step,
-        train,
-        codec,
-        report,
-        notes,
-    })
+    Ok(())
 }
 
 impl Imported {
@@ -426,6 +312,16 @@ impl Imported {
                 self.config.parameter_count()
             )
         }
+        // Caught here, by name: a NaN weight would be trained on and saved by every step.
+        for (name, t) in self.weights.tensors() {
+            if !crate::trainer::all_finite(t)? {
+                candle::bail!(
+                    "{}: {} holds NaN or infinite values; expected finite weights",
+                    self.source,
+                    gpt2::gpt2_name(name).unwrap_or_else(|| name.clone())
+                )
+            }
+        }
         let varmap = VarMap::new();
         // Zeros that take no memory until the weights are copied in: no initialisation drawn.
         let vb = zeroed_var_builder(&varmap, DType::F32, &Device::Cpu);
@@ -440,6 +336,7 @@ impl Imported {
             self.train,
             self.optimizer.as_ref(),
             self.step,
+            self.record,
         )?
         .with_codec(self.codec);
         trainer.save(staged.path())?;
