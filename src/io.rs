@@ -67,6 +67,31 @@ pub fn human_size(bytes: u64) -> String {
     }
 }
 
+/// `text` in double quotes for a message, as a user reads it: quotes, backslashes and control
+/// characters escaped (`\n`, `\u{1b}`), everything else as it is; cut after `max_chars`
+/// characters with `…`.
+///
+/// PyTorch equivalent: none.
+pub fn quoted(text: &str, max_chars: usize) -> String {
+    let mut out = String::from("\"");
+    for (i, c) in text.chars().enumerate() {
+        if i == max_chars {
+            out.push('…');
+            break;
+        }
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if c.is_control() => out.extend(c.escape_default()),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
 /// Errors when `path` is a symbolic link (a missing path is fine): files a program writes
 /// or replaces in its own directories are never links, so nothing outside is changed through
 /// one.
@@ -292,6 +317,13 @@ pub fn remove_stale_temps(dir: &Path) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quoted_text_escapes_only_what_a_reader_cannot_see() {
+        assert_eq!(quoted("café", 10), "\"café\"");
+        assert_eq!(quoted("a\"b\\c\n\u{1b}", 10), "\"a\\\"b\\\\c\\n\\u{1b}\"");
+        assert_eq!(quoted("abcdef", 3), "\"abc…\"");
+    }
 
     #[test]
     fn sizes_take_the_unit_that_fits() {

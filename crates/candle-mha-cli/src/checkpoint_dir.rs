@@ -18,6 +18,14 @@ pub struct CorpusArgs {
     /// A checkpoint directory written by `mha train` (the run's directory, or its best/).
     #[arg(long)]
     pub checkpoint: PathBuf,
+    /// Read a checkpoint directory that has no checkpoint.json (its files cannot be checked
+    /// to be one save; refused without this).
+    #[arg(long)]
+    pub unverified: bool,
+    /// Leave out text the tokenizer cannot encode (counted in a warning) instead of refusing
+    /// it.
+    #[arg(long)]
+    pub skip_unknown: bool,
     /// Every sequence of this token file (default: the run's own data).
     #[arg(long, conflicts_with_all = ["text", "data"])]
     pub tokens: Option<PathBuf>,
@@ -42,7 +50,16 @@ impl CorpusArgs {
     pub fn open(&self, dtype: DType, split: RunSplit) -> Result<CorpusRun> {
         let (device, notice) = crate::device::open(&self.device)?;
         eprintln!("{notice}");
-        let ckpt = open(&self.checkpoint, dtype, &device, self.batch_size)?;
+        let mut ckpt = open(
+            &self.checkpoint,
+            self.unverified,
+            dtype,
+            &device,
+            self.batch_size,
+        )?;
+        if self.skip_unknown {
+            ckpt.codec = ckpt.codec.skipping_unknown();
+        }
         let len = ckpt.model.config().max_len + 1;
         let (name, corpus) = checkpoint_corpus(
             &self.checkpoint,
@@ -74,6 +91,14 @@ pub struct CorpusRun {
     pub len: usize,
 }
 
+/// The [`Unverified`](candle_mha_train::Unverified) rule of an `--unverified` flag.
+pub fn trust(unverified: bool) -> candle_mha_train::Unverified {
+    match unverified {
+        true => candle_mha_train::Unverified::Allow,
+        false => candle_mha_train::Unverified::Refuse,
+    }
+}
+
 /// A trained model and its tokenization.
 pub struct Checkpoint {
     pub model: NextTokenPredictor,
@@ -83,9 +108,15 @@ pub struct Checkpoint {
 /// Loads `config.json`, `model.safetensors` (strictly: a config that does not match the
 /// weights is an error with the load report) and the vocabulary or tokenizer, after checking
 /// them against the checkpoint's `checkpoint.json`. What `config.json` says is bounded before
-/// anything is built: its sizes as the options' ranges, its parameters by the weights file's
+/// anything is built (a directory without `checkpoint.json` only when `unverified`): its sizes as the options' ranges, its parameters by the weights file's
 /// size, and the model with batches of `batch` sequences by this machine's memory.
-pub fn open(dir: &Path, dtype: DType, device: &Device, batch: usize) -> Result<Checkpoint> {
+pub fn open(
+    dir: &Path,
+    unverified: bool,
+    dtype: DType,
+    device: &Device,
+    batch: usize,
+) -> Result<Checkpoint> {
     let config = dir.join(CONFIG_FILE);
     if std::fs::symlink_metadata(&config).is_err() {
         anyhow::bail!(
@@ -94,7 +125,7 @@ pub fn open(dir: &Path, dtype: DType, device: &Device, batch: usize) -> Result<C
         )
     }
     // The files below must be one checkpoint, not parts of two saves.
-    candle_mha_train::verify_model_files(dir)?;
+    candle_mha_train::verify_model_files(dir, trust(unverified))?;
     let cfg = NextTokenPredictorConfig::load(dir.join(CONFIG_FILE))?;
     let path = dir.join(MODEL_FILE);
     let file_bytes = std::fs::metadata(&path)

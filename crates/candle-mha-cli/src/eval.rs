@@ -122,6 +122,9 @@ pub fn run(args: &EvalArgs) -> Result<()> {
             Some(eval.loss * eval.tokens as f64 / std::f64::consts::LN_2 / bytes.get() as f64);
     }
     println!("eval on {name} ({} sequences): {eval}", sequences.get());
+    if let Some(skipped) = ckpt.codec.unknown_skipped() {
+        eprintln!("warning: left out of {name} {}", skipped.describe());
+    }
     if args.baseline.is_some() {
         let Corpus::Sequences(val) = &corpus else {
             bail!("--baseline works on the run's validation set or --data, not on --text")

@@ -6,6 +6,8 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 
+use crate::checkpoint_dir::trust;
+
 /// Arguments of `mha export`.
 #[derive(clap::Args, Debug)]
 pub struct ExportArgs {
@@ -19,17 +21,25 @@ pub struct ExportArgs {
     /// OUT/ckpt.pt (model, model_args, optimizer, iter_num, best_val_loss, config).
     #[arg(long, default_value = "hf", value_parser = ["hf", "nanogpt"])]
     pub format: String,
+    /// Read a checkpoint directory that has no checkpoint.json (its files cannot be checked
+    /// to be one save; refused without this).
+    #[arg(long)]
+    pub unverified: bool,
 }
 
 /// Runs `mha export`.
 pub fn run(args: &ExportArgs) -> Result<()> {
     let how = match args.format.as_str() {
         "nanogpt" => {
-            candle_mha_train::export::export_nanogpt(&args.run, &args.out)?;
+            candle_mha_train::export::export_nanogpt(&args.run, &args.out, trust(args.unverified))?;
             "nanoGPT: ckpt.pt, train.py init_from=\"resume\""
         }
         _ => {
-            candle_mha_train::export::export_hugging_face(&args.run, &args.out)?;
+            candle_mha_train::export::export_hugging_face(
+                &args.run,
+                &args.out,
+                trust(args.unverified),
+            )?;
             "Hugging Face GPT-2: GPT2LMHeadModel.from_pretrained"
         }
     };

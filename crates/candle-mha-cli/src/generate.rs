@@ -16,6 +16,14 @@ pub struct GenerateArgs {
     /// A checkpoint directory written by `mha train`.
     #[arg(long)]
     pub checkpoint: PathBuf,
+    /// Read a checkpoint directory that has no checkpoint.json (its files cannot be checked
+    /// to be one save; refused without this).
+    #[arg(long)]
+    pub unverified: bool,
+    /// Leave out text the tokenizer cannot encode (counted in a warning) instead of refusing
+    /// it.
+    #[arg(long)]
+    pub skip_unknown: bool,
     /// The prompt: symbols separated by spaces (token models) or text (text models). Give it
     /// several times to continue several prompts at once (a batch, left-padded); each is
     /// printed as a single prompt is, in order, once all are done.
@@ -76,12 +84,19 @@ fn parse_temperature(s: &str) -> Result<f64, String> {
 pub fn run(args: &GenerateArgs) -> Result<()> {
     let (device, notice) = crate::device::open(&args.device)?;
     eprintln!("{notice}");
-    let ckpt = super::checkpoint_dir::open(&args.checkpoint, args.dtype, &device, 1)?;
+    let mut ckpt =
+        super::checkpoint_dir::open(&args.checkpoint, args.unverified, args.dtype, &device, 1)?;
+    if args.skip_unknown {
+        ckpt.codec = ckpt.codec.skipping_unknown();
+    }
     let prompts = args
         .prompt
         .iter()
         .map(|p| ckpt.codec.encode_prompt(p))
         .collect::<candle_mha::candle::Result<Vec<_>>>()?;
+    if let Some(skipped) = ckpt.codec.unknown_skipped() {
+        eprintln!("warning: left out of the prompt {}", skipped.describe());
+    }
     let cfg = GenerateConfig {
         max_new_tokens: args.max_new_tokens,
         do_sample: args.top_k.is_some() || args.top_p.is_some() || args.temperature.is_some(),

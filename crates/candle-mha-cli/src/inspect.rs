@@ -22,6 +22,10 @@ pub struct InspectArgs {
     /// A checkpoint directory written by `mha train`.
     #[arg(long)]
     pub checkpoint: PathBuf,
+    /// Read a checkpoint directory that has no checkpoint.json (its files cannot be checked
+    /// to be one save; refused without this).
+    #[arg(long)]
+    pub unverified: bool,
     /// The input: symbols separated by spaces (token models) or text (text models).
     #[arg(
         long,
@@ -85,7 +89,8 @@ pub struct InspectArgs {
 pub fn run(args: &InspectArgs) -> Result<()> {
     let (device, notice) = crate::device::open(&args.device)?;
     eprintln!("{notice}");
-    let ckpt = super::checkpoint_dir::open(&args.checkpoint, DType::F32, &device, 1)?;
+    let ckpt =
+        super::checkpoint_dir::open(&args.checkpoint, args.unverified, DType::F32, &device, 1)?;
     let (fusion, rollout_fusion) = args.fusion.head_and_rollout();
     let max_len = ckpt.model.config().max_len;
     let ids = match (&args.input, &args.input_file, &ckpt.codec) {

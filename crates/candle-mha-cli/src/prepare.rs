@@ -41,6 +41,10 @@ pub struct PrepareArgs {
     #[arg(long, default_value_t = DEFAULT_CHUNK_BYTES / 1024,
           value_parser = super::bounds::count(1, MAX_CHUNK_BYTES as u64 / 1024))]
     pub chunk_kb: usize,
+    /// Leave out text the tokenizer cannot encode (counted in a warning) instead of refusing
+    /// it.
+    #[arg(long)]
+    pub skip_unknown: bool,
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
@@ -96,6 +100,7 @@ pub fn run(args: &PrepareArgs) -> Result<()> {
         bpe_sample_mb: args.bpe_sample_mb,
         val_fraction: args.val_fraction,
         chunk_bytes: args.chunk_kb * 1024,
+        skip_unknown: args.skip_unknown,
     };
     // One process writes a data directory at a time; a failure takes away what it made.
     let undo = candle_mha_train::undo::Undo::note(&args.out);

@@ -122,7 +122,11 @@ fn what_cannot_be_honoured_is_refused() -> Result<()> {
             "model_type",
         ),
         // More blocks than the weights hold: refused before a model that size is built.
-        ("\"n_layer\": 2", "\"n_layer\": 4000", "are not one model"),
+        (
+            "\"n_layer\": 2",
+            "\"n_layer\": 4000",
+            "describes parameters the weights lack: transformer.h.2.ln_1.weight",
+        ),
     ] {
         let dir = tmp.path().join(format!("hf-{}", needle.len()));
         std::fs::create_dir_all(&dir)?;

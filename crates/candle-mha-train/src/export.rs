@@ -12,7 +12,7 @@ use crate::models::gpt2::{self, Gpt2Format, NanoGptArgs};
 use crate::models::NextTokenPredictorConfig;
 use crate::run_dir::{CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE};
 use crate::staged_dir::StagedDir;
-use crate::{verify_checkpoint, verify_model_files, TrainerState};
+use crate::{verify_checkpoint, verify_model_files, TrainerState, Unverified};
 
 /// Writes the model of the run (or checkpoint) directory `run` into `out` as a Hugging Face
 /// GPT-2 directory: `config.json` ([`gpt2::config_to_hf`]), `model.safetensors` (GPT-2's
@@ -23,9 +23,9 @@ use crate::{verify_checkpoint, verify_model_files, TrainerState};
 /// bias (GPT-2's `lm_head` has none).
 ///
 /// PyTorch equivalent: `model.save_pretrained(out)`.
-pub fn export_hugging_face(run: &Path, out: &Path) -> Result<()> {
+pub fn export_hugging_face(run: &Path, out: &Path, unverified: Unverified) -> Result<()> {
     let staged = StagedDir::new(out, "mha export")?;
-    verify_model_files(run)?;
+    verify_model_files(run, unverified)?;
     let cfg = NextTokenPredictorConfig::load(run.join(CONFIG_FILE))?;
     if !cfg.bias {
         candle::bail!(
@@ -100,10 +100,10 @@ fn from_json(v: &serde_json::Value) -> PickleValue {
 /// anything is written, for a model nanoGPT cannot hold ([`NanoGptArgs::from_config`]).
 ///
 /// PyTorch equivalent: nanoGPT's `torch.save(checkpoint, os.path.join(out_dir, "ckpt.pt"))`.
-pub fn export_nanogpt(run: &Path, out: &Path) -> Result<()> {
+pub fn export_nanogpt(run: &Path, out: &Path, unverified: Unverified) -> Result<()> {
     let staged = StagedDir::new(out, "mha export")?;
     let files = [CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE];
-    verify_checkpoint(run, &files)?;
+    verify_checkpoint(run, &files, unverified)?;
     let cfg = NextTokenPredictorConfig::load(run.join(CONFIG_FILE))?;
     let args = NanoGptArgs::from_config(&cfg)
         .map_err(|e| candle::Error::Msg(format!("{}: {e}", run.display())))?;

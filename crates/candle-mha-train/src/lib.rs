@@ -80,6 +80,6 @@ pub use schedule::LrSchedule;
 pub use session::{ModelFor, NewData, NewRun, ResumeRun, Session};
 pub use state::{
     device_kind, verify_checkpoint, verify_model_files, EvalRecord, ImportedRecord, StepStats,
-    TrainObserver, TrainerState, STATE_VERSION,
+    TrainObserver, TrainerState, Unverified, STATE_VERSION,
 };
 pub use trainer::Trainer;

@@ -151,6 +151,8 @@ pub struct NewRun {
     /// length of the training windows (at most the checkpoint's context; `None`: all of it),
     /// and the data must be in its tokenization; the optimizer and the step start afresh.
     pub init_from: Option<PathBuf>,
+    /// Whether [`init_from`](Self::init_from) is read without its manifest.
+    pub init_unverified: crate::Unverified,
 }
 
 /// The model, tokenization and weights of a checkpoint a new run starts from.
@@ -162,8 +164,8 @@ struct Init {
 }
 
 impl Init {
-    fn load(dir: &Path) -> Result<Self> {
-        crate::verify_model_files(dir)?;
+    fn load(dir: &Path, unverified: crate::Unverified) -> Result<Self> {
+        crate::verify_model_files(dir, unverified)?;
         Ok(Self {
             config: NextTokenPredictorConfig::load(dir.join(CONFIG_FILE))?,
             codec: Codec::load_dir(dir)?,
@@ -195,6 +197,7 @@ impl NewRun {
             verify_data: false,
             memory_limit: None,
             init_from: None,
+            init_unverified: crate::Unverified::Refuse,
         }
     }
 }
@@ -288,7 +291,11 @@ impl Session {
         if run.verify_data && comm.rank() == 0 {
             verify(&spec, observer)?;
         }
-        let init = run.init_from.as_deref().map(Init::load).transpose()?;
+        let init = run
+            .init_from
+            .as_deref()
+            .map(|d| Init::load(d, run.init_unverified))
+            .transpose()?;
         let max_tokens = match &init {
             // Windows up to the checkpoint's context (shorter ones train its first positions).
             Some(i) => match run.max_len {

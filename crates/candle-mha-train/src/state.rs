@@ -1,7 +1,7 @@
 //! What a run records and reports: [`TrainerState`] (`trainer_state.json`), [`StepStats`],
 //! the [`TrainObserver`] hooks, and the file names of a checkpoint directory.
 
-use crate::run_dir::{CHECKPOINT_FILES, CONFIG_FILE, MODEL_FILE, STATE_FILE};
+use crate::run_dir::{CHECKPOINT_FILES, CONFIG_FILE, MANIFEST_FILE, MODEL_FILE, STATE_FILE};
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -178,25 +178,49 @@ pub trait TrainObserver {
 
 impl TrainObserver for () {}
 
+/// Whether a checkpoint directory without its manifest (`checkpoint.json`) is read: its files
+/// cannot be checked to be one save, so by default it is not (a damaged manifest is refused
+/// too; a missing one is trusted no more).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Unverified {
+    /// Refused, naming the flag that reads it anyway.
+    #[default]
+    Refuse,
+    /// Read as it is (the user said so: `--unverified`).
+    Allow,
+}
+
 /// Checks the checkpoint in `dir` before `read` (file names) are loaded from it: its manifest
 /// is valid and lists each of them, each matches it, none is a link. A save in progress is
 /// waited for a moment, then reported as [`RunError::SaveInProgress`](crate::RunError), a
-/// file that does not match as [`RunError::Damaged`](crate::RunError). See
+/// file that does not match as [`RunError::Damaged`](crate::RunError). A directory without
+/// a manifest is an error unless `unverified` allows it. See
 /// [`crate::commit::verify_file_set`].
-pub fn verify_checkpoint(dir: &Path, read: &[&str]) -> crate::RunResult<()> {
-    crate::commit::verify_file_set(
+pub fn verify_checkpoint(
+    dir: &Path,
+    read: &[&str],
+    unverified: Unverified,
+) -> crate::RunResult<()> {
+    let state = crate::commit::verify_file_set(
         dir,
         crate::commit::SetFiles {
             allowed: &CHECKPOINT_FILES,
             read,
         },
-    )
-    .map(|_| ())
+    )?;
+    if state == crate::commit::FileSetState::Unrecorded && unverified == Unverified::Refuse {
+        return Err(candle::Error::Msg(format!(
+            "{} has no {MANIFEST_FILE}: its files cannot be checked to be one checkpoint (runs that `mha train` and `mha import` write have one); pass --unverified to read them anyway",
+            dir.display()
+        ))
+        .into());
+    }
+    Ok(())
 }
 
 /// [`verify_checkpoint`] for what a model is loaded from: `config.json`, `model.safetensors`
 /// and the tokenization file ([`Codec::file_in`](crate::data::Codec::file_in)).
-pub fn verify_model_files(dir: &Path) -> crate::RunResult<()> {
+pub fn verify_model_files(dir: &Path, unverified: Unverified) -> crate::RunResult<()> {
     let codec_file = crate::data::Codec::file_in(dir)?;
-    verify_checkpoint(dir, &[CONFIG_FILE, MODEL_FILE, codec_file])
+    verify_checkpoint(dir, &[CONFIG_FILE, MODEL_FILE, codec_file], unverified)
 }

@@ -56,6 +56,10 @@ pub struct TrainArgs {
     /// `mha prepare` would, then trained on as --data.
     #[arg(long, num_args = 1.., conflicts_with = "data")]
     pub text: Vec<PathBuf>,
+    /// With --text: leave out text the tokenizer cannot encode (counted in a warning) instead
+    /// of refusing it.
+    #[arg(long)]
+    pub skip_unknown: bool,
     /// Train on a data directory written by `mha prepare` (memory-mapped).
     #[arg(long)]
     pub data: Option<PathBuf>,
@@ -91,6 +95,10 @@ pub struct TrainArgs {
         "resid_dropout", "bpe_vocab", "bpe_sample_mb",
     ])]
     pub init_from: Option<PathBuf>,
+    /// With --init-from: read a checkpoint directory that has no checkpoint.json (its files
+    /// cannot be checked to be one save; refused without this).
+    #[arg(long, requires = "init_from")]
+    pub unverified: bool,
     /// Optimizer steps (with --resume: the new total).
     #[arg(long, value_parser = crate::bounds::count_u64(0, crate::bounds::MAX_STEPS), help = run_default("Optimizer steps (with --resume: the new total)", |c| c.steps))]
     pub steps: Option<u64>,

@@ -75,6 +75,7 @@ fn new_data(args: &TrainArgs) -> NewData {
             bpe_sample_mb: args.bpe_sample_mb(),
             val_fraction: args.val_fraction(),
             chunk_bytes: DEFAULT_CHUNK_BYTES,
+            skip_unknown: args.skip_unknown,
         };
         return NewData::Text {
             job,
@@ -189,6 +190,7 @@ fn plan(args: &TrainArgs) -> Result<Plan> {
         None => args.max_len(),
     };
     run.init_from = args.init_from.clone();
+    run.init_unverified = crate::checkpoint_dir::trust(args.unverified);
     run.verify_data = args.verify;
     run.memory_limit = crate::bounds::memory_limit();
     Ok(Plan::New(Box::new(run)))

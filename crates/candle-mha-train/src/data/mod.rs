@@ -31,6 +31,7 @@ mod token_data;
 mod token_file;
 mod tokenizer;
 mod tokenizer_check;
+mod unknown;
 mod vocab;
 mod windows;
 
@@ -59,5 +60,6 @@ pub use token_data::{
 pub use token_file::{encode_sequences, read_token_file};
 pub use tokenizer::Codec;
 pub use tokenizer_check::MAX_TOKENIZER_BYTES;
+pub use unknown::UnknownInput;
 pub use vocab::{Vocab, BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, UNK, UNK_ID};
 pub use windows::{consecutive_windows, windows_dataset, TokenWindows};

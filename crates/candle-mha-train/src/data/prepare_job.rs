@@ -49,6 +49,9 @@ pub struct PrepareJob {
     pub val_fraction: f64,
     /// Bytes of text encoded per task (default [`DEFAULT_CHUNK_BYTES`]).
     pub chunk_bytes: usize,
+    /// Leave out text the tokenizer cannot encode (counted in a notice) instead of refusing
+    /// it (default `false`).
+    pub skip_unknown: bool,
 }
 
 impl PrepareJob {
@@ -62,6 +65,7 @@ impl PrepareJob {
             bpe_sample_mb: DEFAULT_BPE_SAMPLE_MB,
             val_fraction: PrepareOptions::default().val_fraction,
             chunk_bytes: DEFAULT_CHUNK_BYTES,
+            skip_unknown: false,
         }
     }
 
@@ -97,7 +101,15 @@ impl PrepareJob {
                 self.train_bpe(&files, observer)?
             }
         };
+        let tok = match self.skip_unknown {
+            true => tok.skipping_unknown(),
+            false => tok,
+        };
         let meta = prepare_text(&files, &tok, out, &opts, &mut |p| observer.progress(&p))?;
+        let skipped = tok.unknown_skipped();
+        if skipped.chars > 0 {
+            observer.notice(&format!("warning: left out {}", skipped.describe()));
+        }
         let secs = started.elapsed().as_secs_f64();
         observer.notice(&format!(
             "encoded {} in {secs:.1} s ({:.1} MB/s)",

@@ -13,6 +13,7 @@ use tokenizers::{
 use super::dataset::Dataset;
 use super::example::Example;
 use super::tokenizer_check::{check_tokenizer_json, MAX_TOKENIZER_BYTES};
+use super::unknown::{find_unknown, UnknownInput, UnknownRule};
 use super::vocab::{BOS, EOS, PAD, UNK};
 use candle_mha::io::write_atomic;
 
@@ -48,6 +49,7 @@ fn check_bpe_vocab(vocab_size: usize) -> Result<()> {
 #[derive(Clone)]
 pub struct TextTokenizer {
     inner: Tokenizer,
+    unknown: UnknownRule,
 }
 
 impl std::fmt::Debug for TextTokenizer {
@@ -146,12 +148,15 @@ impl TextTokenizer {
     fn from_json_value(json: serde_json::Value) -> Result<Self> {
         let inner = parse_tokenizer(&json.to_string(), "the tokenizer")
             .map_err(|e| candle::Error::Msg(format!("building a tokenizer: {e}")))?;
-        Ok(Self { inner })
+        Ok(Self::from_tokenizer(inner))
     }
 
     /// Wraps an existing [`tokenizers::Tokenizer`].
     pub fn from_tokenizer(inner: Tokenizer) -> Self {
-        TextTokenizer { inner }
+        TextTokenizer {
+            inner,
+            unknown: UnknownRule::default(),
+        }
     }
 
     /// The wrapped [`tokenizers::Tokenizer`].
@@ -165,7 +170,7 @@ impl TextTokenizer {
     pub fn load(path: &Path) -> Result<Self> {
         let text = read_text(path, "tokenizer.json", MAX_TOKENIZER_BYTES)?;
         let inner = parse_tokenizer(&text, &path.display().to_string())?;
-        let tok = TextTokenizer { inner };
+        let tok = Self::from_tokenizer(inner);
         tok.check_largest_id(&path.display().to_string())?;
         Ok(tok)
     }
@@ -349,9 +354,7 @@ impl TextTokenizer {
         tokenizer
             .train(&mut trainer, texts)
             .map_err(|e| candle::Error::Msg(format!("training a BPE: {e}")))?;
-        let tok = TextTokenizer {
-            inner: Tokenizer::from(tokenizer),
-        };
+        let tok = Self::from_tokenizer(Tokenizer::from(tokenizer));
         for (want, name) in [PAD, UNK, BOS, EOS].iter().enumerate() {
             if tok.inner.token_to_id(name) != Some(want as u32) {
                 return Err(candle::Error::Msg(format!(
@@ -391,13 +394,50 @@ impl TextTokenizer {
             .map_or(0, |&m| m as usize + 1)
     }
 
-    /// The ids of `text`, without special tokens added.
+    /// The ids of `text`, without special tokens added. Input the tokenizer cannot encode
+    /// (characters it would drop, words it would replace by its unknown token: [`UnknownInput`])
+    /// is an error naming how much and the first, unless this tokenizer
+    /// [skips](Self::skipping_unknown) it: then it is left out and counted.
     ///
-    /// PyTorch equivalent: `tokenizer.encode(text, add_special_tokens=False).ids`.
+    /// PyTorch equivalent: `tokenizer.encode(text, add_special_tokens=False).ids`, which drops
+    /// or replaces such input silently.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         let encoding = catch_panic("the tokenizer", || self.inner.encode(text, false))?
             .map_err(|e| candle::Error::Msg(format!("encoding text: {e}")))?;
-        Ok(encoding.get_ids().to_vec())
+        let (found, unknown_at) = find_unknown(&self.inner, text, &encoding);
+        let mut ids = encoding.get_ids().to_vec();
+        if found.chars > 0 {
+            if !self.unknown.skip {
+                candle::bail!(
+                    "the text holds {}; use text the tokenizer covers, or skip such input deliberately (--skip-unknown)",
+                    found.describe()
+                )
+            }
+            self.unknown.record(&found);
+            let mut drop = unknown_at.into_iter().peekable();
+            let mut at = 0;
+            ids.retain(|_| {
+                let skip = drop.next_if_eq(&at).is_some();
+                at += 1;
+                !skip
+            });
+        }
+        Ok(ids)
+    }
+
+    /// This tokenizer (and every clone made of it from now on) leaving out the input it
+    /// cannot encode instead of refusing it, counted in [`unknown_skipped`](Self::unknown_skipped).
+    pub fn skipping_unknown(mut self) -> Self {
+        self.unknown = UnknownRule {
+            skip: true,
+            ..UnknownRule::default()
+        };
+        self
+    }
+
+    /// What [`encode`](Self::encode) left out so far, over this tokenizer and its clones.
+    pub fn unknown_skipped(&self) -> UnknownInput {
+        self.unknown.seen()
     }
 
     /// The text of `ids`, special tokens skipped. Errors on an id outside the vocabulary,

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use candle::Result;
 
-use super::{TextTokenizer, Vocab, BOS_ID, EOS_ID};
+use super::{TextTokenizer, UnknownInput, Vocab, BOS_ID, EOS_ID};
 
 /// A checkpoint's tokenization: whitespace-separated symbols with a [`Vocab`], or text with a
 /// [`TextTokenizer`].
@@ -75,6 +75,24 @@ impl Codec {
     /// match the data is caught.
     pub fn fingerprint(&self) -> Result<String> {
         Ok(crate::commit::sha256_hex(self.to_json()?.as_bytes()))
+    }
+
+    /// This tokenization leaving out text it cannot encode instead of refusing it
+    /// ([`TextTokenizer::skipping_unknown`]); symbols are always checked whole.
+    pub fn skipping_unknown(self) -> Self {
+        match self {
+            Self::Text(t) => Self::Text(Box::new(t.skipping_unknown())),
+            symbols => symbols,
+        }
+    }
+
+    /// What encoding text left out so far ([`TextTokenizer::unknown_skipped`]); `None` when
+    /// nothing was.
+    pub fn unknown_skipped(&self) -> Option<UnknownInput> {
+        match self {
+            Self::Text(t) => Some(t.unknown_skipped()).filter(|u| u.chars > 0),
+            Self::Symbols(_) => None,
+        }
     }
 
     /// Number of ids.

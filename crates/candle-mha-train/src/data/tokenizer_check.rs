@@ -68,7 +68,7 @@ pub(crate) fn check_tokenizer_json(text: &str, source: &str) -> Result<()> {
         match id.as_u64() {
             Some(i) if i < MAX_BPE_VOCAB as u64 => Ok(i as u32),
             _ => candle::bail!(
-                "{source}: token {} has id {id}; expected a whole number below {MAX_BPE_VOCAB}",
+                "{source}: token {} has id {id}; expected ids below {MAX_BPE_VOCAB} (whole numbers)",
                 shown(token)
             ),
         }
@@ -140,9 +140,7 @@ pub(crate) fn check_tokenizer_json(text: &str, source: &str) -> Result<()> {
 
 /// A token for a message: quoted, escaped, long ones cut.
 fn shown(token: &str) -> String {
-    let cut: String = token.chars().take(40).collect();
-    let more = if cut.len() < token.len() { "…" } else { "" };
-    format!("\"{}{more}\"", cut.escape_default())
+    candle_mha::io::quoted(token, 40)
 }
 
 #[cfg(test)]
@@ -188,7 +186,7 @@ mod tests {
             let e = check_tokenizer_json(&bpe(&format!(r#"{{"a":{id}}}"#), "[]"), "t")
                 .unwrap_err()
                 .to_string();
-            assert!(e.contains("expected a whole number below"), "{id}: {e}");
+            assert!(e.contains("expected ids below"), "{id}: {e}");
         }
     }
 }

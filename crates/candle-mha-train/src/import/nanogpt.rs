@@ -18,11 +18,7 @@ pub(crate) fn shown(v: &PickleValue) -> String {
         PickleValue::Bool(b) => if *b { "True" } else { "False" }.into(),
         PickleValue::Int(i) => i.to_string(),
         PickleValue::Float(x) => format!("{x}"),
-        PickleValue::Str(s) => {
-            let cut: String = s.chars().take(40).collect();
-            let more = if cut.len() < s.len() { "…" } else { "" };
-            format!("\"{}{more}\"", cut.escape_default())
-        }
+        PickleValue::Str(s) => candle_mha::io::quoted(s, 40),
         PickleValue::List(v) => format!("a list of {} items", v.len()),
         PickleValue::Tuple(v) => format!("a tuple of {} items", v.len()),
         PickleValue::Dict(v) => format!("a dict of {} entries", v.len()),

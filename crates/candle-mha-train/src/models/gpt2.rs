@@ -313,8 +313,8 @@ pub fn config_from_hf(json: &serde_json::Value) -> Result<NextTokenPredictorConf
         None | Some("gelu_new" | "gelu_pytorch_tanh" | "gelu_fast") => Gelu::Tanh,
         Some("gelu") => Gelu::Exact,
         Some(other) => candle::bail!(
-            "config.json: activation_function \"{}\" is not supported; expected gelu_new, gelu_pytorch_tanh or gelu",
-            other.escape_default()
+            "config.json: activation_function {} is not supported; expected gelu_new, gelu_pytorch_tanh or gelu",
+            candle_mha::io::quoted(other, 40)
         ),
     };
     let e = count("n_embd")?;
