@@ -26,6 +26,10 @@ pub struct InspectArgs {
     /// to be one save; refused without this).
     #[arg(long)]
     pub unverified: bool,
+    /// Leave out input the tokenizer cannot encode (counted in a warning) instead of
+    /// refusing it.
+    #[arg(long)]
+    pub skip_unknown: bool,
     /// The input: symbols separated by spaces (token models) or text (text models).
     #[arg(
         long,
@@ -89,8 +93,11 @@ pub struct InspectArgs {
 pub fn run(args: &InspectArgs) -> Result<()> {
     let (device, notice) = crate::device::open(&args.device)?;
     eprintln!("{notice}");
-    let ckpt =
+    let mut ckpt =
         super::checkpoint_dir::open(&args.checkpoint, args.unverified, DType::F32, &device, 1)?;
+    if args.skip_unknown {
+        ckpt.codec = ckpt.codec.skipping_unknown();
+    }
     let (fusion, rollout_fusion) = args.fusion.head_and_rollout();
     let max_len = ckpt.model.config().max_len;
     let ids = match (&args.input, &args.input_file, &ckpt.codec) {
@@ -105,6 +112,9 @@ pub fn run(args: &InspectArgs) -> Result<()> {
         }
         (None, None, _) => bail!("give --input or --input-file"),
     };
+    if let Some(skipped) = ckpt.codec.unknown_skipped() {
+        eprintln!("warning: left out of the input {}", skipped.describe());
+    }
     if ids.len() > max_len {
         bail!(
             "the input has {} tokens; the model's context is {max_len}",

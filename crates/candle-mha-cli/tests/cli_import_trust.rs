@@ -95,6 +95,11 @@ fn export_writes_only_new_directories() -> Result<()> {
     let (ok, _, err) = run_mha!("export {} --format nanogpt --out {}", s(&run), s(&link))?;
     assert!(!ok && err.contains("symbolic link"), "{err}");
     assert!(names(&elsewhere)?.is_empty());
+    let (ok, out, _) = run_mha!("export --help")?;
+    assert!(
+        ok && out.contains("nanogpt") && out.contains("Hugging Face"),
+        "{out}"
+    );
     // Done: only ckpt.pt, no lock and no staging directory beside it.
     let out = tmp.path().join("nano-out");
     let (ok, _, err) = run_mha!("export {} --format nanogpt --out {}", s(&run), s(&out))?;
@@ -377,6 +382,15 @@ fn invalid_nanogpt_numbers_are_refused_by_name() -> Result<()> {
                 *sq = PickleValue::Tensor((t - 1.0).expect("sub"));
             }),
             "is never negative",
+        ),
+        (
+            "nanweight",
+            Box::new(|c| {
+                let w = entry(entry(c, "model"), "_orig_mod.transformer.wpe.weight");
+                let t = w.as_tensor().expect("tensor").clone();
+                *w = PickleValue::Tensor((t * f64::NAN).expect("mul"));
+            }),
+            "transformer.wpe.weight holds NaN or infinite values; expected finite weights",
         ),
     ];
     for (name, edit, needle) in cases {

@@ -199,9 +199,15 @@ fn bad_data_and_checkpoints_are_clear_errors() -> Result<()> {
             && stderr.contains("changed or damaged"),
         "{stderr}"
     );
-    // Without it (a checkpoint put together by hand), the load report names the mismatch.
+    // Without it (a checkpoint put together by hand) it is refused unless --unverified; then
+    // the load report names the mismatch.
     std::fs::remove_file(dir.path().join("r4/checkpoint.json"))?;
     let (ok, _, stderr) = run_mha!("generate --checkpoint {} --prompt T1", &p("r4"))?;
+    assert!(!ok && stderr.contains("has no checkpoint.json"), "{stderr}");
+    let (ok, _, stderr) = run_mha!(
+        "generate --checkpoint {} --prompt T1 --unverified",
+        &p("r4")
+    )?;
     assert!(
         !ok && stderr.contains("size mismatch for") && stderr.contains("NextTokenPredictor"),
         "{stderr}"

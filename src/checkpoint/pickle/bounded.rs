@@ -196,7 +196,9 @@ pub(super) fn read_bounded(r: &mut impl BufRead) -> Result<Vec<u8>> {
                 if n > 8 {
                     w.bytes.truncate(at);
                     let text = format!("an integer wider than 64 bits ({n} bytes)");
-                    w.bytes.extend_from_slice(&[0x8c, text.len() as u8]);
+                    w.bytes.push(b'X'); // BINUNICODE, which candle's machine reads
+                    w.bytes
+                        .extend_from_slice(&(text.len() as u32).to_le_bytes());
                     w.bytes.extend_from_slice(text.as_bytes());
                 }
                 w.push(LEAF)?;
@@ -287,6 +289,26 @@ mod tests {
 
     fn depth_of(bytes: &[u8]) -> Result<Vec<u8>> {
         read_bounded(&mut std::io::Cursor::new(bytes))
+    }
+
+    /// `pickle.dumps(10**30)` and `pickle.dumps(2**64 - 1)`: LONG1s wider than 64 bits, which
+    /// candle's machine would wrap, reach it as strings saying what stood there; `-5` as is.
+    #[test]
+    fn integers_wider_than_64_bits_are_not_wrapped() -> Result<()> {
+        let parsed = |hex: &str| {
+            let bytes: Vec<u8> = (0..hex.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
+                .collect();
+            super::super::container::parse_one(&mut std::io::Cursor::new(bytes))
+        };
+        let text = |n: usize| format!("an integer wider than 64 bits ({n} bytes)");
+        let wide = parsed("80028a0d00000040eaed7446d09c2c9f0c2e")?;
+        assert_eq!(wide, candle::pickle::Object::Unicode(text(13)));
+        let max = parsed("80028a09ffffffffffffffff002e")?;
+        assert_eq!(max, candle::pickle::Object::Unicode(text(9)));
+        assert_eq!(parsed("80024afbffffff2e")?, candle::pickle::Object::Int(-5));
+        Ok(())
     }
 
     #[test]

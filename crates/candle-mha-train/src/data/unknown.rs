@@ -108,7 +108,8 @@ pub(super) fn find_unknown(
     }
     let splits_whitespace = tok.get_normalizer().is_some() || tok.get_pre_tokenizer().is_some();
     for (at, c) in text.char_indices() {
-        if !covered[at] && !(splits_whitespace && c.is_whitespace()) {
+        let split_off = splits_whitespace && c.is_whitespace();
+        if !covered[at] && !split_off {
             note(&c.to_string(), 1);
         }
     }
