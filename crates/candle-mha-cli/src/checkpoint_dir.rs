@@ -18,14 +18,8 @@ pub struct CorpusArgs {
     /// A checkpoint directory written by `mha train` (the run's directory, or its best/).
     #[arg(long)]
     pub checkpoint: PathBuf,
-    /// Read a checkpoint directory that has no checkpoint.json (its files cannot be checked
-    /// to be one save; refused without this).
-    #[arg(long)]
-    pub unverified: bool,
-    /// Leave out text the tokenizer cannot encode (counted in a warning) instead of refusing
-    /// it.
-    #[arg(long)]
-    pub skip_unknown: bool,
+    #[command(flatten)]
+    pub read: ReadOptions,
     /// Every sequence of this token file (default: the run's own data).
     #[arg(long, conflicts_with_all = ["text", "data"])]
     pub tokens: Option<PathBuf>,
@@ -50,16 +44,13 @@ impl CorpusArgs {
     pub fn open(&self, dtype: DType, split: RunSplit) -> Result<CorpusRun> {
         let (device, notice) = crate::device::open(&self.device)?;
         eprintln!("{notice}");
-        let mut ckpt = open(
+        let ckpt = open(
             &self.checkpoint,
-            self.unverified,
+            &self.read,
             dtype,
             &device,
             self.batch_size,
         )?;
-        if self.skip_unknown {
-            ckpt.codec = ckpt.codec.skipping_unknown();
-        }
         let len = ckpt.model.config().max_len + 1;
         let (name, corpus) = checkpoint_corpus(
             &self.checkpoint,
@@ -91,6 +82,19 @@ pub struct CorpusRun {
     pub len: usize,
 }
 
+/// How a command that reads a checkpoint directory treats what it cannot check or encode.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct ReadOptions {
+    /// Read a checkpoint directory that has no checkpoint.json (its files cannot be checked
+    /// to be one save; refused without this).
+    #[arg(long)]
+    pub unverified: bool,
+    /// Leave out text the tokenizer cannot encode (counted in a warning) instead of refusing
+    /// it.
+    #[arg(long)]
+    pub skip_unknown: bool,
+}
+
 /// The [`Unverified`](candle_mha_train::Unverified) rule of an `--unverified` flag.
 pub fn trust(unverified: bool) -> candle_mha_train::Unverified {
     match unverified {
@@ -108,11 +112,11 @@ pub struct Checkpoint {
 /// Loads `config.json`, `model.safetensors` (strictly: a config that does not match the
 /// weights is an error with the load report) and the vocabulary or tokenizer, after checking
 /// them against the checkpoint's `checkpoint.json`. What `config.json` says is bounded before
-/// anything is built (a directory without `checkpoint.json` only when `unverified`): its sizes as the options' ranges, its parameters by the weights file's
+/// anything is built (a directory without `checkpoint.json` only with `--unverified`; the codec skipping unknown text with `--skip-unknown`): its sizes as the options' ranges, its parameters by the weights file's
 /// size, and the model with batches of `batch` sequences by this machine's memory.
 pub fn open(
     dir: &Path,
-    unverified: bool,
+    read: &ReadOptions,
     dtype: DType,
     device: &Device,
     batch: usize,
@@ -125,7 +129,7 @@ pub fn open(
         )
     }
     // The files below must be one checkpoint, not parts of two saves.
-    candle_mha_train::verify_model_files(dir, trust(unverified))?;
+    candle_mha_train::verify_model_files(dir, trust(read.unverified))?;
     let cfg = NextTokenPredictorConfig::load(dir.join(CONFIG_FILE))?;
     let path = dir.join(MODEL_FILE);
     let file_bytes = std::fs::metadata(&path)
@@ -180,5 +184,9 @@ pub fn open(
         .with_source(&path.display().to_string());
     load_into_varmap_owned(&varmap, weights, &opts)
         .with_context(|| format!("loading {}", dir.display()))?;
+    let codec = match read.skip_unknown {
+        true => codec.skipping_unknown(),
+        false => codec,
+    };
     Ok(Checkpoint { model, codec })
 }

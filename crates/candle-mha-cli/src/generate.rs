@@ -16,14 +16,8 @@ pub struct GenerateArgs {
     /// A checkpoint directory written by `mha train`.
     #[arg(long)]
     pub checkpoint: PathBuf,
-    /// Read a checkpoint directory that has no checkpoint.json (its files cannot be checked
-    /// to be one save; refused without this).
-    #[arg(long)]
-    pub unverified: bool,
-    /// Leave out text the tokenizer cannot encode (counted in a warning) instead of refusing
-    /// it.
-    #[arg(long)]
-    pub skip_unknown: bool,
+    #[command(flatten)]
+    pub read: super::checkpoint_dir::ReadOptions,
     /// The prompt: symbols separated by spaces (token models) or text (text models). Give it
     /// several times to continue several prompts at once (a batch, left-padded); each is
     /// printed as a single prompt is, in order, once all are done.
@@ -84,11 +78,7 @@ fn parse_temperature(s: &str) -> Result<f64, String> {
 pub fn run(args: &GenerateArgs) -> Result<()> {
     let (device, notice) = crate::device::open(&args.device)?;
     eprintln!("{notice}");
-    let mut ckpt =
-        super::checkpoint_dir::open(&args.checkpoint, args.unverified, args.dtype, &device, 1)?;
-    if args.skip_unknown {
-        ckpt.codec = ckpt.codec.skipping_unknown();
-    }
+    let ckpt = super::checkpoint_dir::open(&args.checkpoint, &args.read, args.dtype, &device, 1)?;
     let prompts = args
         .prompt
         .iter()

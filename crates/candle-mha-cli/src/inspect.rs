@@ -22,14 +22,8 @@ pub struct InspectArgs {
     /// A checkpoint directory written by `mha train`.
     #[arg(long)]
     pub checkpoint: PathBuf,
-    /// Read a checkpoint directory that has no checkpoint.json (its files cannot be checked
-    /// to be one save; refused without this).
-    #[arg(long)]
-    pub unverified: bool,
-    /// Leave out input the tokenizer cannot encode (counted in a warning) instead of
-    /// refusing it.
-    #[arg(long)]
-    pub skip_unknown: bool,
+    #[command(flatten)]
+    pub read: super::checkpoint_dir::ReadOptions,
     /// The input: symbols separated by spaces (token models) or text (text models).
     #[arg(
         long,
@@ -93,11 +87,7 @@ pub struct InspectArgs {
 pub fn run(args: &InspectArgs) -> Result<()> {
     let (device, notice) = crate::device::open(&args.device)?;
     eprintln!("{notice}");
-    let mut ckpt =
-        super::checkpoint_dir::open(&args.checkpoint, args.unverified, DType::F32, &device, 1)?;
-    if args.skip_unknown {
-        ckpt.codec = ckpt.codec.skipping_unknown();
-    }
+    let ckpt = super::checkpoint_dir::open(&args.checkpoint, &args.read, DType::F32, &device, 1)?;
     let (fusion, rollout_fusion) = args.fusion.head_and_rollout();
     let max_len = ckpt.model.config().max_len;
     let ids = match (&args.input, &args.input_file, &ckpt.codec) {

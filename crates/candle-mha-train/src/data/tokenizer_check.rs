@@ -10,7 +10,7 @@ use serde::Deserialize;
 use super::text::MAX_BPE_VOCAB;
 
 /// The largest `tokenizer.json` read: the largest in common use (Gemma's) is about 34 MB, and
-/// building one takes about 20 times its size in memory.
+/// the `tokenizers` crate takes about 30 times a file's size to build it (about 2 GB here).
 pub const MAX_TOKENIZER_BYTES: u64 = 64 << 20;
 
 #[derive(Deserialize)]
