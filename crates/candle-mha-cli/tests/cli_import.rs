@@ -119,7 +119,7 @@ fn what_cannot_be_honoured_is_refused() -> Result<()> {
         (
             "\"model_type\": \"gpt2\"",
             "\"model_type\": \"llama\"",
-            "model_type",
+            "model_type \"llama\" is not supported",
         ),
         // More blocks than the weights hold: refused before a model that size is built.
         (

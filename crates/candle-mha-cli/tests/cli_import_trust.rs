@@ -384,6 +384,11 @@ fn invalid_nanogpt_numbers_are_refused_by_name() -> Result<()> {
             "is never negative",
         ),
         (
+            "layers",
+            Box::new(|c| *entry(entry(c, "model_args"), "n_layer") = PickleValue::Int(3)),
+            "model_args describes parameters the weights lack: transformer.h.2.ln_1.weight",
+        ),
+        (
             "nanweight",
             Box::new(|c| {
                 let w = entry(entry(c, "model"), "_orig_mod.transformer.wpe.weight");

@@ -307,6 +307,20 @@ fn nanogpt_data_directory_is_one_stream() -> Result<()> {
         codec.decode(&across)?,
         text[train as usize - 3..train as usize + 3]
     );
+    // An id outside meta.pkl's vocabulary is named in the file that holds it (val.bin at
+    // offset 2), not in a tokens.bin nanoGPT's data does not have.
+    let tmp = tempfile::tempdir()?;
+    for f in ["train.bin", "val.bin", "meta.pkl"] {
+        std::fs::copy(dir.join(f), tmp.path().join(f))?;
+    }
+    let mut val_bytes = std::fs::read(dir.join("val.bin"))?;
+    val_bytes[4..6].copy_from_slice(&999u16.to_le_bytes());
+    std::fs::write(tmp.path().join("val.bin"), val_bytes)?;
+    let e = TokenData::open(tmp.path()).unwrap_err().to_string();
+    assert!(
+        e.contains("val.bin: id 999 at offset 2") && !e.contains("tokens.bin"),
+        "{e}"
+    );
     Ok(())
 }
 
