@@ -82,8 +82,9 @@ fn plain_file(dir: &Path, name: &str) -> Result<PathBuf> {
         !name.is_empty() && !name.starts_with('.') && !name.contains(['/', '\\']) && name != "..";
     if !plain {
         candle::bail!(
-            "{}: the index names {name:?}, not a file of the directory",
-            dir.display()
+            "{}: the index names {}, not a file of the directory",
+            dir.display(),
+            candle_mha::io::quoted(name, 80)
         )
     }
     Ok(dir.join(name))
@@ -151,8 +152,9 @@ fn hugging_face_tokenizer(dir: &Path) -> Result<Option<TextTokenizer>> {
         for (token, id) in map {
             let Some(id) = id.as_u64().and_then(|i| u32::try_from(i).ok()) else {
                 candle::bail!(
-                    "{}: {token:?} has id {id}; expected a whole number",
-                    added_file.display()
+                    "{}: {} has id {id}; expected a whole number",
+                    added_file.display(),
+                    candle_mha::io::quoted(token, 40)
                 )
             };
             added.push((token.clone(), id));
