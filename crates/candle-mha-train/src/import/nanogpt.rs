@@ -17,7 +17,8 @@ pub(crate) fn shown(v: &PickleValue) -> String {
         PickleValue::None => "None".into(),
         PickleValue::Bool(b) => if *b { "True" } else { "False" }.into(),
         PickleValue::Int(i) => i.to_string(),
-        PickleValue::Float(x) => format!("{x}"),
+        // 400.0 as Python shows it, not as 400.
+        PickleValue::Float(x) => format!("{x:?}"),
         PickleValue::Str(s) => candle_mha::io::quoted(s, 40),
         PickleValue::List(v) => format!("a list of {} items", v.len()),
         PickleValue::Tuple(v) => format!("a tuple of {} items", v.len()),
