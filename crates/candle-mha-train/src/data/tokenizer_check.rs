@@ -173,6 +173,23 @@ mod tests {
         .unwrap();
     }
 
+    /// A `tokenizer.json` past the bound is refused by its size, before it is read (the
+    /// `tokenizers` crate takes about 30 times a file's size).
+    #[test]
+    fn a_tokenizer_larger_than_the_bound_is_not_read() -> candle::Result<()> {
+        let tmp = tempfile::tempdir()?;
+        let path = tmp.path().join("tokenizer.json");
+        std::fs::File::create(&path)?.set_len(MAX_TOKENIZER_BYTES + 1)?; // sparse
+        let e = crate::data::TextTokenizer::load(&path)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!("more than the {MAX_TOKENIZER_BYTES} bytes")),
+            "{e}"
+        );
+        Ok(())
+    }
+
     #[test]
     fn repeated_or_out_of_range_ids_are_refused() {
         let e = check_tokenizer_json(&bpe(r#"{"a":0,"b":0}"#, "[]"), "t")
