@@ -105,6 +105,7 @@ pub fn run(args: &PrepareArgs) -> Result<()> {
     // One process writes a data directory at a time; a failure takes away what it made.
     let undo = candle_mha_train::undo::Undo::note(&args.out);
     let lock = candle_mha_train::lock::DirLock::acquire(&args.out, "mha prepare")?;
+    let undo = undo.locked();
     let mut notices = Notices::new(args.quiet, true)?;
     let prepared = job.run(&args.out, &mut notices);
     notices.bar.finish_and_clear();

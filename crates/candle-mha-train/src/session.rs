@@ -250,11 +250,11 @@ impl Session {
                 dir: dir.to_path_buf(),
             });
         }
-        // A start that fails takes away what it made (the directory, its lock, its data/).
-        // Noted before the lock is taken, undone only by the lock's holder: what another
-        // process holding the directory made is never removed.
+        // A start that fails takes away what it made (the directory, its lock, its data/),
+        // and only that: undone by the lock's holder, noted again once the lock is held.
         let undo = (comm.rank() == 0).then(|| crate::undo::Undo::note(dir));
         let lock = own(dir, comm)?;
+        let undo = undo.map(crate::undo::Undo::locked);
         let started = Self::start_new(dir, run, device, comm, observer, lock);
         if let (Err(_), Some(undo)) = (&started, undo) {
             undo.undo();

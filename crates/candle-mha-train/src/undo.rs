@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 /// The entries of a directory before a command writes into it: [`undo`](Self::undo) removes
 /// every entry made since (its lock, a `data/` it prepared, the directory itself and the
 /// parents made for it), so a refused or failed command leaves the file system as it found it.
-/// What was there before is never touched.
+/// What was there before is never touched. Noted before the directory's lock is taken, it is
+/// noted again once it is held ([`locked`](Self::locked)): what another process made in
+/// between stays.
 ///
 /// PyTorch equivalent: none.
 #[derive(Debug)]
@@ -29,6 +31,24 @@ impl Undo {
             dir: dir.to_path_buf(),
             missing: missing_ancestors(dir),
             before,
+        }
+    }
+
+    /// Notes again what the directory holds now that this process holds its lock: entries
+    /// that appeared since [`note`](Self::note) are another process's and stay, but for the
+    /// lock file when it was not there before.
+    pub fn locked(self) -> Self {
+        let lock = OsString::from(crate::run_dir::LOCK_FILE);
+        let lock_was_there = self.before.as_ref().is_some_and(|b| b.contains(&lock));
+        let mut now = Self::note(&self.dir);
+        if let Some(names) = now.before.as_mut() {
+            if !lock_was_there {
+                names.remove(&lock);
+            }
+        }
+        Self {
+            missing: self.missing,
+            ..now
         }
     }
 
@@ -68,7 +88,8 @@ pub(crate) fn missing_ancestors(path: &Path) -> Vec<PathBuf> {
 mod tests {
     use super::*;
 
-    /// Only what was made since the note goes; what was there stays.
+    /// Only what was made since the note goes; what was there stays, and so does what another
+    /// process made before the lock was taken.
     #[test]
     fn undo_removes_only_what_was_made() -> candle::Result<()> {
         let tmp = tempfile::tempdir()?;
@@ -86,6 +107,17 @@ mod tests {
         undo.undo();
         assert_eq!(std::fs::read(run.join("mine.txt"))?, b"keep");
         assert!(!run.join("data").exists());
+        // Another process's run appears before the lock is ours: it stays; our lock goes.
+        let fresh = tmp.path().join("b/run");
+        let undo = Undo::note(&fresh);
+        std::fs::create_dir_all(&fresh)?;
+        std::fs::write(fresh.join("trainer_state.json"), b"{}")?;
+        std::fs::write(fresh.join(".lock"), b"pid")?;
+        let undo = undo.locked();
+        std::fs::create_dir(fresh.join("data"))?;
+        undo.undo();
+        assert!(fresh.join("trainer_state.json").exists());
+        assert!(!fresh.join(".lock").exists() && !fresh.join("data").exists());
         Ok(())
     }
 }
