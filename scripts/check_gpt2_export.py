@@ -7,11 +7,13 @@
     mha export UNTIED_RUN --out UNTIED_OUT
     mha import tests/fixtures/gpt2/nanogpt --out NANO_RUN
     mha export NANO_RUN --format nanogpt --out NANO_OUT
+    mha export NANO_RUN --out NANO_HF
     VENV/bin/python scripts/check_gpt2_export.py --hf HF_OUT --hf-untied UNTIED_OUT \
-        --nanogpt NANO_OUT/ckpt.pt
+        --nanogpt NANO_OUT/ckpt.pt --hf-nanogpt NANO_HF
 
 Hugging Face: `GPT2LMHeadModel.from_pretrained` loads the directory with no missing or
-unexpected key and gives the fixture's logits (untied: with a head of its own). nanoGPT: `torch.load(weights_only=True)` reads
+unexpected key and gives the fixture's logits (untied: with a head of its own; nanoGPT's
+`bias=False` model: with zero biases, nanoGPT's logits). nanoGPT: `torch.load(weights_only=True)` reads
 the file, nanoGPT's `GPT` loads its model strictly, its AdamW loads the optimizer state, and
 the next training step equals the one nanoGPT takes from its own checkpoint (on the same
 machine), bit for bit.
@@ -38,9 +40,11 @@ def check_hf(path, name="hf"):
     problems = {k: v for k, v in info.items() if v}
     tied = model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr()
     e = load_file(os.path.join(FIXTURES, f"{name}_expected.safetensors"))
+    # nanoGPT's fixture holds the logits of each sequence but its last token.
+    tokens = e["tokens"][:, :e["logits"].shape[1]]
     with torch.no_grad():
-        diff = (model.eval()(e["tokens"]).logits - e["logits"]).abs().max().item()
-    ok = (not problems and tied == (name == "hf")
+        diff = (model.eval()(tokens).logits - e["logits"]).abs().max().item()
+    ok = (not problems and tied == (name != "hf-untied")
           and diff <= 1e-5 * e["logits"].abs().max().item())
     print(f"{name}: loading problems {problems or 'none'}, head tied: {tied}, logits max "
           f"difference {diff:.3g}: {'PASS' if ok else 'FAIL'}")
@@ -78,6 +82,8 @@ def main():
     ap.add_argument("--hf", help="a directory written by `mha export` of the hf fixture")
     ap.add_argument("--hf-untied", help="the same, of the hf-untied fixture")
     ap.add_argument("--nanogpt", help="a ckpt.pt written by `mha export --format nanogpt`")
+    ap.add_argument("--hf-nanogpt", help="a directory written by `mha export` of the nanogpt "
+                    "fixture (bias=False: zero biases)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     results = []
@@ -87,6 +93,8 @@ def main():
         results.append(check_hf(args.hf_untied, "hf-untied"))
     if args.nanogpt:
         results.append(check_nanogpt(args.nanogpt))
+    if args.hf_nanogpt:
+        results.append(check_hf(args.hf_nanogpt, "nanogpt"))
     sys.exit(0 if results and all(results) else 1)
 
 

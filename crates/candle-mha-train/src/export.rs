@@ -18,21 +18,16 @@ use crate::{verify_checkpoint, verify_model_files, TrainerState, Unverified};
 /// GPT-2 directory: `config.json` ([`gpt2::config_to_hf`]), `model.safetensors` (GPT-2's
 /// names, `Conv1D` weights stored `(in, out)`, the tied head left to `tie_word_embeddings`
 /// as `save_pretrained` does; an untied one written as `lm_head.weight`) and the run's
-/// `tokenizer.json` when it has one. Errors, before anything is written, for a model GPT-2
-/// cannot hold: one without biases (GPT-2 always has them) or with an untied head that has a
-/// bias (GPT-2's `lm_head` has none).
+/// `tokenizer.json` when it has one. A model without biases (nanoGPT's `bias=False`) is
+/// written with zero biases, which GPT-2 always has: the same function, exactly. Errors,
+/// before anything is written, for a model with an untied head that has a bias (GPT-2's
+/// `lm_head` has none).
 ///
 /// PyTorch equivalent: `model.save_pretrained(out)`.
 pub fn export_hugging_face(run: &Path, out: &Path, unverified: Unverified) -> Result<()> {
     let staged = StagedDir::new(out, "mha export")?;
     verify_model_files(run, unverified)?;
     let cfg = NextTokenPredictorConfig::load(run.join(CONFIG_FILE))?;
-    if !cfg.bias {
-        candle::bail!(
-            "{}: the model has no biases, which Hugging Face's GPT-2 always has",
-            run.display()
-        )
-    }
     if cfg.head_has_bias() {
         candle::bail!(
             "{}: the model's head is not tied to the token embedding and has a bias; GPT2LMHeadModel's lm_head has none",
@@ -41,12 +36,26 @@ pub fn export_hugging_face(run: &Path, out: &Path, unverified: Unverified) -> Re
     }
     let ours = StateDict::load(run.join(MODEL_FILE))?;
     let theirs = gpt2::to_gpt2(&ours, Gpt2Format::HuggingFace, &cfg)?;
+    // GPT-2 has a bias in every Conv1D and LayerNorm: zeros add nothing.
+    let with_biases = NextTokenPredictorConfig {
+        bias: true,
+        ..cfg.clone()
+    };
+    let zero_biases = match cfg.bias {
+        true => Vec::new(),
+        false => gpt2::nanogpt_parameters(&with_biases)
+            .into_iter()
+            .filter(|(name, _)| name.ends_with(".bias"))
+            .map(|(name, shape)| Ok((name, Tensor::zeros(shape, DType::F32, &Device::Cpu)?)))
+            .collect::<Result<Vec<_>>>()?,
+    };
     let weights = StateDict::from_tensors(
         theirs
             .tensors()
             .iter()
             .filter(|(n, _)| !cfg.tie_embeddings || n != "lm_head.weight")
-            .cloned(),
+            .cloned()
+            .chain(zero_biases),
     );
     let mut config = gpt2::config_to_hf(&cfg);
     let codec = Codec::load_dir(run)?;
