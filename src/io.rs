@@ -92,6 +92,17 @@ pub fn quoted(text: &str, max_chars: usize) -> String {
     out
 }
 
+/// A shape for a message, a long one shortened: `[2, 3]`, `[2, 3, 4, 5, 6, 7, …] (12 dims)`.
+///
+/// PyTorch equivalent: none.
+pub fn short_shape(dims: &[usize]) -> String {
+    let head: Vec<String> = dims.iter().take(6).map(usize::to_string).collect();
+    match dims.len() {
+        0..=6 => format!("[{}]", head.join(", ")),
+        n => format!("[{}, …] ({n} dims)", head.join(", ")),
+    }
+}
+
 /// Errors when `path` is a symbolic link (a missing path is fine): files a program writes
 /// or replaces in its own directories are never links, so nothing outside is changed through
 /// one.
@@ -323,6 +334,8 @@ mod tests {
         assert_eq!(quoted("café", 10), "\"café\"");
         assert_eq!(quoted("a\"b\\c\n\u{1b}", 10), "\"a\\\"b\\\\c\\n\\u{1b}\"");
         assert_eq!(quoted("abcdef", 3), "\"abc…\"");
+        assert_eq!(short_shape(&[2, 3]), "[2, 3]");
+        assert_eq!(short_shape(&[1; 12]), "[1, 1, 1, 1, 1, 1, …] (12 dims)");
     }
 
     #[test]

@@ -18,7 +18,6 @@ use crate::{ImportedRecord, TrainConfig, Trainer};
 
 mod nanogpt;
 pub use nanogpt::read_nanogpt;
-pub(crate) use nanogpt::short_shape;
 
 /// A checkpoint read for import: our configuration, weights and (nanoGPT) optimizer state,
 /// the step it was at, the training settings it recorded, and its tokenization.
@@ -196,8 +195,7 @@ fn codec_for(
 pub fn read_hugging_face(dir: &Path, tokenizer: Option<&Path>) -> Result<Imported> {
     let config = gpt2::config_from_hf(&json(&dir.join("config.json"))?)?;
     let sd = hugging_face_weights(dir)?;
-    let (weights, report) = gpt2::from_gpt2(&sd, Gpt2Format::HuggingFace, &config)?;
-    check_weights(&weights, &config, "config.json")
+    let (weights, report) = gpt2::from_gpt2(&sd, Gpt2Format::HuggingFace, &config)
         .map_err(|e| candle::Error::Msg(format!("{}: {e}", dir.display())))?;
     let mut notes = Vec::new();
     let found = hugging_face_tokenizer(dir)?;
@@ -217,79 +215,6 @@ pub fn read_hugging_face(dir: &Path, tokenizer: Option<&Path>) -> Result<Importe
         notes,
         record: None,
     })
-}
-
-/// Errors unless `weights` (our names) are exactly the parameters `config` describes, naming
-/// the missing, the unexpected and the misshapen ones; `what` names the description
-/// (`config.json`, `model_args`).
-pub(crate) fn check_weights(
-    weights: &StateDict,
-    config: &NextTokenPredictorConfig,
-    what: &str,
-) -> Result<()> {
-    let mut expected: Vec<(String, Vec<usize>)> = gpt2::nanogpt_parameters(config)
-        .into_iter()
-        .filter_map(|(name, shape)| gpt2::our_name(&name).map(|n| (n, shape)))
-        .collect();
-    if !config.tie_embeddings {
-        expected.push((
-            "head.weight".into(),
-            vec![config.vocab_size, config.embed_dim],
-        ));
-        if config.head_has_bias() {
-            expected.push(("head.bias".into(), vec![config.vocab_size]));
-        }
-    }
-    let held: std::collections::HashMap<&str, &[usize]> = weights
-        .tensors()
-        .iter()
-        .map(|(n, t)| (n.as_str(), t.dims()))
-        .collect();
-    let listed: std::collections::HashSet<&str> =
-        expected.iter().map(|(n, _)| n.as_str()).collect();
-    let list = |names: Vec<String>| {
-        let more = names.len().saturating_sub(4);
-        let mut shown: Vec<String> = names.into_iter().take(4).collect();
-        if more > 0 {
-            shown.push(format!("and {more} more"));
-        }
-        shown.join(", ")
-    };
-    let missing: Vec<String> = expected
-        .iter()
-        .filter(|(n, _)| !held.contains_key(n.as_str()))
-        .filter_map(|(n, _)| gpt2::gpt2_name(n))
-        .collect();
-    if !missing.is_empty() {
-        candle::bail!(
-            "{what} describes parameters the weights lack: {}",
-            list(missing)
-        )
-    }
-    let extra: Vec<String> = weights
-        .tensors()
-        .iter()
-        .filter(|(n, _)| !listed.contains(n.as_str()))
-        .map(|(n, _)| gpt2::gpt2_name(n).unwrap_or_else(|| n.clone()))
-        .collect();
-    if !extra.is_empty() {
-        candle::bail!(
-            "the weights hold parameters {what} does not describe: {}",
-            list(extra)
-        )
-    }
-    for (name, shape) in &expected {
-        let dims = held[name.as_str()];
-        if dims != shape.as_slice() {
-            candle::bail!(
-                "{} has shape {}, but {what} describes {}",
-                gpt2::gpt2_name(name).unwrap_or_else(|| name.clone()),
-                short_shape(dims),
-                short_shape(shape)
-            )
-        }
-    }
-    Ok(())
 }
 
 impl Imported {

@@ -6,10 +6,11 @@ use std::path::Path;
 use candle::{DType, Device, Result, Tensor};
 use candle_mha::checkpoint::{load_pickle, PickleValue, StateDict};
 
-use super::{check_weights, codec_for, Imported};
+use super::{codec_for, Imported};
 use crate::data::TextTokenizer;
 use crate::models::gpt2::{self, Gpt2Format, NanoGptArgs};
 use crate::{ImportedRecord, TrainConfig};
+use candle_mha::io::short_shape;
 
 /// A value as a message shows it: `-5`, `400.5`, `"400"`, `None`, "a list of 3 items".
 pub(crate) fn shown(v: &PickleValue) -> String {
@@ -25,15 +26,6 @@ pub(crate) fn shown(v: &PickleValue) -> String {
         PickleValue::Dict(v) => format!("a dict of {} entries", v.len()),
         PickleValue::Tensor(t) => format!("a tensor of shape {}", short_shape(t.dims())),
         PickleValue::Other(s) => s.clone(),
-    }
-}
-
-/// A shape for messages, long ones shortened: `[2, 3]`, `[2, 3, 4, 5, …, 9] (12 dims)`.
-pub(crate) fn short_shape(dims: &[usize]) -> String {
-    let head: Vec<String> = dims.iter().take(6).map(usize::to_string).collect();
-    match dims.len() {
-        0..=6 => format!("[{}]", head.join(", ")),
-        n => format!("[{}, …] ({n} dims)", head.join(", ")),
     }
 }
 
@@ -431,8 +423,6 @@ pub fn read_nanogpt(
         &config,
     )
     .map_err(at)?;
-    // The weights against model_args before the optimizer: a mismatch is the model's.
-    check_weights(&weights, &config, "model_args").map_err(at)?;
     let mut notes = Vec::new();
     let optimizer = v
         .get("optimizer")

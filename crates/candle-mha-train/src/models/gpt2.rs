@@ -206,6 +206,7 @@ pub fn from_gpt2(
     }
     let converted = StateDict::from_tensors(out);
     check_shapes(&converted, cfg)?;
+    check_complete(&converted, cfg, format)?;
     Ok((converted, report))
 }
 
@@ -260,10 +261,68 @@ fn check_shapes(sd: &StateDict, cfg: &NextTokenPredictorConfig) -> Result<()> {
         if t.dims() != want.as_slice() {
             candle::bail!(
                 "{name}: shape {}, but the configuration (vocab_size {v}, context {l}, width {e}, MLP {f}) implies {}",
-                crate::import::short_shape(t.dims()),
-                crate::import::short_shape(want)
+                candle_mha::io::short_shape(t.dims()),
+                candle_mha::io::short_shape(want)
             )
         }
+    }
+    Ok(())
+}
+
+/// Errors unless `sd` (our names) holds exactly the parameters `cfg` describes, naming the
+/// missing and the unexpected ones as the description of `format` (`config.json`,
+/// `model_args`) and the checkpoint call them.
+fn check_complete(
+    sd: &StateDict,
+    cfg: &NextTokenPredictorConfig,
+    format: Gpt2Format,
+) -> Result<()> {
+    let what = match format {
+        Gpt2Format::HuggingFace => "config.json",
+        Gpt2Format::NanoGpt => "model_args",
+    };
+    let mut expected: Vec<String> = nanogpt_parameters(cfg)
+        .into_iter()
+        .filter_map(|(theirs, _)| our_name(&theirs))
+        .collect();
+    if !cfg.tie_embeddings {
+        expected.push("head.weight".into());
+        if cfg.head_has_bias() {
+            expected.push("head.bias".into());
+        }
+    }
+    let listed: std::collections::HashSet<&str> = expected.iter().map(String::as_str).collect();
+    let named = |ours: &String| gpt2_name(ours).unwrap_or_else(|| ours.clone());
+    let list = |names: Vec<String>| {
+        let more = names.len().saturating_sub(4);
+        let mut shown: Vec<String> = names.into_iter().take(4).collect();
+        if more > 0 {
+            shown.push(format!("and {more} more"));
+        }
+        shown.join(", ")
+    };
+    let missing: Vec<String> = expected
+        .iter()
+        .filter(|n| sd.get(n).is_none())
+        .map(named)
+        .collect();
+    if !missing.is_empty() {
+        candle::bail!(
+            "{what} describes parameters the weights lack: {}",
+            list(missing)
+        )
+    }
+    let extra: Vec<String> = sd
+        .tensors()
+        .iter()
+        .filter(|(n, _)| !listed.contains(n.as_str()))
+        .map(|(n, _)| named(n))
+        .collect();
+    if !extra.is_empty() {
+        candle::bail!(
+            "the weights hold parameters {what} does not describe: {}",
+            list(extra)
+        )
     }
     Ok(())
 }
