@@ -67,8 +67,9 @@ mod setters;
 pub mod transformer;
 
 pub use attention::{
-    multihead_attention, AttentionKernel, AttentionOptions, AttentionOutput, IncrementalOptions,
-    KvCache, MemoryCache, MultiheadAttention, MultiheadAttentionConfig, StackKvCache,
+    multihead_attention, scaled_dot_product_attention, AttentionKernel, AttentionOptions,
+    AttentionOutput, IncrementalOptions, KvCache, MemoryCache, MultiheadAttention,
+    MultiheadAttentionConfig, SdpaOptions, StackKvCache,
 };
 pub use init::{seeded_var_builder, zeroed_var_builder};
 pub use transformer::{

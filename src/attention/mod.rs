@@ -11,6 +11,7 @@ mod kv_cache;
 pub mod mask;
 mod mha;
 mod options;
+mod sdpa;
 pub mod softmax;
 
 pub(crate) use checks::is_float;
@@ -18,3 +19,6 @@ pub use config::MultiheadAttentionConfig;
 pub use kv_cache::{IncrementalOptions, KvCache, MemoryCache, StackKvCache};
 pub use mha::{multihead_attention, MultiheadAttention};
 pub use options::{AttentionKernel, AttentionOptions, AttentionOutput};
+#[doc(hidden)]
+pub use sdpa::scaled_dot_product_attention_unfused;
+pub use sdpa::{scaled_dot_product_attention, SdpaOptions, MAX_SDPA_HEADS};

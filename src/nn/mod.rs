@@ -19,6 +19,9 @@ mod layer_norm;
 mod linear;
 mod linear_cross_entropy;
 mod linear_gelu;
+mod rms_norm;
+mod rotary;
+mod swiglu;
 
 pub use cross_entropy::cross_entropy_rows;
 pub use embedding::embedding_sum;
@@ -28,5 +31,8 @@ pub use layer_norm::LayerNorm;
 pub use linear::Linear;
 pub use linear_cross_entropy::linear_cross_entropy;
 pub use linear_gelu::{linear_gelu, mlp};
+pub use rms_norm::{RmsNorm, RmsNormKind};
+pub use rotary::{apply_rotary, RopeScaling, RotaryEmbedding, MAX_ROPE_HEAD_DIM};
+pub use swiglu::SwiGlu;
 #[cfg(test)]
 mod tests;

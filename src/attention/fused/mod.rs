@@ -24,6 +24,7 @@ mod decode_op;
 pub(crate) mod kernel;
 mod op;
 mod projected;
+mod sdpa_op;
 mod weights_op;
 
 /// The fused linear is the CPU layer's (`crate::cpu::linear`); kept here for the module's
@@ -33,4 +34,5 @@ pub(crate) use decode_op::decode_attention;
 pub(crate) use kernel::Geom;
 pub(crate) use op::FusedAttention;
 pub(crate) use projected::{projected_self_attention, projected_self_attention_output};
+pub(crate) use sdpa_op::FusedSdpa;
 pub(crate) use weights_op::FusedWeights;

@@ -55,6 +55,7 @@ impl MultiheadAttention {
                 s_masked: s,
                 causal: opts.is_causal && opts.attn_mask.is_none(),
                 scale: (1.0 / hd as f64).sqrt(),
+                group: 1,
             },
             seq_first: call.seq_first,
             attn_mask,

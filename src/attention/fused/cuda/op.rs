@@ -239,6 +239,7 @@ pub(crate) fn decode_attention_cuda(
         s_masked,
         causal: false,
         scale: (1.0 / d as f64).sqrt(),
+        group: 1,
     };
     let kpm = match kpm {
         Some(m) => {

@@ -46,7 +46,7 @@ pub(crate) fn backward<T: Elem>(
     lse: &[T],
     masks: Masks<T>,
     dropout: Option<&DropoutMask>,
-    (dq, dk, dv): (RowsMut<T>, RowsMut<T>, RowsMut<T>),
+    (dq, dk_all, dv_all): (RowsMut<T>, RowsMut<T>, RowsMut<T>),
 ) {
     let drop = drop_of::<T>(dropout);
     let d = g.d;
@@ -65,155 +65,161 @@ pub(crate) fn backward<T: Elem>(
             vec![T::ZERO; bq * bk],
         )
     };
-    for_each_init(g.n * g.h, g.parallel(), init, |(bufs, s, dp), bh| {
-        let (b, h) = (bh / g.h, bh % g.h);
-        let lse = &lse[bh * g.l..(bh + 1) * g.l];
+    // One task per (batch, key/value head): the query heads sharing those keys and values run
+    // in it one after another, so their key and value gradients add up in one local buffer.
+    let (hk, group) = (g.kv_heads(), g.group.max(1));
+    for_each_init(g.n * hk, g.parallel(), init, |(bufs, s, dp), bkh| {
+        let (b, kh) = (bkh / hk, bkh % hk);
         // This head's operands packed once (the projections' rows are 3E apart, and each
         // is read by every tile of the head), and its gradients accumulated locally, then
         // written out once.
         let [qb, gb, ktb, vtb, kpb, qpb, gpb, dqb, dkb, dvb] = bufs;
-        pack_head_into(&q, (b, h), g.l, d, qb);
-        pack_head_into(&d_out, (b, h), g.l, d, gb);
-        pack_head_panels(&k, (b, h), (g.s, d), true, ktb);
-        pack_head_panels(&v, (b, h), (g.s, d), true, vtb);
-        pack_head_panels(&k, (b, h), (g.s, d), false, kpb);
-        pack_head_panels(&q, (b, h), (g.l, d), false, qpb);
-        pack_head_panels(&d_out, (b, h), (g.l, d), false, gpb);
+        pack_head_panels(&k, (b, kh), (g.s, d), true, ktb);
+        pack_head_panels(&v, (b, kh), (g.s, d), true, vtb);
+        pack_head_panels(&k, (b, kh), (g.s, d), false, kpb);
         let (kt, vt) = (Panels::new(ktb, d), Panels::new(vtb, d));
-        let (kp, qp, gp) = (
-            Panels::new(kpb, g.s),
-            Panels::new(qpb, g.l),
-            Panels::new(gpb, g.l),
-        );
+        let kp = Panels::new(kpb, g.s);
         let packed = packed_map(d);
-        let (q, d_out) = (packed_rows(qb, d), packed_rows(gb, d));
-        for (buf, len) in [(&mut *dqb, g.l), (&mut *dkb, g.s), (&mut *dvb, g.s)] {
+        for (buf, len) in [(&mut *dkb, g.s), (&mut *dvb, g.s)] {
             buf.clear();
             buf.resize(len * d, T::ZERO);
         }
-        let (dq_all, dk_all, dv_all) = (&dq, &dk, &dv);
-        let dq = RowsMut::new(dqb, packed);
         let dk = RowsMut::new(dkb, packed);
         let dv = RowsMut::new(dvb, packed);
-        // D_i = Σ_t dO_it·O_it = Σ_j P̃_ij·dP̃_ij (P̃: the dropped probabilities).
-        let dsum: Vec<T> = (0..g.l)
-            .map(|i| {
-                let (oi, gi) = (o.map.at(b, h, i), i * d);
-                T::dot(&o.data[oi..oi + d], &d_out.data[gi..gi + d])
-            })
-            .collect();
-        // Key tiles, each with the query tiles that see it.
-        let mut key_tiles: Vec<(usize, usize, usize)> = Vec::new();
-        for j0 in (0..g.s_masked).step_by(bk) {
-            let first_q = if g.causal { j0 / bq * bq } else { 0 };
-            key_tiles.push((j0, bk.min(g.s_masked - j0), first_q));
-        }
-        for j0 in (g.s_masked..g.s).step_by(bk) {
-            key_tiles.push((j0, bk.min(g.s - j0), 0));
-        }
-        for (j0, cols, first_q) in key_tiles {
-            let masked_tile = j0 < g.s_masked;
-            for i0 in (first_q..g.l).step_by(bq) {
-                let rows = bq.min(g.l - i0);
-                let check = masked_tile && g.causal && j0 + cols - 1 > i0;
-                let tile = (j0, cols, check);
-                scores_tile(
-                    g,
-                    (b, h),
-                    (i0, rows),
-                    tile,
-                    &q,
-                    Keys::Panels(kt),
-                    &masks,
-                    s,
-                    bk,
-                );
-                probs_tile(s, bk, rows, cols, &lse[i0..i0 + rows]);
-                // SAFETY: d_out rows i0.. and v rows (vᵀ columns) j0.. exist; dp is bk × bk.
-                unsafe {
-                    gemm_panels(
-                        (rows, cols, d),
-                        (dp.as_mut_ptr(), bk),
-                        false,
-                        (
-                            d_out.data.as_ptr().add(d_out.map.at(b, h, i0)),
-                            d_out.map.si,
-                            1,
-                        ),
-                        (vt, (0, j0)),
-                        T::ONE,
+        for h in kh * group..(kh + 1) * group {
+            let bh = b * g.h + h;
+            let lse = &lse[bh * g.l..(bh + 1) * g.l];
+            pack_head_into(&q, (b, h), g.l, d, qb);
+            pack_head_into(&d_out, (b, h), g.l, d, gb);
+            pack_head_panels(&q, (b, h), (g.l, d), false, qpb);
+            pack_head_panels(&d_out, (b, h), (g.l, d), false, gpb);
+            let (qp, gp) = (Panels::new(qpb, g.l), Panels::new(gpb, g.l));
+            let (q, d_out) = (packed_rows(qb, d), packed_rows(gb, d));
+            dqb.clear();
+            dqb.resize(g.l * d, T::ZERO);
+            let dq_all = &dq;
+            let dq = RowsMut::new(dqb, packed);
+            // D_i = Σ_t dO_it·O_it = Σ_j P̃_ij·dP̃_ij (P̃: the dropped probabilities).
+            let dsum: Vec<T> = (0..g.l)
+                .map(|i| {
+                    let (oi, gi) = (o.map.at(b, h, i), i * d);
+                    T::dot(&o.data[oi..oi + d], &d_out.data[gi..gi + d])
+                })
+                .collect();
+            // Key tiles, each with the query tiles that see it.
+            let mut key_tiles: Vec<(usize, usize, usize)> = Vec::new();
+            for j0 in (0..g.s_masked).step_by(bk) {
+                let first_q = if g.causal { j0 / bq * bq } else { 0 };
+                key_tiles.push((j0, bk.min(g.s_masked - j0), first_q));
+            }
+            for j0 in (g.s_masked..g.s).step_by(bk) {
+                key_tiles.push((j0, bk.min(g.s - j0), 0));
+            }
+            for (j0, cols, first_q) in key_tiles {
+                let masked_tile = j0 < g.s_masked;
+                for i0 in (first_q..g.l).step_by(bq) {
+                    let rows = bq.min(g.l - i0);
+                    let check = masked_tile && g.causal && j0 + cols - 1 > i0;
+                    let tile = (j0, cols, check);
+                    scores_tile(
+                        g,
+                        (b, h),
+                        (i0, rows),
+                        tile,
+                        &q,
+                        Keys::Panels(kt),
+                        &masks,
+                        s,
+                        bk,
                     );
-                }
-                // s: P → P̃ (what multiplied v); dp: dP̃ → dS = P∘(dP − D).
-                let mut factors = [T::ZERO; BC];
-                for r in 0..rows {
-                    let i = i0 + r;
-                    let (sr, dr) = (
-                        &mut s[r * bk..r * bk + cols],
-                        &mut dp[r * bk..r * bk + cols],
-                    );
-                    match &drop {
-                        None => sr
-                            .iter()
-                            .zip(dr.iter_mut())
-                            .for_each(|(p, x)| *x = *p * (*x - dsum[i])),
-                        Some(dm) => {
-                            let f = &mut factors[..cols];
-                            dm.mask.factors_into(weight_index(g, b, h, i, j0), f);
-                            for ((s, x), &z) in sr.iter_mut().zip(dr.iter_mut()).zip(&*f) {
-                                *x = *s * (*x * z - dsum[i]);
-                                *s *= z;
+                    probs_tile(s, bk, rows, cols, &lse[i0..i0 + rows]);
+                    // SAFETY: d_out rows i0.. and v rows (vᵀ columns) j0.. exist; dp is bk × bk.
+                    unsafe {
+                        gemm_panels(
+                            (rows, cols, d),
+                            (dp.as_mut_ptr(), bk),
+                            false,
+                            (
+                                d_out.data.as_ptr().add(d_out.map.at(b, h, i0)),
+                                d_out.map.si,
+                                1,
+                            ),
+                            (vt, (0, j0)),
+                            T::ONE,
+                        );
+                    }
+                    // s: P → P̃ (what multiplied v); dp: dP̃ → dS = P∘(dP − D).
+                    let mut factors = [T::ZERO; BC];
+                    for r in 0..rows {
+                        let i = i0 + r;
+                        let (sr, dr) = (
+                            &mut s[r * bk..r * bk + cols],
+                            &mut dp[r * bk..r * bk + cols],
+                        );
+                        match &drop {
+                            None => sr
+                                .iter()
+                                .zip(dr.iter_mut())
+                                .for_each(|(p, x)| *x = *p * (*x - dsum[i])),
+                            Some(dm) => {
+                                let f = &mut factors[..cols];
+                                dm.mask.factors_into(weight_index(g, b, h, i, j0), f);
+                                for ((s, x), &z) in sr.iter_mut().zip(dr.iter_mut()).zip(&*f) {
+                                    *x = *s * (*x * z - dsum[i]);
+                                    *s *= z;
+                                }
                             }
                         }
                     }
-                }
-                // SAFETY: the tiles are within this head's L and S' rows of the local buffers.
-                unsafe {
-                    let dvp = dv.at(b, h, j0, 0);
-                    let dkp = dk.at(b, h, j0, 0);
-                    let dqp = dq.at(b, h, i0, 0);
-                    debug_assert!(dv.map.at(b, h, j0 + cols - 1) + d <= dv.len);
-                    debug_assert!(dk.map.at(b, h, j0 + cols - 1) + d <= dk.len);
-                    debug_assert!(dq.map.at(b, h, i0 + rows - 1) + d <= dq.len);
-                    // dV_j += P̃ᵀ·dO_i
-                    gemm_panels(
-                        (cols, d, rows),
-                        (dvp, dv.map.si),
-                        true,
-                        (s.as_ptr(), 1, bk),
-                        (gp, (i0, 0)),
-                        T::ONE,
-                    );
-                    // dQ_i += scale·dS·K_j
-                    gemm_panels(
-                        (rows, d, cols),
-                        (dqp, dq.map.si),
-                        true,
-                        (dp.as_ptr(), bk, 1),
-                        (kp, (j0, 0)),
-                        scale,
-                    );
-                    // dK_j += scale·dSᵀ·Q_i
-                    gemm_panels(
-                        (cols, d, rows),
-                        (dkp, dk.map.si),
-                        true,
-                        (dp.as_ptr(), 1, bk),
-                        (qp, (i0, 0)),
-                        scale,
-                    );
+                    // SAFETY: the tiles are within this head's L and S' rows of the local buffers.
+                    unsafe {
+                        let dvp = dv.at(b, h, j0, 0);
+                        let dkp = dk.at(b, h, j0, 0);
+                        let dqp = dq.at(b, h, i0, 0);
+                        debug_assert!(dv.map.at(b, h, j0 + cols - 1) + d <= dv.len);
+                        debug_assert!(dk.map.at(b, h, j0 + cols - 1) + d <= dk.len);
+                        debug_assert!(dq.map.at(b, h, i0 + rows - 1) + d <= dq.len);
+                        // dV_j += P̃ᵀ·dO_i
+                        gemm_panels(
+                            (cols, d, rows),
+                            (dvp, dv.map.si),
+                            true,
+                            (s.as_ptr(), 1, bk),
+                            (gp, (i0, 0)),
+                            T::ONE,
+                        );
+                        // dQ_i += scale·dS·K_j
+                        gemm_panels(
+                            (rows, d, cols),
+                            (dqp, dq.map.si),
+                            true,
+                            (dp.as_ptr(), bk, 1),
+                            (kp, (j0, 0)),
+                            scale,
+                        );
+                        // dK_j += scale·dSᵀ·Q_i
+                        gemm_panels(
+                            (cols, d, rows),
+                            (dkp, dk.map.si),
+                            true,
+                            (dp.as_ptr(), 1, bk),
+                            (qp, (i0, 0)),
+                            scale,
+                        );
+                    }
                 }
             }
+            for i in 0..g.l {
+                // SAFETY: this task is the only writer of the (b, h) rows of dq (the gradients
+                // may share one buffer: the rows of other heads are other columns).
+                let dst = unsafe { std::slice::from_raw_parts_mut(dq_all.at(b, h, i, 0), d) };
+                dst.copy_from_slice(&dqb[i * d..(i + 1) * d]);
+            }
         }
-        for (all, local, len) in [
-            (dq_all, &dqb, g.l),
-            (dk_all, &dkb, g.s),
-            (dv_all, &dvb, g.s),
-        ] {
-            for i in 0..len {
-                // SAFETY: this task is the only writer of the (b, h) rows of the gradients
-                // (they may share one buffer: the rows of other heads are other columns).
-                let dst = unsafe { std::slice::from_raw_parts_mut(all.at(b, h, i, 0), d) };
+        for (all, local) in [(&dk_all, &dkb), (&dv_all, &dvb)] {
+            for i in 0..g.s {
+                // SAFETY: this task is the only writer of the (b, kh) rows of dk and dv.
+                let dst = unsafe { std::slice::from_raw_parts_mut(all.at(b, kh, i, 0), d) };
                 dst.copy_from_slice(&local[i * d..(i + 1) * d]);
             }
         }

@@ -198,7 +198,7 @@ pub(crate) fn forward<T: Elem>(
                 (b, h),
                 (i0, rows),
                 &q,
-                kv.head(bh),
+                kv.head(b, h),
                 &masks,
                 drop.as_ref(),
                 buf,

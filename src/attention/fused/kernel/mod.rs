@@ -43,9 +43,24 @@ pub(crate) struct Geom {
     pub causal: bool,
     /// Factor of `q·k` (PyTorch: `1/√d`).
     pub scale: f64,
+    /// Query heads per key/value head (grouped-query attention; 1 for the module): query head
+    /// `h` reads key/value head `h / group`, and k, v and their gradients have `H / group`
+    /// heads.
+    pub group: usize,
 }
 
 impl Geom {
+    /// Key/value heads.
+    pub(crate) fn kv_heads(&self) -> usize {
+        self.h / self.group.max(1)
+    }
+
+    /// The key/value head query head `h` reads.
+    #[inline(always)]
+    pub(crate) fn kv_head(&self, h: usize) -> usize {
+        h / self.group.max(1)
+    }
+
     /// Whether the kernels' tasks go to rayon's pool: the multiply-adds of one `q·kᵀ`
     /// (`N·H·L·S'·d`) against [`crate::cpu::par::parallel`]'s threshold.
     pub(crate) fn parallel(&self) -> bool {

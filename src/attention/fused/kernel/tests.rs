@@ -125,6 +125,7 @@ fn backward_overwrites_every_gradient_row() {
             s_masked: s,
             causal,
             scale: 0.5,
+            group: 1,
         };
         let [q, k, v] = qkv((n, h, l, s, d), 1);
         let (qm, km) = (contiguous(l, h, d), contiguous(s, h, d));
@@ -214,6 +215,7 @@ fn forward_with_weights_matches_the_separate_passes() {
             s_masked: s,
             causal,
             scale: 0.7,
+            group: 1,
         };
         let mask = p.map(|p| DropoutMask::new(p, 11).unwrap());
         let w_len = if average { n * l * s } else { n * h * l * s };
@@ -307,6 +309,7 @@ fn serial_and_parallel_runs_agree_to_the_bit() {
             s_masked: s,
             causal,
             scale: 0.6,
+            group: 1,
         };
         let mask = p.map(|p| DropoutMask::new(p, 3).unwrap());
         let run = |parallel: bool| {

@@ -185,7 +185,11 @@ pub(super) fn scores_tile<T: Elem>(
                     (dst, ld, 1),
                     false,
                     lhs,
-                    (k.data.as_ptr().add(k.map.at(b, h, j0)), 1, k.map.si),
+                    (
+                        k.data.as_ptr().add(k.map.at(b, g.kv_head(h), j0)),
+                        1,
+                        k.map.si,
+                    ),
                     alpha,
                 ),
                 Keys::Panels(kt) => gemm_panels(dims, (dst, ld), false, lhs, (kt, (0, j0)), alpha),
@@ -244,16 +248,18 @@ pub(super) struct AllHeadsKv<T: Elem> {
     v: Buf<T>,
     s: usize,
     d: usize,
+    hk: usize,
+    group: usize,
 }
 
 impl<T: Elem> AllHeadsKv<T> {
     pub(super) fn new(g: &Geom, k: &Rows<T>, v: &Rows<T>) -> Self {
-        let (s, d) = (g.s, g.d);
+        let (s, d, hk) = (g.s, g.d, g.kv_heads());
         let pack = |x: &Rows<T>, transposed: bool| {
             let len = head_panels_len(s, d, transposed);
-            let mut buf = workspace::take::<T>(g.n * g.h * len);
+            let mut buf = workspace::take::<T>(g.n * hk * len);
             for_each_chunk_mut(&mut buf, len.max(1), g.parallel(), |bh, dst| {
-                pack_head(x, (bh / g.h, bh % g.h), (s, d), transposed, dst)
+                pack_head(x, (bh / hk, bh % hk), (s, d), transposed, dst)
             });
             buf
         };
@@ -262,11 +268,15 @@ impl<T: Elem> AllHeadsKv<T> {
             v: pack(v, false),
             s,
             d,
+            hk,
+            group: g.group.max(1),
         }
     }
 
-    /// Head `b·H + h`.
-    pub(super) fn head(&self, bh: usize) -> HeadKv<'_, T> {
+    /// The keys and values query head `h` of batch `b` reads (one packed copy per
+    /// key/value head, however many query heads share it).
+    pub(super) fn head(&self, b: usize, h: usize) -> HeadKv<'_, T> {
+        let bh = b * self.hk + h / self.group;
         let (kl, vl) = (
             head_panels_len(self.s, self.d, true),
             head_panels_len(self.s, self.d, false),

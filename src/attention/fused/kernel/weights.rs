@@ -229,7 +229,7 @@ pub(crate) fn forward_with_weights<T: Elem>(
                         (b, h),
                         (i0, rows),
                         &q,
-                        kv.head(b * g.h + h),
+                        kv.head(b, h),
                         &masks,
                         drop.as_ref(),
                         buf,

@@ -26,6 +26,7 @@ fn attn(attn_mask: Option<Tensor>) -> FusedAttention {
             s_masked: L,
             causal: false,
             scale: 1.0 / (D as f64).sqrt(),
+            group: 1,
         },
         seq_first: false,
         attn_mask,
