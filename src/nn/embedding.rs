@@ -29,6 +29,13 @@ impl Embedding {
         })
     }
 
+    /// An embedding of the given table as it is (no copy, no check).
+    ///
+    /// PyTorch equivalent: `nn.Embedding.from_pretrained(weight, freeze=False)`.
+    pub fn from_weight(weight: Tensor) -> Self {
+        Self { weight }
+    }
+
     /// `weight [num, dim]`.
     pub fn weight(&self) -> &Tensor {
         &self.weight

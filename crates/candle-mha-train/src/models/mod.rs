@@ -4,6 +4,8 @@
 mod config;
 mod generate;
 pub mod gpt2;
+pub(crate) mod hf_dir;
+pub mod llama;
 mod next_token;
 
 pub use config::{Gelu, NextTokenPredictorConfig};

@@ -1,0 +1,92 @@
+//! One phase of the Llama-family benchmark (`scripts/bench_llama.sh`) on a Hugging Face
+//! directory: `generate` (64 greedy tokens with the cache after a 16-token prompt), `eval`
+//! (4×1024 tokens, no gradient) or `train` (steps of 4×256 tokens: loss, backward, AdamW).
+//! Prints `phase tokens/s peak_rss_mib`; the peak is the process's (VmHWM).
+//!
+//! ```text
+//! cargo run --release -p candle-mha-train --example llama_bench -- DIR generate
+//! ```
+
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use candle::{DType, Device, Tensor};
+use candle_mha::checkpoint::{load_into_varmap_owned, LoadOptions};
+use candle_mha::optim::{AdamW, AdamWConfig};
+use candle_mha::zeroed_var_builder;
+use candle_mha_train::models::llama::{parameter_shapes, read_hf_dir, Llama};
+use candle_nn::VarMap;
+
+fn peak_rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+/// Token ids `0..n` of a fixed pseudo-random sequence (the Python side draws the same).
+fn tokens(n: usize, vocab: usize) -> Vec<u32> {
+    (0..n as u64)
+        .map(|i| ((i * 2_654_435_761 + 12_345) % vocab as u64) as u32)
+        .collect()
+}
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let (Some(dir), Some(phase)) = (args.get(1), args.get(2)) else {
+        bail!("usage: llama_bench DIR generate|eval|train [steps]")
+    };
+    let steps: usize = args.get(3).map_or(Ok(3), |s| s.parse()).context("steps")?;
+    let dev = Device::Cpu;
+    let hf = read_hf_dir(std::path::Path::new(dir))?;
+    let cfg = hf.config.clone();
+    let varmap = VarMap::new();
+    let model = Llama::new(cfg.clone(), zeroed_var_builder(&varmap, DType::F32, &dev))?;
+    load_into_varmap_owned(&varmap, hf.weights, &LoadOptions::new().with_module("Llama"))?;
+    let v = cfg.vocab_size;
+    match phase.as_str() {
+        "generate" => {
+            let prompt = tokens(16, v);
+            model.generate_greedy(&prompt, 4, &[], true, &dev)?; // warm-up
+            let t = Instant::now();
+            let out = model.generate_greedy(&prompt, 64, &[], true, &dev)?;
+            let s = t.elapsed().as_secs_f64();
+            println!("generate {:.2} {:.0} first={:?}", out.len() as f64 / s, peak_rss_mib(), &out[..4]);
+        }
+        "eval" => {
+            let ids = Tensor::from_vec(tokens(4 * 1024, v), (4, 1024), &dev)?;
+            let t = Instant::now();
+            let loss = model.loss(&ids)?.to_scalar::<f32>()?;
+            let s = t.elapsed().as_secs_f64();
+            println!("eval {:.2} {:.0} loss={loss:.4}", 4096.0 / s, peak_rss_mib());
+        }
+        "train" => {
+            let ids = Tensor::from_vec(tokens(4 * 256, v), (4, 256), &dev)?;
+            let vars = varmap.data().lock().unwrap().clone();
+            let params = parameter_shapes(&cfg)
+                .into_iter()
+                .map(|(n, _)| (n.clone(), vars[&n].clone()))
+                .collect();
+            let mut opt = AdamW::new(params, AdamWConfig { lr: 1e-4, ..Default::default() })?;
+            let mut times = Vec::new();
+            let mut last = 0f32;
+            for _ in 0..steps {
+                let t = Instant::now();
+                let loss = model.loss(&ids)?;
+                let grads = loss.backward()?;
+                opt.step(&grads)?;
+                last = loss.to_scalar::<f32>()?;
+                times.push(t.elapsed().as_secs_f64());
+            }
+            // The first step allocates the moments: the median of the rest.
+            let mut rest = times[1.min(times.len() - 1)..].to_vec();
+            rest.sort_by(f64::total_cmp);
+            let med = rest[rest.len() / 2];
+            println!("train {:.2} {:.0} loss={last:.4}", 1024.0 / med, peak_rss_mib());
+        }
+        other => bail!("unknown phase {other:?}: generate, eval or train"),
+    }
+    Ok(())
+}

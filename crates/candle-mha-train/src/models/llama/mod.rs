@@ -1,0 +1,385 @@
+//! [`Llama`]: the Llama-family causal language model (Llama, Qwen2, Mistral) with Hugging
+//! Face's parameter names, its key/value cache ([`LlamaCache`]: only the key/value heads) and
+//! greedy or sampled generation.
+
+use candle::{DType, Device, Module, Result, Tensor, D};
+use candle_mha::attention::{scaled_dot_product_attention, SdpaOptions};
+use candle_mha::nn::{Embedding, Linear, RmsNorm, RmsNormKind, RotaryEmbedding, SwiGlu};
+use candle_nn::{Init, VarBuilder};
+
+mod config;
+mod hf;
+
+pub use config::{LlamaConfig, LlamaFamily};
+pub use hf::{parameter_shapes, read_hf_dir, write_hf_dir, HfWeights};
+
+/// Grouped-query self-attention with rotary positions.
+///
+/// PyTorch equivalent: transformers' `LlamaAttention` (`q_proj`, `k_proj`, `v_proj`, `o_proj`)
+/// with `F.scaled_dot_product_attention(..., is_causal, enable_gqa)`.
+#[derive(Clone, Debug)]
+pub struct LlamaAttention {
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+}
+
+impl LlamaAttention {
+    fn new(cfg: &LlamaConfig, vb: VarBuilder) -> Result<Self> {
+        let (e, d) = (cfg.hidden_size, cfg.head_dim);
+        let (h, hk) = (cfg.num_heads, cfg.num_kv_heads);
+        Ok(Self {
+            q: Linear::new(e, h * d, cfg.qkv_bias, vb.pp("q_proj"))?,
+            k: Linear::new(e, hk * d, cfg.qkv_bias, vb.pp("k_proj"))?,
+            v: Linear::new(e, hk * d, cfg.qkv_bias, vb.pp("v_proj"))?,
+            o: Linear::new(h * d, e, cfg.o_bias, vb.pp("o_proj"))?,
+            heads: h,
+            kv_heads: hk,
+            head_dim: d,
+        })
+    }
+
+    /// `x (B, L, E)` at positions `offset..offset + L` after the `cache`d ones (`(B, H_kv, S, D)`
+    /// keys and values, extended in place).
+    fn forward(
+        &self,
+        x: &Tensor,
+        rope: &RotaryEmbedding,
+        cache: Option<&mut Option<(Tensor, Tensor)>>,
+    ) -> Result<Tensor> {
+        let (b, l, _) = x.dims3()?;
+        let d = self.head_dim;
+        let split = |t: Tensor, h: usize| t.reshape((b, l, h, d))?.transpose(1, 2);
+        let q = split(self.q.forward(x)?, self.heads)?;
+        let k = split(self.k.forward(x)?, self.kv_heads)?;
+        let v = split(self.v.forward(x)?, self.kv_heads)?;
+        let offset = match &cache {
+            Some(Some((k, _))) => k.dim(2)?,
+            _ => 0,
+        };
+        let (q, k) = (rope.apply(&q, offset)?, rope.apply(&k, offset)?);
+        let (k, v) = match cache {
+            Some(slot) => {
+                let kv = match slot.take() {
+                    Some((pk, pv)) => (
+                        Tensor::cat(&[&pk, &k], 2)?,
+                        Tensor::cat(&[&pv, &v.contiguous()?], 2)?,
+                    ),
+                    None => (k, v.contiguous()?),
+                };
+                *slot = Some(kv.clone());
+                kv
+            }
+            None => (k, v),
+        };
+        let s = k.dim(2)?;
+        let opts = SdpaOptions::new().gqa();
+        let opts = match (offset, l) {
+            (0, _) => opts.causal(),
+            (_, 1) => opts,
+            // Query i (position offset + i) sees keys j ≤ offset + i: bottom-right aligned.
+            _ => {
+                let keep: Vec<u8> = (0..l)
+                    .flat_map(|i| (0..s).map(move |j| u8::from(j <= offset + i)))
+                    .collect();
+                opts.with_mask(Tensor::from_vec(keep, (l, s), x.device())?)
+            }
+        };
+        let ctx = scaled_dot_product_attention(&q, &k, &v, &opts)?;
+        let ctx = ctx
+            .transpose(1, 2)?
+            .contiguous()?
+            .reshape((b, l, self.heads * d))?;
+        self.o.forward(&ctx)
+    }
+
+    /// The four projections: q, k, v, o.
+    pub fn projections(&self) -> [&Linear; 4] {
+        [&self.q, &self.k, &self.v, &self.o]
+    }
+}
+
+/// One pre-RMSNorm block: `h = x + attn(norm1(x))`, `h + mlp(norm2(h))`.
+///
+/// PyTorch equivalent: transformers' `LlamaDecoderLayer` (`input_layernorm`, `self_attn`,
+/// `post_attention_layernorm`, `mlp`).
+#[derive(Clone, Debug)]
+pub struct LlamaBlock {
+    input_layernorm: RmsNorm,
+    attn: LlamaAttention,
+    post_attention_layernorm: RmsNorm,
+    mlp: SwiGlu,
+}
+
+impl LlamaBlock {
+    fn new(cfg: &LlamaConfig, vb: VarBuilder) -> Result<Self> {
+        let (e, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
+        Ok(Self {
+            input_layernorm: RmsNorm::new(e, eps, RmsNormKind::Llama, vb.pp("input_layernorm"))?,
+            attn: LlamaAttention::new(cfg, vb.pp("self_attn"))?,
+            post_attention_layernorm: RmsNorm::new(
+                e,
+                eps,
+                RmsNormKind::Llama,
+                vb.pp("post_attention_layernorm"),
+            )?,
+            mlp: SwiGlu::new(e, cfg.intermediate_size, vb.pp("mlp"))?,
+        })
+    }
+
+    fn forward(
+        &self,
+        x: &Tensor,
+        rope: &RotaryEmbedding,
+        cache: Option<&mut Option<(Tensor, Tensor)>>,
+    ) -> Result<Tensor> {
+        let h = (x + self
+            .attn
+            .forward(&self.input_layernorm.forward(x)?, rope, cache)?)?;
+        &h + self
+            .mlp
+            .forward(&self.post_attention_layernorm.forward(&h)?)?
+    }
+
+    /// The block's attention.
+    pub fn attn(&self) -> &LlamaAttention {
+        &self.attn
+    }
+}
+
+/// The key/value cache of a [`Llama`]: per layer the keys (after RoPE) and values of the
+/// positions seen so far, `(B, H_kv, S, D)` — the key/value heads only.
+///
+/// PyTorch equivalent: transformers' `DynamicCache`.
+#[derive(Clone, Debug, Default)]
+pub struct LlamaCache {
+    layers: Vec<Option<(Tensor, Tensor)>>,
+}
+
+impl LlamaCache {
+    /// Positions cached.
+    pub fn len(&self) -> usize {
+        match self.layers.first() {
+            Some(Some((k, _))) => k.dims()[2],
+            _ => 0,
+        }
+    }
+
+    /// Whether nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes of the cached keys and values.
+    pub fn bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .flatten()
+            .map(|(k, v)| (k.elem_count() + v.elem_count()) * k.dtype().size_in_bytes())
+            .sum()
+    }
+
+    /// Layer `i`'s keys and values `(B, H_kv, S, D)`.
+    pub fn layer(&self, i: usize) -> Option<&(Tensor, Tensor)> {
+        self.layers.get(i).and_then(Option::as_ref)
+    }
+}
+
+/// A Llama-family causal language model: token embedding, pre-RMSNorm blocks with
+/// grouped-query attention, rotary positions and SwiGLU, a final RMSNorm and the head (the
+/// embedding itself when tied).
+///
+/// PyTorch equivalent: transformers' `LlamaForCausalLM` / `Qwen2ForCausalLM` /
+/// `MistralForCausalLM`, with the same state_dict names (`model.embed_tokens.weight`,
+/// `model.layers.{i}.self_attn.q_proj.weight`, …, `model.norm.weight`, `lm_head.weight`).
+///
+/// # Shapes
+/// tokens `(B, L)` u32 → logits `(B, L, V)`: position `i` predicts token `i + 1`.
+#[derive(Clone, Debug)]
+pub struct Llama {
+    config: LlamaConfig,
+    embed_tokens: Embedding,
+    layers: Vec<LlamaBlock>,
+    norm: RmsNorm,
+    lm_head: Linear,
+    rope: RotaryEmbedding,
+}
+
+impl Llama {
+    /// Takes (or creates) every parameter under `vb` with Hugging Face's names. New
+    /// parameters are initialised as transformers does: linear weights and the embedding
+    /// N(0, 0.02), biases zero, norms one.
+    pub fn new(config: LlamaConfig, vb: VarBuilder) -> Result<Self> {
+        config.validate()?;
+        let m = vb.pp("model");
+        let normal = Init::Randn {
+            mean: 0.0,
+            stdev: 0.02,
+        };
+        let (v, e) = (config.vocab_size, config.hidden_size);
+        let embed = m
+            .pp("embed_tokens")
+            .get_with_hints((v, e), "weight", normal)?;
+        let embed_tokens = Embedding::from_weight(embed.clone());
+        let layers = (0..config.num_layers)
+            .map(|i| LlamaBlock::new(&config, m.pp(format!("layers.{i}"))))
+            .collect::<Result<Vec<_>>>()?;
+        let norm = RmsNorm::new(e, config.rms_norm_eps, RmsNormKind::Llama, m.pp("norm"))?;
+        let lm_head = match config.tie_word_embeddings {
+            true => Linear::from_weights(embed, None),
+            false => Linear::from_weights(
+                vb.pp("lm_head").get_with_hints((v, e), "weight", normal)?,
+                None,
+            ),
+        };
+        let rope = RotaryEmbedding::new(config.head_dim, config.rope_theta, config.rope_scaling)?;
+        Ok(Self {
+            config,
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            rope,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &LlamaConfig {
+        &self.config
+    }
+
+    /// The blocks.
+    pub fn layers(&self) -> &[LlamaBlock] {
+        &self.layers
+    }
+
+    /// An empty cache for [`forward_cached`](Self::forward_cached).
+    pub fn new_cache(&self) -> LlamaCache {
+        LlamaCache {
+            layers: vec![None; self.layers.len()],
+        }
+    }
+
+    fn check_tokens(&self, tokens: &Tensor, past: usize) -> Result<(usize, usize)> {
+        let (b, l) = tokens.dims2()?;
+        if past + l > self.config.max_position_embeddings {
+            candle::bail!(
+                "Llama: {} positions, more than max_position_embeddings {}",
+                past + l,
+                self.config.max_position_embeddings
+            )
+        }
+        let max = tokens
+            .to_dtype(DType::U32)?
+            .flatten_all()?
+            .max(0)?
+            .to_scalar::<u32>()?;
+        if l > 0 && max as usize >= self.config.vocab_size {
+            candle::bail!(
+                "Llama: token id {max} is outside the vocabulary of {}",
+                self.config.vocab_size
+            )
+        }
+        Ok((b, l))
+    }
+
+    /// The final hidden states `(B, L, E)` (after `model.norm`).
+    pub fn hidden(&self, tokens: &Tensor) -> Result<Tensor> {
+        self.check_tokens(tokens, 0)?;
+        let mut x = self.embed_tokens.forward(tokens)?;
+        for layer in &self.layers {
+            x = layer.forward(&x, &self.rope, None)?;
+        }
+        self.norm.forward(&x)
+    }
+
+    /// Logits `(B, L, V)` of `tokens (B, L)` from position 0.
+    pub fn forward(&self, tokens: &Tensor) -> Result<Tensor> {
+        self.lm_head.forward(&self.hidden(tokens)?)
+    }
+
+    /// Logits `(B, L, V)` of `tokens` at the positions after those in `cache`, which it
+    /// extends.
+    pub fn forward_cached(&self, tokens: &Tensor, cache: &mut LlamaCache) -> Result<Tensor> {
+        if cache.layers.len() != self.layers.len() {
+            candle::bail!(
+                "Llama: a cache of {} layers for a model of {}",
+                cache.layers.len(),
+                self.layers.len()
+            )
+        }
+        self.check_tokens(tokens, cache.len())?;
+        let mut x = self.embed_tokens.forward(tokens)?;
+        for (layer, slot) in self.layers.iter().zip(cache.layers.iter_mut()) {
+            x = layer.forward(&x, &self.rope, Some(slot))?;
+        }
+        self.lm_head.forward(&self.norm.forward(&x)?)
+    }
+
+    /// Mean cross-entropy of next-token prediction over `tokens (B, L)` (position `i`
+    /// predicting token `i + 1`).
+    ///
+    /// PyTorch equivalent: `model(input_ids, labels=input_ids).loss`.
+    pub fn loss(&self, tokens: &Tensor) -> Result<Tensor> {
+        let (b, l) = tokens.dims2()?;
+        if l < 2 {
+            candle::bail!("Llama: the loss needs sequences of 2 tokens or more, got {l}")
+        }
+        let h = self.hidden(&tokens.narrow(1, 0, l - 1)?)?;
+        let logits = self
+            .lm_head
+            .forward(&h)?
+            .reshape((b * (l - 1), self.config.vocab_size))?;
+        let targets = tokens
+            .narrow(1, 1, l - 1)?
+            .flatten_all()?
+            .to_dtype(DType::U32)?;
+        candle_nn::loss::cross_entropy(&logits.to_dtype(DType::F32)?, &targets)
+    }
+
+    /// Greedy continuation of `prompt` (token ids): up to `max_new` tokens, stopping after any
+    /// id in `eos`, with the cache (`use_cache`) or recomputing every position.
+    ///
+    /// PyTorch equivalent: `model.generate(prompt, do_sample=False, max_new_tokens=max_new,
+    /// use_cache=use_cache)`, new tokens only.
+    pub fn generate_greedy(
+        &self,
+        prompt: &[u32],
+        max_new: usize,
+        eos: &[u32],
+        use_cache: bool,
+        device: &Device,
+    ) -> Result<Vec<u32>> {
+        if prompt.is_empty() {
+            candle::bail!("Llama: generation needs a prompt of one token or more")
+        }
+        let mut all = prompt.to_vec();
+        let mut cache = self.new_cache();
+        let mut next_input = prompt.to_vec();
+        let mut out = Vec::new();
+        for _ in 0..max_new {
+            let logits = if use_cache {
+                let t = Tensor::new(next_input.as_slice(), device)?.unsqueeze(0)?;
+                self.forward_cached(&t, &mut cache)?
+            } else {
+                self.forward(&Tensor::new(all.as_slice(), device)?.unsqueeze(0)?)?
+            };
+            let last = logits.squeeze(0)?.get(logits.dim(1)? - 1)?;
+            let id = last
+                .to_dtype(DType::F32)?
+                .argmax(D::Minus1)?
+                .to_scalar::<u32>()?;
+            all.push(id);
+            out.push(id);
+            next_input = vec![id];
+            if eos.contains(&id) {
+                break;
+            }
+        }
+        Ok(out)
+    }
+}
