@@ -15,7 +15,7 @@ use candle_mha::checkpoint::{load_into_varmap_owned, LoadOptions};
 use candle_mha::optim::{AdamW, AdamWConfig};
 use candle_mha::zeroed_var_builder;
 use candle_mha_train::models::llama::{parameter_shapes, read_hf_dir, Llama};
-use candle_nn::VarMap;
+use candle_nn::{VarBuilder, VarMap};
 
 fn peak_rss_mib() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -43,8 +43,22 @@ fn main() -> Result<()> {
     let hf = read_hf_dir(std::path::Path::new(dir))?;
     let cfg = hf.config.clone();
     let varmap = VarMap::new();
-    let model = Llama::new(cfg.clone(), zeroed_var_builder(&varmap, DType::F32, &dev))?;
-    load_into_varmap_owned(&varmap, hf.weights, &LoadOptions::new().with_module("Llama"))?;
+    let model = if phase == "train" {
+        let model = Llama::new(cfg.clone(), zeroed_var_builder(&varmap, DType::F32, &dev))?;
+        load_into_varmap_owned(
+            &varmap,
+            hf.weights,
+            &LoadOptions::new().with_module("Llama"),
+        )?;
+        model
+    } else {
+        // Plain tensors, not variables: no autograd graph is kept (PyTorch's no_grad).
+        let tensors = hf.weights.tensors().iter().cloned().collect();
+        Llama::new(
+            cfg.clone(),
+            VarBuilder::from_tensors(tensors, DType::F32, &dev),
+        )?
+    };
     let v = cfg.vocab_size;
     match phase.as_str() {
         "generate" => {
@@ -53,14 +67,23 @@ fn main() -> Result<()> {
             let t = Instant::now();
             let out = model.generate_greedy(&prompt, 64, &[], true, &dev)?;
             let s = t.elapsed().as_secs_f64();
-            println!("generate {:.2} {:.0} first={:?}", out.len() as f64 / s, peak_rss_mib(), &out[..4]);
+            println!(
+                "generate {:.2} {:.0} first={:?}",
+                out.len() as f64 / s,
+                peak_rss_mib(),
+                &out[..4]
+            );
         }
         "eval" => {
             let ids = Tensor::from_vec(tokens(4 * 1024, v), (4, 1024), &dev)?;
             let t = Instant::now();
             let loss = model.loss(&ids)?.to_scalar::<f32>()?;
             let s = t.elapsed().as_secs_f64();
-            println!("eval {:.2} {:.0} loss={loss:.4}", 4096.0 / s, peak_rss_mib());
+            println!(
+                "eval {:.2} {:.0} loss={loss:.4}",
+                4096.0 / s,
+                peak_rss_mib()
+            );
         }
         "train" => {
             let ids = Tensor::from_vec(tokens(4 * 256, v), (4, 256), &dev)?;
@@ -69,7 +92,13 @@ fn main() -> Result<()> {
                 .into_iter()
                 .map(|(n, _)| (n.clone(), vars[&n].clone()))
                 .collect();
-            let mut opt = AdamW::new(params, AdamWConfig { lr: 1e-4, ..Default::default() })?;
+            let mut opt = AdamW::new(
+                params,
+                AdamWConfig {
+                    lr: 1e-4,
+                    ..Default::default()
+                },
+            )?;
             let mut times = Vec::new();
             let mut last = 0f32;
             for _ in 0..steps {
@@ -84,7 +113,11 @@ fn main() -> Result<()> {
             let mut rest = times[1.min(times.len() - 1)..].to_vec();
             rest.sort_by(f64::total_cmp);
             let med = rest[rest.len() / 2];
-            println!("train {:.2} {:.0} loss={last:.4}", 1024.0 / med, peak_rss_mib());
+            println!(
+                "train {:.2} {:.0} loss={last:.4}",
+                1024.0 / med,
+                peak_rss_mib()
+            );
         }
         other => bail!("unknown phase {other:?}: generate, eval or train"),
     }

@@ -330,15 +330,17 @@ impl Llama {
             candle::bail!("Llama: the loss needs sequences of 2 tokens or more, got {l}")
         }
         let h = self.hidden(&tokens.narrow(1, 0, l - 1)?)?;
-        let logits = self
-            .lm_head
-            .forward(&h)?
-            .reshape((b * (l - 1), self.config.vocab_size))?;
         let targets = tokens
             .narrow(1, 1, l - 1)?
             .flatten_all()?
             .to_dtype(DType::U32)?;
-        candle_nn::loss::cross_entropy(&logits.to_dtype(DType::F32)?, &targets)
+        let keep = Tensor::ones(b * (l - 1), DType::U8, tokens.device())?;
+        // The head and the loss in one op on the CPU: the logits are never a graph tensor.
+        let h = h
+            .to_dtype(DType::F32)?
+            .reshape((b * (l - 1), self.config.hidden_size))?;
+        let w = self.lm_head.weight().to_dtype(DType::F32)?;
+        candle_mha::nn::linear_cross_entropy(&h, &w, None, &targets, &keep)
     }
 
     /// Greedy continuation of `prompt` (token ids): up to `max_new` tokens, stopping after any
