@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Tiny Llama-family checkpoints saved by transformers, with what transformers computes on them.
 
-For each case `tests/fixtures/llama/<case>/` holds what `save_pretrained` wrote (config.json,
+`llama_text/` (see `text_fixture`) adds a tokenizer and transformers' greedy text.
+
+For each other case `tests/fixtures/llama/<case>/` holds what `save_pretrained` wrote (config.json,
 generation_config.json, model.safetensors or shards with model.safetensors.index.json), random
 weights of every parameter, and `expected.safetensors`:
 - `input_ids (2, 12)` and `logits (2, 12, V)` in f32 (eval mode);
@@ -107,7 +109,59 @@ def main(out):
         print(name, sorted(os.listdir(d)), float(out_.loss))
 
 
+
+
+def text_fixture(out, text_path):
+    """`llama_text/`: a byte-level BPE tokenizer (as SmolLM2's and Qwen's) trained on a
+    license text, a LlamaForCausalLM over its ids, and transformers' greedy text for a prompt;
+    `generation_config.json` lists two end ids, the first of which greedy decoding reaches."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import GenerationConfig, PreTrainedTokenizerFast
+
+    name = "llama_text"
+    d = os.path.join(out, name)
+    shutil.rmtree(d, ignore_errors=True)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train([text_path], trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
+    v = tok.get_vocab_size()
+    cfg = LlamaConfig(vocab_size=v, hidden_size=48, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=128,
+                      tie_word_embeddings=True, bos_token_id=0, eos_token_id=0)
+    cfg._attn_implementation = "sdpa"
+    model = LlamaForCausalLM(cfg).eval()
+    randomize(model, name)
+    prompt = "This License applies to"
+    ids = fast(prompt, return_tensors="pt").input_ids
+    with torch.no_grad():
+        free = model.generate(ids, do_sample=False, max_new_tokens=16, eos_token_id=None)
+    # The end ids: a token greedy decoding reaches at its fifth step, and one it never makes.
+    stop = int(free[0, ids.shape[1] + 4])
+    never = next(i for i in range(v) if i not in free[0].tolist())
+    model.generation_config = GenerationConfig(bos_token_id=0, eos_token_id=[never, stop])
+    model.save_pretrained(d)
+    fast.save_pretrained(d)
+    model = LlamaForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="sdpa")
+    with torch.no_grad():
+        out_ids = model.generate(ids, do_sample=False, max_new_tokens=16)
+    new = out_ids[0, ids.shape[1]:]
+    with open(os.path.join(d, "expected.json"), "w") as f:
+        import json
+        json.dump({"prompt": prompt, "prompt_ids": ids[0].tolist(), "new_ids": new.tolist(),
+                   "continuation": fast.decode(new), "eos_token_id": [never, stop],
+                   "torch": torch.__version__}, f, indent=1)
+    print(name, sorted(os.listdir(d)), fast.decode(new))
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="tests/fixtures/llama")
-    main(ap.parse_args().out)
+    ap.add_argument("--text", default="/usr/share/common-licenses/GPL-3",
+                    help="the text the tokenizer of llama_text is trained on")
+    a = ap.parse_args()
+    main(a.out)
+    text_fixture(a.out, a.text)

@@ -1,6 +1,6 @@
-//! `mha export`: a run's model as a Hugging Face GPT-2 directory that
-//! `GPT2LMHeadModel.from_pretrained` loads (`--format hf`), or as nanoGPT's `ckpt.pt` that its
-//! `train.py` resumes (`--format nanogpt`).
+//! `mha export`: a run's model as a Hugging Face directory that `from_pretrained` loads
+//! (`--format hf`: `GPT2LMHeadModel`, or a Llama-family run's own class), or as nanoGPT's
+//! `ckpt.pt` that its `train.py` resumes (`--format nanogpt`).
 
 use std::path::PathBuf;
 
@@ -17,7 +17,8 @@ pub struct ExportArgs {
     /// tokenizer.json; `nanogpt` writes ckpt.pt. It appears whole or not at all.
     #[arg(long)]
     pub out: PathBuf,
-    /// The format: `hf`, a Hugging Face GPT2LMHeadModel directory; `nanogpt`, nanoGPT's
+    /// The format: `hf`, a Hugging Face directory (GPT2LMHeadModel; a Llama-family run's own
+    /// class, its weights in their source dtypes); `nanogpt`, nanoGPT's
     /// OUT/ckpt.pt (model, model_args, optimizer, iter_num, best_val_loss, config).
     #[arg(long, default_value = "hf", value_parser = ["hf", "nanogpt"])]
     pub format: String,
@@ -32,15 +33,15 @@ pub fn run(args: &ExportArgs) -> Result<()> {
     let how = match args.format.as_str() {
         "nanogpt" => {
             candle_mha_train::export::export_nanogpt(&args.run, &args.out, trust(args.unverified))?;
-            "nanoGPT: ckpt.pt, train.py init_from=\"resume\""
+            "nanoGPT: ckpt.pt, train.py init_from=\"resume\"".to_string()
         }
         _ => {
-            candle_mha_train::export::export_hugging_face(
+            let class = candle_mha_train::export::export_hugging_face(
                 &args.run,
                 &args.out,
                 trust(args.unverified),
             )?;
-            "Hugging Face GPT-2: GPT2LMHeadModel.from_pretrained"
+            format!("Hugging Face: {class}.from_pretrained")
         }
     };
     println!(

@@ -94,7 +94,13 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         top_p: args.top_p,
         temperature: args.temperature.unwrap_or(1.0),
         seed: args.seed,
-        eos_id: ckpt.codec.eos_id(),
+        // A Llama-family model stops where transformers' generate does: at its
+        // generation_config.json's ids, not the tokenizer's.
+        eos_id: match ckpt.model.llama() {
+            Some(_) => None,
+            None => ckpt.codec.eos_id(),
+        },
+        eos_ids: ckpt.model.config().eos_token_ids()?,
         kv_cache: !args.no_kv_cache,
     };
     if let [prompt] = prompts.as_slice() {

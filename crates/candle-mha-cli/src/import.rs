@@ -46,8 +46,18 @@ pub fn run(args: &ImportArgs) -> Result<()> {
         eprintln!("note: {note}");
     }
     let c = &imported.config;
+    let arch = match c.llama_config()? {
+        Some(l) => format!(
+            "{}, {} query / {} key-value heads of {}, ",
+            l.family.architecture(),
+            l.num_heads,
+            l.num_kv_heads,
+            l.head_dim
+        ),
+        None => String::new(),
+    };
     let done = format!(
-        "imported into {}: {} blocks, embed_dim {}, {} heads, context {}, {} ids, {} parameters{}{}; step {}{}",
+        "imported into {}: {arch}{} blocks, embed_dim {}, {} heads, context {}, {} ids, {} parameters{}{}; step {}{}",
         args.out.display(),
         c.num_layers,
         c.embed_dim,

@@ -23,11 +23,55 @@ use crate::{verify_checkpoint, verify_model_files, TrainerState, Unverified};
 /// before anything is written, for a model with an untied head that has a bias (GPT-2's
 /// `lm_head` has none).
 ///
+/// A Llama-family run is written as its Hugging Face class (`LlamaForCausalLM`, …): the
+/// source's `config.json` and `generation_config.json`, the weights under their names in
+/// their source dtypes ([`write_hf_dir`](crate::models::llama::write_hf_dir)), the tokenizer.
+///
+/// Returns the transformers class written (`GPT2LMHeadModel`, `LlamaForCausalLM`, …).
+///
 /// PyTorch equivalent: `model.save_pretrained(out)`.
-pub fn export_hugging_face(run: &Path, out: &Path, unverified: Unverified) -> Result<()> {
+pub fn export_hugging_face(run: &Path, out: &Path, unverified: Unverified) -> Result<&'static str> {
     let staged = StagedDir::new(out, "mha export")?;
     verify_model_files(run, unverified)?;
     let cfg = NextTokenPredictorConfig::load(run.join(CONFIG_FILE))?;
+    if let (Some(llama), Some(record)) = (cfg.llama_config()?, &cfg.llama) {
+        // The names are Hugging Face's already; each weight goes back in its source dtype.
+        let ours = StateDict::load(run.join(MODEL_FILE))?;
+        let weights = crate::models::llama::parameter_shapes(&llama)
+            .into_iter()
+            .map(|(name, _)| match ours.get(&name) {
+                Some(t) => Ok((name, t.clone())),
+                None => candle::bail!("{}: model.safetensors lacks {name}", run.display()),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let dtypes: Vec<(String, DType)> = record
+            .dtypes
+            .iter()
+            .map(|(n, d)| {
+                let d = match d.as_str() {
+                    "f16" => DType::F16,
+                    "bf16" => DType::BF16,
+                    _ => DType::F32,
+                };
+                (n.clone(), d)
+            })
+            .collect();
+        let dir = staged.path();
+        crate::models::llama::write_hf_files(
+            dir,
+            &llama,
+            Some(&record.hf_config),
+            record.generation_config.as_ref(),
+            &weights,
+            &dtypes,
+        )?;
+        let codec = Codec::load_dir(run)?;
+        if let Codec::Text(_) = codec {
+            codec.save_dir(dir)?;
+        }
+        staged.finish()?;
+        return Ok(llama.family.architecture());
+    }
     if cfg.head_has_bias() {
         candle::bail!(
             "{}: the model's head is not tied to the token embedding and has a bias; GPT2LMHeadModel's lm_head has none",
@@ -71,7 +115,8 @@ pub fn export_hugging_face(run: &Path, out: &Path, unverified: Unverified) -> Re
     if let Codec::Text(_) = codec {
         codec.save_dir(dir)?;
     }
-    staged.finish()
+    staged.finish()?;
+    Ok("GPT2LMHeadModel")
 }
 
 fn s(v: &str) -> PickleValue {

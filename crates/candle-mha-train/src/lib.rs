@@ -83,3 +83,8 @@ pub use state::{
     TrainObserver, TrainerState, Unverified, STATE_VERSION,
 };
 pub use trainer::Trainer;
+
+/// The guide's example of the Llama-family API, compiled as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/llama.md")]
+pub struct LlamaGuide;

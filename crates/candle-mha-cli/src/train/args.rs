@@ -9,6 +9,7 @@ use std::path::PathBuf;
 
 use candle_mha::candle::DType;
 use candle_mha_train::data::PrepareOptions;
+use candle_mha_train::models::llama::{LlamaConfig, LlamaFamily};
 use candle_mha_train::models::NextTokenPredictorConfig;
 use candle_mha_train::TrainConfig;
 
@@ -92,7 +93,7 @@ pub struct TrainArgs {
     /// --max-len: windows shorter than its context).
     #[arg(long, value_name = "CHECKPOINT", conflicts_with_all = [
         "resume", "embed_dim", "num_heads", "num_layers", "ff_dim", "dropout",
-        "resid_dropout", "bpe_vocab", "bpe_sample_mb",
+        "resid_dropout", "bpe_vocab", "bpe_sample_mb", "arch", "num_kv_heads",
     ])]
     pub init_from: Option<PathBuf>,
     /// With --init-from: read a checkpoint directory that has no checkpoint.json (its files
@@ -135,6 +136,16 @@ pub struct TrainArgs {
     /// MLP width (default 4 × embed_dim).
     #[arg(long, value_parser = crate::bounds::count(1, crate::bounds::MAX_CONTEXT))]
     pub ff_dim: Option<usize>,
+    /// The architecture of a new model: gpt (LayerNorm, learned positions, GELU MLP) or llama
+    /// (grouped-query attention, rotary positions, RMSNorm, SwiGLU MLP, head tied to the
+    /// embedding, no biases, no dropout; Hugging Face's LlamaForCausalLM, exported with
+    /// `mha export --format hf`) [default: gpt].
+    #[arg(long, value_parser = ["gpt", "llama"])]
+    pub arch: Option<String>,
+    /// Key/value heads of a llama model: a divisor of --num-heads, each shared by
+    /// num_heads / num_kv_heads query heads [default: --num-heads].
+    #[arg(long, value_parser = crate::bounds::count(1, crate::bounds::MAX_DIM))]
+    pub num_kv_heads: Option<usize>,
     /// Context length (default: the longest sequence of token data; 128 for text).
     #[arg(long, value_parser = crate::bounds::count(1, crate::bounds::MAX_CONTEXT), help = format!(
         "Context length [default: the longest sequence of token data, {} for text and --data]",
@@ -321,6 +332,28 @@ impl TrainArgs {
             NextTokenPredictorConfig::new(vocab_size)
         };
         let embed_dim = self.embed_dim.unwrap_or(base.embed_dim);
+        if self.arch.as_deref() == Some("llama") {
+            let num_heads = self.num_heads.unwrap_or(base.num_heads);
+            let llama = LlamaConfig {
+                family: LlamaFamily::Llama,
+                vocab_size,
+                hidden_size: embed_dim,
+                intermediate_size: self.ff_dim.unwrap_or(4 * embed_dim),
+                num_layers: self.num_layers.unwrap_or(base.num_layers),
+                num_heads,
+                num_kv_heads: self.num_kv_heads.unwrap_or(num_heads),
+                // Checked (with the rest) when the run starts.
+                head_dim: embed_dim / num_heads.max(1),
+                max_position_embeddings: self.max_len().unwrap_or(longest.saturating_sub(1).max(1)),
+                rms_norm_eps: 1e-5,
+                rope_theta: 10000.0,
+                rope_scaling: candle_mha_train::candle_mha::nn::RopeScaling::None,
+                qkv_bias: false,
+                o_bias: false,
+                tie_word_embeddings: true,
+            };
+            return NextTokenPredictorConfig::llama_mirror(&llama, None);
+        }
         NextTokenPredictorConfig {
             vocab_size,
             max_len: self.max_len().unwrap_or(longest.saturating_sub(1).max(1)),

@@ -15,6 +15,7 @@ use anyhow::{bail, Result};
 use candle_mha::candle::DType;
 use candle_mha_train::data::{DataSpec, PrepareJob, DEFAULT_CHUNK_BYTES};
 use candle_mha_train::distributed::{rank_prefix, Communicator, GradientBuckets};
+use candle_mha_train::models::NextTokenPredictorConfig;
 use candle_mha_train::run_dir::BEST_DIR;
 use candle_mha_train::{NewData, NewRun, ResumeRun, RunError, Session, TrainObserver};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -44,6 +45,29 @@ fn check_options(args: &TrainArgs) -> Result<()> {
     if let Some(f) = args.val_fraction {
         if f == 1.0 && args.is_text() {
             bail!("--val-fraction 1: text needs a training part; expected a fraction below 1")
+        }
+    }
+    let llama = args.arch.as_deref() == Some("llama");
+    if !llama && args.num_kv_heads.is_some() {
+        bail!("--num-kv-heads is a llama model's: give --arch llama with it")
+    }
+    if llama {
+        if let Some(p) = args.dropout.or(args.resid_dropout) {
+            bail!("--dropout / --resid-dropout {p}: a llama model here has no dropout")
+        }
+        let base = match args.is_text() {
+            true => NextTokenPredictorConfig::for_text(0),
+            false => NextTokenPredictorConfig::new(0),
+        };
+        let heads = args.num_heads.unwrap_or(base.num_heads);
+        let embed = args.embed_dim.unwrap_or(base.embed_dim);
+        if let Some(kv) = args.num_kv_heads {
+            if kv > heads || !heads.is_multiple_of(kv) {
+                bail!("--num-kv-heads {kv}: expected a divisor of --num-heads {heads} (each key/value head serves num_heads / num_kv_heads query heads)")
+            }
+        }
+        if !embed.is_multiple_of(heads) || !(embed / heads).is_multiple_of(2) {
+            bail!("--embed-dim {embed} and --num-heads {heads}: a llama model needs embed_dim / num_heads a whole, even head dim (rotary embeddings)")
         }
     }
     Ok(())

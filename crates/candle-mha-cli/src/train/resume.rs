@@ -174,6 +174,24 @@ pub fn conflicts(
         }
     }
     // The model.
+    let run_arch = if model.llama.is_some() {
+        "llama"
+    } else {
+        "gpt"
+    };
+    if let Some(a) = &args.arch {
+        differ("--arch", a.clone(), run_arch.to_string());
+    }
+    if let Some(kv) = args.num_kv_heads {
+        let run_kv = model
+            .llama_config()
+            .ok()
+            .flatten()
+            .map_or("no key/value heads of its own".to_string(), |l| {
+                l.num_kv_heads.to_string()
+            });
+        differ("--num-kv-heads", kv.to_string(), run_kv);
+    }
     let sizes = [
         ("--embed-dim", args.embed_dim, model.embed_dim),
         ("--num-heads", args.num_heads, model.num_heads),

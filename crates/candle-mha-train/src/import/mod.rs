@@ -13,7 +13,8 @@ use candle_nn::VarMap;
 use crate::data::{Codec, TextTokenizer};
 use crate::models::gpt2::{self, Gpt2Format, Gpt2Report};
 use crate::models::hf_dir::{hugging_face_weights, json};
-use crate::models::{NextTokenPredictor, NextTokenPredictorConfig};
+use crate::models::llama::read_hf_dir;
+use crate::models::{LlamaRecord, NextTokenPredictor, NextTokenPredictorConfig};
 use crate::staged_dir::StagedDir;
 use crate::{ImportedRecord, TrainConfig, Trainer};
 
@@ -134,7 +135,12 @@ fn codec_for(
 /// Reads a Hugging Face `GPT2LMHeadModel` directory: `config.json`, the weights (`Conv1D`
 /// transposed, buffers skipped), `tokenizer.json` when present (or `tokenizer`).
 pub fn read_hugging_face(dir: &Path, tokenizer: Option<&Path>) -> Result<Imported> {
-    let config = gpt2::config_from_hf(&json(&dir.join("config.json"))?)?;
+    let config_json = json(&dir.join("config.json"))?;
+    let model_type = config_json.get("model_type").and_then(|v| v.as_str());
+    if matches!(model_type, Some("llama" | "qwen2" | "mistral")) {
+        return read_llama(dir, tokenizer);
+    }
+    let config = gpt2::config_from_hf(&config_json)?;
     let sd = hugging_face_weights(dir)?;
     let (weights, report) = gpt2::from_gpt2(&sd, Gpt2Format::HuggingFace, &config)
         .map_err(|e| candle::Error::Msg(format!("{}: {e}", dir.display())))?;
@@ -156,6 +162,66 @@ pub fn read_hugging_face(dir: &Path, tokenizer: Option<&Path>) -> Result<Importe
         notes,
         record: None,
     })
+}
+
+/// Reads a Hugging Face `LlamaForCausalLM` / `Qwen2ForCausalLM` / `MistralForCausalLM`
+/// directory ([`read_hf_dir`]: what the model cannot honour is refused by name) with its
+/// `tokenizer.json` (or `tokenizer`); the weights keep Hugging Face's names, and what the export
+/// writes back (the source's `config.json`, `generation_config.json`, each weight's dtype) is
+/// kept in the run's `config.json`.
+pub fn read_llama(dir: &Path, tokenizer: Option<&Path>) -> Result<Imported> {
+    let hf = read_hf_dir(dir)?;
+    let dtypes = hf
+        .dtypes
+        .iter()
+        .map(|(n, d)| (n.clone(), dtype_name(*d).to_string()))
+        .collect();
+    let record = LlamaRecord {
+        hf_config: hf.config_json,
+        generation_config: hf.generation_config,
+        dtypes,
+    };
+    let config = NextTokenPredictorConfig::from_llama(&hf.config, Some(record))?;
+    let mut notes = Vec::new();
+    let found = hugging_face_tokenizer(dir)?;
+    let codec = codec_for(tokenizer, found, config.vocab_size, &mut notes)?;
+    let report = Gpt2Report {
+        mapped: hf
+            .weights
+            .tensors()
+            .iter()
+            .map(|(n, _)| n.clone())
+            .collect(),
+        ..Gpt2Report::default()
+    };
+    Ok(Imported {
+        source: format!(
+            "{} (Hugging Face {})",
+            dir.display(),
+            hf.config.family.architecture()
+        ),
+        train: TrainConfig {
+            decay_matrices_only: true,
+            ..TrainConfig::for_text()
+        },
+        config,
+        weights: hf.weights,
+        optimizer: None,
+        step: 0,
+        codec,
+        report,
+        notes,
+        record: None,
+    })
+}
+
+/// `"f32"`, `"f16"`, `"bf16"` (what a Llama record stores).
+pub(crate) fn dtype_name(d: DType) -> &'static str {
+    match d {
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+        _ => "f32",
+    }
 }
 
 impl Imported {

@@ -5,6 +5,7 @@ use std::path::Path;
 use candle::{DType, Result};
 use serde::{Deserialize, Serialize};
 
+use super::llama::LlamaConfig;
 use crate::limits::{
     check_range, dtype_bytes, MemoryEstimate, MAX_CONFIG_BYTES, MAX_CONTEXT, MAX_DIM, MAX_LAYERS,
     MAX_VOCAB,
@@ -59,6 +60,27 @@ pub struct NextTokenPredictorConfig {
     /// The LayerNorms' epsilon. Default 1e-5 (PyTorch's and GPT-2's).
     #[serde(default = "default_eps", skip_serializing_if = "is_default_eps")]
     pub layer_norm_eps: f64,
+    /// A Llama-family model (grouped-query attention, rotary positions, RMSNorm, SwiGLU, Hugging
+    /// Face's parameter names) in place of the GPT blocks. `None` (the default, and every
+    /// `config.json` before the field existed): the GPT blocks. The sizes above then mirror
+    /// the Llama configuration's (checked when read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llama: Option<LlamaRecord>,
+}
+
+/// What a Llama-family run keeps of its Hugging Face model: what the export writes back.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LlamaRecord {
+    /// Hugging Face's `config.json`, as read (or made by `mha train --arch llama`): the
+    /// architecture is read from it ([`LlamaConfig::from_hf`]).
+    pub hf_config: serde_json::Value,
+    /// `generation_config.json`, when the source had one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation_config: Option<serde_json::Value>,
+    /// The dtype of each weight in the source files (`"f32"`, `"f16"`, `"bf16"`; f32 when not
+    /// listed): the export writes each back in it.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub dtypes: std::collections::BTreeMap<String, String>,
 }
 
 /// The GELU of a [`NextTokenPredictor`](super::NextTokenPredictor)'s MLP.
@@ -118,6 +140,65 @@ impl NextTokenPredictorConfig {
             head_bias: None,
             gelu: Gelu::Exact,
             layer_norm_eps: 1e-5,
+            llama: None,
+        }
+    }
+
+    /// The configuration of a Llama-family model: the GPT sizes mirror `llama`'s,
+    /// `hf_config` is its Hugging Face `config.json` (`llama.to_hf()` when `None`).
+    pub fn from_llama(llama: &LlamaConfig, record: Option<LlamaRecord>) -> Result<Self> {
+        let cfg = Self::llama_mirror(llama, record);
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// [`from_llama`](Self::from_llama) without the checks ([`validate`](Self::validate)
+    /// makes them where the model is built).
+    pub fn llama_mirror(llama: &LlamaConfig, record: Option<LlamaRecord>) -> Self {
+        let record = record.unwrap_or_else(|| LlamaRecord {
+            hf_config: llama.to_hf(),
+            generation_config: None,
+            dtypes: Default::default(),
+        });
+        Self {
+            vocab_size: llama.vocab_size,
+            max_len: llama.max_position_embeddings,
+            embed_dim: llama.hidden_size,
+            num_heads: llama.num_heads,
+            num_layers: llama.num_layers,
+            ff_dim: llama.intermediate_size,
+            bias: false,
+            tie_embeddings: llama.tie_word_embeddings,
+            layer_norm_eps: llama.rms_norm_eps.max(f64::MIN_POSITIVE),
+            llama: Some(record),
+            ..Self::new(llama.vocab_size)
+        }
+    }
+
+    /// The ids that end generation besides the tokenizer's: a Llama-family model's
+    /// `generation_config.json` `eos_token_id` (a number or a list), else its `config.json`'s.
+    pub fn eos_token_ids(&self) -> Result<Vec<u32>> {
+        let Some(r) = &self.llama else {
+            return Ok(Vec::new());
+        };
+        let gen = r
+            .generation_config
+            .as_ref()
+            .and_then(|g| g.get("eos_token_id"));
+        match super::llama::eos_ids(gen, "generation_config.json")? {
+            Some(ids) => Ok(ids),
+            None => Ok(
+                super::llama::eos_ids(r.hf_config.get("eos_token_id"), "config.json")?
+                    .unwrap_or_default(),
+            ),
+        }
+    }
+
+    /// The Llama-family configuration, when the model is one.
+    pub fn llama_config(&self) -> Result<Option<LlamaConfig>> {
+        match &self.llama {
+            None => Ok(None),
+            Some(r) => Ok(Some(LlamaConfig::from_hf(&r.hf_config)?)),
         }
     }
 
@@ -159,6 +240,34 @@ impl NextTokenPredictorConfig {
                 candle::bail!("model config: {name} must be greater than 0, got 0")
             }
             check_range(&format!("model config: {name}"), v, 1, hi)?;
+        }
+        if let Some(llama) = self.llama_config()? {
+            let mirrored = [
+                ("vocab_size", self.vocab_size, llama.vocab_size),
+                ("max_len", self.max_len, llama.max_position_embeddings),
+                ("embed_dim", self.embed_dim, llama.hidden_size),
+                ("num_heads", self.num_heads, llama.num_heads),
+                ("num_layers", self.num_layers, llama.num_layers),
+                ("ff_dim", self.ff_dim, llama.intermediate_size),
+            ];
+            for (name, ours, theirs) in mirrored {
+                if ours != theirs {
+                    candle::bail!(
+                        "model config: {name} {ours} differs from the Llama config's {theirs}"
+                    )
+                }
+            }
+            if self.tie_embeddings != llama.tie_word_embeddings || self.bias {
+                candle::bail!("model config: tie_embeddings and bias must be the Llama config's (tie_word_embeddings {}, no bias)", llama.tie_word_embeddings)
+            }
+            for (name, d) in self.llama.iter().flat_map(|r| &r.dtypes) {
+                if !matches!(d.as_str(), "f32" | "f16" | "bf16") {
+                    candle::bail!(
+                        "model config: the dtype of {name} is {d:?}; expected f32, f16 or bf16"
+                    )
+                }
+            }
+            return Ok(());
         }
         if !self.embed_dim.is_multiple_of(self.num_heads) {
             candle::bail!(
@@ -203,6 +312,12 @@ impl NextTokenPredictorConfig {
     ///
     /// PyTorch equivalent: `sum(p.numel() for p in model.parameters())`.
     pub fn parameter_count(&self) -> u128 {
+        if let Ok(Some(llama)) = self.llama_config() {
+            return super::llama::parameter_shapes(&llama)
+                .iter()
+                .map(|(_, s)| s.iter().map(|&d| d as u128).product::<u128>())
+                .sum();
+        }
         let [v, l, e, f, n] = [
             self.vocab_size,
             self.max_len,

@@ -6,6 +6,7 @@
 use candle::{DType, Result, Tensor};
 use rand::Rng;
 
+use super::llama::{Llama, LlamaCache};
 use super::NextTokenPredictor;
 use candle_mha::rng::rng_from_seed;
 use candle_mha::StackKvCache;
@@ -54,6 +55,9 @@ pub struct GenerateConfig {
     pub seed: u64,
     /// Stop after producing this id (end of sequence). Default `None`. HF: `eos_token_id`.
     pub eos_id: Option<u32>,
+    /// Stop after producing any of these ids too (a Hugging Face model's
+    /// `generation_config.json` may list several). Default none. HF: `eos_token_id` as a list.
+    pub eos_ids: Vec<u32>,
     /// Decode through a key/value cache ([`NextTokenPredictor::forward_incremental`]): the
     /// prompt runs through the model once, then one position per new token. `false` runs the
     /// whole context for every token (the path before the cache, for comparison). Both give
@@ -71,6 +75,7 @@ impl Default for GenerateConfig {
             temperature: 1.0,
             seed: 0,
             eos_id: None,
+            eos_ids: Vec::new(),
             kv_cache: true,
         }
     }
@@ -209,6 +214,9 @@ pub fn generate_stream(
         candle::bail!("the prompt is empty: give at least one token")
     }
     cfg.validate()?;
+    if let Some(llama) = model.llama() {
+        return llama_stream(llama, prompt, cfg, on_token);
+    }
     let device = model_device(model);
     let max_len = model.config().max_len;
     let mut ids = prompt.to_vec();
@@ -244,7 +252,43 @@ pub fn generate_stream(
         ids.push(next);
         out.push(next);
         on_token(next)?;
-        if Some(next) == cfg.eos_id {
+        if Some(next) == cfg.eos_id || cfg.eos_ids.contains(&next) {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+/// [`generate_stream`] of a Llama-family model: its cache holds the key/value heads; past
+/// `max_position_embeddings` the last ones are recomputed without it, as for the GPT models.
+fn llama_stream(
+    model: &Llama,
+    prompt: &[u32],
+    cfg: &GenerateConfig,
+    mut on_token: impl FnMut(u32) -> Result<()>,
+) -> Result<Vec<u32>> {
+    let device = model.device();
+    let max_len = model.config().max_position_embeddings;
+    let mut ids = prompt.to_vec();
+    let mut out = Vec::new();
+    let mut rng = rng_from_seed(cfg.seed);
+    let mut cache: Option<LlamaCache> = None;
+    for _ in 0..cfg.max_new_tokens {
+        let logits = if cfg.kv_cache && ids.len() <= max_len {
+            let c = cache.get_or_insert_with(|| model.new_cache());
+            let fresh = &ids[c.len()..];
+            model.forward_cached(&Tensor::new(fresh, &device)?.unsqueeze(0)?, c)?
+        } else {
+            cache = None;
+            let ctx = &ids[ids.len().saturating_sub(max_len)..];
+            model.forward(&Tensor::new(ctx, &device)?.unsqueeze(0)?)?
+        };
+        let logits = last_logits(&logits)?.remove(0);
+        let next = sample_next(&logits, cfg, &mut rng)?;
+        ids.push(next);
+        out.push(next);
+        on_token(next)?;
+        if Some(next) == cfg.eos_id || cfg.eos_ids.contains(&next) {
             break;
         }
     }
@@ -253,11 +297,7 @@ pub fn generate_stream(
 
 /// The device of the model's weights.
 fn model_device(model: &NextTokenPredictor) -> candle::Device {
-    model
-        .blocks()
-        .first()
-        .map(|b| b.attn().out_proj().weight().device().clone())
-        .unwrap_or(candle::Device::Cpu)
+    model.device()
 }
 
 /// The last position's logits of each row of `logits (N, T, V)`, as f64.

@@ -399,6 +399,7 @@ pub fn config_from_hf(json: &serde_json::Value) -> Result<NextTokenPredictorConf
         layer_norm_eps: field("layer_norm_epsilon")
             .and_then(|v| v.as_f64())
             .unwrap_or(1e-5),
+        llama: None,
     };
     cfg.validate()?;
     Ok(cfg)
@@ -451,6 +452,7 @@ pub fn config_from_nanogpt(args: &NanoGptArgs) -> Result<NextTokenPredictorConfi
         head_bias: None,
         gelu: Gelu::Exact,
         layer_norm_eps: 1e-5,
+        llama: None,
     };
     cfg.validate()?;
     Ok(cfg)

@@ -8,6 +8,6 @@ pub(crate) mod hf_dir;
 pub mod llama;
 mod next_token;
 
-pub use config::{Gelu, NextTokenPredictorConfig};
+pub use config::{Gelu, LlamaRecord, NextTokenPredictorConfig};
 pub use generate::{generate, generate_batch, generate_stream, sample_next, GenerateConfig};
 pub use next_token::{masked_cross_entropy, Block, NextTokenPredictor, EVAL_LOGITS};

@@ -3,6 +3,7 @@
 use candle::{DType, Module, Result, Tensor, D};
 use candle_nn::VarBuilder;
 
+use super::llama::Llama;
 use super::{Gelu, NextTokenPredictorConfig};
 use candle_mha::attention::dropout::{seeded_dropout_add, seeded_dropout_at};
 use candle_mha::attention::{
@@ -99,19 +100,39 @@ impl Block {
 #[derive(Clone, Debug)]
 pub struct NextTokenPredictor {
     config: NextTokenPredictorConfig,
+    arch: Arch,
+    /// The attention implementation of every block (a runtime choice, not saved).
+    attention_kernel: AttentionKernel,
+}
+
+/// The layers of a [`NextTokenPredictor`]: GPT blocks, or a Llama-family model.
+#[derive(Clone, Debug)]
+enum Arch {
+    Gpt(Gpt),
+    Llama(Box<Llama>),
+}
+
+/// The GPT layers.
+#[derive(Clone, Debug)]
+struct Gpt {
     token_embedding: Embedding,
     position_embedding: Embedding,
     blocks: Vec<Block>,
     ln_f: LayerNorm,
     head: Linear,
-    /// The attention implementation of every block (a runtime choice, not saved).
-    attention_kernel: AttentionKernel,
 }
 
 impl NextTokenPredictor {
     /// Builds the model under `vb` (PyTorch's initialisation for new parameters).
     pub fn new(config: NextTokenPredictorConfig, vb: VarBuilder) -> Result<Self> {
         config.validate()?;
+        if let Some(llama) = config.llama_config()? {
+            return Ok(Self {
+                arch: Arch::Llama(Box::new(Llama::new(llama, vb)?)),
+                config,
+                attention_kernel: AttentionKernel::Auto,
+            });
+        }
         let (v, e) = (config.vocab_size, config.embed_dim);
         let blocks = (0..config.num_layers)
             .map(|i| Block::new(&config, vb.pp("blocks").pp(i)))
@@ -123,12 +144,15 @@ impl NextTokenPredictor {
             true => Linear::from_weights(token_embedding.weight().clone(), None),
             false => Linear::new(e, v, config.head_has_bias(), vb.pp("head"))?,
         };
-        Ok(Self {
+        let gpt = Gpt {
             token_embedding,
             position_embedding: Embedding::new(config.max_len, e, vb.pp("position_embedding"))?,
             blocks,
             ln_f: LayerNorm::new_with_bias(e, config.layer_norm_eps, config.bias, vb.pp("ln_f"))?,
             head,
+        };
+        Ok(Self {
+            arch: Arch::Gpt(gpt),
             config,
             attention_kernel: AttentionKernel::Auto,
         })
@@ -152,14 +176,45 @@ impl NextTokenPredictor {
         &self.config
     }
 
-    /// The transformer blocks.
+    /// The GPT blocks (none for a Llama-family model: see [`llama`](Self::llama)).
     pub fn blocks(&self) -> &[Block] {
-        &self.blocks
+        match &self.arch {
+            Arch::Gpt(g) => &g.blocks,
+            Arch::Llama(_) => &[],
+        }
     }
 
-    /// Each block's self-attention, in order (what a [`candle_mha::StackKvCache`] caches).
+    /// Each GPT block's self-attention, in order (what a [`candle_mha::StackKvCache`] caches).
     pub fn attentions(&self) -> Vec<&MultiheadAttention> {
-        self.blocks.iter().map(Block::attn).collect()
+        self.blocks().iter().map(Block::attn).collect()
+    }
+
+    /// The Llama-family model, when the configuration is one.
+    pub fn llama(&self) -> Option<&Llama> {
+        match &self.arch {
+            Arch::Llama(m) => Some(m),
+            Arch::Gpt(_) => None,
+        }
+    }
+
+    /// The output head (the token embedding itself when tied).
+    pub fn head(&self) -> &Linear {
+        match &self.arch {
+            Arch::Gpt(g) => &g.head,
+            Arch::Llama(m) => m.lm_head(),
+        }
+    }
+
+    /// The device of the weights.
+    pub fn device(&self) -> candle::Device {
+        self.head().weight().device().clone()
+    }
+
+    fn gpt(&self) -> Result<&Gpt> {
+        match &self.arch {
+            Arch::Gpt(g) => Ok(g),
+            Arch::Llama(_) => candle::bail!("a Llama-family model has no GPT blocks"),
+        }
     }
 
     fn check_tokens(&self, tokens: &Tensor, kpm: Option<&Tensor>) -> Result<(usize, usize)> {
@@ -223,6 +278,17 @@ impl NextTokenPredictor {
     ) -> Result<(Tensor, Vec<Tensor>)> {
         let cut = |t: Tensor| if graph { t } else { t.detach() };
         let (_, l) = self.check_tokens(tokens, kpm)?;
+        let g = match &self.arch {
+            Arch::Gpt(g) => g,
+            Arch::Llama(m) => {
+                if need_weights {
+                    let (h, w) = m.hidden_with_weights(tokens)?;
+                    return Ok((h, w));
+                }
+                // Llama-family models train without dropout (their attention_dropout is 0).
+                return Ok((cut(m.hidden_masked(tokens, kpm, graph)?), Vec::new()));
+            }
+        };
         let dropout_seed = dropout.map(|(seed, _)| seed);
         let first_row = dropout.map_or(0, |(_, row)| row);
         // The (N, L, E) dropouts of rows first_row.. of a larger batch.
@@ -231,9 +297,9 @@ impl NextTokenPredictor {
         let positions = Tensor::arange(0u32, l as u32, dev)?;
         // One op for both lookups and their sum (one autograd node instead of six).
         let mut x = candle_mha::nn::embedding_sum(
-            &self.token_embedding,
+            &g.token_embedding,
             tokens,
-            &self.position_embedding,
+            &g.position_embedding,
             &positions,
         )?;
         let p = self.config.resid_dropout;
@@ -243,7 +309,7 @@ impl NextTokenPredictor {
         }
         x = cut(x);
         let mut weights = Vec::new();
-        for (i, block) in self.blocks.iter().enumerate() {
+        for (i, block) in g.blocks.iter().enumerate() {
             // `is_causal` without a mask: the module builds the causal mask where it needs one
             // and the fused kernel skips the key tiles above the diagonal.
             let mut opts = AttentionOptions::new()
@@ -266,14 +332,14 @@ impl NextTokenPredictor {
             x = cut(y);
             weights.extend(w);
         }
-        Ok((cut(self.ln_f.forward(&x)?), weights))
+        Ok((cut(g.ln_f.forward(&x)?), weights))
     }
 
     /// Logits `(N, L, V)` in evaluation mode.
     ///
     /// PyTorch equivalent: `model.eval(); model(tokens, key_padding_mask)`.
     pub fn forward(&self, tokens: &Tensor, kpm: Option<&Tensor>) -> Result<Tensor> {
-        self.head
+        self.head()
             .forward(&self.hidden(tokens, kpm, None, false, true)?.0)
     }
 
@@ -302,7 +368,7 @@ impl NextTokenPredictor {
         dropout_seed: u64,
         first_row: usize,
     ) -> Result<Tensor> {
-        self.head.forward(
+        self.head().forward(
             &self
                 .hidden(tokens, kpm, Some((dropout_seed, first_row)), false, true)?
                 .0,
@@ -334,8 +400,8 @@ impl NextTokenPredictor {
         let (hidden, _) = self.hidden(tokens, kpm, Some((dropout_seed, first_row)), false, true)?;
         candle_mha::nn::linear_cross_entropy(
             &hidden,
-            self.head.weight(),
-            self.head.bias(),
+            self.head().weight(),
+            self.head().bias(),
             &targets.reshape(n * l)?,
             &mask.reshape(n * l)?,
         )
@@ -376,7 +442,7 @@ impl NextTokenPredictor {
                 continue;
             }
             let t = targets.narrow(0, r0, len)?;
-            let logits = self.head.forward(&hidden.narrow(0, r0, len)?)?;
+            let logits = self.head().forward(&hidden.narrow(0, r0, len)?)?;
             let mean = candle_mha::nn::cross_entropy_rows(&logits, &t, &m)?;
             loss += mean.to_dtype(DType::F64)?.to_scalar::<f64>()? * count;
             let hits = logits.argmax(D::Minus1)?.eq(&t)?.mul(&m)?;
@@ -392,7 +458,7 @@ impl NextTokenPredictor {
         kpm: Option<&Tensor>,
     ) -> Result<(Tensor, Vec<Tensor>)> {
         let (hidden, weights) = self.hidden(tokens, kpm, None, true, true)?;
-        Ok((self.head.forward(&hidden)?, weights))
+        Ok((self.head().forward(&hidden)?, weights))
     }
 }
 

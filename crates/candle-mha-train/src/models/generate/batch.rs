@@ -51,7 +51,9 @@ pub fn generate_batch(
         candle::bail!("prompt {i} is empty: give at least one token per prompt")
     }
     cfg.validate()?;
-    if !cfg.kv_cache || prompts.len() <= 1 {
+    // Llama-family prompts go one at a time (their cache has no left padding yet): the same
+    // tokens as each prompt alone, as for the GPT models.
+    if !cfg.kv_cache || prompts.len() <= 1 || model.llama().is_some() {
         return prompts.iter().map(|p| generate(model, p, cfg)).collect();
     }
     let max_len = model.config().max_len;
@@ -106,7 +108,9 @@ pub fn generate_batch(
             let next = sample_next(&l, cfg, &mut row.rng)?;
             row.ids.push(next);
             row.out.push(next);
-            row.done = Some(next) == cfg.eos_id || row.out.len() >= cfg.max_new_tokens;
+            row.done = Some(next) == cfg.eos_id
+                || cfg.eos_ids.contains(&next)
+                || row.out.len() >= cfg.max_new_tokens;
         }
     }
     Ok(rows.into_iter().map(|r| r.out).collect())

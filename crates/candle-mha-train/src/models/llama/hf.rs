@@ -64,7 +64,7 @@ pub fn parameter_shapes(cfg: &LlamaConfig) -> Vec<(String, Vec<usize>)> {
     out
 }
 
-fn eos_ids(v: Option<&Value>, what: &str) -> Result<Option<Vec<u32>>> {
+pub(crate) fn eos_ids(v: Option<&Value>, what: &str) -> Result<Option<Vec<u32>>> {
     let one = |x: &Value| -> Result<u32> {
         x.as_u64()
             .and_then(|n| u32::try_from(n).ok())
@@ -197,6 +197,27 @@ pub fn write_hf_dir(
     weights: &[(String, Tensor)],
     dtypes: &[(String, DType)],
 ) -> Result<()> {
+    let staged = StagedDir::new(dir, "mha export")?;
+    write_hf_files(
+        staged.path(),
+        config,
+        config_json,
+        generation_config,
+        weights,
+        dtypes,
+    )?;
+    staged.finish()
+}
+
+/// [`write_hf_dir`]'s files, into the existing directory `dir` (a staged one).
+pub(crate) fn write_hf_files(
+    dir: &Path,
+    config: &LlamaConfig,
+    config_json: Option<&Value>,
+    generation_config: Option<&Value>,
+    weights: &[(String, Tensor)],
+    dtypes: &[(String, DType)],
+) -> Result<()> {
     config.validate()?;
     let want = parameter_shapes(config);
     if want.len() != weights.len()
@@ -220,7 +241,6 @@ pub fn write_hf_dir(
         .iter()
         .map(|(n, t)| Ok((n.clone(), t.to_dtype(dtype_of(n))?)))
         .collect::<Result<Vec<_>>>()?;
-    let staged = StagedDir::new(dir, "mha export")?;
     let config_json = match config_json {
         Some(j) => {
             // The configuration the weights belong to, whatever else the file says.
@@ -237,10 +257,9 @@ pub fn write_hf_dir(
         s.push('\n');
         Ok(s.into_bytes())
     };
-    candle_mha::io::write_atomic(&staged.path().join("config.json"), &pretty(&config_json)?)?;
+    candle_mha::io::write_atomic(&dir.join("config.json"), &pretty(&config_json)?)?;
     if let Some(g) = generation_config {
-        candle_mha::io::write_atomic(&staged.path().join("generation_config.json"), &pretty(g)?)?;
+        candle_mha::io::write_atomic(&dir.join("generation_config.json"), &pretty(g)?)?;
     }
-    StateDict::from_tensors(tensors).save_safetensors(staged.path().join("model.safetensors"))?;
-    staged.finish()
+    StateDict::from_tensors(tensors).save_safetensors(dir.join("model.safetensors"))
 }

@@ -11,6 +11,7 @@ mod config;
 mod hf;
 
 pub use config::{LlamaConfig, LlamaFamily};
+pub(crate) use hf::{eos_ids, write_hf_files};
 pub use hf::{parameter_shapes, read_hf_dir, write_hf_dir, HfWeights};
 
 /// Grouped-query self-attention with rotary positions.
@@ -50,6 +51,7 @@ impl LlamaAttention {
         x: &Tensor,
         rope: &RotaryEmbedding,
         cache: Option<&mut Option<(Tensor, Tensor)>>,
+        pad: Option<&Tensor>,
     ) -> Result<Tensor> {
         let (b, l, _) = x.dims3()?;
         let d = self.head_dim;
@@ -78,9 +80,21 @@ impl LlamaAttention {
         };
         let s = k.dim(2)?;
         let opts = SdpaOptions::new().gqa();
-        let opts = match (offset, l) {
-            (0, _) => opts.causal(),
-            (_, 1) => opts,
+        let opts = match (offset, l, pad) {
+            // Causal and no padded key: `(B, 1, L, S)`, 1 where key j takes part for query i.
+            (0, _, Some(pad)) => {
+                let causal: Vec<u8> = (0..l)
+                    .flat_map(|i| (0..s).map(move |j| u8::from(j <= i)))
+                    .collect();
+                let causal = Tensor::from_vec(causal, (1, 1, l, s), x.device())?;
+                let keep = pad.eq(0u8)?.reshape((b, 1, 1, s))?;
+                opts.with_mask(causal.broadcast_mul(&keep)?)
+            }
+            (_, _, Some(_)) => {
+                candle::bail!("Llama: a key padding mask with a cache is not supported")
+            }
+            (0, _, None) => opts.causal(),
+            (_, 1, None) => opts,
             // Query i (position offset + i) sees keys j ≤ offset + i: bottom-right aligned.
             _ => {
                 let keep: Vec<u8> = (0..l)
@@ -95,6 +109,39 @@ impl LlamaAttention {
             .contiguous()?
             .reshape((b, l, self.heads * d))?;
         self.o.forward(&ctx)
+    }
+
+    /// [`forward`](Self::forward) from position 0 without a cache, and the per-query-head
+    /// attention weights `(B, H, L, L)` (each key/value head read by its group's query heads).
+    fn forward_with_weights(&self, x: &Tensor, rope: &RotaryEmbedding) -> Result<(Tensor, Tensor)> {
+        let (b, l, _) = x.dims3()?;
+        let d = self.head_dim;
+        let split = |t: Tensor, h: usize| t.reshape((b, l, h, d))?.transpose(1, 2);
+        let q = rope.apply(&split(self.q.forward(x)?, self.heads)?, 0)?;
+        let k = rope.apply(&split(self.k.forward(x)?, self.kv_heads)?, 0)?;
+        let v = split(self.v.forward(x)?, self.kv_heads)?;
+        let rep = self.heads / self.kv_heads;
+        // Each key/value head repeated for its group (inspection only: the weights are L × L
+        // per query head anyway).
+        let repeat = |t: &Tensor| -> Result<Tensor> {
+            t.unsqueeze(2)?
+                .broadcast_as((b, self.kv_heads, rep, l, d))?
+                .reshape((b, self.heads, l, d))
+        };
+        let (k, v) = (repeat(&k)?, repeat(&v)?);
+        let causal: Vec<f32> = (0..l)
+            .flat_map(|i| (0..l).map(move |j| if j > i { f32::NEG_INFINITY } else { 0.0 }))
+            .collect();
+        let causal = Tensor::from_vec(causal, (l, l), x.device())?.to_dtype(q.dtype())?;
+        let scores = (q.contiguous()?.matmul(&k.t()?)? * (1.0 / (d as f64).sqrt()))?;
+        let w =
+            candle_mha::attention::softmax::safe_softmax_last_dim(&scores.broadcast_add(&causal)?)?;
+        let ctx = w.matmul(&v.contiguous()?)?;
+        let ctx = ctx
+            .transpose(1, 2)?
+            .contiguous()?
+            .reshape((b, l, self.heads * d))?;
+        Ok((self.o.forward(&ctx)?, w))
     }
 
     /// The four projections: q, k, v, o.
@@ -136,10 +183,10 @@ impl LlamaBlock {
         x: &Tensor,
         rope: &RotaryEmbedding,
         cache: Option<&mut Option<(Tensor, Tensor)>>,
+        pad: Option<&Tensor>,
     ) -> Result<Tensor> {
-        let h = (x + self
-            .attn
-            .forward(&self.input_layernorm.forward(x)?, rope, cache)?)?;
+        let normed = self.input_layernorm.forward(x)?;
+        let h = (x + self.attn.forward(&normed, rope, cache, pad)?)?;
         &h + self
             .mlp
             .forward(&self.post_attention_layernorm.forward(&h)?)?
@@ -289,12 +336,65 @@ impl Llama {
 
     /// The final hidden states `(B, L, E)` (after `model.norm`).
     pub fn hidden(&self, tokens: &Tensor) -> Result<Tensor> {
-        self.check_tokens(tokens, 0)?;
-        let mut x = self.embed_tokens.forward(tokens)?;
+        self.hidden_masked(tokens, None, true)
+    }
+
+    /// [`hidden`](Self::hidden) with padded keys (`pad (B, L)` u8, nonzero: a padding key no
+    /// query attends to; positions are not shifted, so padding goes at the end). `graph:
+    /// false` detaches each block's output (evaluation: no activation is held for a backward
+    /// pass).
+    pub fn hidden_masked(
+        &self,
+        tokens: &Tensor,
+        pad: Option<&Tensor>,
+        graph: bool,
+    ) -> Result<Tensor> {
+        let (b, l) = self.check_tokens(tokens, 0)?;
+        if let Some(p) = pad {
+            if p.dims() != [b, l] {
+                candle::bail!(
+                    "Llama: key padding mask {:?}, expected {:?}",
+                    p.dims(),
+                    [b, l]
+                )
+            }
+        }
+        let cut = |t: Tensor| if graph { t } else { t.detach() };
+        let mut x = cut(self.embed_tokens.forward(tokens)?);
         for layer in &self.layers {
-            x = layer.forward(&x, &self.rope, None)?;
+            x = cut(layer.forward(&x, &self.rope, None, pad)?);
         }
         self.norm.forward(&x)
+    }
+
+    /// The final hidden states and every layer's per-query-head attention weights
+    /// `(B, H, L, L)`, from position 0 (what `mha inspect` shows).
+    pub fn hidden_with_weights(&self, tokens: &Tensor) -> Result<(Tensor, Vec<Tensor>)> {
+        self.check_tokens(tokens, 0)?;
+        let mut x = self.embed_tokens.forward(tokens)?;
+        let mut weights = Vec::with_capacity(self.layers.len());
+        for layer in &self.layers {
+            let (a, w) = layer
+                .attn
+                .forward_with_weights(&layer.input_layernorm.forward(&x)?, &self.rope)?;
+            let h = (&x + a)?;
+            x = (&h
+                + layer
+                    .mlp
+                    .forward(&layer.post_attention_layernorm.forward(&h)?)?)?;
+            weights.push(w);
+        }
+        Ok((self.norm.forward(&x)?, weights))
+    }
+
+    /// The output head (the token embedding when tied).
+    pub fn lm_head(&self) -> &Linear {
+        &self.lm_head
+    }
+
+    /// The device of the weights.
+    pub fn device(&self) -> Device {
+        self.lm_head.weight().device().clone()
     }
 
     /// Logits `(B, L, V)` of `tokens (B, L)` from position 0.
@@ -315,7 +415,7 @@ impl Llama {
         self.check_tokens(tokens, cache.len())?;
         let mut x = self.embed_tokens.forward(tokens)?;
         for (layer, slot) in self.layers.iter().zip(cache.layers.iter_mut()) {
-            x = layer.forward(&x, &self.rope, Some(slot))?;
+            x = layer.forward(&x, &self.rope, Some(slot), None)?;
         }
         self.lm_head.forward(&self.norm.forward(&x)?)
     }

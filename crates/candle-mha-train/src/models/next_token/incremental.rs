@@ -61,15 +61,16 @@ impl NextTokenPredictor {
         key_padding_mask_new: Option<&Tensor>,
     ) -> Result<Tensor> {
         let (n, t) = self.check_tokens(tokens_new, key_padding_mask_new)?;
+        let g = self.gpt()?;
         if t == 0 {
             candle::bail!("forward_incremental: tokens_new must hold at least one column, got (N, T) = ({n}, 0)")
         }
-        if cache.num_layers() != self.blocks.len() {
+        if cache.num_layers() != g.blocks.len() {
             candle::bail!(
                 "forward_incremental: the cache has {} layers, the model {}; expected a cache \
                  from this model's new_cache",
                 cache.num_layers(),
-                self.blocks.len()
+                g.blocks.len()
             )
         }
         if cache.batch_size() != n {
@@ -99,15 +100,15 @@ impl NextTokenPredictor {
         }
         let dev = tokens_new.device();
         let positions = Tensor::from_vec(positions, (n, t), dev)?;
-        let x = self.token_embedding.forward(tokens_new)?;
-        let mut x = (x + self.position_embedding.forward(&positions)?)?;
+        let x = g.token_embedding.forward(tokens_new)?;
+        let mut x = (x + g.position_embedding.forward(&positions)?)?;
         let mut opts = IncrementalOptions::new().with_kernel(self.attention_kernel);
         if let Some(m) = key_padding_mask_new {
             opts = opts.with_key_padding_mask(m.clone());
         }
-        for (block, layer_cache) in self.blocks.iter().zip(cache.layers_mut()) {
+        for (block, layer_cache) in g.blocks.iter().zip(cache.layers_mut()) {
             x = block.forward_incremental(&x, layer_cache, &opts)?;
         }
-        self.head.forward(&self.ln_f.forward(&x)?)
+        g.head.forward(&g.ln_f.forward(&x)?)
     }
 }
