@@ -111,14 +111,13 @@ def main(out):
 
 
 
-def text_fixture(out, text_path):
-    """`llama_text/`: a byte-level BPE tokenizer (as SmolLM2's and Qwen's) trained on a
-    license text, a LlamaForCausalLM over its ids, and transformers' greedy text for a prompt;
-    `generation_config.json` lists two end ids, the first of which greedy decoding reaches."""
+def text_fixture(out, text_path, name="llama_text", cls=LlamaForCausalLM, config_cls=LlamaConfig):
+    """`<name>/`: a byte-level BPE tokenizer (as SmolLM2's and Qwen's) trained on a license
+    text, a model of `cls` over its ids, and transformers' greedy text for a prompt;
+    `generation_config.json` lists two end ids, one of which greedy decoding reaches."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import GenerationConfig, PreTrainedTokenizerFast
 
-    name = "llama_text"
     d = os.path.join(out, name)
     shutil.rmtree(d, ignore_errors=True)
     tok = Tokenizer(models.BPE())
@@ -129,11 +128,11 @@ def text_fixture(out, text_path):
     tok.train([text_path], trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
     v = tok.get_vocab_size()
-    cfg = LlamaConfig(vocab_size=v, hidden_size=48, intermediate_size=64, num_hidden_layers=2,
+    cfg = config_cls(vocab_size=v, hidden_size=48, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=128,
                       tie_word_embeddings=True, bos_token_id=0, eos_token_id=0)
     cfg._attn_implementation = "sdpa"
-    model = LlamaForCausalLM(cfg).eval()
+    model = cls(cfg).eval()
     randomize(model, name)
     prompt = "This License applies to"
     ids = fast(prompt, return_tensors="pt").input_ids
@@ -145,7 +144,7 @@ def text_fixture(out, text_path):
     model.generation_config = GenerationConfig(bos_token_id=0, eos_token_id=[never, stop])
     model.save_pretrained(d)
     fast.save_pretrained(d)
-    model = LlamaForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="sdpa")
+    model = cls.from_pretrained(d, dtype=torch.float32, attn_implementation="sdpa")
     with torch.no_grad():
         out_ids = model.generate(ids, do_sample=False, max_new_tokens=16)
     new = out_ids[0, ids.shape[1]:]
@@ -165,3 +164,4 @@ if __name__ == "__main__":
     a = ap.parse_args()
     main(a.out)
     text_fixture(a.out, a.text)
+    text_fixture(a.out, a.text, "qwen2_text", Qwen2ForCausalLM, Qwen2Config)

@@ -118,8 +118,8 @@ fn what_cannot_be_honoured_is_refused() -> Result<()> {
         ("\"gelu_new\"", "\"relu\"", "activation_function \"relu\""),
         (
             "\"model_type\": \"gpt2\"",
-            "\"model_type\": \"llama\"",
-            "model_type \"llama\" is not supported",
+            "\"model_type\": \"gemma\"",
+            "model_type \"gemma\" is not supported",
         ),
         // More blocks than the weights hold: refused before a model that size is built.
         (

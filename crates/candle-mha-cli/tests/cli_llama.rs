@@ -32,16 +32,23 @@ fn json(path: &Path) -> Result<serde_json::Value> {
 /// without the cache).
 #[test]
 fn an_imported_llama_continues_a_prompt_as_transformers_does() -> Result<()> {
+    for (case, class) in [
+        ("llama_text", "LlamaForCausalLM"),
+        ("qwen2_text", "Qwen2ForCausalLM"),
+    ] {
+        continues_as_transformers(case, class)?;
+    }
+    Ok(())
+}
+
+fn continues_as_transformers(case: &str, class: &str) -> Result<()> {
     let tmp = tempfile::tempdir()?;
     let run = tmp.path().join("run");
-    let (ok, out, err) = run_mha!("import {} --out {}", s(&fixture("llama_text")), s(&run))?;
+    let (ok, out, err) = run_mha!("import {} --out {}", s(&fixture(case)), s(&run))?;
     assert!(ok, "{err}");
-    assert!(
-        out.contains("LlamaForCausalLM, 6 query / 2 key-value heads of 8")
-            && out.contains("tied head"),
-        "{out}"
-    );
-    let want = json(&fixture("llama_text").join("expected.json"))?;
+    let heads = format!("{class}, 6 query / 2 key-value heads of 8");
+    assert!(out.contains(&heads) && out.contains("tied head"), "{out}");
+    let want = json(&fixture(case).join("expected.json"))?;
     let prompt = want["prompt"].as_str().unwrap();
     let continuation = want["continuation"].as_str().unwrap();
     let new = want["new_ids"].as_array().unwrap().len();
@@ -61,7 +68,11 @@ fn an_imported_llama_continues_a_prompt_as_transformers_does() -> Result<()> {
             )?,
         };
         assert!(ok, "{err}");
-        assert_eq!(out, format!("{prompt}{continuation}\n"), "cache {cache}");
+        assert_eq!(
+            out,
+            format!("{prompt}{continuation}\n"),
+            "{case}: cache {cache}"
+        );
     }
     // inspect shows every query head; eval and info read the run.
     let (ok, out, err) = run_mha!("inspect --checkpoint {} --input {}", s(&run), prompt)?;

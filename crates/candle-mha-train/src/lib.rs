@@ -86,5 +86,5 @@ pub use trainer::Trainer;
 
 /// The guide's example of the Llama-family API, compiled as a doctest.
 #[cfg(doctest)]
-#[doc = include_str!("../../../docs/llama.md")]
+#[doc = include_str!(concat!(env!("MHA_WORKSPACE_DIR"), "/docs/llama.md"))]
 pub struct LlamaGuide;

@@ -348,7 +348,7 @@ pub fn config_from_hf(json: &serde_json::Value) -> Result<NextTokenPredictorConf
     match field("model_type") {
         Some(v) if v.as_str() == Some("gpt2") => {}
         Some(other) => {
-            candle::bail!("config.json: model_type {other} is not supported; expected \"gpt2\" (GPT2LMHeadModel)")
+            candle::bail!("config.json: model_type {other} is not supported; expected \"gpt2\" (GPT2LMHeadModel), \"llama\", \"qwen2\" or \"mistral\"")
         }
         None => candle::bail!("config.json: no model_type; expected \"gpt2\" (GPT2LMHeadModel)"),
     }
