@@ -213,15 +213,43 @@ fn export_gives_back_the_hugging_face_weights() -> Result<()> {
         Ok(out)
     };
     assert_eq!(greedy(&nano)?, greedy(&back)?);
-    let refused = tmp.path().join("refused");
-    // `mha train`'s own model: an untied head with a bias.
+    // `mha train`'s own model: an untied head without a bias, as GPT-2's lm_head.
     let own = tmp.path().join("own");
     let (ok, _, err) = run_mha!(
         "train --out {} --steps 1 --embed-dim 8 --num-heads 2 --num-layers 1 --quiet",
         s(&own)
     )?;
     assert!(ok, "{err}");
-    let (ok, _, err) = run_mha!("export {} --out {}", s(&own), s(&refused))?;
+    let own_hf = tmp.path().join("own-hf");
+    let (ok, _, err) = run_mha!("export {} --out {}", s(&own), s(&own_hf))?;
+    assert!(ok, "{err}");
+    let cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(own_hf.join("config.json"))?)?;
+    assert_eq!(cfg["tie_word_embeddings"], false);
+    let weights = StateDict::load(own_hf.join("model.safetensors"))?;
+    assert!(weights.get("lm_head.weight").is_some() && weights.get("lm_head.bias").is_none());
+    // A run made before that default (no `head_bias` in its config.json, a `head.bias`):
+    // refused, with nothing written.
+    let old = tmp.path().join("old");
+    std::fs::create_dir_all(&old)?;
+    let mut cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(own.join("config.json"))?)?;
+    cfg.as_object_mut().unwrap().remove("head_bias");
+    std::fs::write(old.join("config.json"), serde_json::to_vec(&cfg)?)?;
+    let model = StateDict::load(own.join("model.safetensors"))?;
+    let v = model.get("head.weight").unwrap().dims()[0];
+    let bias = candle_mha::candle::Tensor::zeros(v, DType::F32, &candle_mha::candle::Device::Cpu)?;
+    let with_bias = model
+        .tensors()
+        .iter()
+        .cloned()
+        .chain([("head.bias".to_string(), bias)]);
+    StateDict::from_tensors(with_bias).save_safetensors(old.join("model.safetensors"))?;
+    for f in ["vocab.json", "trainer_state.json", "optimizer.safetensors"] {
+        std::fs::copy(own.join(f), old.join(f))?;
+    }
+    let refused = tmp.path().join("refused");
+    let (ok, _, err) = run_mha!("export {} --unverified --out {}", s(&old), s(&refused))?;
     assert!(!ok && err.contains("has a bias"), "{err}");
     assert!(!refused.exists());
     Ok(())

@@ -74,7 +74,7 @@ pub fn export_hugging_face(run: &Path, out: &Path, unverified: Unverified) -> Re
     }
     if cfg.head_has_bias() {
         candle::bail!(
-            "{}: the model's head is not tied to the token embedding and has a bias; GPT2LMHeadModel's lm_head has none",
+            "{}: the model's head is not tied to the token embedding and has a bias (a run made before heads lost theirs by default); GPT2LMHeadModel's lm_head has none",
             run.display()
         )
     }

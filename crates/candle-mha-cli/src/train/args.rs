@@ -364,6 +364,9 @@ impl TrainArgs {
             ff_dim: self.ff_dim.unwrap_or(4 * embed_dim),
             dropout: self.dropout.unwrap_or(base.dropout),
             resid_dropout: self.resid_dropout.unwrap_or(base.resid_dropout),
+            // The output head without a bias, as GPT-2's, nanoGPT's and Llama's: the run
+            // exports to Hugging Face (`mha export`); runs made before keep theirs.
+            head_bias: Some(false),
             ..base
         }
     }

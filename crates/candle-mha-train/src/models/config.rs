@@ -49,9 +49,11 @@ pub struct NextTokenPredictorConfig {
     /// gradient the sum of both uses; no head bias), as in GPT-2 and nanoGPT. Default false.
     #[serde(default, skip_serializing_if = "is_false")]
     pub tie_embeddings: bool,
-    /// Whether an untied head has a bias. `None` (the default): [`bias`](Self::bias), as
-    /// before the field existed. Hugging Face's untied GPT-2 (`tie_word_embeddings: false`)
-    /// has `Some(false)`: its `lm_head` is `nn.Linear(n_embd, vocab_size, bias=False)`.
+    /// Whether an untied head has a bias. `None` (the default, and `scripts/reference_model.py`'s
+    /// model): [`bias`](Self::bias), as before the field existed. Hugging Face's untied GPT-2
+    /// (`tie_word_embeddings: false`) has `Some(false)`: its `lm_head` is
+    /// `nn.Linear(n_embd, vocab_size, bias=False)`; so do the runs `mha train` makes, which
+    /// therefore export to it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub head_bias: Option<bool>,
     /// The MLP's GELU. Default [`Gelu::Exact`].
