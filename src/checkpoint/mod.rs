@@ -21,7 +21,6 @@ mod load;
 mod pickle;
 mod report;
 mod state_dict;
-mod torch_save;
 mod transformer_discover;
 
 pub use attention_io::{
@@ -31,10 +30,9 @@ pub use attention_io::{
 pub use cast::cast;
 pub use discover::{find_attention_modules, InferredAttention};
 pub use load::{load_into_varmap, load_into_varmap_owned, LoadOptions};
-pub use pickle::{load_pickle, parse_plain_pickle, PickleValue};
+pub use pickle::{load_pickle, parse_plain_pickle, save_torch, PickleValue};
 pub use report::{DtypeCast, LoadReport, ShapeMismatch};
 pub use state_dict::{normalize_prefix, CheckpointFormat, StateDict};
-pub use torch_save::save_torch;
 pub use transformer_discover::{
     find_transformer_modules, InferredTransformer, InferredTransformerLayer,
     InferredTransformerModule, InferredTransformerStack,

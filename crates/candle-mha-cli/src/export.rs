@@ -32,11 +32,15 @@ pub struct ExportArgs {
 pub fn run(args: &ExportArgs) -> Result<()> {
     let how = match args.format.as_str() {
         "nanogpt" => {
-            candle_mha_train::export::export_nanogpt(&args.run, &args.out, trust(args.unverified))?;
+            candle_mha_train::formats::export_nanogpt(
+                &args.run,
+                &args.out,
+                trust(args.unverified),
+            )?;
             "nanoGPT: ckpt.pt, train.py init_from=\"resume\"".to_string()
         }
         _ => {
-            let class = candle_mha_train::export::export_hugging_face(
+            let class = candle_mha_train::formats::export_hugging_face(
                 &args.run,
                 &args.out,
                 trust(args.unverified),

@@ -4,8 +4,8 @@
 use std::path::PathBuf;
 
 use anyhow::Result;
-use candle_mha_train::import::{detect, read_hugging_face, read_nanogpt};
-use candle_mha_train::models::gpt2::Gpt2Format;
+use candle_mha_train::formats::gpt2_names::Gpt2Format;
+use candle_mha_train::formats::{detect, read_hugging_face, read_nanogpt};
 
 /// Arguments of `mha import`.
 #[derive(clap::Args, Debug)]

@@ -14,7 +14,8 @@ use candle::{DType, Device, Tensor};
 use candle_mha::checkpoint::{load_into_varmap_owned, LoadOptions};
 use candle_mha::optim::{AdamW, AdamWConfig};
 use candle_mha::zeroed_var_builder;
-use candle_mha_train::models::llama::{parameter_shapes, read_hf_dir, Llama};
+use candle_mha_train::formats::read_hf_dir;
+use candle_mha_train::models::llama::{parameter_shapes, Llama};
 use candle_nn::{VarBuilder, VarMap};
 
 fn peak_rss_mib() -> f64 {

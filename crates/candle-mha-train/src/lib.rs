@@ -46,8 +46,7 @@ pub use candle_mha;
 
 pub mod commit;
 pub mod data;
-pub mod export;
-pub mod import;
+pub mod formats;
 pub mod limits;
 pub mod lock;
 pub mod models;

@@ -13,8 +13,8 @@ use candle_mha::candle::{DType, Device, Tensor, D};
 use candle_mha::checkpoint::{load_into_varmap, LoadOptions, StateDict};
 use candle_mha::optim::{clip_grad_norm, AdamW, AdamWConfig};
 use candle_mha::seeded_var_builder;
-use candle_mha_train::import;
-use candle_mha_train::models::gpt2::{self, Gpt2Format};
+use candle_mha_train::formats::gpt2_names::{self as gpt2, Gpt2Format};
+use candle_mha_train::formats::{self as import, hf_gpt2};
 use candle_mha_train::models::{
     generate, GenerateConfig, NextTokenPredictor, NextTokenPredictorConfig,
 };
@@ -48,7 +48,7 @@ fn hf_files(name: &str) -> Result<(NextTokenPredictorConfig, StateDict, StateDic
     let dir = fixtures().join(name);
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("config.json"))?)?;
-    let cfg = gpt2::config_from_hf(&json)?;
+    let cfg = hf_gpt2::config_from_hf(&json)?;
     let sd = StateDict::load(dir.join("model.safetensors"))?;
     let (ours, report) = gpt2::from_gpt2(&sd, Gpt2Format::HuggingFace, &cfg)?;
     assert_eq!(report.transposed, 4 * cfg.num_layers, "{report}");
@@ -247,7 +247,7 @@ fn hugging_face_round_trip_is_exact() -> Result<()> {
             !cfg.tie_embeddings,
             "{name}"
         );
-        let cfg_back = gpt2::config_from_hf(&gpt2::config_to_hf(&cfg))?;
+        let cfg_back = hf_gpt2::config_from_hf(&hf_gpt2::config_to_hf(&cfg))?;
         assert_eq!(cfg_back, cfg, "{name}");
     }
     let _ = D::Minus1;

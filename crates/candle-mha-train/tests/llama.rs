@@ -12,7 +12,8 @@ use candle_mha::checkpoint::{load_into_varmap_owned, LoadOptions};
 use candle_mha::optim::{AdamW, AdamWConfig};
 use candle_mha::zeroed_var_builder;
 use candle_mha_test_support::{assert_close, Fixture};
-use candle_mha_train::models::llama::{parameter_shapes, read_hf_dir, write_hf_dir, Llama};
+use candle_mha_train::formats::{read_hf_dir, write_hf_dir, HfWeights};
+use candle_mha_train::models::llama::{parameter_shapes, Llama};
 use candle_nn::VarMap;
 
 const CASES: [&str; 7] = [
@@ -31,14 +32,7 @@ fn dir(case: &str) -> PathBuf {
         .join(case)
 }
 
-fn load(
-    case: &str,
-) -> Result<(
-    Llama,
-    VarMap,
-    Fixture,
-    candle_mha_train::models::llama::HfWeights,
-)> {
+fn load(case: &str) -> Result<(Llama, VarMap, Fixture, HfWeights)> {
     let d = dir(case);
     let hf = read_hf_dir(&d)?;
     let varmap = VarMap::new();

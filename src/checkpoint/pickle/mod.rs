@@ -1,6 +1,6 @@
-//! Reading `torch.save` files without Python: the zip format (PyTorch ≥ 1.6, the default) and
-//! the legacy stream format (`_use_new_zipfile_serialization=False`, older PyTorch), holding
-//! a state dict (also nested under a key) or a whole pickled module (`torch.save(model)`).
+//! `torch.save` files without Python, read and written (`torch_save.rs` is the writer).
+//! Reading: the zip format (PyTorch ≥ 1.6, the default) and the legacy stream format
+//! (`_use_new_zipfile_serialization=False`, older PyTorch), holding a state dict (also nested under a key) or a whole pickled module (`torch.save(model)`).
 //!
 //! The pickle is parsed by candle's pickle machine (`candle::pickle::Stack`), which builds a
 //! tree of objects and runs nothing: a file cannot execute code here, whatever classes it
@@ -19,11 +19,13 @@ mod bounded;
 mod container;
 mod plain;
 mod tensor;
+mod torch_save;
 mod value;
 
 use container::{open_legacy, open_zip, Storages};
 pub use plain::{parse_plain_pickle, MAX_PLAIN_PICKLE_BYTES};
 use tensor::{class_of, materialize, tensor_ref};
+pub use torch_save::save_torch;
 pub use value::{load_pickle, PickleValue};
 
 /// Keys under which PyTorch training scripts commonly nest the state_dict in a pickle.

@@ -3,8 +3,6 @@
 
 mod config;
 mod generate;
-pub mod gpt2;
-pub(crate) mod hf_dir;
 pub mod llama;
 mod next_token;
 

@@ -394,3 +394,23 @@ impl LlamaConfig {
         Ok(())
     }
 }
+
+/// The ids of an `eos_token_id` (a number or a list, `what` the file it is in), `None` when
+/// absent or null.
+pub(crate) fn eos_ids(v: Option<&Value>, what: &str) -> Result<Option<Vec<u32>>> {
+    let one = |x: &Value| -> Result<u32> {
+        x.as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(|| {
+                candle::Error::Msg(format!("{what}: eos_token_id {x} is not a token id"))
+            })
+    };
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Array(a)) if a.len() <= 1024 => {
+            Ok(Some(a.iter().map(one).collect::<Result<_>>()?))
+        }
+        Some(Value::Array(a)) => candle::bail!("{what}: {} eos_token_ids, at most 1024", a.len()),
+        Some(x) => Ok(Some(vec![one(x)?])),
+    }
+}

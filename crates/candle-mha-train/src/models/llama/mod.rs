@@ -8,11 +8,9 @@ use candle_mha::nn::{Embedding, Linear, RmsNorm, RmsNormKind, RotaryEmbedding, S
 use candle_nn::{Init, VarBuilder};
 
 mod config;
-mod hf;
 
+pub(crate) use config::eos_ids;
 pub use config::{LlamaConfig, LlamaFamily};
-pub(crate) use hf::{eos_ids, write_hf_files};
-pub use hf::{parameter_shapes, read_hf_dir, write_hf_dir, HfWeights};
 
 /// Grouped-query self-attention with rotary positions.
 ///
@@ -484,4 +482,37 @@ impl Llama {
         }
         Ok(out)
     }
+}
+
+/// Every parameter of a model of `cfg`: Hugging Face's name and shape, in the model's order.
+pub fn parameter_shapes(cfg: &LlamaConfig) -> Vec<(String, Vec<usize>)> {
+    let (v, e, i) = (cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size);
+    let (q, kv) = (
+        cfg.num_heads * cfg.head_dim,
+        cfg.num_kv_heads * cfg.head_dim,
+    );
+    let mut out = vec![("model.embed_tokens.weight".to_string(), vec![v, e])];
+    for l in 0..cfg.num_layers {
+        let p = |s: &str| format!("model.layers.{l}.{s}");
+        out.push((p("input_layernorm.weight"), vec![e]));
+        for (name, rows) in [("q_proj", q), ("k_proj", kv), ("v_proj", kv)] {
+            out.push((p(&format!("self_attn.{name}.weight")), vec![rows, e]));
+            if cfg.qkv_bias {
+                out.push((p(&format!("self_attn.{name}.bias")), vec![rows]));
+            }
+        }
+        out.push((p("self_attn.o_proj.weight"), vec![e, q]));
+        if cfg.o_bias {
+            out.push((p("self_attn.o_proj.bias"), vec![e]));
+        }
+        out.push((p("post_attention_layernorm.weight"), vec![e]));
+        out.push((p("mlp.gate_proj.weight"), vec![i, e]));
+        out.push((p("mlp.up_proj.weight"), vec![i, e]));
+        out.push((p("mlp.down_proj.weight"), vec![e, i]));
+    }
+    out.push(("model.norm.weight".to_string(), vec![e]));
+    if !cfg.tie_word_embeddings {
+        out.push(("lm_head.weight".to_string(), vec![v, e]));
+    }
+    out
 }

@@ -1,7 +1,12 @@
-//! GPT-2-family checkpoints people already have, read into an [`Imported`] run and written as
-//! an ordinary run directory (`mha import`): a Hugging Face `GPT2LMHeadModel` directory, or
-//! nanoGPT's `ckpt.pt` with its optimizer, step and settings (so `mha train --resume`
-//! continues nanoGPT's run) and its `meta.pkl` character vocabulary.
+//! The checkpoint formats a run comes from and goes back to, one module each, holding its
+//! read and its write: [`hf_gpt2`] (Hugging Face `GPT2LMHeadModel`), [`nanogpt`] (nanoGPT's
+//! `ckpt.pt` with its optimizer, step and settings, and its `meta.pkl`), [`hf_llama`] (Hugging
+//! Face `LlamaForCausalLM`, `Qwen2ForCausalLM`, `MistralForCausalLM`). GPT-2's and nanoGPT's
+//! names for our blocks are [`gpt2_names`]'s; `hf_dir` reads what every Hugging Face
+//! directory shares.
+//!
+//! Reading gives an [`Imported`] run, written as an ordinary run directory (`mha import`);
+//! [`export_hugging_face`] and [`export_nanogpt`] write a run back (`mha export`).
 
 use std::path::Path;
 
@@ -11,15 +16,22 @@ use candle_mha::zeroed_var_builder;
 use candle_nn::VarMap;
 
 use crate::data::{Codec, TextTokenizer};
-use crate::models::gpt2::{self, Gpt2Format, Gpt2Report};
-use crate::models::hf_dir::{hugging_face_weights, json};
-use crate::models::llama::read_hf_dir;
-use crate::models::{LlamaRecord, NextTokenPredictor, NextTokenPredictorConfig};
+use crate::models::{NextTokenPredictor, NextTokenPredictorConfig};
+use crate::run_dir::CONFIG_FILE;
 use crate::staged_dir::StagedDir;
-use crate::{ImportedRecord, TrainConfig, Trainer};
+use crate::{verify_model_files, ImportedRecord, TrainConfig, Trainer, Unverified};
+use gpt2_names::{Gpt2Format, Gpt2Report};
+use hf_dir::json;
 
-mod nanogpt;
-pub use nanogpt::read_nanogpt;
+pub mod gpt2_names;
+pub(crate) mod hf_dir;
+pub mod hf_gpt2;
+pub mod hf_llama;
+pub mod nanogpt;
+
+pub use hf_gpt2::read_hugging_face;
+pub use hf_llama::{read_hf_dir, read_llama, write_hf_dir, HfWeights};
+pub use nanogpt::{export_nanogpt, read_nanogpt};
 
 /// A checkpoint read for import: our configuration, weights and (nanoGPT) optimizer state,
 /// the step it was at, the training settings it recorded, and its tokenization.
@@ -74,7 +86,7 @@ pub fn detect(path: &Path) -> Result<Gpt2Format> {
 /// The tokenizer of a Hugging Face directory: `tokenizer.json`, else the slow tokenizer's
 /// `vocab.json` and `merges.txt` (with `added_tokens.json` when present); `None` without
 /// either.
-fn hugging_face_tokenizer(dir: &Path) -> Result<Option<TextTokenizer>> {
+pub(crate) fn hugging_face_tokenizer(dir: &Path) -> Result<Option<TextTokenizer>> {
     let own = dir.join("tokenizer.json");
     if own.exists() {
         return Ok(Some(TextTokenizer::load(&own)?));
@@ -106,7 +118,7 @@ fn hugging_face_tokenizer(dir: &Path) -> Result<Option<TextTokenizer>> {
 
 /// The tokenization of an import: `tokenizer` when given, else `found` (the checkpoint's
 /// own), else ids as tokens (with a note); its size must fit the model's vocabulary.
-fn codec_for(
+pub(crate) fn codec_for(
     tokenizer: Option<&Path>,
     found: Option<TextTokenizer>,
     vocab_size: usize,
@@ -132,96 +144,28 @@ fn codec_for(
     Ok(Codec::Text(Box::new(tok)))
 }
 
-/// Reads a Hugging Face `GPT2LMHeadModel` directory: `config.json`, the weights (`Conv1D`
-/// transposed, buffers skipped), `tokenizer.json` when present (or `tokenizer`).
-pub fn read_hugging_face(dir: &Path, tokenizer: Option<&Path>) -> Result<Imported> {
-    let config_json = json(&dir.join("config.json"))?;
-    let model_type = config_json.get("model_type").and_then(|v| v.as_str());
-    if matches!(model_type, Some("llama" | "qwen2" | "mistral")) {
-        return read_llama(dir, tokenizer);
-    }
-    let config = gpt2::config_from_hf(&config_json)?;
-    let sd = hugging_face_weights(dir)?;
-    let (weights, report) = gpt2::from_gpt2(&sd, Gpt2Format::HuggingFace, &config)
-        .map_err(|e| candle::Error::Msg(format!("{}: {e}", dir.display())))?;
-    let mut notes = Vec::new();
-    let found = hugging_face_tokenizer(dir)?;
-    let codec = codec_for(tokenizer, found, config.vocab_size, &mut notes)?;
-    Ok(Imported {
-        source: format!("{} (Hugging Face GPT-2)", dir.display()),
-        train: TrainConfig {
-            decay_matrices_only: true,
-            ..TrainConfig::for_text()
-        },
-        config,
-        weights,
-        optimizer: None,
-        step: 0,
-        codec,
-        report,
-        notes,
-        record: None,
-    })
-}
-
-/// Reads a Hugging Face `LlamaForCausalLM` / `Qwen2ForCausalLM` / `MistralForCausalLM`
-/// directory ([`read_hf_dir`]: what the model cannot honour is refused by name) with its
-/// `tokenizer.json` (or `tokenizer`); the weights keep Hugging Face's names, and what the export
-/// writes back (the source's `config.json`, `generation_config.json`, each weight's dtype) is
-/// kept in the run's `config.json`.
-pub fn read_llama(dir: &Path, tokenizer: Option<&Path>) -> Result<Imported> {
-    let hf = read_hf_dir(dir)?;
-    let dtypes = hf
-        .dtypes
-        .iter()
-        .map(|(n, d)| (n.clone(), dtype_name(*d).to_string()))
-        .collect();
-    let record = LlamaRecord {
-        hf_config: hf.config_json,
-        generation_config: hf.generation_config,
-        dtypes,
+/// Writes the model of the run (or checkpoint) directory `run` into `out` (new or empty;
+/// written as a unit) as a Hugging Face directory: a GPT-2 run as a `GPT2LMHeadModel`
+/// (`hf_gpt2::write_export`), a Llama-family run as its own class
+/// (`hf_llama::write_export`). Returns the transformers class written.
+///
+/// PyTorch equivalent: `model.save_pretrained(out)`.
+pub fn export_hugging_face(run: &Path, out: &Path, unverified: Unverified) -> Result<&'static str> {
+    let staged = StagedDir::new(out, "mha export")?;
+    verify_model_files(run, unverified)?;
+    let cfg = NextTokenPredictorConfig::load(run.join(CONFIG_FILE))?;
+    let class = match (cfg.llama_config()?, &cfg.llama) {
+        (Some(llama), Some(record)) => {
+            hf_llama::write_export(run, &llama, record, staged.path())?;
+            llama.family.architecture()
+        }
+        _ => {
+            hf_gpt2::write_export(run, &cfg, staged.path())?;
+            "GPT2LMHeadModel"
+        }
     };
-    let config = NextTokenPredictorConfig::from_llama(&hf.config, Some(record))?;
-    let mut notes = Vec::new();
-    let found = hugging_face_tokenizer(dir)?;
-    let codec = codec_for(tokenizer, found, config.vocab_size, &mut notes)?;
-    let report = Gpt2Report {
-        mapped: hf
-            .weights
-            .tensors()
-            .iter()
-            .map(|(n, _)| n.clone())
-            .collect(),
-        ..Gpt2Report::default()
-    };
-    Ok(Imported {
-        source: format!(
-            "{} (Hugging Face {})",
-            dir.display(),
-            hf.config.family.architecture()
-        ),
-        train: TrainConfig {
-            decay_matrices_only: true,
-            ..TrainConfig::for_text()
-        },
-        config,
-        weights: hf.weights,
-        optimizer: None,
-        step: 0,
-        codec,
-        report,
-        notes,
-        record: None,
-    })
-}
-
-/// `"f32"`, `"f16"`, `"bf16"` (what a Llama record stores).
-pub(crate) fn dtype_name(d: DType) -> &'static str {
-    match d {
-        DType::F16 => "f16",
-        DType::BF16 => "bf16",
-        _ => "f32",
-    }
+    staged.finish()?;
+    Ok(class)
 }
 
 impl Imported {
@@ -252,7 +196,7 @@ impl Imported {
                 candle::bail!(
                     "{}: {} holds NaN or infinite values; expected finite weights",
                     self.source,
-                    gpt2::gpt2_name(name).unwrap_or_else(|| name.clone())
+                    gpt2_names::gpt2_name(name).unwrap_or_else(|| name.clone())
                 )
             }
         }

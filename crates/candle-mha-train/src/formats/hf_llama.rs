@@ -1,5 +1,6 @@
-//! Hugging Face Llama-family directories in and out: `config.json`, the weights
-//! (`model.safetensors` or shards; f32, f16 or bf16), `generation_config.json`.
+//! Hugging Face Llama-family directories (`LlamaForCausalLM`, `Qwen2ForCausalLM`,
+//! `MistralForCausalLM`) in and out: `config.json`, the weights (`model.safetensors` or shards;
+//! f32, f16 or bf16) under their own names, `generation_config.json`, the tokenizer.
 
 use std::path::Path;
 
@@ -7,9 +8,15 @@ use candle::{DType, Result, Tensor};
 use candle_mha::checkpoint::StateDict;
 use serde_json::Value;
 
-use super::LlamaConfig;
-use crate::models::hf_dir::{hugging_face_weights, json};
+use super::gpt2_names::Gpt2Report;
+use super::hf_dir::{hugging_face_weights, json};
+use super::{codec_for, hugging_face_tokenizer, Imported};
+use crate::data::Codec;
+use crate::models::llama::{eos_ids, parameter_shapes, LlamaConfig};
+use crate::models::{LlamaRecord, NextTokenPredictorConfig};
+use crate::run_dir::MODEL_FILE;
 use crate::staged_dir::StagedDir;
+use crate::TrainConfig;
 
 /// What a Hugging Face Llama-family directory holds, checked against its `config.json`.
 ///
@@ -29,57 +36,6 @@ pub struct HfWeights {
     /// The ids that end generation: `generation_config.json`'s `eos_token_id` (a number or a
     /// list), else `config.json`'s.
     pub eos_token_ids: Vec<u32>,
-}
-
-/// Every parameter of a model of `cfg`: Hugging Face's name and shape, in the model's order.
-pub fn parameter_shapes(cfg: &LlamaConfig) -> Vec<(String, Vec<usize>)> {
-    let (v, e, i) = (cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size);
-    let (q, kv) = (
-        cfg.num_heads * cfg.head_dim,
-        cfg.num_kv_heads * cfg.head_dim,
-    );
-    let mut out = vec![("model.embed_tokens.weight".to_string(), vec![v, e])];
-    for l in 0..cfg.num_layers {
-        let p = |s: &str| format!("model.layers.{l}.{s}");
-        out.push((p("input_layernorm.weight"), vec![e]));
-        for (name, rows) in [("q_proj", q), ("k_proj", kv), ("v_proj", kv)] {
-            out.push((p(&format!("self_attn.{name}.weight")), vec![rows, e]));
-            if cfg.qkv_bias {
-                out.push((p(&format!("self_attn.{name}.bias")), vec![rows]));
-            }
-        }
-        out.push((p("self_attn.o_proj.weight"), vec![e, q]));
-        if cfg.o_bias {
-            out.push((p("self_attn.o_proj.bias"), vec![e]));
-        }
-        out.push((p("post_attention_layernorm.weight"), vec![e]));
-        out.push((p("mlp.gate_proj.weight"), vec![i, e]));
-        out.push((p("mlp.up_proj.weight"), vec![i, e]));
-        out.push((p("mlp.down_proj.weight"), vec![e, i]));
-    }
-    out.push(("model.norm.weight".to_string(), vec![e]));
-    if !cfg.tie_word_embeddings {
-        out.push(("lm_head.weight".to_string(), vec![v, e]));
-    }
-    out
-}
-
-pub(crate) fn eos_ids(v: Option<&Value>, what: &str) -> Result<Option<Vec<u32>>> {
-    let one = |x: &Value| -> Result<u32> {
-        x.as_u64()
-            .and_then(|n| u32::try_from(n).ok())
-            .ok_or_else(|| {
-                candle::Error::Msg(format!("{what}: eos_token_id {x} is not a token id"))
-            })
-    };
-    match v {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Array(a)) if a.len() <= 1024 => {
-            Ok(Some(a.iter().map(one).collect::<Result<_>>()?))
-        }
-        Some(Value::Array(a)) => candle::bail!("{what}: {} eos_token_ids, at most 1024", a.len()),
-        Some(x) => Ok(Some(vec![one(x)?])),
-    }
 }
 
 /// Reads a Hugging Face `LlamaForCausalLM` / `Qwen2ForCausalLM` / `MistralForCausalLM`
@@ -262,4 +218,110 @@ pub(crate) fn write_hf_files(
         candle_mha::io::write_atomic(&dir.join("generation_config.json"), &pretty(g)?)?;
     }
     StateDict::from_tensors(tensors).save_safetensors(dir.join("model.safetensors"))
+}
+
+/// Reads a Hugging Face `LlamaForCausalLM` / `Qwen2ForCausalLM` / `MistralForCausalLM`
+/// directory ([`read_hf_dir`]: what the model cannot honour is refused by name) with its
+/// `tokenizer.json` (or `tokenizer`); the weights keep Hugging Face's names, and what the export
+/// writes back (the source's `config.json`, `generation_config.json`, each weight's dtype) is
+/// kept in the run's `config.json`.
+pub fn read_llama(dir: &Path, tokenizer: Option<&Path>) -> Result<Imported> {
+    let hf = read_hf_dir(dir)?;
+    let dtypes = hf
+        .dtypes
+        .iter()
+        .map(|(n, d)| (n.clone(), dtype_name(*d).to_string()))
+        .collect();
+    let record = LlamaRecord {
+        hf_config: hf.config_json,
+        generation_config: hf.generation_config,
+        dtypes,
+    };
+    let config = NextTokenPredictorConfig::from_llama(&hf.config, Some(record))?;
+    let mut notes = Vec::new();
+    let found = hugging_face_tokenizer(dir)?;
+    let codec = codec_for(tokenizer, found, config.vocab_size, &mut notes)?;
+    let report = Gpt2Report {
+        mapped: hf
+            .weights
+            .tensors()
+            .iter()
+            .map(|(n, _)| n.clone())
+            .collect(),
+        ..Gpt2Report::default()
+    };
+    Ok(Imported {
+        source: format!(
+            "{} (Hugging Face {})",
+            dir.display(),
+            hf.config.family.architecture()
+        ),
+        train: TrainConfig {
+            decay_matrices_only: true,
+            ..TrainConfig::for_text()
+        },
+        config,
+        weights: hf.weights,
+        optimizer: None,
+        step: 0,
+        codec,
+        report,
+        notes,
+        record: None,
+    })
+}
+
+/// `"f32"`, `"f16"`, `"bf16"` (what a Llama record stores).
+fn dtype_name(d: DType) -> &'static str {
+    match d {
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+        _ => "f32",
+    }
+}
+
+/// Writes the Llama-family run `run` (its configuration `cfg`, `llama` and `record`) into the
+/// staged directory `dir` as its Hugging Face class: the source's `config.json` and
+/// `generation_config.json`, the weights under their names in their source dtypes
+/// ([`write_hf_dir`]'s files), the tokenizer.
+pub(super) fn write_export(
+    run: &Path,
+    llama: &LlamaConfig,
+    record: &LlamaRecord,
+    dir: &Path,
+) -> Result<()> {
+    // The names are Hugging Face's already; each weight goes back in its source dtype.
+    let ours = StateDict::load(run.join(MODEL_FILE))?;
+    let weights = parameter_shapes(llama)
+        .into_iter()
+        .map(|(name, _)| match ours.get(&name) {
+            Some(t) => Ok((name, t.clone())),
+            None => candle::bail!("{}: model.safetensors lacks {name}", run.display()),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let dtypes: Vec<(String, DType)> = record
+        .dtypes
+        .iter()
+        .map(|(n, d)| {
+            let d = match d.as_str() {
+                "f16" => DType::F16,
+                "bf16" => DType::BF16,
+                _ => DType::F32,
+            };
+            (n.clone(), d)
+        })
+        .collect();
+    write_hf_files(
+        dir,
+        llama,
+        Some(&record.hf_config),
+        record.generation_config.as_ref(),
+        &weights,
+        &dtypes,
+    )?;
+    let codec = Codec::load_dir(run)?;
+    if let Codec::Text(_) = codec {
+        codec.save_dir(dir)?;
+    }
+    Ok(())
 }

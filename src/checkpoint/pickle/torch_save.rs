@@ -8,7 +8,7 @@ use std::path::Path;
 
 use candle::{DType, Result, Tensor};
 
-use super::pickle::PickleValue;
+use super::PickleValue;
 
 /// Writes `value` to `path` as `torch.save(value, path)` would, atomically. Tensors are
 /// written contiguous, each with a storage of its own.
@@ -223,7 +223,7 @@ mod tests {
         let tmp = tempfile::tempdir()?;
         let path = tmp.path().join("ckpt.pt");
         save_torch(&path, &value)?;
-        let back = super::super::load_pickle(&path)?;
+        let back = super::super::super::load_pickle(&path)?;
         assert_eq!(
             back.get("iter_num").and_then(PickleValue::as_i64),
             Some(70_000)
@@ -236,7 +236,7 @@ mod tests {
             .and_then(PickleValue::as_tensor)
             .unwrap();
         assert_eq!(t.to_vec2::<f32>()?, w.to_vec2::<f32>()?);
-        let sd = super::super::StateDict::load(&path)?;
+        let sd = super::super::super::StateDict::load(&path)?;
         assert_eq!(sd.get("w").map(|t| t.dims().to_vec()), Some(vec![2, 3]));
         Ok(())
     }
