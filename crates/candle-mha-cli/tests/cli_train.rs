@@ -254,6 +254,8 @@ fn options_left_out_take_the_sequence_presets() -> Result<()> {
         NextTokenPredictorConfig::load(out.join("config.json"))?,
         NextTokenPredictorConfig {
             max_len: 7,
+            // The command line's head has no bias (exportable to GPT-2).
+            head_bias: Some(false),
             ..NextTokenPredictorConfig::new(9)
         }
     );
