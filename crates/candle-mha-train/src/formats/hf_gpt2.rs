@@ -13,7 +13,6 @@ use super::{codec_for, hugging_face_tokenizer, Imported};
 use crate::data::Codec;
 use crate::models::{Gelu, NextTokenPredictorConfig};
 use crate::run_dir::MODEL_FILE;
-use crate::TrainConfig;
 
 /// Reads a Hugging Face `GPT2LMHeadModel` directory (a Llama-family one goes to
 /// [`read_llama`](super::read_llama)): `config.json`, the weights (`Conv1D`
@@ -31,26 +30,15 @@ pub fn read_hugging_face(dir: &Path, tokenizer: Option<&Path>) -> Result<Importe
     let mut notes = Vec::new();
     let found = hugging_face_tokenizer(dir)?;
     let codec = codec_for(tokenizer, found, config.vocab_size, &mut notes)?;
-    Ok(Imported {
-        source: format!("{} (Hugging Face GPT-2)", dir.display()),
-        train: TrainConfig {
-            decay_matrices_only: true,
-            ..TrainConfig::for_text()
-        },
-        config,
-        weights,
-        optimizer: None,
-        step: 0,
-        codec,
-        report,
-        notes,
-        record: None,
-    })
+    let source = format!("{} (Hugging Face GPT-2)", dir.display());
+    Ok(Imported::hugging_face(
+        source, config, weights, codec, report, notes,
+    ))
 }
 
 /// Writes the model of the run (or checkpoint) directory `run` (its configuration `cfg`) into
-/// the staged directory `dir` as a Hugging Face GPT-2 directory: `config.json` ([`config_to_hf`]), `model.safetensors` (GPT-2's
-/// names, `Conv1D` weights stored `(in, out)`, the tied head left to `tie_word_embeddings`
+/// the staged directory `dir` as a Hugging Face GPT-2 directory: `config.json`
+/// ([`config_to_hf`]), `model.safetensors` (GPT-2's names, `Conv1D` weights stored `(in, out)`, the tied head left to `tie_word_embeddings`
 /// as `save_pretrained` does; an untied one written as `lm_head.weight`) and the run's
 /// `tokenizer.json` when it has one. A model without biases (nanoGPT's `bias=False`) is
 /// written with zero biases, which GPT-2 always has: the same function, exactly. Errors,

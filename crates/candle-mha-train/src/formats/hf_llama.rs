@@ -16,7 +16,6 @@ use crate::models::llama::{eos_ids, parameter_shapes, LlamaConfig};
 use crate::models::{LlamaRecord, NextTokenPredictorConfig};
 use crate::run_dir::MODEL_FILE;
 use crate::staged_dir::StagedDir;
-use crate::TrainConfig;
 
 /// What a Hugging Face Llama-family directory holds, checked against its `config.json`.
 ///
@@ -250,25 +249,14 @@ pub fn read_llama(dir: &Path, tokenizer: Option<&Path>) -> Result<Imported> {
             .collect(),
         ..Gpt2Report::default()
     };
-    Ok(Imported {
-        source: format!(
-            "{} (Hugging Face {})",
-            dir.display(),
-            hf.config.family.architecture()
-        ),
-        train: TrainConfig {
-            decay_matrices_only: true,
-            ..TrainConfig::for_text()
-        },
-        config,
-        weights: hf.weights,
-        optimizer: None,
-        step: 0,
-        codec,
-        report,
-        notes,
-        record: None,
-    })
+    let source = format!(
+        "{} (Hugging Face {})",
+        dir.display(),
+        hf.config.family.architecture()
+    );
+    Ok(Imported::hugging_face(
+        source, config, hf.weights, codec, report, notes,
+    ))
 }
 
 /// `"f32"`, `"f16"`, `"bf16"` (what a Llama record stores).

@@ -169,6 +169,33 @@ pub fn export_hugging_face(run: &Path, out: &Path, unverified: Unverified) -> Re
 }
 
 impl Imported {
+    /// A Hugging Face model read for import: no optimizer, step 0, the text defaults with
+    /// decay on the matrices only (as transformers' examples group AdamW).
+    pub(crate) fn hugging_face(
+        source: String,
+        config: NextTokenPredictorConfig,
+        weights: StateDict,
+        codec: Codec,
+        report: Gpt2Report,
+        notes: Vec<String>,
+    ) -> Self {
+        Self {
+            source,
+            train: TrainConfig {
+                decay_matrices_only: true,
+                ..TrainConfig::for_text()
+            },
+            config,
+            weights,
+            optimizer: None,
+            step: 0,
+            codec,
+            report,
+            notes,
+            record: None,
+        }
+    }
+
     /// Writes it into `dir` as a run directory of `mha train` (`model.safetensors`,
     /// `config.json`, the tokenizer, `optimizer.safetensors`, `trainer_state.json`), as one
     /// unit ([`StagedDir`]: `dir` must be new or empty; a failure leaves nothing). Each weight

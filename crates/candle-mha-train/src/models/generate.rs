@@ -247,12 +247,7 @@ pub fn generate_stream(
             let input = Tensor::new(ctx, &device)?.unsqueeze(0)?;
             model.forward(&input, None)?
         };
-        let logits = last_logits(&logits)?.remove(0);
-        let next = sample_next(&logits, cfg, &mut rng)?;
-        ids.push(next);
-        out.push(next);
-        on_token(next)?;
-        if Some(next) == cfg.eos_id || cfg.eos_ids.contains(&next) {
+        if take_next(&logits, cfg, &mut rng, (&mut ids, &mut out), &mut on_token)? {
             break;
         }
     }
@@ -283,16 +278,28 @@ fn llama_stream(
             let ctx = &ids[ids.len().saturating_sub(max_len)..];
             model.forward(&Tensor::new(ctx, &device)?.unsqueeze(0)?)?
         };
-        let logits = last_logits(&logits)?.remove(0);
-        let next = sample_next(&logits, cfg, &mut rng)?;
-        ids.push(next);
-        out.push(next);
-        on_token(next)?;
-        if Some(next) == cfg.eos_id || cfg.eos_ids.contains(&next) {
+        if take_next(&logits, cfg, &mut rng, (&mut ids, &mut out), &mut on_token)? {
             break;
         }
     }
     Ok(out)
+}
+
+/// The next token from the last position of `logits (1, T, V)`: sampled, appended to `ids`
+/// and `out`, handed to `on_token`; whether it ends the sequence (an end id).
+fn take_next(
+    logits: &Tensor,
+    cfg: &GenerateConfig,
+    rng: &mut rand_chacha::ChaCha8Rng,
+    (ids, out): (&mut Vec<u32>, &mut Vec<u32>),
+    on_token: &mut impl FnMut(u32) -> Result<()>,
+) -> Result<bool> {
+    let logits = last_logits(logits)?.remove(0);
+    let next = sample_next(&logits, cfg, rng)?;
+    ids.push(next);
+    out.push(next);
+    on_token(next)?;
+    Ok(Some(next) == cfg.eos_id || cfg.eos_ids.contains(&next))
 }
 
 /// The device of the model's weights.
