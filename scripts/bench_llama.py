@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""transformers' side of `scripts/bench_llama.sh`: a SmolLM2-135M-shaped LlamaForCausalLM
+"""transformers' side of `scripts/bench_llama.sh` (`load`: `from_pretrained` alone): a SmolLM2-135M-shaped LlamaForCausalLM
 (random weights, seeded) saved to DIR (`make DIR`), and one phase per process, as the Rust
 example measures it: `generate` (64 greedy tokens, cache, 16-token prompt), `eval` (4×1024,
 no grad), `train` (steps of 4×256: loss, backward, AdamW). Prints `phase tokens/s peak_rss_mib`.
@@ -36,7 +36,11 @@ def main():
         LlamaForCausalLM(config()).save_pretrained(d)
         return
     torch.manual_seed(0)
+    t = time.perf_counter()
     model = LlamaForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="sdpa")
+    if what == "load":
+        print(f"load {time.perf_counter() - t:.2f} s {peak() * 1024:.0f} KiB")
+        return
     v = model.config.vocab_size
     if what == "generate":
         model.eval()
