@@ -2,7 +2,11 @@
 //! them (the halves layout of `rotate_half`, not Meta's interleaved pairs), with the
 //! `rope_scaling` types whose frequencies do not depend on the sequence length.
 
-use candle::{DType, Device, Result, Tensor, D};
+use candle::backend::BackendStorage;
+use candle::{CpuStorage, DType, Device, Layout, Result, Shape, Tensor, WithDType, D};
+use rayon::prelude::*;
+
+use crate::cpu::{contiguous, fused, unsupported_dtype, with_slice, CpuArg, Grads};
 
 /// `rope_scaling` of a Llama-family `config.json`.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -155,6 +159,16 @@ impl RotaryEmbedding {
                 self.head_dim
             )
         }
+        if fused(x) {
+            let (cos, sin) = self.cos_sin(offset, l, DType::F64, x.device())?;
+            let op = RotaryOp {
+                cos: cos.flatten_all()?.to_vec1()?,
+                sin: sin.flatten_all()?.to_vec1()?,
+                l,
+                d,
+            };
+            return x.contiguous()?.apply_op1(op);
+        }
         let (cos, sin) = self.cos_sin(offset, l, x.dtype(), x.device())?;
         apply_rotary(x, &cos, &sin)
     }
@@ -179,3 +193,77 @@ pub fn apply_rotary(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     let rotated = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
     x.broadcast_mul(cos)? + rotated.broadcast_mul(sin)?
 }
+
+/// The rotation as one op on the CPU in f32/f64 (candle's ops keep four tensors as large as q
+/// or k per call for the backward pass): `cos`, `sin` `(L, D)` of the positions, in f64 after
+/// f32 (as transformers computes them), applied in the input's dtype's rounding of them.
+struct RotaryOp {
+    cos: Vec<f64>,
+    sin: Vec<f64>,
+    l: usize,
+    d: usize,
+}
+
+const OP: &str = "fused rotary embedding";
+
+impl RotaryOp {
+    /// `y = x·cos + rotate_half(x)·sin` (`sign` 1), or its transpose on a gradient (`sign`
+    /// -1: `dx = g·cos − rotate_half(g·sin)` reordered), over rows of `d` whose position is
+    /// their index mod `L`.
+    fn rotate<T: WithDType>(&self, x: &[T], sign: f64) -> Vec<T> {
+        let (l, d, h) = (self.l, self.d, self.d / 2);
+        let mut y = vec![T::zero(); x.len()];
+        y.par_chunks_mut(d)
+            .zip(x.par_chunks(d))
+            .enumerate()
+            .for_each(|(r, (y, x))| {
+                let p = (r % l) * d;
+                let (c, s) = (&self.cos[p..p + d], &self.sin[p..p + d]);
+                let cast = |v: f64| T::from_f64(T::from_f64(v).to_f64());
+                for i in 0..h {
+                    let (x1, x2) = (x[i].to_f64(), x[i + h].to_f64());
+                    // The tables in the input's dtype, as transformers casts them.
+                    let (c1, c2) = (cast(c[i]).to_f64(), cast(c[i + h]).to_f64());
+                    let (s1, s2) = (cast(s[i]).to_f64(), cast(s[i + h]).to_f64());
+                    if sign > 0.0 {
+                        y[i] = T::from_f64(x1 * c1 - x2 * s1);
+                        y[i + h] = T::from_f64(x2 * c2 + x1 * s2);
+                    } else {
+                        y[i] = T::from_f64(x1 * c1 + x2 * s2);
+                        y[i + h] = T::from_f64(x2 * c2 - x1 * s1);
+                    }
+                }
+            });
+        y
+    }
+
+    fn fwd(&self, [(s, l)]: [CpuArg; 1]) -> Result<(CpuStorage, Shape)> {
+        let out = |x: &Layout| x.shape().clone();
+        match s {
+            CpuStorage::F32(_) => {
+                let x = contiguous::<f32, _>(OP, s, l)?;
+                Ok((CpuStorage::F32(self.rotate(x, 1.0)), out(l)))
+            }
+            CpuStorage::F64(_) => {
+                let x = contiguous::<f64, _>(OP, s, l)?;
+                Ok((CpuStorage::F64(self.rotate(x, 1.0)), out(l)))
+            }
+            other => Err(unsupported_dtype(OP, other.dtype())),
+        }
+    }
+
+    fn bwd(&self, [x]: [&Tensor; 1], _: &Tensor, grad: &Tensor) -> Result<Grads<1>> {
+        let dx = match x.dtype() {
+            DType::F32 => with_slice::<f32, _>(OP, grad, |g| {
+                Tensor::from_vec(self.rotate(g, -1.0), x.shape(), x.device())
+            })?,
+            DType::F64 => with_slice::<f64, _>(OP, grad, |g| {
+                Tensor::from_vec(self.rotate(g, -1.0), x.shape(), x.device())
+            })?,
+            dt => return Err(unsupported_dtype(OP, dt)),
+        };
+        Ok([Some(dx)])
+    }
+}
+
+crate::cpu::custom_op!(CustomOp1 for RotaryOp, "fused-rotary", fwd: fwd, bwd: bwd);
