@@ -256,8 +256,8 @@ pub struct Llama {
 
 impl Llama {
     /// Takes (or creates) every parameter under `vb` with Hugging Face's names. New
-    /// parameters are initialised as transformers does: linear weights and the embedding
-    /// N(0, 0.02), biases zero, norms one.
+    /// parameters: the embedding (and an untied head) N(0, 0.02) as transformers draws them,
+    /// the projections `nn.Linear`'s U(±1/√in), the norms ones.
     pub fn new(config: LlamaConfig, vb: VarBuilder) -> Result<Self> {
         config.validate()?;
         let m = vb.pp("model");
