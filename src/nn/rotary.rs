@@ -160,10 +160,12 @@ impl RotaryEmbedding {
             )
         }
         if fused(x) {
-            let (cos, sin) = self.cos_sin(offset, l, DType::F64, x.device())?;
+            // The tables rounded to the input's dtype once, as transformers casts them.
+            let (cos, sin) = self.cos_sin(offset, l, x.dtype(), x.device())?;
+            let table = |t: Tensor| t.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>();
             let op = RotaryOp {
-                cos: cos.flatten_all()?.to_vec1()?,
-                sin: sin.flatten_all()?.to_vec1()?,
+                cos: table(cos)?,
+                sin: table(sin)?,
                 l,
                 d,
             };
@@ -195,8 +197,8 @@ pub fn apply_rotary(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
 }
 
 /// The rotation as one op on the CPU in f32/f64 (candle's ops keep four tensors as large as q
-/// or k per call for the backward pass): `cos`, `sin` `(L, D)` of the positions, in f64 after
-/// f32 (as transformers computes them), applied in the input's dtype's rounding of them.
+/// or k per call for the backward pass): `cos`, `sin` `(L, D)` of the positions, computed in
+/// f32 and rounded to the input's dtype (as transformers casts them), held as f64.
 struct RotaryOp {
     cos: Vec<f64>,
     sin: Vec<f64>,
@@ -219,12 +221,9 @@ impl RotaryOp {
             .for_each(|(r, (y, x))| {
                 let p = (r % l) * d;
                 let (c, s) = (&self.cos[p..p + d], &self.sin[p..p + d]);
-                let cast = |v: f64| T::from_f64(T::from_f64(v).to_f64());
                 for i in 0..h {
                     let (x1, x2) = (x[i].to_f64(), x[i + h].to_f64());
-                    // The tables in the input's dtype, as transformers casts them.
-                    let (c1, c2) = (cast(c[i]).to_f64(), cast(c[i + h]).to_f64());
-                    let (s1, s2) = (cast(s[i]).to_f64(), cast(s[i + h]).to_f64());
+                    let (c1, c2, s1, s2) = (c[i], c[i + h], s[i], s[i + h]);
                     if sign > 0.0 {
                         y[i] = T::from_f64(x1 * c1 - x2 * s1);
                         y[i + h] = T::from_f64(x2 * c2 + x1 * s2);
