@@ -272,15 +272,34 @@ pub fn scaled_dot_product_attention(
     value: &Tensor,
     opts: &SdpaOptions,
 ) -> Result<Tensor> {
+    attend(query, key, value, opts, true)
+}
+
+/// [`scaled_dot_product_attention`] through candle's ops on any device and dtype (the path
+/// CUDA, f16 and bf16 take), for tests that check it on the CPU; not part of the API.
+#[doc(hidden)]
+pub fn scaled_dot_product_attention_unfused(
+    query: &Tensor,
+    key: &Tensor,
+    value: &Tensor,
+    opts: &SdpaOptions,
+) -> Result<Tensor> {
+    attend(query, key, value, opts, false)
+}
+
+/// The checks, the head layout and the choice of path (`fusable`: the fused CPU op may run).
+fn attend(
+    query: &Tensor,
+    key: &Tensor,
+    value: &Tensor,
+    opts: &SdpaOptions,
+    fusable: bool,
+) -> Result<Tensor> {
     let z = check(query, key, value, opts)?;
     let scale = opts.scale.unwrap_or(1.0 / (z.e as f64).sqrt());
     if z.b * z.hq * z.l == 0 || z.ev == 0 {
         return Tensor::zeros(z.out_shape(), query.dtype(), query.device());
     }
-    let dropout = match opts.dropout_p {
-        p if p > 0.0 => Some(DropoutMask::new(p, opts.dropout_seed)?),
-        _ => None,
-    };
     let heads = |t: &Tensor, h: usize, len: usize, d: usize| -> Result<Tensor> {
         match t.rank() {
             4 => Ok(t.clone()),
@@ -295,7 +314,7 @@ pub fn scaled_dot_product_attention(
     // A float mask that needs its gradient goes through candle's ops: the kernels take the
     // mask as a constant.
     let mask_grad = opts.attn_mask.as_ref().is_some_and(Tensor::track_op);
-    if fused(&q) && z.e == z.ev && z.s > 0 && !mask_grad {
+    if fusable && fused(&q) && z.e == z.ev && z.s > 0 && !mask_grad {
         let unit = |t: &Tensor| -> Result<Tensor> {
             match t.stride()[3] {
                 1 => Ok(t.clone()),
@@ -305,6 +324,10 @@ pub fn scaled_dot_product_attention(
         let mask = match &opts.attn_mask {
             Some(m) => Some(flat_mask(m, &z, q.dtype())?),
             None => None,
+        };
+        let dropout = match opts.dropout_p {
+            p if p > 0.0 => Some(DropoutMask::new(p, opts.dropout_seed)?),
+            _ => None,
         };
         let op = FusedSdpa {
             geom: Geom {
@@ -326,32 +349,6 @@ pub fn scaled_dot_product_attention(
         return out.reshape(z.out_shape());
     }
     composed(&q, &k, &v, &z, scale, opts)
-}
-
-/// [`scaled_dot_product_attention`] through candle's ops on any device and dtype (the path
-/// CUDA, f16 and bf16 take), for tests that check it on the CPU; not part of the API.
-#[doc(hidden)]
-pub fn scaled_dot_product_attention_unfused(
-    query: &Tensor,
-    key: &Tensor,
-    value: &Tensor,
-    opts: &SdpaOptions,
-) -> Result<Tensor> {
-    let z = check(query, key, value, opts)?;
-    let scale = opts.scale.unwrap_or(1.0 / (z.e as f64).sqrt());
-    if z.b * z.hq * z.l == 0 || z.ev == 0 {
-        return Tensor::zeros(z.out_shape(), query.dtype(), query.device());
-    }
-    let heads =
-        |t: &Tensor, h: usize, len: usize, d: usize| t.contiguous()?.reshape((z.b, h, len, d));
-    composed(
-        &heads(query, z.hq, z.l, z.e)?,
-        &heads(key, z.hk, z.s, z.e)?,
-        &heads(value, z.hk, z.s, z.ev)?,
-        &z,
-        scale,
-        opts,
-    )
 }
 
 /// The candle-ops path: the `rep` query heads of a group stacked as `rep·L` rows against
