@@ -42,6 +42,20 @@ impl LlamaAttention {
         })
     }
 
+    /// q, k (rotated, positions `offset..`) and v of `x (B, L, E)`, as `(B, heads, L, D)`.
+    fn heads_of(
+        &self,
+        x: &Tensor,
+        rope: &RotaryEmbedding,
+        offset: usize,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let (b, l, _) = x.dims3()?;
+        let split = |t: Tensor, h: usize| t.reshape((b, l, h, self.head_dim))?.transpose(1, 2);
+        let q = rope.apply(&split(self.q.forward(x)?, self.heads)?, offset)?;
+        let k = rope.apply(&split(self.k.forward(x)?, self.kv_heads)?, offset)?;
+        Ok((q, k, split(self.v.forward(x)?, self.kv_heads)?))
+    }
+
     /// `x (B, L, E)` at positions `offset..offset + L` after the `cache`d ones (`(B, H_kv, S, D)`
     /// keys and values, extended in place).
     fn forward(
@@ -53,15 +67,11 @@ impl LlamaAttention {
     ) -> Result<Tensor> {
         let (b, l, _) = x.dims3()?;
         let d = self.head_dim;
-        let split = |t: Tensor, h: usize| t.reshape((b, l, h, d))?.transpose(1, 2);
-        let q = split(self.q.forward(x)?, self.heads)?;
-        let k = split(self.k.forward(x)?, self.kv_heads)?;
-        let v = split(self.v.forward(x)?, self.kv_heads)?;
         let offset = match &cache {
             Some(Some((k, _))) => k.dim(2)?,
             _ => 0,
         };
-        let (q, k) = (rope.apply(&q, offset)?, rope.apply(&k, offset)?);
+        let (q, k, v) = self.heads_of(x, rope, offset)?;
         let (k, v) = match cache {
             Some(slot) => {
                 let kv = match slot.take() {
@@ -114,10 +124,7 @@ impl LlamaAttention {
     fn forward_with_weights(&self, x: &Tensor, rope: &RotaryEmbedding) -> Result<(Tensor, Tensor)> {
         let (b, l, _) = x.dims3()?;
         let d = self.head_dim;
-        let split = |t: Tensor, h: usize| t.reshape((b, l, h, d))?.transpose(1, 2);
-        let q = rope.apply(&split(self.q.forward(x)?, self.heads)?, 0)?;
-        let k = rope.apply(&split(self.k.forward(x)?, self.kv_heads)?, 0)?;
-        let v = split(self.v.forward(x)?, self.kv_heads)?;
+        let (q, k, v) = self.heads_of(x, rope, 0)?;
         let rep = self.heads / self.kv_heads;
         // Each key/value head repeated for its group (inspection only: the weights are L × L
         // per query head anyway).
