@@ -18,7 +18,7 @@ steps=${MHA_BENCH_STEPS:-4}
 [ -x "$mha" ] || cargo build --release -p candle-mha-cli
 export RAYON_NUM_THREADS=$threads OMP_NUM_THREADS=$threads
 mkdir -p "$work"
-rm -rf "$work/run" "$work/train"
+rm -rf "$work/run" "$work"/train-*
 
 "$py" - "$work" <<'PY'
 import os, random, sys, torch
@@ -63,18 +63,24 @@ else
   echo "generated tokens: DIFFER"
 fi
 
-measure "train $steps x (4 x 256) (mha)" "$mha" train --init-from "$work/run" --text "$work/ids.txt" \
-  --out "$work/train" --max-len 256 --batch-size 4 --steps "$steps" --eval-every 0 \
-  --save-every 0 --quiet
-"$py" - "$work/train/metrics.jsonl" <<'PY'
+# Training steps in f32, then with the products in bf16 (`--autocast bf16` against
+# `torch.autocast("cpu", torch.bfloat16)`); each side's losses of the same batches too.
+for precision in f32 bf16; do
+  flag=(); [ "$precision" = bf16 ] && flag=(--autocast bf16)
+  measure "train $steps x (4 x 256) $precision (mha)" "$mha" train --init-from "$work/run" \
+    --text "$work/ids.txt" --out "$work/train-$precision" --max-len 256 --batch-size 4 \
+    --steps "$steps" --eval-every 0 --save-every 0 --quiet "${flag[@]}"
+  "$py" - "$work/train-$precision/metrics.jsonl" <<'PY'
 import json, statistics, sys
-rates = [r["tokens_per_s"] for r in map(json.loads, open(sys.argv[1])) if "tokens_per_s" in r]
+rows = [r for r in map(json.loads, open(sys.argv[1])) if "tokens_per_s" in r]
+rates = [r["tokens_per_s"] for r in rows]
 print(f"  mha tokens/s (median of steps 2..): {statistics.median(rates[1:] or rates):.0f}")
+print("  mha losses: " + " ".join(f"{r['train_loss']:.4f}" for r in rows))
 PY
-measure "train $steps x (4 x 256) (transformers)" "$py" - "$work" "$threads" "$steps" <<'PY'
-import statistics, sys, time, torch
+  measure "train $steps x (4 x 256) $precision (transformers)" "$py" - "$work" "$threads" "$steps" "$precision" <<'PY'
+import contextlib, statistics, sys, time, torch
 from transformers import GPT2LMHeadModel
-work, threads, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+work, threads, steps, precision = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 torch.set_num_threads(threads)
 m = GPT2LMHeadModel.from_pretrained(f"{work}/hf").train()
 params = [p for p in m.parameters() if p.requires_grad]
@@ -83,23 +89,30 @@ opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight
                         lr=2e-3, betas=(0.9, 0.98))
 ids = [int(t) for t in open(f"{work}/ids.txt").read().split()]
 g = torch.Generator().manual_seed(0)
-rates = []
+ctx = (torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16"
+       else contextlib.nullcontext())
+rates, losses = [], []
 for step in range(steps):
     starts = torch.randint(0, len(ids) - 258, (4,), generator=g).tolist()
     batch = torch.tensor([ids[s:s + 257] for s in starts])
     t0 = time.perf_counter()
-    logits = m(batch[:, :-1]).logits
-    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)),
-                                             batch[:, 1:].reshape(-1))
+    with ctx:
+        logits = m(batch[:, :-1]).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)).float(),
+                                                 batch[:, 1:].reshape(-1))
     opt.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(params, 1.0)
     opt.step()
     rates.append(4 * 256 / (time.perf_counter() - t0))
+    losses.append(loss.item())
 print(f"  transformers tokens/s (median of steps 2..): {statistics.median(rates[1:] or rates):.0f}",
       file=sys.stderr)
+print("  transformers losses: " + " ".join(f"{l:.4f}" for l in losses), file=sys.stderr)
 PY
-cat "$work/train $steps x (4 x 256) (transformers).err" | grep tokens/s
+  grep -h "tokens/s\|losses" "$work/train $steps x (4 x 256) $precision (mha).out" \
+    "$work/train $steps x (4 x 256) $precision (transformers).err" || true
+done
 measure "eval 4 x 1024 (mha)" "$mha" eval --checkpoint "$work/run" --text "$work/eval.txt" --batch-size 4
 grep -h "loss" "$work/eval 4 x 1024 (mha).out" | head -n 1
 measure "eval 4 x 1024 (transformers)" "$py" - "$work" "$threads" <<'PY'

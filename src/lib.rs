@@ -24,7 +24,7 @@
 //!
 //! 0. Foundations: [`rng`] (seeded, portable randomness), [`init`] (PyTorch's initialisers),
 //!    [`autograd`] (backward from a given gradient), [`device`] (a device from a string),
-//!    [`io`] (atomic file writes), [`runtime`] (the process settings a program may opt into;
+//!    [`io`] (atomic file writes), [`autocast`] (bf16 products in a scope), [`runtime`] (the process settings a program may opt into;
 //!    the library sets none), `numerics` (the dtype a reduction computes in) and `cpu`, the
 //!    crate-private CPU kernel layer every fused op shares.
 //! 1. [`nn`]: plain layers ([`nn::Linear`], [`nn::LayerNorm`], [`nn::Embedding`], the fused
@@ -50,6 +50,7 @@ pub use candle;
 pub use candle_nn;
 
 pub mod attention;
+pub mod autocast;
 pub mod autograd;
 #[doc(hidden)]
 pub mod bench_internals;

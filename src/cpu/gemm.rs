@@ -120,6 +120,88 @@ pub(crate) unsafe fn gemm_from<T: Elem>(
             true
         }
     };
+    // Under `autocast` the products a caller runs on all threads (the linear layers) take
+    // bf16 operands; the attention kernel's tiles (`Threads::One`) stay f32.
+    if T::DTYPE == candle::DType::F32
+        && threads == Threads::All
+        && super::bf16::precision() == super::bf16::Precision::Bf16
+    {
+        let f = |(p, rs, cs): Operand<T>| (p.cast::<f32>(), rs, cs);
+        let alpha = alpha.to_f64() as f32;
+        let dst = (dst.0.cast::<f32>(), dst.1, dst.2);
+        super::bf16::gemm((m, n, k), dst, accumulate, f(lhs), f(rhs), alpha, all);
+        return;
+    }
+    // A few rows against a weight read by rows (`x·Wᵀ` while decoding): one dot product per
+    // output, each weight row streamed once, the rows split between the threads.
+    if m <= DOT_ROWS && lhs.2 == 1 && rhs.1 == 1 && dst.2 == 1 && threads == Threads::All {
+        let all = num_threads() > 1 && super::par::parallel_pass(n * k);
+        dots((m, n, k), dst, accumulate, lhs, rhs, alpha, all);
+        return;
+    }
+    product((m, n, k), dst, accumulate, lhs, rhs, alpha, threads, all)
+}
+
+/// Output rows up to which [`gemm_from`] takes dot products (below a register tile's height,
+/// the packing of a blocked product costs more than it saves).
+const DOT_ROWS: usize = 4;
+
+/// Weight rows per task of [`dots`]: 64 rows of a 768-wide weight are 192 KiB.
+const DOT_BLOCK: usize = 64;
+
+/// `dst[i][j] = [dst[i][j] +] alpha · Σ_p lhs[i][p]·rhs[p][j]` as one dot product per output,
+/// with `lhs` rows and `rhs` columns contiguous (`rhs` is a weight `W (n×k)` read
+/// transposed), in blocks of [`DOT_BLOCK`] weight rows, on all threads when `all`.
+///
+/// # Safety
+/// As [`gemm`]; `lhs.2 == 1`, `rhs.1 == 1`, `dst.2 == 1`.
+unsafe fn dots<T: Elem>(
+    (m, n, k): (usize, usize, usize),
+    dst: (*mut T, usize, usize),
+    accumulate: bool,
+    lhs: Operand<T>,
+    rhs: Operand<T>,
+    alpha: T,
+    all: bool,
+) {
+    struct Ptrs<T>(*mut T, *const T, *const T);
+    // SAFETY: the operands are only read; each block writes its own columns of dst.
+    unsafe impl<T> Sync for Ptrs<T> {}
+    let p = Ptrs(dst.0, lhs.0, rhs.0);
+    let block = |b: usize| {
+        let p = &p;
+        for j in b * DOT_BLOCK..((b + 1) * DOT_BLOCK).min(n) {
+            // SAFETY: row j of W and every row of lhs hold k elements (the caller).
+            let w = unsafe { std::slice::from_raw_parts(p.2.add(j * rhs.2), k) };
+            for i in 0..m {
+                let x = unsafe { std::slice::from_raw_parts(p.1.add(i * lhs.1), k) };
+                let v = alpha * T::dot(x, w);
+                // SAFETY: (i, j) is an output element; no other block writes column j.
+                let o = unsafe { &mut *p.0.add(i * dst.1 + j) };
+                *o = if accumulate { *o + v } else { v };
+            }
+        }
+    };
+    super::par::for_each_init(n.div_ceil(DOT_BLOCK), all, || (), |_, b| block(b));
+}
+
+/// `dst = [dst +] alpha·lhs·rhs` on MKL (where linked, for `Threads::All`) or the `gemm`
+/// crate, on all threads when `all`.
+///
+/// # Safety
+/// As [`gemm`]; `k > 0`, `m, n > 0`.
+#[allow(clippy::too_many_arguments)]
+#[cfg_attr(not(feature = "mkl"), allow(unused_variables))]
+pub(super) unsafe fn product<T: Elem>(
+    (m, n, k): (usize, usize, usize),
+    dst: (*mut T, usize, usize),
+    accumulate: bool,
+    lhs: Operand<T>,
+    rhs: Operand<T>,
+    alpha: T,
+    threads: Threads,
+    all: bool,
+) {
     // MKL's products where it is linked, for the products a caller runs on all threads (the
     // linear layers): split over rayon's threads where the product is worth a fork-join.
     #[cfg(feature = "mkl")]
@@ -160,7 +242,7 @@ pub(crate) unsafe fn gemm_from<T: Elem>(
 /// candle's thread count, read once: `candle::utils::get_num_threads` parses `/proc/cpuinfo`
 /// on every call when `RAYON_NUM_THREADS` is unset, which costs a sizeable share of a
 /// one-token decoding step.
-fn num_threads() -> usize {
+pub(super) fn num_threads() -> usize {
     static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *THREADS.get_or_init(candle::utils::get_num_threads)
 }
@@ -187,6 +269,9 @@ mod tests {
                 ((20, 90, 50), Threads::All, 1, (false, false)),
                 ((20, 90, 50), Threads::All, 1, (true, true)),
                 ((5, 7, 0), Threads::All, 1, (false, false)),
+                // A few rows against a weight read by rows: the dot products.
+                ((1, 700, 300), Threads::All, 1, (false, true)),
+                ((4, 130, 70), Threads::All, 1, (false, true)),
             ];
             for ((m, n, k), threads, bcs, (lhs_t, rhs_t)) in cases {
                 let a: Vec<T> = (0..m * k).map(|i| T::from_f64(val(i, 1))).collect();

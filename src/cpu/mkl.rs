@@ -1,5 +1,6 @@
-//! The large products of [`gemm`](super::gemm) on Intel MKL's `cblas_sgemm`/`cblas_dgemm`
-//! (the `mkl` feature; candle-core's `mkl` feature links the library).
+//! The large products of [`gemm`](super::gemm) on Intel MKL's `cblas_sgemm`/`cblas_dgemm`, and
+//! under [`autocast`](crate::autocast) its `cblas_gemm_bf16bf16f32` (the `mkl` feature;
+//! candle-core's `mkl` feature links the library).
 //!
 //! Each call runs MKL sequentially (`mkl_set_num_threads_local(1)`, restored after) and a
 //! product on all threads is split into one block of output rows or columns per rayon
@@ -90,7 +91,8 @@ unsafe impl Sync for Call {}
 impl Call {
     /// The same product restricted to output rows (`rows`) or columns (`!rows`) `range`:
     /// `op(a)`'s rows or `op(b)`'s columns move with them.
-    fn part<T>(&self, rows: bool, range: std::ops::Range<usize>) -> Self {
+    /// `ab` and `c` are the operands' and the output's element sizes in bytes.
+    fn part(&self, rows: bool, range: std::ops::Range<usize>, (ab, c): (usize, usize)) -> Self {
         let (m, n, k) = self.mnk;
         let len = (range.end - range.start) as i32;
         let offset = |ld: i32, trans: i32, along_op_rows: bool| -> usize {
@@ -101,21 +103,17 @@ impl Call {
                 false => range.start,
             }
         };
-        let bytes = |elements: usize| elements * std::mem::size_of::<T>();
         let mut part = *self;
         if rows {
             part.mnk = (len, n, k);
             let a = offset(self.a.1, self.trans.0, true);
-            part.a.0 = self.a.0.wrapping_add(bytes(a));
-            part.c.0 = self
-                .c
-                .0
-                .wrapping_add(bytes(range.start * self.c.1 as usize));
+            part.a.0 = self.a.0.wrapping_add(a * ab);
+            part.c.0 = self.c.0.wrapping_add(range.start * self.c.1 as usize * c);
         } else {
             part.mnk = (m, len, k);
             let b = offset(self.b.1, self.trans.1, false);
-            part.b.0 = self.b.0.wrapping_add(bytes(b));
-            part.c.0 = self.c.0.wrapping_add(bytes(range.start));
+            part.b.0 = self.b.0.wrapping_add(b * ab);
+            part.c.0 = self.c.0.wrapping_add(range.start * c);
         }
         part
     }
@@ -182,20 +180,115 @@ pub(crate) unsafe fn gemm<T: Elem>(
         DType::F64 => dgemm,
         _ => return false,
     };
-    // Split the longer side of the output (`m, n > 0`), in blocks of whole vectors where it
-    // allows.
-    let (rows, len) = if m >= n { (true, m) } else { (false, n) };
-    let parts = parts.clamp(1, len.div_ceil(16));
-    if parts == 1 {
-        call.run(product);
-        return true;
-    }
-    let block = len.div_ceil(parts).next_multiple_of(16).min(len);
-    use rayon::prelude::*;
-    (0..len.div_ceil(block)).into_par_iter().for_each(|i| {
-        let range = i * block..((i + 1) * block).min(len);
-        // SAFETY: each part writes its own block of dst; the operands are only read.
-        unsafe { call.part::<T>(rows, range).run(product) }
-    });
+    let size = std::mem::size_of::<T>();
+    call.run_parts(product, (size, size), parts);
     true
+}
+
+extern "C" {
+    /// `c = beta·c + alpha·op(a)·op(b)`, `a` and `b` bf16 (`MKL_BF16`: the upper half of an
+    /// f32), `c` f32, f32 sums.
+    fn cblas_gemm_bf16bf16f32(
+        layout: i32,
+        trans_a: i32,
+        trans_b: i32,
+        m: i32,
+        n: i32,
+        k: i32,
+        alpha: f32,
+        a: *const u16,
+        lda: i32,
+        b: *const u16,
+        ldb: i32,
+        beta: f32,
+        c: *mut f32,
+        ldc: i32,
+    );
+}
+
+/// # Safety
+/// `a` and `b` hold bf16, `c` f32, covering what the sizes address.
+unsafe fn bf16_gemm(g: &Call) {
+    let ((ta, tb), (m, n, k)) = (g.trans, g.mnk);
+    cblas_gemm_bf16bf16f32(
+        ROW_MAJOR,
+        ta,
+        tb,
+        m,
+        n,
+        k,
+        g.alpha as f32,
+        g.a.0.cast(),
+        g.a.1,
+        g.b.0.cast(),
+        g.b.1,
+        g.beta as f32,
+        g.c.0.cast(),
+        g.c.1,
+    )
+}
+
+/// `dst = beta·dst + alpha·a·b` (`beta` 0 or 1) of two packed bf16 operands, f32 sums, in
+/// `parts` blocks on rayon's threads; `false` (nothing done) when the sizes exceed cblas's
+/// or `dst` is not row-major.
+///
+/// # Safety
+/// As [`gemm`](super::gemm); `a` is `m × k`, `b` `k × n`.
+pub(crate) unsafe fn gemm_bf16(
+    (m, n, k): (usize, usize, usize),
+    dst: (*mut f32, usize, usize),
+    accumulate: bool,
+    [a, b]: [&super::bf16::Packed<u16>; 2],
+    alpha: f32,
+    parts: usize,
+) -> bool {
+    let ld = |p: &super::bf16::Packed<u16>| {
+        let trans = if p.transposed { TRANS } else { NO_TRANS };
+        Some((trans, i32::try_from(p.ld.max(1)).ok()?))
+    };
+    let (Ok(mi), Ok(ni), Ok(ki)) = (i32::try_from(m), i32::try_from(n), i32::try_from(k)) else {
+        return false;
+    };
+    let (Some((ta, lda)), Some((tb, ldb)), Some((NO_TRANS, ldc))) =
+        (ld(a), ld(b), layout(m, n, dst.1, dst.2))
+    else {
+        return false;
+    };
+    let call = Call {
+        trans: (ta, tb),
+        mnk: (mi, ni, ki),
+        alpha: alpha as f64,
+        a: (a.data.as_ptr().cast(), lda),
+        b: (b.data.as_ptr().cast(), ldb),
+        beta: if accumulate { 1.0 } else { 0.0 },
+        c: (dst.0.cast(), ldc),
+    };
+    call.run_parts(bf16_gemm, (2, 4), parts);
+    true
+}
+
+impl Call {
+    /// Runs the product in `parts` blocks of the longer side of the output (`m, n > 0`), in
+    /// blocks of whole vectors where it allows, on rayon's threads (1: on this thread).
+    /// `sizes`: the operands' and the output's element sizes in bytes.
+    ///
+    /// # Safety
+    /// As [`Call::run`].
+    unsafe fn run_parts(&self, product: unsafe fn(&Call), sizes: (usize, usize), parts: usize) {
+        let (m, n, _) = self.mnk;
+        let (m, n) = (m as usize, n as usize);
+        let (rows, len) = if m >= n { (true, m) } else { (false, n) };
+        let parts = parts.clamp(1, len.div_ceil(16));
+        if parts == 1 {
+            self.run(product);
+            return;
+        }
+        let block = len.div_ceil(parts).next_multiple_of(16).min(len);
+        use rayon::prelude::*;
+        (0..len.div_ceil(block)).into_par_iter().for_each(|i| {
+            let range = i * block..((i + 1) * block).min(len);
+            // SAFETY: each part writes its own block of dst; the operands are only read.
+            unsafe { self.part(rows, range, sizes).run(product) }
+        });
+    }
 }

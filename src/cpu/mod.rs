@@ -6,6 +6,7 @@
 //! The lowest layer besides `rng` and `init`: it imports nothing else of the crate, and the
 //! attention core, the `nn` layers and the training loops build on it.
 
+pub(crate) mod bf16;
 mod custom_op;
 mod dtype;
 mod elem;

@@ -11,3 +11,27 @@ pub fn open(spec: &str) -> Result<(Device, String)> {
     let _ = candle_mha::runtime::keep_freed_gpu_memory(&device);
     Ok((device, notice))
 }
+
+/// One line for `mha train` on an Intel CPU in a build without the `mkl` feature: there the
+/// `gemm` crate's products at GPT-2 widths take up to twice MKL's time, and only MKL runs
+/// `--autocast bf16` on AMX, so the user learns how to get the fast build. `None` elsewhere.
+pub fn build_hint(device: &Device) -> Option<&'static str> {
+    if cfg!(feature = "mkl") || !device.is_cpu() {
+        return None;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        // Leaf 0: the vendor, on every x86-64 CPU.
+        let r = std::arch::x86_64::__cpuid(0);
+        let vendor: Vec<u8> = [r.ebx, r.edx, r.ecx]
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .collect();
+        if vendor == b"GenuineIntel" {
+            return Some(
+                "note: on this Intel CPU a build with `--features mkl` trains faster (MKL's products; bf16 on AMX with --autocast bf16): see docs/performance.md, \"Intel MKL\"",
+            );
+        }
+    }
+    None
+}

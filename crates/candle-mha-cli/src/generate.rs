@@ -106,12 +106,19 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     if let [prompt] = prompts.as_slice() {
         let mut out = Printer::start(&ckpt.codec, &args.prompt[0])?;
         let mut new = Vec::new();
+        let start = std::time::Instant::now();
+        let mut first = None;
         generate_stream(&ckpt.model, prompt, &cfg, |id| {
             new.push(id);
+            first.get_or_insert_with(|| start.elapsed());
             out.update(&ckpt.codec.decode_continuation(prompt, &new)?, false)
                 .map_err(candle_mha::candle::Error::wrap)
         })?;
-        return out.update(&ckpt.codec.decode_continuation(prompt, &new)?, true);
+        out.update(&ckpt.codec.decode_continuation(prompt, &new)?, true)?;
+        if let Some(first) = first {
+            eprintln!("{}", speed(prompt.len(), new.len(), first, start.elapsed()));
+        }
+        return Ok(());
     }
     let all = generate_batch(&ckpt.model, &prompts, &cfg)?;
     for ((typed, prompt), new) in args.prompt.iter().zip(&prompts).zip(&all) {
@@ -119,6 +126,29 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         out.update(&ckpt.codec.decode_continuation(prompt, new)?, true)?;
     }
     Ok(())
+}
+
+/// The line `mha generate` ends with on stderr: the prompt's time (to the first new token)
+/// and the rate of the tokens after it, as `transformers`' and llama.cpp's timings split them.
+fn speed(
+    prompt: usize,
+    tokens: usize,
+    first: std::time::Duration,
+    all: std::time::Duration,
+) -> String {
+    let rest = (all - first).as_secs_f64();
+    let rate = match tokens {
+        1 => String::new(),
+        _ => format!(
+            ", then {:.1} tokens/s",
+            (tokens - 1) as f64 / rest.max(1e-9)
+        ),
+    };
+    format!(
+        "{tokens} new tokens in {:.2} s: prompt of {prompt} and the first token {:.0} ms{rate}",
+        all.as_secs_f64(),
+        first.as_secs_f64() * 1e3
+    )
 }
 
 /// Prints a continuation as it grows: only the text added since the last call, and only

@@ -48,6 +48,13 @@ pub struct TrainConfig {
     /// every parameter decays.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub decay_matrices_only: bool,
+    /// The training steps' large CPU products (every linear layer, forward and backward) in
+    /// bf16 with f32 sums ([`candle_mha::autocast`]); parameters, gradients and optimizer
+    /// state stay f32, and validation runs in f32. Default false. PyTorch equivalent: the
+    /// step inside `torch.autocast("cpu", dtype=torch.bfloat16)` (nanoGPT's
+    /// `dtype = 'bfloat16'`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub autocast_bf16: bool,
 }
 
 impl Default for TrainConfig {
@@ -68,6 +75,7 @@ impl Default for TrainConfig {
             save_every: 500,
             seed: 0,
             decay_matrices_only: false,
+            autocast_bf16: false,
         }
     }
 }

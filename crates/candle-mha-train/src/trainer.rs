@@ -16,6 +16,7 @@ use crate::data::{Batch, Codec, Dataset, EvalSet, Example, TrainSource};
 use crate::models::NextTokenPredictor;
 use crate::run_dir::{CHECKPOINT_FILES, CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE};
 use crate::{RunError, RunResult};
+use candle_mha::autocast::{autocast, Precision};
 use candle_mha::checkpoint::{state_dict_of, NamedParameters, StateDict};
 use candle_mha::optim::{clip_grad_norm, AdamW, AdamWConfig};
 use candle_mha::rng::derive_seed;
@@ -251,6 +252,12 @@ impl Trainer {
         c.early_stop = early_stop.unwrap_or(c.early_stop);
     }
 
+    /// Turns the steps' bf16 products ([`TrainConfig::autocast_bf16`]) on or off: the
+    /// arithmetic of the steps to come, not the weights, batches or optimizer.
+    pub fn set_autocast_bf16(&mut self, on: bool) {
+        self.state.config.autocast_bf16 = on;
+    }
+
     /// Saves `codec` (`vocab.json` / `tokenizer.json`) with every checkpoint, `best/`
     /// included, so each is usable on its own.
     pub fn with_codec(mut self, codec: Codec) -> Self {
@@ -364,18 +371,25 @@ impl Trainer {
         let dropout_seed = derive_seed(self.state.config.seed, &label);
         // No mask when no sequence is padded: the attention skips the masking work.
         let kpm = batch.padded.then_some(&batch.key_padding_mask);
-        let mut loss = self.model.train_loss(
-            &batch.input,
-            kpm,
-            (dropout_seed, first_row),
-            &batch.targets,
-            &batch.loss_mask,
-        )?;
-        if let Some(w) = weight {
-            loss = loss.affine(w, 0.0)?;
-        }
-        let value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
-        let g = loss.backward()?;
+        let precision = match self.state.config.autocast_bf16 {
+            true => Precision::Bf16,
+            false => Precision::F32,
+        };
+        // The forward and its backward both inside: the ops read the precision as they run.
+        let (value, g) = autocast(precision, || -> Result<_> {
+            let mut loss = self.model.train_loss(
+                &batch.input,
+                kpm,
+                (dropout_seed, first_row),
+                &batch.targets,
+                &batch.loss_mask,
+            )?;
+            if let Some(w) = weight {
+                loss = loss.affine(w, 0.0)?;
+            }
+            let value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+            Ok((value, loss.backward()?))
+        })?;
         *grads = Some(match grads.take() {
             None => g,
             Some(acc) => self.add_grads(acc, g)?,

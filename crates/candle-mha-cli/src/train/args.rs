@@ -199,6 +199,11 @@ pub struct TrainArgs {
     /// Parameter dtype: f32 or f64 [default: f32; with --resume, the run's].
     #[arg(long, value_parser = crate::choices::DtypeParser)]
     pub dtype: Option<DType>,
+    /// The steps' matrix products in bf16 with f32 sums, weights and optimizer state f32
+    /// (`torch.autocast("cpu", torch.bfloat16)`; CPU, f32): bf16 or off [default: off; with
+    /// --resume, the run's, and it may change].
+    #[arg(long, value_parser = ["bf16", "off"])]
+    pub autocast: Option<String>,
     /// Synthetic task: number of keys.
     #[arg(long, value_parser = crate::bounds::count(1, 1_000_000), help = "Synthetic task: number of keys [default: 16]")]
     pub keys: Option<usize>,
@@ -299,8 +304,14 @@ impl TrainArgs {
             eval_every: self.eval_every.unwrap_or(base.eval_every),
             save_every: self.save_every.unwrap_or(base.save_every),
             seed: self.seed(),
+            autocast_bf16: self.autocast_bf16().unwrap_or(base.autocast_bf16),
             ..base
         }
+    }
+
+    /// `--autocast`: `Some(true)` for bf16, `Some(false)` for off, `None` when not given.
+    pub fn autocast_bf16(&self) -> Option<bool> {
+        self.autocast.as_deref().map(|a| a == "bf16")
     }
 
     /// The fraction held out for validation (token files, text).

@@ -47,6 +47,14 @@ fn check_options(args: &TrainArgs) -> Result<()> {
             bail!("--val-fraction 1: text needs a training part; expected a fraction below 1")
         }
     }
+    if args.autocast_bf16() == Some(true) {
+        if let Some(d) = args.dtype.filter(|&d| d != DType::F32) {
+            bail!("--autocast bf16 with --dtype {}: autocast rounds f32 products; expected --dtype f32", d.as_str())
+        }
+        if args.device.starts_with("cuda") {
+            bail!("--autocast bf16 with --device {}: autocast is for the CPU's products; expected --device cpu", args.device)
+        }
+    }
     let llama = args.arch.as_deref() == Some("llama");
     if !llama && args.num_kv_heads.is_some() {
         bail!("--num-kv-heads is a llama model's: give --arch llama with it")
@@ -232,6 +240,9 @@ fn run_rank(
     let lead = rank == 0;
     if lead {
         eprintln!("{notice}");
+        if let Some(hint) = crate::device::build_hint(&device).filter(|_| !args.quiet) {
+            eprintln!("{hint}");
+        }
     }
     let mut notices = Notices::new(args.quiet, lead)?;
     let mut session = match plan {
@@ -247,7 +258,7 @@ fn run_rank(
             )?;
             if !conflicts.is_empty() {
                 bail!(
-                    "--resume: {} option(s) contradict the run in {} (its data, tokenizer, model, batch, optimizer and seed are kept; --steps, --eval-every, --save-every and --early-stop may change):\n  {}",
+                    "--resume: {} option(s) contradict the run in {} (its data, tokenizer, model, batch, optimizer and seed are kept; --steps, --eval-every, --save-every, --early-stop and --autocast may change):\n  {}",
                     conflicts.len(),
                     args.out.display(),
                     conflicts.join("\n  ")

@@ -251,7 +251,7 @@ pub fn apply_cadence(args: &TrainArgs, trainer: &mut Trainer) -> Vec<String> {
         ("--save-every", args.save_every, run.save_every),
         ("--early-stop", args.early_stop, run.early_stop),
     ];
-    let changes = given
+    let mut changes: Vec<String> = given
         .iter()
         .filter_map(|(option, g, was)| match g {
             Some(g) if g != was => Some(format!("{option} {g} (was {was})")),
@@ -259,5 +259,14 @@ pub fn apply_cadence(args: &TrainArgs, trainer: &mut Trainer) -> Vec<String> {
         })
         .collect();
     trainer.set_cadence(args.eval_every, args.save_every, args.early_stop);
+    if let Some(bf16) = args.autocast_bf16().filter(|&b| b != run.autocast_bf16) {
+        let name = |b: bool| if b { "bf16" } else { "off" };
+        changes.push(format!(
+            "--autocast {} (was {})",
+            name(bf16),
+            name(run.autocast_bf16)
+        ));
+        trainer.set_autocast_bf16(bf16);
+    }
     changes
 }

@@ -134,34 +134,28 @@ pub fn sample_next<R: Rng + ?Sized>(
         }
         return Ok(best as u32);
     }
-    // Most likely first; a stable sort, so equal logits keep the lower id first.
+    // Most likely first, equal logits the lower id first (a stable sort's order). Only the
+    // candidates that top-k and top-p can keep are ever sorted: a 50k vocabulary is selected
+    // down (`select_nth_unstable_by`, linear time), not sorted, per token.
+    let order = |a: &(usize, f64), b: &(usize, f64)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
     let mut scored: Vec<(usize, f64)> = logits.iter().copied().enumerate().collect();
-    scored.sort_by(|a, b| b.1.total_cmp(&a.1));
-    if let Some(k) = cfg.top_k {
+    let top = scored.iter().copied().min_by(order).map_or(0.0, |(_, l)| l);
+    let weight = |l: f64| ((l - top) / cfg.temperature).exp();
+    if let Some(k) = cfg.top_k.filter(|&k| k < scored.len()) {
+        scored.select_nth_unstable_by(k - 1, order);
         scored.truncate(k);
     }
     // Unnormalized softmax of logits / temperature (the largest weighs 1).
-    let top = scored[0].1;
-    let mut weights: Vec<f64> = scored
-        .iter()
-        .map(|(_, l)| ((l - top) / cfg.temperature).exp())
-        .collect();
-    if let Some(p) = cfg.top_p.filter(|&p| p < 1.0) {
+    let (scored, weights) = match cfg.top_p.filter(|&p| p < 1.0) {
         // Keep a token while the tokens more likely than it sum to less than p (Hugging
         // Face's rule), so the kept ones are the smallest prefix reaching p, at least one.
-        let total: f64 = weights.iter().sum();
-        let mut before = 0.0;
-        let mut keep = 0;
-        for w in &weights {
-            if keep > 0 && before / total >= p {
-                break;
-            }
-            before += w;
-            keep += 1;
+        Some(p) => nucleus(scored, p, &order, &weight),
+        None => {
+            scored.sort_unstable_by(order);
+            let weights = scored.iter().map(|&(_, l)| weight(l)).collect();
+            (scored, weights)
         }
-        scored.truncate(keep);
-        weights.truncate(keep);
-    }
+    };
     let mut r = rng.random::<f64>() * weights.iter().sum::<f64>();
     let mut pick = scored[scored.len() - 1].0;
     for ((id, _), w) in scored.iter().zip(&weights) {
@@ -172,6 +166,46 @@ pub fn sample_next<R: Rng + ?Sized>(
         r -= w;
     }
     Ok(pick as u32)
+}
+
+/// The smallest most-likely-first prefix of `scored` whose weights reach `p` of their total
+/// (Hugging Face's top-p rule: a token is kept while those before it sum to less than `p`),
+/// with its weights. Sorts only a growing head of the candidates (selected first) until the
+/// prefix ends inside it.
+#[allow(clippy::type_complexity)]
+fn nucleus(
+    mut scored: Vec<(usize, f64)>,
+    p: f64,
+    order: &dyn Fn(&(usize, f64), &(usize, f64)) -> std::cmp::Ordering,
+    weight: &dyn Fn(f64) -> f64,
+) -> (Vec<(usize, f64)>, Vec<f64>) {
+    let total: f64 = scored.iter().map(|&(_, l)| weight(l)).sum();
+    let mut head = 256;
+    loop {
+        let whole = head >= scored.len();
+        if whole {
+            scored.sort_unstable_by(order);
+        } else {
+            scored.select_nth_unstable_by(head - 1, order);
+            scored[..head].sort_unstable_by(order);
+        }
+        let mut weights = Vec::new();
+        let mut before = 0.0;
+        for &(_, l) in &scored[..head.min(scored.len())] {
+            if !weights.is_empty() && before / total >= p {
+                break;
+            }
+            let w = weight(l);
+            before += w;
+            weights.push(w);
+        }
+        let reached = weights.len() < head || before / total >= p;
+        if whole || reached {
+            scored.truncate(weights.len());
+            return (scored, weights);
+        }
+        head *= 8;
+    }
 }
 
 /// The ids that follow `prompt` (the prompt not included). The context is the last

@@ -342,3 +342,79 @@ fn top_k_alone_and_greedy_give_the_ids_recorded_before_top_p() -> Result<()> {
     }
     Ok(())
 }
+
+/// The filters as their definitions read: a full stable sort (most likely first, equal logits
+/// by id), top-k, the weights after temperature, Hugging Face's top-p prefix, then the walk
+/// of one uniform draw. `sample_next` selects instead of sorting; it must draw the same ids.
+fn reference_draw(logits: &[f64], cfg: &GenerateConfig, u: f64) -> u32 {
+    let mut scored: Vec<(usize, f64)> = logits.iter().copied().enumerate().collect();
+    scored.sort_by(|a, b| b.1.total_cmp(&a.1));
+    if let Some(k) = cfg.top_k {
+        scored.truncate(k);
+    }
+    let top = scored[0].1;
+    let mut w: Vec<f64> = scored
+        .iter()
+        .map(|(_, l)| ((l - top) / cfg.temperature).exp())
+        .collect();
+    if let Some(p) = cfg.top_p {
+        let total: f64 = w.iter().sum();
+        let (mut before, mut keep) = (0.0, 0);
+        while keep < w.len() && (keep == 0 || before / total < p) {
+            before += w[keep];
+            keep += 1;
+        }
+        w.truncate(keep);
+    }
+    let mut r = u * w.iter().sum::<f64>();
+    for (i, wi) in w.iter().enumerate() {
+        if r < *wi {
+            return scored[i].0 as u32;
+        }
+        r -= wi;
+    }
+    scored[w.len() - 1].0 as u32
+}
+
+/// Over a 5000-id vocabulary with ties, a flat tail and a few peaks (so that top-p keeps
+/// from one id to thousands, past the first selected head), `sample_next` draws what the
+/// sorted definition draws, for every combination of the filters.
+#[test]
+fn selecting_draws_what_sorting_draws() {
+    let logits: Vec<f64> = (0..5000)
+        .map(|i| match i % 997 {
+            0 => 6.0,
+            1..=40 => ((i * 37) % 11) as f64 * 0.3,
+            _ => ((i * 7919) % 13) as f64 * 0.05,
+        })
+        .collect();
+    let settings = [
+        (Some(1), None, 1.0),
+        (Some(50), None, 0.7),
+        (None, Some(0.05), 1.0),
+        (None, Some(0.5), 1.3),
+        (None, Some(0.95), 2.0),
+        (Some(3000), Some(0.9), 1.0),
+        (Some(300), Some(0.99), 5.0),
+        (None, None, 1.0),
+    ];
+    for (top_k, top_p, temperature) in settings {
+        let cfg = GenerateConfig {
+            do_sample: true,
+            top_k,
+            top_p,
+            temperature,
+            ..GenerateConfig::default()
+        };
+        let mut ours = rng_from_seed(9);
+        let mut theirs = rng_from_seed(9);
+        for draw in 0..200 {
+            let got = sample_next(&logits, &cfg, &mut ours).unwrap();
+            let want = reference_draw(&logits, &cfg, theirs.random::<f64>());
+            assert_eq!(
+                got, want,
+                "draw {draw} of top_k {top_k:?} top_p {top_p:?} t {temperature}"
+            );
+        }
+    }
+}
