@@ -46,17 +46,26 @@ prompt=$(cat "$work/prompt.txt")
 measure "generate 64 (mha, kv cache)" "$mha" generate --checkpoint "$work/run" \
   --prompt "$prompt" --max-new-tokens 64
 measure "generate 64 (transformers)" "$py" - "$work" "$threads" <<'PY'
-import sys, torch
+import sys, time, torch
 from transformers import GPT2LMHeadModel
 work, threads = sys.argv[1], int(sys.argv[2])
 torch.set_num_threads(threads)
 m = GPT2LMHeadModel.from_pretrained(f"{work}/hf").eval()
 ids = torch.tensor([[int(t) for t in open(f"{work}/prompt.txt").read().split()]])
-with torch.no_grad():
-    out = m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=64,
+def run(n):
+    t0 = time.perf_counter()
+    out = m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
                      do_sample=False, use_cache=True, pad_token_id=0)
+    return out, time.perf_counter() - t0
+with torch.no_grad():
+    out, t64 = run(64)
+    _, t1 = run(1)
 print(" ".join(map(str, out[0].tolist())))
+# As `mha generate` reports it: the prompt and first token, then the rate of the other 63.
+print(f"transformers: prompt and first token {t1 * 1e3:.0f} ms, then {63 / (t64 - t1):.1f} tokens/s",
+      file=sys.stderr)
 PY
+grep -h "tokens/s" "$work/generate 64 (mha, kv cache).err" "$work/generate 64 (transformers).err"
 if [ "$(cat "$work/generate 64 (mha, kv cache).out")" = "$(cat "$work/generate 64 (transformers).out")" ]; then
   echo "generated tokens: identical"
 else

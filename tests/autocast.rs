@@ -28,16 +28,7 @@ fn bf16_f64(t: &Tensor) -> Tensor {
 }
 
 fn max_gap(a: &Tensor, b: &Tensor) -> f64 {
-    (a.to_dtype(DType::F64).unwrap() - b.to_dtype(DType::F64).unwrap())
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f64>()
-        .unwrap()
+    candle_mha_test_support::max_abs_diff(a, b).unwrap()
 }
 
 /// A linear layer's output and its three gradients (x, weight, bias) under bf16 autocast are
