@@ -56,9 +56,10 @@ pub fn precision() -> Precision {
     crate::cpu::bf16::precision()
 }
 
-/// How many products this thread has run in bf16 so far (tests and benches: that a model's
-/// products took the bf16 path).
-#[doc(hidden)]
+/// How many products this thread has run in bf16 so far: a check that a model's products
+/// took the bf16 path (products of other threads, tiles and candle's own ops not counted).
+///
+/// PyTorch equivalent: none (the profiler's per-op dtypes come closest).
 pub fn bf16_products() -> u64 {
     crate::cpu::bf16::bf16_products()
 }

@@ -119,7 +119,8 @@ pub(crate) unsafe fn pack<E: Copy + Send + Default>(
     }
 }
 
-/// `dst = [dst +] alpha · bf16(lhs) · bf16(rhs)`, f32 sums, on all threads when large.
+/// `dst = [dst +] alpha · bf16(lhs) · bf16(rhs)`, f32 sums, on all threads when `all`: one of
+/// the products [`gemm_from`](super::gemm_from) runs with [`Threads::All`](super::Threads).
 ///
 /// # Safety
 /// As [`gemm`](super::gemm).
@@ -150,10 +151,6 @@ pub(crate) unsafe fn gemm(
             false => (p.data.as_ptr(), p.ld, 1),
         }
     };
-    let threads = match all {
-        true => super::Threads::All,
-        false => super::Threads::One,
-    };
     super::gemm::product(
         (m, n, k),
         dst,
@@ -161,7 +158,7 @@ pub(crate) unsafe fn gemm(
         op(&a),
         op(&b),
         alpha,
-        threads,
+        super::Threads::All,
         all,
     )
 }

@@ -120,24 +120,26 @@ pub(crate) unsafe fn gemm_from<T: Elem>(
             true
         }
     };
-    // Under `autocast` the products a caller runs on all threads (the linear layers) take
-    // bf16 operands; the attention kernel's tiles (`Threads::One`) stay f32.
-    if T::DTYPE == candle::DType::F32
-        && threads == Threads::All
-        && super::bf16::precision() == super::bf16::Precision::Bf16
-    {
-        let f = |(p, rs, cs): Operand<T>| (p.cast::<f32>(), rs, cs);
-        let alpha = alpha.to_f64() as f32;
-        let dst = (dst.0.cast::<f32>(), dst.1, dst.2);
-        super::bf16::gemm((m, n, k), dst, accumulate, f(lhs), f(rhs), alpha, all);
-        return;
-    }
-    // A few rows against a weight read by rows (`x·Wᵀ` while decoding): one dot product per
-    // output, each weight row streamed once, the rows split between the threads.
-    if m <= DOT_ROWS && lhs.2 == 1 && rhs.1 == 1 && dst.2 == 1 && threads == Threads::All {
-        let all = num_threads() > 1 && super::par::parallel_pass(n * k);
-        dots((m, n, k), dst, accumulate, lhs, rhs, alpha, all);
-        return;
+    // The products a caller runs on all threads (the linear layers); the attention kernel's
+    // tiles (`Threads::One`) always take the plain product.
+    if threads == Threads::All {
+        // Under `autocast`: bf16 operands.
+        if T::DTYPE == candle::DType::F32
+            && super::bf16::precision() == super::bf16::Precision::Bf16
+        {
+            let f = |(p, rs, cs): Operand<T>| (p.cast::<f32>(), rs, cs);
+            let alpha = alpha.to_f64() as f32;
+            let dst = (dst.0.cast::<f32>(), dst.1, dst.2);
+            super::bf16::gemm((m, n, k), dst, accumulate, f(lhs), f(rhs), alpha, all);
+            return;
+        }
+        // A few rows against a weight read by rows (`x·Wᵀ` while decoding): one dot product
+        // per output, each weight row streamed once, the rows split between the threads.
+        if m <= DOT_ROWS && lhs.2 == 1 && rhs.1 == 1 && dst.2 == 1 {
+            let all = super::par::parallel_pass(n * k);
+            dots((m, n, k), dst, accumulate, lhs, rhs, alpha, all);
+            return;
+        }
     }
     product((m, n, k), dst, accumulate, lhs, rhs, alpha, threads, all)
 }

@@ -12,6 +12,7 @@ use candle_mha_train::data::PrepareOptions;
 use candle_mha_train::models::llama::{LlamaConfig, LlamaFamily};
 use candle_mha_train::models::NextTokenPredictorConfig;
 use candle_mha_train::TrainConfig;
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 
 use candle_mha_train::data::{DEFAULT_BPE_SAMPLE_MB, DEFAULT_BPE_VOCAB, DEFAULT_EVAL_WINDOWS};
 use candle_mha_train::data::{MAX_BPE_VOCAB, MIN_BPE_VOCAB};
@@ -202,8 +203,8 @@ pub struct TrainArgs {
     /// The steps' matrix products in bf16 with f32 sums, weights and optimizer state f32
     /// (`torch.autocast("cpu", torch.bfloat16)`; CPU, f32): bf16 or off [default: off; with
     /// --resume, the run's, and it may change].
-    #[arg(long, value_parser = ["bf16", "off"])]
-    pub autocast: Option<String>,
+    #[arg(long, value_parser = PossibleValuesParser::new(["bf16", "off"]).map(|s| s == "bf16"))]
+    pub autocast: Option<bool>,
     /// Synthetic task: number of keys.
     #[arg(long, value_parser = crate::bounds::count(1, 1_000_000), help = "Synthetic task: number of keys [default: 16]")]
     pub keys: Option<usize>,
@@ -304,14 +305,9 @@ impl TrainArgs {
             eval_every: self.eval_every.unwrap_or(base.eval_every),
             save_every: self.save_every.unwrap_or(base.save_every),
             seed: self.seed(),
-            autocast_bf16: self.autocast_bf16().unwrap_or(base.autocast_bf16),
+            autocast_bf16: self.autocast.unwrap_or(base.autocast_bf16),
             ..base
         }
-    }
-
-    /// `--autocast`: `Some(true)` for bf16, `Some(false)` for off, `None` when not given.
-    pub fn autocast_bf16(&self) -> Option<bool> {
-        self.autocast.as_deref().map(|a| a == "bf16")
     }
 
     /// The fraction held out for validation (token files, text).

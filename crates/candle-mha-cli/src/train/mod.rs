@@ -47,7 +47,7 @@ fn check_options(args: &TrainArgs) -> Result<()> {
             bail!("--val-fraction 1: text needs a training part; expected a fraction below 1")
         }
     }
-    if args.autocast_bf16() == Some(true) {
+    if args.autocast == Some(true) {
         if let Some(d) = args.dtype.filter(|&d| d != DType::F32) {
             bail!("--autocast bf16 with --dtype {}: autocast rounds f32 products; expected --dtype f32", d.as_str())
         }

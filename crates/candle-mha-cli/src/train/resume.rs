@@ -259,7 +259,7 @@ pub fn apply_cadence(args: &TrainArgs, trainer: &mut Trainer) -> Vec<String> {
         })
         .collect();
     trainer.set_cadence(args.eval_every, args.save_every, args.early_stop);
-    if let Some(bf16) = args.autocast_bf16().filter(|&b| b != run.autocast_bf16) {
+    if let Some(bf16) = args.autocast.filter(|&b| b != run.autocast_bf16) {
         let name = |b: bool| if b { "bf16" } else { "off" };
         changes.push(format!(
             "--autocast {} (was {})",
