@@ -34,9 +34,10 @@ struct Call {
     c: (*mut u8, i32),
 }
 
-/// `cblas_?gemm` of one element type (LP64: `i32` sizes) and its call from a [`Call`].
+/// A cblas product (LP64: `i32` sizes) of operands `$ab` into `$c` (scalars `$c` too) and its
+/// call from a [`Call`].
 macro_rules! cblas_gemm {
-    ($call:ident, $name:ident, $t:ty) => {
+    ($call:ident, $name:ident, $ab:ty, $c:ty) => {
         extern "C" {
             fn $name(
                 layout: i32,
@@ -45,19 +46,19 @@ macro_rules! cblas_gemm {
                 m: i32,
                 n: i32,
                 k: i32,
-                alpha: $t,
-                a: *const $t,
+                alpha: $c,
+                a: *const $ab,
                 lda: i32,
-                b: *const $t,
+                b: *const $ab,
                 ldb: i32,
-                beta: $t,
-                c: *mut $t,
+                beta: $c,
+                c: *mut $c,
                 ldc: i32,
             );
         }
 
         /// # Safety
-        /// The matrices hold this element type and cover what the sizes address.
+        /// The matrices hold these element types and cover what the sizes address.
         unsafe fn $call(g: &Call) {
             let ((ta, tb), (m, n, k)) = (g.trans, g.mnk);
             $name(
@@ -67,20 +68,22 @@ macro_rules! cblas_gemm {
                 m,
                 n,
                 k,
-                g.alpha as $t,
+                g.alpha as $c,
                 g.a.0.cast(),
                 g.a.1,
                 g.b.0.cast(),
                 g.b.1,
-                g.beta as $t,
+                g.beta as $c,
                 g.c.0.cast(),
                 g.c.1,
             )
         }
     };
 }
-cblas_gemm!(sgemm, cblas_sgemm, f32);
-cblas_gemm!(dgemm, cblas_dgemm, f64);
+cblas_gemm!(sgemm, cblas_sgemm, f32, f32);
+cblas_gemm!(dgemm, cblas_dgemm, f64, f64);
+// bf16 operands (`MKL_BF16`: the upper half of an f32), f32 output and sums.
+cblas_gemm!(bf16_gemm, cblas_gemm_bf16bf16f32, u16, f32);
 
 // SAFETY: a `Call`'s pointers are only dereferenced by MKL during `run`; the parts of one
 // product that threads run at once read shared operands and write disjoint blocks of `c`.
@@ -183,49 +186,6 @@ pub(crate) unsafe fn gemm<T: Elem>(
     let size = std::mem::size_of::<T>();
     call.run_parts(product, (size, size), parts);
     true
-}
-
-extern "C" {
-    /// `c = beta·c + alpha·op(a)·op(b)`, `a` and `b` bf16 (`MKL_BF16`: the upper half of an
-    /// f32), `c` f32, f32 sums.
-    fn cblas_gemm_bf16bf16f32(
-        layout: i32,
-        trans_a: i32,
-        trans_b: i32,
-        m: i32,
-        n: i32,
-        k: i32,
-        alpha: f32,
-        a: *const u16,
-        lda: i32,
-        b: *const u16,
-        ldb: i32,
-        beta: f32,
-        c: *mut f32,
-        ldc: i32,
-    );
-}
-
-/// # Safety
-/// `a` and `b` hold bf16, `c` f32, covering what the sizes address.
-unsafe fn bf16_gemm(g: &Call) {
-    let ((ta, tb), (m, n, k)) = (g.trans, g.mnk);
-    cblas_gemm_bf16bf16f32(
-        ROW_MAJOR,
-        ta,
-        tb,
-        m,
-        n,
-        k,
-        g.alpha as f32,
-        g.a.0.cast(),
-        g.a.1,
-        g.b.0.cast(),
-        g.b.1,
-        g.beta as f32,
-        g.c.0.cast(),
-        g.c.1,
-    )
 }
 
 /// `dst = beta·dst + alpha·a·b` (`beta` 0 or 1) of two packed bf16 operands, f32 sums, in
