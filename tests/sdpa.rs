@@ -7,12 +7,22 @@
 use candle_mha_test_support as common;
 
 use anyhow::{Context, Result};
-use candle_mha::attention::scaled_dot_product_attention_unfused;
 use candle_mha::candle::{DType, Tensor, Var};
-use candle_mha::{scaled_dot_product_attention, SdpaOptions};
+use candle_mha::{scaled_dot_product_attention, AttentionKernel, SdpaOptions};
 use common::{assert_close, Fixture};
 
 type Sdpa = fn(&Tensor, &Tensor, &Tensor, &SdpaOptions) -> candle_mha::candle::Result<Tensor>;
+
+/// The candle-ops path (`AttentionKernel::Reference`) with the call's other options.
+fn reference(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    opts: &SdpaOptions,
+) -> candle_mha::candle::Result<Tensor> {
+    let opts = opts.clone().with_kernel(AttentionKernel::Reference);
+    scaled_dot_product_attention(q, k, v, &opts)
+}
 
 fn cases() -> Result<Vec<Fixture>> {
     let dir = common::fixtures_dir().join("sdpa");
@@ -91,7 +101,7 @@ fn fused_cpu_op_equals_pytorch() -> Result<()> {
 #[test]
 fn candle_ops_path_equals_pytorch() -> Result<()> {
     for f in cases()? {
-        check_case(&f, scaled_dot_product_attention_unfused)?;
+        check_case(&f, reference)?;
     }
     Ok(())
 }
@@ -127,5 +137,36 @@ fn bf16_follows_f32() -> Result<()> {
         f.tensor("out")?,
         3e-2,
     )?;
+    Ok(())
+}
+
+/// `AttentionKernel::Fused` runs the fused op where it covers the call (the same bits as
+/// `Auto`) and is an error naming what it does not cover (bf16) rather than a silent
+/// fallback; `Reference` differs from the fused op only by rounding.
+#[test]
+fn the_kernel_option_chooses_the_path() -> Result<()> {
+    let f = Fixture::load(&common::fixtures_dir().join("sdpa/gqa_3.safetensors"))?;
+    let (q, k, v) = (f.tensor("query")?, f.tensor("key")?, f.tensor("value")?);
+    let opts = SdpaOptions::new().gqa().causal();
+    let auto = scaled_dot_product_attention(q, k, v, &opts)?;
+    let fused =
+        scaled_dot_product_attention(q, k, v, &opts.clone().with_kernel(AttentionKernel::Fused))?;
+    assert_eq!(common::max_abs_diff(&auto, &fused)?, 0.0);
+    let reference = reference(q, k, v, &opts)?;
+    let gap = common::max_abs_diff(&auto, &reference)?;
+    assert!(gap > 0.0 && gap < 1e-5, "reference path gap {gap}");
+    let bf = |t: &Tensor| t.to_dtype(DType::BF16);
+    let e = scaled_dot_product_attention(
+        &bf(q)?,
+        &bf(k)?,
+        &bf(v)?,
+        &opts.with_kernel(AttentionKernel::Fused),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("kernel Fused covers the CPU in f32/f64") && e.contains("BF16"),
+        "{e}"
+    );
     Ok(())
 }

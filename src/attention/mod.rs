@@ -19,6 +19,4 @@ pub use config::MultiheadAttentionConfig;
 pub use kv_cache::{IncrementalOptions, KvCache, MemoryCache, StackKvCache};
 pub use mha::{multihead_attention, MultiheadAttention};
 pub use options::{AttentionKernel, AttentionOptions, AttentionOutput};
-#[doc(hidden)]
-pub use sdpa::scaled_dot_product_attention_unfused;
 pub use sdpa::{scaled_dot_product_attention, SdpaOptions, MAX_SDPA_HEADS};

@@ -12,6 +12,7 @@ use candle::{DType, Device, Result, Shape, Tensor};
 
 use super::dropout::{seeded_dropout, DropoutMask};
 use super::fused::{FusedSdpa, Geom};
+use super::options::AttentionKernel;
 use super::softmax::safe_softmax_last_dim;
 use crate::cpu::fused;
 use crate::cpu::Stash;
@@ -44,6 +45,13 @@ pub struct SdpaOptions {
     /// Grouped-query attention: `k` and `v` may have fewer heads than `q`, a divisor of them;
     /// query head `h` reads key/value head `h / (H / H_kv)`. Default false.
     pub enable_gqa: bool,
+    /// Which implementation computes it. Default [`AttentionKernel::Auto`]: the fused CPU op
+    /// where it covers the call (f32/f64, `E_v = E`, `S > 0`, a mask that needs no
+    /// gradient), candle's ops elsewhere; `Reference` is always candle's ops (the path of
+    /// CUDA, f16 and bf16), `Fused` the fused op or an error naming what it does not cover.
+    /// PyTorch equivalent: `torch.nn.attention.sdpa_kernel(...)`, `Reference` its math
+    /// backend.
+    pub kernel: AttentionKernel,
 }
 
 impl SdpaOptions {
@@ -73,6 +81,12 @@ impl SdpaOptions {
     /// With `scale`.
     pub fn with_scale(mut self, scale: f64) -> Self {
         self.scale = Some(scale);
+        self
+    }
+
+    /// With the implementation `kernel`.
+    pub fn with_kernel(mut self, kernel: AttentionKernel) -> Self {
+        self.kernel = kernel;
         self
     }
 
@@ -272,29 +286,6 @@ pub fn scaled_dot_product_attention(
     value: &Tensor,
     opts: &SdpaOptions,
 ) -> Result<Tensor> {
-    attend(query, key, value, opts, true)
-}
-
-/// [`scaled_dot_product_attention`] through candle's ops on any device and dtype (the path
-/// CUDA, f16 and bf16 take), for tests that check it on the CPU; not part of the API.
-#[doc(hidden)]
-pub fn scaled_dot_product_attention_unfused(
-    query: &Tensor,
-    key: &Tensor,
-    value: &Tensor,
-    opts: &SdpaOptions,
-) -> Result<Tensor> {
-    attend(query, key, value, opts, false)
-}
-
-/// The checks, the head layout and the choice of path (`fusable`: the fused CPU op may run).
-fn attend(
-    query: &Tensor,
-    key: &Tensor,
-    value: &Tensor,
-    opts: &SdpaOptions,
-    fusable: bool,
-) -> Result<Tensor> {
     let z = check(query, key, value, opts)?;
     let scale = opts.scale.unwrap_or(1.0 / (z.e as f64).sqrt());
     if z.b * z.hq * z.l == 0 || z.ev == 0 {
@@ -314,7 +305,18 @@ fn attend(
     // A float mask that needs its gradient goes through candle's ops: the kernels take the
     // mask as a constant.
     let mask_grad = opts.attn_mask.as_ref().is_some_and(Tensor::track_op);
-    if fusable && fused(&q) && z.e == z.ev && z.s > 0 && !mask_grad {
+    let covered = fused(&q) && z.e == z.ev && z.s > 0 && !mask_grad;
+    if opts.kernel == AttentionKernel::Fused && !covered {
+        candle::bail!(
+            "scaled_dot_product_attention: kernel Fused covers the CPU in f32/f64 with E_v = E, S > 0 and a mask without gradient; got {:?} {:?}, E {} and E_v {}, S {}, a mask gradient: {mask_grad}",
+            q.device().location(),
+            q.dtype(),
+            z.e,
+            z.ev,
+            z.s
+        )
+    }
+    if opts.kernel != AttentionKernel::Reference && covered {
         let unit = |t: &Tensor| -> Result<Tensor> {
             match t.stride()[3] {
                 1 => Ok(t.clone()),
