@@ -43,19 +43,26 @@ measure() {  # name, command...: prints "name: wall s, peak MiB"
 
 measure "import (mha)" "$mha" import "$work/hf" --out "$work/run"
 prompt=$(cat "$work/prompt.txt")
-measure "generate 64 (mha, kv cache)" "$mha" generate --checkpoint "$work/run" \
-  --prompt "$prompt" --max-new-tokens 64
-measure "generate 64 (transformers)" "$py" - "$work" "$threads" <<'PY'
-import sys, time, torch
+# Generation in f32, then with the products in bf16 (`--autocast bf16`: each weight rounded
+# once, so decoding streams half the bytes) against transformers under `torch.autocast`.
+for precision in f32 bf16; do
+  flag=(); [ "$precision" = bf16 ] && flag=(--autocast bf16)
+  measure "generate 64 $precision (mha, kv cache)" "$mha" generate --checkpoint "$work/run" \
+    --prompt "$prompt" --max-new-tokens 64 "${flag[@]}"
+  measure "generate 64 $precision (transformers)" "$py" - "$work" "$threads" "$precision" <<'PY'
+import contextlib, sys, time, torch
 from transformers import GPT2LMHeadModel
-work, threads = sys.argv[1], int(sys.argv[2])
+work, threads, precision = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 torch.set_num_threads(threads)
 m = GPT2LMHeadModel.from_pretrained(f"{work}/hf").eval()
 ids = torch.tensor([[int(t) for t in open(f"{work}/prompt.txt").read().split()]])
+ctx = (torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16"
+       else contextlib.nullcontext())
 def run(n):
     t0 = time.perf_counter()
-    out = m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
-                     do_sample=False, use_cache=True, pad_token_id=0)
+    with ctx:
+        out = m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
+                         do_sample=False, use_cache=True, pad_token_id=0)
     return out, time.perf_counter() - t0
 with torch.no_grad():
     out, t64 = run(64)
@@ -65,12 +72,15 @@ print(" ".join(map(str, out[0].tolist())))
 print(f"transformers: prompt and first token {t1 * 1e3:.0f} ms, then {63 / (t64 - t1):.1f} tokens/s",
       file=sys.stderr)
 PY
-grep -h "tokens/s" "$work/generate 64 (mha, kv cache).err" "$work/generate 64 (transformers).err"
-if [ "$(cat "$work/generate 64 (mha, kv cache).out")" = "$(cat "$work/generate 64 (transformers).out")" ]; then
-  echo "generated tokens: identical"
-else
-  echo "generated tokens: DIFFER"
-fi
+  grep -h "tokens/s" "$work/generate 64 $precision (mha, kv cache).err" \
+    "$work/generate 64 $precision (transformers).err"
+  if [ "$(cat "$work/generate 64 $precision (mha, kv cache).out")" = \
+       "$(cat "$work/generate 64 $precision (transformers).out")" ]; then
+    echo "generated tokens ($precision): identical"
+  else
+    echo "generated tokens ($precision): DIFFER"
+  fi
+done
 
 # Training steps in f32, then with the products in bf16 (`--autocast bf16` against
 # `torch.autocast("cpu", torch.bfloat16)`); each side's losses of the same batches too.

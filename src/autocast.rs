@@ -5,7 +5,16 @@
 //! run on all threads — the linear layers ([`nn::Linear`](crate::nn::Linear), the attention's
 //! projections, the MLP, the output head with its loss), forward and backward — rounds both
 //! operands to bf16 and sums in f32. Parameters, gradients, optimizer state and every other op
-//! stay f32: the weights are the master copy, rounded afresh at each product.
+//! stay f32: the weights are the master copy.
+//!
+//! - **Each weight rounded once per scope** (PyTorch's autocast cache, `cache_enabled=True`):
+//!   a variable ([`Var`](candle::Var)) used as a layer's weight is rounded at its first
+//!   product in the scope and that bf16 copy serves the scope's other products, forward and
+//!   backward; the copy is dropped when the outermost scope ends. So a variable changed inside
+//!   the scope (an optimizer step) is read as it was at its first product there: step outside
+//!   the scope, as with PyTorch. Tensors that are not variables are rounded at each product.
+//! - **Decoding** (products of up to 4 rows, one token at a time) reads the weights' bf16
+//!   copies: half the bytes of f32 per token, on every CPU, with or without MKL.
 //!
 //! - **Where it is fast.** With the `mkl` feature the products are MKL's
 //!   `cblas_gemm_bf16bf16f32`, which runs on AMX tiles (or AVX-512 BF16) on Intel CPUs that

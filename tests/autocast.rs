@@ -136,3 +136,42 @@ fn the_attention_modules_projections_take_bf16() {
     let gap = max_gap(&out, &exact);
     assert!(gap > 0.0 && gap < 0.05, "gap to f32 {gap}");
 }
+
+/// Decoding-shaped products (one row against a weight) under autocast: against a variable's
+/// bf16 copy and against a plain tensor's f32 rows rounded as read, both the f64 products of
+/// rounded operands. The copy is made once per scope (PyTorch's autocast cache): a variable
+/// changed inside the scope is read as it was at its first product there, and the next scope
+/// reads its new value.
+#[test]
+fn a_scope_rounds_each_variable_once() {
+    let (k, n) = (768, 2304); // large enough for all threads
+    let w = Var::from_tensor(&randn(9, &[n, k])).unwrap();
+    let kept = Linear::from_weights(w.as_tensor().clone(), None);
+    let plain = Linear::from_weights(randn(10, &[n, k]), None);
+    let x = randn(11, &[1, k]);
+    let want = |w: &Tensor| bf16_f64(&x).matmul(&bf16_f64(w).t().unwrap()).unwrap();
+    let tol = 2e-3;
+    let w0 = w.as_tensor().copy().unwrap();
+    let (first, second, prefill, other) = autocast(Precision::Bf16, || {
+        let first = kept.forward(&x).unwrap();
+        // Changed in place inside the scope: not seen by the scope's products.
+        w.set(&randn(9, &[n, k]).neg().unwrap()).unwrap();
+        let second = kept.forward(&x).unwrap();
+        let prefill = kept.forward(&randn(13, &[64, k])).unwrap();
+        (first, second, prefill, plain.forward(&x).unwrap())
+    });
+    assert!(max_gap(&first, &want(&w0)) < tol, "first");
+    assert_eq!(max_gap(&second, &first), 0.0, "the copy was not reused");
+    assert!(max_gap(&other, &want(plain.weight())) < tol, "plain weight");
+    let prefill_want = bf16_f64(&randn(13, &[64, k]))
+        .matmul(&bf16_f64(&w0).t().unwrap())
+        .unwrap();
+    assert!(max_gap(&prefill, &prefill_want) < tol, "prefill");
+    // A new scope rounds the variable's new value.
+    let after = autocast(Precision::Bf16, || kept.forward(&x).unwrap());
+    assert!(max_gap(&after, &want(w.as_tensor())) < tol, "next scope");
+    assert!(
+        max_gap(&after, &first) > 1e-2,
+        "the next scope reused the old copy"
+    );
+}

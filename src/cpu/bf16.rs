@@ -3,9 +3,18 @@
 //! With the `mkl` feature MKL's `cblas_gemm_bf16bf16f32` (AMX tiles or AVX-512 BF16 where the
 //! CPU has them); without it the rounded operands are widened back and multiplied by the f32
 //! product, which gives the same numbers up to the order of the sums at f32's speed.
+//!
+//! A scope keeps the bf16 copy of each weight it has rounded (PyTorch's autocast cache): the
+//! weights are the variables the ops name with [`keep`], held for the scope so that their
+//! memory cannot become another tensor's while their copy is in use.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashMap};
+use std::rc::Rc;
 
+use candle::{CpuStorage, DType, Storage, Tensor};
+
+use super::dot_bf16::{dot_pairs, dot_rounded, pair_order};
 use super::Operand;
 
 /// The precision of the large f32 products on this thread (see [`crate::autocast`]).
@@ -21,6 +30,99 @@ pub enum Precision {
 thread_local! {
     static PRECISION: Cell<Precision> = const { Cell::new(Precision::F32) };
     static BF16_PRODUCTS: Cell<u64> = const { Cell::new(0) };
+    static WEIGHTS: RefCell<Option<Weights>> = const { RefCell::new(None) };
+}
+
+/// The weights of the outermost bf16 scope and the bf16 copies made of them.
+#[derive(Default)]
+struct Weights {
+    /// Each kept weight by the address of its f32 storage: (end address, the tensor, held so
+    /// that its storage is neither freed nor reused while the scope lasts).
+    kept: BTreeMap<usize, (usize, Tensor)>,
+    /// The bf16 copies by (address, stored rows, row length, row stride) of what they copy.
+    copies: HashMap<[usize; 4], Rc<Vec<u16>>>,
+}
+
+/// Keeps `ws` as weights of this thread's bf16 scope, whose bf16 copies are made once and
+/// reused for the scope's other products (forward and backward): only variables (PyTorch:
+/// leaf tensors that require grad) in f32 on the CPU; outside a bf16 scope nothing.
+pub(crate) fn keep(ws: &[&Tensor]) {
+    if precision() != Precision::Bf16 {
+        return;
+    }
+    WEIGHTS.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        let Some(weights) = cell.as_mut() else {
+            return;
+        };
+        for w in ws {
+            if !w.is_variable() || w.dtype() != DType::F32 {
+                continue;
+            }
+            let (storage, _) = w.storage_and_layout();
+            if let Storage::Cpu(CpuStorage::F32(v)) = &*storage {
+                let start = v.as_ptr() as usize;
+                let end = start + std::mem::size_of_val(v.as_slice());
+                drop(storage);
+                weights
+                    .kept
+                    .entry(start)
+                    .or_insert_with(|| (end, (*w).clone()));
+            }
+        }
+    })
+}
+
+/// How many weights this thread's bf16 scope keeps (tests).
+#[cfg(test)]
+pub(crate) fn kept_weights() -> usize {
+    WEIGHTS.with(|c| c.borrow().as_ref().map_or(0, |w| w.kept.len()))
+}
+
+/// The stored rows of a `rows × cols` operand: (transposed, count, length, stride between
+/// them, stride within one), each stored row read contiguously where the inner stride is 1.
+fn stored_rows<S>(
+    (_, rs, cs): Operand<S>,
+    rows: usize,
+    cols: usize,
+) -> (bool, usize, usize, usize, usize) {
+    match cs != 1 && rs == 1 {
+        true => (true, cols, rows, cs, 1),
+        false => (false, rows, cols, rs, cs),
+    }
+}
+
+/// The bf16 copy of `op` (`rows × cols`) when it lies in a weight of this thread's scope (made
+/// on first use), as a [`Packed`] whose rows are the weight's stored rows.
+///
+/// # Safety
+/// As [`pack`].
+unsafe fn weight_copy(op: Operand<f32>, rows: usize, cols: usize) -> Option<Packed<u16>> {
+    let (transposed, n_rows, len, outer, inner) = stored_rows(op, rows, cols);
+    if inner != 1 || n_rows == 0 || len == 0 {
+        return None;
+    }
+    let first = op.0 as usize;
+    let last = first + ((n_rows - 1) * outer + len) * std::mem::size_of::<f32>();
+    WEIGHTS.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        let weights = cell.as_mut()?;
+        let (_, (end, _)) = weights.kept.range(..=first).next_back()?;
+        if last > *end {
+            return None;
+        }
+        let data = weights
+            .copies
+            .entry([first, n_rows, len, outer])
+            // SAFETY: the caller's.
+            .or_insert_with(|| unsafe { pack(op, rows, cols, round) }.data)
+            .clone();
+        Some(Packed {
+            data,
+            transposed,
+            ld: len,
+        })
+    })
 }
 
 /// This thread's product precision.
@@ -31,13 +133,27 @@ pub(crate) fn precision() -> Precision {
 /// Runs `f` with this thread's product precision set to `p`, restoring the previous one after
 /// (also when `f` panics).
 pub(crate) fn with_precision<R>(p: Precision, f: impl FnOnce() -> R) -> R {
-    struct Restore(Precision);
+    // The previous precision, and whether this scope made the thread's weight copies (the
+    // outermost bf16 scope: they are dropped with it).
+    struct Restore(Precision, bool);
     impl Drop for Restore {
         fn drop(&mut self) {
             PRECISION.with(|c| c.set(self.0));
+            if self.1 {
+                WEIGHTS.with(|c| c.borrow_mut().take());
+            }
         }
     }
-    let _restore = Restore(PRECISION.with(|c| c.replace(p)));
+    let owns = p == Precision::Bf16
+        && WEIGHTS.with(|c| {
+            let mut c = c.borrow_mut();
+            let outermost = c.is_none();
+            if outermost {
+                *c = Some(Weights::default());
+            }
+            outermost
+        });
+    let _restore = Restore(PRECISION.with(|c| c.replace(p)), owns);
     f()
 }
 
@@ -68,10 +184,20 @@ pub(crate) fn widen(h: u16) -> f32 {
 /// (`transposed == false`) or, for an operand stored by columns (`rs == 1`), its transpose
 /// row-major (`transposed == true`), so that each source row is read contiguously.
 pub(crate) struct Packed<E> {
-    pub data: Vec<E>,
+    pub data: Rc<Vec<E>>,
     pub transposed: bool,
     /// Elements per stored row: `cols`, or `rows` when transposed.
     pub ld: usize,
+}
+
+impl<E> Packed<E> {
+    /// The packed matrix as an operand (`rows × cols` at its strides).
+    pub(crate) fn operand(&self) -> Operand<E> {
+        match self.transposed {
+            true => (self.data.as_ptr(), 1, self.ld),
+            false => (self.data.as_ptr(), self.ld, 1),
+        }
+    }
 }
 
 /// Rounds `op` (`rows × cols` at its strides) into a [`Packed`] of `E` (`u16`: bf16 bits;
@@ -79,22 +205,17 @@ pub(crate) struct Packed<E> {
 ///
 /// # Safety
 /// Every element the strides address is in bounds.
-pub(crate) unsafe fn pack<E: Copy + Send + Default>(
-    (ptr, rs, cs): Operand<f32>,
+pub(crate) unsafe fn pack<S: Copy, E: Copy + Send + Default>(
+    (ptr, rs, cs): Operand<S>,
     rows: usize,
     cols: usize,
-    convert: fn(f32) -> E,
+    convert: impl Fn(S) -> E + Sync + Send,
 ) -> Packed<E> {
-    // Stored rows: (count, length, stride between them, stride within one).
-    let transposed = cs != 1 && rs == 1;
-    let (n_rows, len, outer, inner) = match transposed {
-        true => (cols, rows, cs, 1),
-        false => (rows, cols, rs, cs),
-    };
+    let (transposed, n_rows, len, outer, inner) = stored_rows((ptr, rs, cs), rows, cols);
     let mut data = vec![E::default(); n_rows * len];
-    struct Src(*const f32);
+    struct Src<S>(*const S);
     // SAFETY: only read, by disjoint rows of the output.
-    unsafe impl Sync for Src {}
+    unsafe impl<S> Sync for Src<S> {}
     let src = Src(ptr);
     let src = &src;
     let rows_per_task = (1 << 16) / len.max(1) + 1;
@@ -113,7 +234,7 @@ pub(crate) unsafe fn pack<E: Copy + Send + Default>(
         },
     );
     Packed {
-        data,
+        data: Rc::new(data),
         transposed,
         ld: len,
     }
@@ -134,29 +255,55 @@ pub(crate) unsafe fn gemm(
     all: bool,
 ) {
     BF16_PRODUCTS.with(|c| c.set(c.get() + 1));
+    // A few rows against a weight read by rows (decoding): dot products of the rounded rows
+    // with the weight's bf16 copy (half the bytes of its f32 rows), or with its f32 rows
+    // rounded as they are read.
+    if m <= super::gemm::DOT_ROWS && lhs.2 == 1 && rhs.1 == 1 && dst.2 == 1 {
+        let mut x = vec![0f32; m * k];
+        for (i, row) in x.chunks_mut(k).enumerate() {
+            for (p, v) in row.iter_mut().enumerate() {
+                // SAFETY: row i of lhs holds k elements (the caller).
+                *v = widen(round(unsafe { *lhs.0.add(i * lhs.1 + p) }));
+            }
+        }
+        let all = super::par::parallel_pass(n * k);
+        match weight_copy(rhs, k, n) {
+            Some(w) => {
+                let mut paired = vec![0f32; m * k];
+                for (row, out) in x.chunks(k).zip(paired.chunks_mut(k)) {
+                    pair_order(row, out);
+                }
+                let (x, w) = ((paired.as_ptr(), k, 1), (w.data.as_ptr(), w.ld));
+                super::gemm::dots((m, n, k), dst, accumulate, x, w, alpha, all, dot_pairs)
+            }
+            None => {
+                let (x, w) = ((x.as_ptr(), k, 1), (rhs.0, rhs.2));
+                super::gemm::dots((m, n, k), dst, accumulate, x, w, alpha, all, dot_rounded)
+            }
+        }
+        return;
+    }
     #[cfg(feature = "mkl")]
     {
-        let a = pack(lhs, m, k, round);
-        let b = pack(rhs, k, n, round);
+        let a = weight_copy(lhs, m, k).unwrap_or_else(|| pack(lhs, m, k, round));
+        let b = weight_copy(rhs, k, n).unwrap_or_else(|| pack(rhs, k, n, round));
         let parts = if all { super::gemm::num_threads() } else { 1 };
         if super::mkl::gemm_bf16((m, n, k), dst, accumulate, [&a, &b], alpha, parts) {
             return;
         }
     }
-    let a = pack(lhs, m, k, |x| widen(round(x)));
-    let b = pack(rhs, k, n, |x| widen(round(x)));
-    let op = |p: &Packed<f32>| -> Operand<f32> {
-        match p.transposed {
-            true => (p.data.as_ptr(), 1, p.ld),
-            false => (p.data.as_ptr(), p.ld, 1),
-        }
+    // A weight's bf16 copy widened (each weight is rounded once per scope on every path).
+    let widened = |op: Operand<f32>, rows, cols| match weight_copy(op, rows, cols) {
+        Some(copy) => pack(copy.operand(), rows, cols, widen),
+        None => pack(op, rows, cols, |x| widen(round(x))),
     };
+    let (a, b) = (widened(lhs, m, k), widened(rhs, k, n));
     super::gemm::product(
         (m, n, k),
         dst,
         accumulate,
-        op(&a),
-        op(&b),
+        a.operand(),
+        b.operand(),
         alpha,
         super::Threads::All,
         all,
@@ -206,6 +353,29 @@ mod tests {
             );
         }
         assert!(widen(round(f32::NAN)).is_nan());
+    }
+
+    /// A bf16 scope keeps variables in f32 (once each), not other tensors, nor anything outside
+    /// a bf16 scope; a nested scope shares the outermost one's weights, which go with it.
+    #[test]
+    fn a_scope_keeps_its_variables_until_it_ends() {
+        use candle::{Device, Var};
+        let var = Var::zeros((4, 3), DType::F32, &Device::Cpu).unwrap();
+        let var64 = Var::zeros((4, 3), DType::F64, &Device::Cpu).unwrap();
+        let plain = Tensor::zeros((4, 3), DType::F32, &Device::Cpu).unwrap();
+        keep(&[var.as_tensor()]);
+        assert_eq!(kept_weights(), 0);
+        with_precision(Precision::Bf16, || {
+            keep(&[var.as_tensor(), var64.as_tensor(), &plain, var.as_tensor()]);
+            assert_eq!(kept_weights(), 1);
+            with_precision(Precision::Bf16, || {
+                keep(&[var.as_tensor()]);
+                assert_eq!(kept_weights(), 1);
+            });
+            with_precision(Precision::F32, || assert_eq!(kept_weights(), 1));
+            assert_eq!(kept_weights(), 1);
+        });
+        assert_eq!(kept_weights(), 0);
     }
 
     /// The scope sets the precision and restores the previous one, nested and after a panic.

@@ -137,7 +137,16 @@ pub(crate) unsafe fn gemm_from<T: Elem>(
         // per output, each weight row streamed once, the rows split between the threads.
         if m <= DOT_ROWS && lhs.2 == 1 && rhs.1 == 1 && dst.2 == 1 {
             let all = super::par::parallel_pass(n * k);
-            dots((m, n, k), dst, accumulate, lhs, rhs, alpha, all);
+            dots(
+                (m, n, k),
+                dst,
+                accumulate,
+                lhs,
+                (rhs.0, rhs.2),
+                alpha,
+                all,
+                T::dot,
+            );
             return;
         }
     }
@@ -146,38 +155,41 @@ pub(crate) unsafe fn gemm_from<T: Elem>(
 
 /// Output rows up to which [`gemm_from`] takes dot products (below a register tile's height,
 /// the packing of a blocked product costs more than it saves).
-const DOT_ROWS: usize = 4;
+pub(super) const DOT_ROWS: usize = 4;
 
 /// Weight rows per task of [`dots`]: 64 rows of a 768-wide weight are 192 KiB.
 const DOT_BLOCK: usize = 64;
 
-/// `dst[i][j] = [dst[i][j] +] alpha · Σ_p lhs[i][p]·rhs[p][j]` as one dot product per output,
-/// with `lhs` rows and `rhs` columns contiguous (`rhs` is a weight `W (n×k)` read
-/// transposed), in blocks of [`DOT_BLOCK`] weight rows, on all threads when `all`.
+/// `dst[i][j] = [dst[i][j] +] alpha · dot(lhs[i], w[j])` for a weight `w (n×k)` of row stride
+/// `ld` (the right operand `wᵀ`, its elements `T` or bf16 bits), with `lhs` rows contiguous:
+/// one dot product per output, in blocks of [`DOT_BLOCK`] weight rows, on all threads when
+/// `all`.
 ///
 /// # Safety
-/// As [`gemm`]; `lhs.2 == 1`, `rhs.1 == 1`, `dst.2 == 1`.
-unsafe fn dots<T: Elem>(
+/// As [`gemm`]; `lhs.2 == 1`, `dst.2 == 1`, `w` holds `n` rows of `k` elements `ld` apart.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn dots<T: Elem, W>(
     (m, n, k): (usize, usize, usize),
     dst: (*mut T, usize, usize),
     accumulate: bool,
     lhs: Operand<T>,
-    rhs: Operand<T>,
+    (w, ld): (*const W, usize),
     alpha: T,
     all: bool,
+    dot: impl Fn(&[T], &[W]) -> T + Sync,
 ) {
-    struct Ptrs<T>(*mut T, *const T, *const T);
+    struct Ptrs<T, W>(*mut T, *const T, *const W);
     // SAFETY: the operands are only read; each block writes its own columns of dst.
-    unsafe impl<T> Sync for Ptrs<T> {}
-    let p = Ptrs(dst.0, lhs.0, rhs.0);
+    unsafe impl<T, W> Sync for Ptrs<T, W> {}
+    let p = Ptrs(dst.0, lhs.0, w);
     let block = |b: usize| {
         let p = &p;
         for j in b * DOT_BLOCK..((b + 1) * DOT_BLOCK).min(n) {
-            // SAFETY: row j of W and every row of lhs hold k elements (the caller).
-            let w = unsafe { std::slice::from_raw_parts(p.2.add(j * rhs.2), k) };
+            // SAFETY: row j of w and every row of lhs hold k elements (the caller).
+            let w = unsafe { std::slice::from_raw_parts(p.2.add(j * ld), k) };
             for i in 0..m {
                 let x = unsafe { std::slice::from_raw_parts(p.1.add(i * lhs.1), k) };
-                let v = alpha * T::dot(x, w);
+                let v = alpha * dot(x, w);
                 // SAFETY: (i, j) is an output element; no other block writes column j.
                 let o = unsafe { &mut *p.0.add(i * dst.1 + j) };
                 *o = if accumulate { *o + v } else { v };

@@ -403,6 +403,7 @@ pub(crate) fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tenso
     } else {
         x.contiguous()?
     };
+    super::keep_weights(&[w]);
     match b {
         Some(b) => x.apply_op3(w, b, FusedLinear),
         None => x.apply_op2(w, FusedLinear),

@@ -8,6 +8,7 @@
 
 pub(crate) mod bf16;
 mod custom_op;
+mod dot_bf16;
 mod dtype;
 mod elem;
 mod gelu;
@@ -22,6 +23,7 @@ mod slice;
 mod stash;
 pub(crate) mod workspace;
 
+pub(crate) use bf16::keep as keep_weights;
 pub(crate) use custom_op::{custom_op, op_with_optional_bias, CpuArg, Grads, Grads3, NeedsGrad};
 pub(crate) use dtype::{fused, unsupported_dtype};
 pub(crate) use elem::Elem;

@@ -123,6 +123,7 @@ pub fn linear_cross_entropy(
         grad: Mutex::new(None),
     };
     let x = x.contiguous()?;
+    crate::cpu::keep_weights(&[w]);
     match b {
         Some(b) => x.apply_op3(w, b, op),
         None => x.apply_op2(w, op),

@@ -153,6 +153,7 @@ pub fn linear_gelu(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor>
                 2 => x.clone(),
                 _ => x.contiguous()?,
             };
+            crate::cpu::keep_weights(&[w]);
             x.apply_op3(w, b, LinearGelu::default())
         }
         _ => super::gelu_erf(&linear(x, w, b)?),
@@ -217,6 +218,7 @@ pub fn mlp(
                 pre: Stash::default(),
                 hidden: Some(Hidden::default()),
             };
+            crate::cpu::keep_weights(&[w1, w2]);
             let token = x.apply_op3(w1, b1, first.clone())?;
             let out = MlpOutput { first };
             match b2 {

@@ -1,6 +1,6 @@
 //! The device a command runs on, with the process settings the library leaves to programs.
 
-use candle_mha::candle::{Device, Result};
+use candle_mha::candle::{DType, Device, Result};
 
 /// The device `spec` names (`auto`, `cpu`, `cuda`, `cuda:N`; see
 /// [`candle_mha::device::select_device`]) and its notice, with the memory candle frees on a GPU
@@ -10,6 +10,21 @@ pub fn open(spec: &str) -> Result<(Device, String)> {
     // Best effort: without it a GPU run is only slower.
     let _ = candle_mha::runtime::keep_freed_gpu_memory(&device);
     Ok((device, notice))
+}
+
+/// Refuses `--autocast bf16` where it has nothing to round: another dtype than f32, or a CUDA
+/// device named (on a GPU the setting changes nothing).
+pub fn check_autocast(dtype: Option<DType>, device: &str) -> anyhow::Result<()> {
+    if let Some(d) = dtype.filter(|&d| d != DType::F32) {
+        anyhow::bail!(
+            "--autocast bf16 with --dtype {}: autocast rounds f32 products; expected --dtype f32",
+            d.as_str()
+        )
+    }
+    if device.starts_with("cuda") {
+        anyhow::bail!("--autocast bf16 with --device {device}: autocast is for the CPU's products; expected --device cpu")
+    }
+    Ok(())
 }
 
 /// One line for `mha train` on an Intel CPU in a build without the `mkl` feature: there the

@@ -7,6 +7,7 @@ use anyhow::Result;
 use candle_mha::candle::DType;
 use candle_mha_train::data::Codec;
 use candle_mha_train::models::{generate_batch, generate_stream, GenerateConfig};
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 
 /// Arguments of `mha generate`. Greedy unless --top-k, --top-p or --temperature is given; then
 /// the next token is sampled (temperature, then top-k, then top-p, as Hugging Face's
@@ -47,6 +48,11 @@ pub struct GenerateArgs {
     /// Compute dtype.
     #[arg(long, default_value = "f32", value_parser = super::choices::DtypeParser)]
     pub dtype: DType,
+    /// The matrix products in bf16 with f32 sums (`torch.autocast("cpu", torch.bfloat16)`;
+    /// CPU, f32): each weight rounded to bf16 once, so decoding streams half the bytes per
+    /// token. bf16 or off.
+    #[arg(long, default_value = "off", action = clap::ArgAction::Set, value_parser = PossibleValuesParser::new(["bf16", "off"]).map(|s| s == "bf16"))]
+    pub autocast: bool,
     /// Run the whole context through the model for every token instead of decoding through
     /// the key/value cache (the same tokens, slower; for comparison).
     #[arg(long)]
@@ -76,6 +82,9 @@ fn parse_temperature(s: &str) -> Result<f64, String> {
 /// prompt: the continuation appears token by token as it is generated (stdout flushed per
 /// token). Several prompts: generated as one batch, then printed one after another.
 pub fn run(args: &GenerateArgs) -> Result<()> {
+    if args.autocast {
+        crate::device::check_autocast(Some(args.dtype), &args.device)?;
+    }
     let (device, notice) = crate::device::open(&args.device)?;
     eprintln!("{notice}");
     let ckpt = super::checkpoint_dir::open(&args.checkpoint, &args.read, args.dtype, &device, 1)?;
@@ -102,6 +111,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         },
         eos_ids: ckpt.model.config().eos_token_ids()?,
         kv_cache: !args.no_kv_cache,
+        autocast_bf16: args.autocast,
     };
     if let [prompt] = prompts.as_slice() {
         let mut out = Printer::start(&ckpt.codec, &args.prompt[0])?;

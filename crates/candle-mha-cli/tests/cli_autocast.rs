@@ -1,5 +1,6 @@
 //! `mha train --autocast bf16`: recorded in the run, changed on resume, and refused with
-//! nothing written where it cannot apply (`--dtype f64`, a GPU).
+//! nothing written where it cannot apply (`--dtype f64`, a GPU); `mha generate --autocast
+//! bf16` on that run, and refused in the same cases.
 
 mod common;
 
@@ -69,6 +70,39 @@ fn autocast_is_kept_in_the_run_and_may_change_on_resume() -> Result<()> {
             "{flags}: the refused run wrote {}",
             other.display()
         );
+    }
+
+    // Generation from the run under autocast: one prompt, then a batch of two.
+    let (ok, out, err) = run_mha!(
+        "generate --checkpoint {} --prompt the --prompt fox --max-new-tokens 6 --autocast bf16",
+        s(&run)
+    )?;
+    assert!(ok && out.lines().count() == 2, "{out}{err}");
+    let (ok, out, err) = run_mha!(
+        "generate --checkpoint {} --prompt the --max-new-tokens 6 --autocast bf16",
+        s(&run)
+    )?;
+    assert!(ok && out.lines().count() == 1, "{out}{err}");
+    assert!(err.contains("6 new tokens in"), "{err}");
+    for (flag, value, want) in [
+        (
+            "--dtype",
+            "f64",
+            "--autocast bf16 with --dtype f64: autocast rounds f32 products",
+        ),
+        (
+            "--device",
+            "cuda",
+            "--autocast bf16 with --device cuda: autocast is for the CPU's",
+        ),
+    ] {
+        let (ok, _, err) = run_mha!(
+            "generate --checkpoint {} --prompt the --autocast bf16 {} {}",
+            s(&run),
+            flag,
+            value
+        )?;
+        assert!(!ok && err.contains(want), "generate {flag} {value}: {err}");
     }
     Ok(())
 }

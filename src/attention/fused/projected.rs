@@ -255,6 +255,7 @@ fn apply<Op>(x: &Tensor, w: &Tensor, b: Option<&Tensor>, op: Op) -> Result<Tenso
 where
     Op: candle::CustomOp2 + candle::CustomOp3 + Send + Sync + 'static,
 {
+    crate::cpu::keep_weights(&[w]);
     match b {
         Some(b) => x.apply_op3(w, b, op),
         None => x.apply_op2(w, op),

@@ -48,12 +48,7 @@ fn check_options(args: &TrainArgs) -> Result<()> {
         }
     }
     if args.autocast == Some(true) {
-        if let Some(d) = args.dtype.filter(|&d| d != DType::F32) {
-            bail!("--autocast bf16 with --dtype {}: autocast rounds f32 products; expected --dtype f32", d.as_str())
-        }
-        if args.device.starts_with("cuda") {
-            bail!("--autocast bf16 with --device {}: autocast is for the CPU's products; expected --device cpu", args.device)
-        }
+        crate::device::check_autocast(args.dtype, &args.device)?;
     }
     let llama = args.arch.as_deref() == Some("llama");
     if !llama && args.num_kv_heads.is_some() {

@@ -8,6 +8,7 @@ use rand::Rng;
 
 use super::llama::{Llama, LlamaCache};
 use super::NextTokenPredictor;
+use candle_mha::autocast::{autocast, Precision};
 use candle_mha::rng::rng_from_seed;
 use candle_mha::StackKvCache;
 
@@ -63,6 +64,11 @@ pub struct GenerateConfig {
     /// whole context for every token (the path before the cache, for comparison). Both give
     /// the same tokens. Default `true`. HF: `use_cache`.
     pub kv_cache: bool,
+    /// The CPU's large products in bf16 with f32 sums ([`candle_mha::autocast`]): each weight
+    /// rounded once, so every new token streams half the bytes. Other devices: no effect.
+    /// Default `false`. PyTorch: `with torch.autocast("cpu", dtype=torch.bfloat16):` around
+    /// `generate`.
+    pub autocast_bf16: bool,
 }
 
 impl Default for GenerateConfig {
@@ -77,6 +83,7 @@ impl Default for GenerateConfig {
             eos_id: None,
             eos_ids: Vec::new(),
             kv_cache: true,
+            autocast_bf16: false,
         }
     }
 }
@@ -239,6 +246,30 @@ pub fn generate(
 /// PyTorch equivalent: Hugging Face's `model.generate(..., streamer=...)` with
 /// `use_cache=True`.
 pub fn generate_stream(
+    model: &NextTokenPredictor,
+    prompt: &[u32],
+    cfg: &GenerateConfig,
+    on_token: impl FnMut(u32) -> Result<()> + Send,
+) -> Result<Vec<u32>> {
+    in_context(model, cfg, || stream(model, prompt, cfg, on_token))
+}
+
+/// `f` inside candle's CPU thread pool (the calling thread takes part in each parallel op
+/// instead of waking the pool and sleeping, which costs a one-token step much of its time on
+/// few cores) and under `cfg`'s autocast precision (a thread's setting: set inside the pool).
+fn in_context<R: Send>(
+    model: &NextTokenPredictor,
+    cfg: &GenerateConfig,
+    f: impl FnOnce() -> R + Send,
+) -> R {
+    let precision = match cfg.autocast_bf16 {
+        true => Precision::Bf16,
+        false => Precision::F32,
+    };
+    model_device(model).with_context(|| autocast(precision, f))
+}
+
+fn stream(
     model: &NextTokenPredictor,
     prompt: &[u32],
     cfg: &GenerateConfig,

@@ -3,7 +3,7 @@
 
 use candle::{DType, Result, Tensor};
 
-use super::{generate, last_logits, model_device, sample_next, GenerateConfig};
+use super::{generate, in_context, last_logits, model_device, sample_next, GenerateConfig};
 use crate::models::NextTokenPredictor;
 use candle_mha::rng::rng_from_seed;
 use candle_mha::StackKvCache;
@@ -43,6 +43,14 @@ struct Group {
 /// PyTorch equivalent: Hugging Face's `model.generate(input_ids, attention_mask=...)` on a
 /// left-padded batch (`tokenizer.padding_side = "left"`).
 pub fn generate_batch(
+    model: &NextTokenPredictor,
+    prompts: &[Vec<u32>],
+    cfg: &GenerateConfig,
+) -> Result<Vec<Vec<u32>>> {
+    in_context(model, cfg, || batch(model, prompts, cfg))
+}
+
+fn batch(
     model: &NextTokenPredictor,
     prompts: &[Vec<u32>],
     cfg: &GenerateConfig,
