@@ -15,6 +15,7 @@ use std::rc::Rc;
 use candle::{CpuStorage, DType, Storage, Tensor};
 
 use super::dot_bf16::{dot_pairs, dot_rounded, pair_order};
+use super::gemm_bf16::Bf16Operand;
 use super::Operand;
 
 /// The precision of the large f32 products on this thread (see [`crate::autocast`]).
@@ -291,6 +292,16 @@ pub(crate) unsafe fn gemm(
         if super::mkl::gemm_bf16((m, n, k), dst, accumulate, [&a, &b], alpha, parts) {
             return;
         }
+    }
+    // AVX-512 BF16's products, from the weights' copies or rounding as they pack.
+    if super::gemm_bf16::available() && dst.2 == 1 {
+        let operand = |op: Operand<f32>, rows, cols| match weight_copy(op, rows, cols) {
+            Some(copy) => Bf16Operand::Copy(copy),
+            None => Bf16Operand::F32(op),
+        };
+        let (a, b) = (operand(lhs, m, k), operand(rhs, k, n));
+        super::gemm_bf16::gemm((m, n, k), dst, accumulate, [&a, &b], alpha, all);
+        return;
     }
     // A weight's bf16 copy widened (each weight is rounded once per scope on every path).
     let widened = |op: Operand<f32>, rows, cols| match weight_copy(op, rows, cols) {

@@ -5,9 +5,10 @@ use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Sub};
 
 use candle::WithDType;
 
+use super::gelu::GeluApproximate;
 use super::lanes::Lanes;
 use super::workspace::{AnyBuf, Pool};
-use super::{gelu, simd};
+use super::{gelu, gelu_tanh, simd};
 
 /// An element type the CPU kernels run in (f32, f64): arithmetic, the scalar functions they
 /// need, the row primitives the attention, GELU, cross-entropy and optimizer loops share, and
@@ -48,10 +49,10 @@ pub(crate) trait Elem:
     fn transpose_panel(src: &[&[Self]], cols: usize, panel: &mut [Self]) {
         simd::transpose_panel_scalar(src, 0, cols, panel)
     }
-    /// `y = x·Φ(x)` (the exact GELU).
-    fn gelu_row(x: &[Self], y: &mut [Self]);
-    /// `dx = g·(Φ(x) + x·φ(x))` (the exact GELU's input gradient).
-    fn gelu_grad_row(x: &[Self], g: &[Self], dx: &mut [Self]);
+    /// `y = gelu(x)` (exact: `x·Φ(x)`; or its tanh approximation).
+    fn gelu_row(x: &[Self], y: &mut [Self], approximate: GeluApproximate);
+    /// `dx = g·gelu'(x)` (exact: `g·(Φ(x) + x·φ(x))`).
+    fn gelu_grad_row(x: &[Self], g: &[Self], dx: &mut [Self], approximate: GeluApproximate);
     /// The process's pool of scratch buffers of this dtype.
     fn pool() -> &'static Pool<Self>;
     /// A pooled buffer of either dtype as this dtype, if it is.
@@ -97,11 +98,17 @@ impl Elem for f64 {
     fn dot(a: &[Self], b: &[Self]) -> Self {
         a.iter().zip(b).map(|(x, y)| x * y).sum()
     }
-    fn gelu_row(x: &[Self], y: &mut [Self]) {
-        gelu::forward_row_f64(x, y)
+    fn gelu_row(x: &[Self], y: &mut [Self], approximate: GeluApproximate) {
+        match approximate {
+            GeluApproximate::None => gelu::forward_row_f64(x, y),
+            GeluApproximate::Tanh => gelu_tanh::forward_row_f64(x, y),
+        }
     }
-    fn gelu_grad_row(x: &[Self], g: &[Self], dx: &mut [Self]) {
-        gelu::backward_row_f64(x, g, dx)
+    fn gelu_grad_row(x: &[Self], g: &[Self], dx: &mut [Self], approximate: GeluApproximate) {
+        match approximate {
+            GeluApproximate::None => gelu::backward_row_f64(x, g, dx),
+            GeluApproximate::Tanh => gelu_tanh::backward_row_f64(x, g, dx),
+        }
     }
 }
 
@@ -144,10 +151,16 @@ impl Elem for f32 {
     fn transpose_panel(src: &[&[Self]], cols: usize, panel: &mut [Self]) {
         simd::transpose_panel(src, cols, panel)
     }
-    fn gelu_row(x: &[Self], y: &mut [Self]) {
-        gelu::forward_row_f32(x, y)
+    fn gelu_row(x: &[Self], y: &mut [Self], approximate: GeluApproximate) {
+        match approximate {
+            GeluApproximate::None => gelu::forward_row_f32(x, y),
+            GeluApproximate::Tanh => gelu_tanh::forward_row_f32(x, y),
+        }
     }
-    fn gelu_grad_row(x: &[Self], g: &[Self], dx: &mut [Self]) {
-        gelu::backward_row_f32(x, g, dx)
+    fn gelu_grad_row(x: &[Self], g: &[Self], dx: &mut [Self], approximate: GeluApproximate) {
+        match approximate {
+            GeluApproximate::None => gelu::backward_row_f32(x, g, dx),
+            GeluApproximate::Tanh => gelu_tanh::backward_row_f32(x, g, dx),
+        }
     }
 }

@@ -26,6 +26,19 @@ const AS_A: [f32; 5] = [
 /// Elements per rayon task.
 const CHUNK: usize = 4096;
 
+/// Which GELU: exact, or its tanh approximation.
+///
+/// PyTorch equivalent: `F.gelu(x, approximate="none" | "tanh")`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GeluApproximate {
+    /// `x·Φ(x)` (`approximate="none"`).
+    #[default]
+    None,
+    /// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))` (`approximate="tanh"`; GPT-2's
+    /// `gelu_new`).
+    Tanh,
+}
+
 /// `y = x·Φ(x)` on an f64 row (candle's `erf`).
 pub(super) fn forward_row_f64(x: &[f64], y: &mut [f64]) {
     for (y, &x) in y.iter_mut().zip(x) {
@@ -142,31 +155,37 @@ mod avx2 {
     }
 }
 
-/// `x·Φ(x)` elementwise, in parallel.
-pub(crate) fn gelu<T: Elem>(x: &[T]) -> Vec<T> {
+/// `gelu(x)` elementwise, in parallel.
+pub(crate) fn gelu<T: Elem>(x: &[T], approximate: GeluApproximate) -> Vec<T> {
     // SAFETY: the row function writes every element of its output (no zero fill first: a
     // pass over a buffer as large as the hidden layer).
-    unsafe { written_vec(x.len(), |y| gelu_into(x, y)) }
+    unsafe { written_vec(x.len(), |y| gelu_into(x, y, approximate)) }
 }
 
 /// [`gelu`] written into `y` (as long as `x`; any contents on entry).
-pub(crate) fn gelu_into<T: Elem>(x: &[T], y: &mut [T]) {
+pub(crate) fn gelu_into<T: Elem>(x: &[T], y: &mut [T], approximate: GeluApproximate) {
     y.par_chunks_mut(CHUNK)
         .zip(x.par_chunks(CHUNK))
-        .for_each(|(y, x)| T::gelu_row(x, y))
+        .for_each(|(y, x)| T::gelu_row(x, y, approximate))
 }
 
-/// `g·(Φ(x) + x·φ(x))` elementwise (the GELU's input gradient), in parallel.
-pub(crate) fn gelu_grad<T: Elem>(x: &[T], g: &[T]) -> Vec<T> {
+/// `g·gelu'(x)` elementwise (the GELU's input gradient; exact: `g·(Φ(x) + x·φ(x))`), in
+/// parallel.
+pub(crate) fn gelu_grad<T: Elem>(x: &[T], g: &[T], approximate: GeluApproximate) -> Vec<T> {
     // SAFETY: as in `gelu`.
-    unsafe { written_vec(x.len(), |dx| gelu_grad_into(x, g, dx)) }
+    unsafe { written_vec(x.len(), |dx| gelu_grad_into(x, g, dx, approximate)) }
 }
 
 /// [`gelu_grad`] written into `dx` (as long as `x`; any contents on entry).
-pub(crate) fn gelu_grad_into<T: Elem>(x: &[T], g: &[T], dx: &mut [T]) {
+pub(crate) fn gelu_grad_into<T: Elem>(
+    x: &[T],
+    g: &[T],
+    dx: &mut [T],
+    approximate: GeluApproximate,
+) {
     dx.par_chunks_mut(CHUNK)
         .zip(x.par_chunks(CHUNK).zip(g.par_chunks(CHUNK)))
-        .for_each(|(dx, (x, g))| T::gelu_grad_row(x, g, dx));
+        .for_each(|(dx, (x, g))| T::gelu_grad_row(x, g, dx, approximate));
 }
 
 #[cfg(test)]

@@ -12,7 +12,9 @@ mod dot_bf16;
 mod dtype;
 mod elem;
 mod gelu;
+mod gelu_tanh;
 mod gemm;
+mod gemm_bf16;
 pub(crate) mod lanes;
 mod linear;
 #[cfg(feature = "mkl")]
@@ -27,6 +29,7 @@ pub(crate) use bf16::keep as keep_weights;
 pub(crate) use custom_op::{custom_op, op_with_optional_bias, CpuArg, Grads, Grads3, NeedsGrad};
 pub(crate) use dtype::{fused, unsupported_dtype};
 pub(crate) use elem::Elem;
+pub use gelu::GeluApproximate;
 pub(crate) use gelu::{gelu, gelu_grad, gelu_grad_into, gelu_into};
 pub(crate) use gemm::{gemm, gemm_from, Operand, Start, Threads};
 pub(crate) use linear::{

@@ -6,7 +6,7 @@ use crate::cpu::Grads;
 use candle::backend::BackendStorage;
 use candle::{CpuStorage, DType, Result, Shape, Tensor};
 
-use crate::cpu::{contiguous, fused, gelu, gelu_grad, unsupported_dtype};
+use crate::cpu::{contiguous, fused, gelu, gelu_grad, unsupported_dtype, GeluApproximate};
 
 const OP: &str = "fused gelu";
 
@@ -17,8 +17,12 @@ crate::cpu::custom_op!(CustomOp1 for GeluErf, "fused-gelu-erf", fwd: fwd, bwd: b
 impl GeluErf {
     fn fwd(&self, [(s, l)]: [CpuArg; 1]) -> Result<(CpuStorage, Shape)> {
         let y = match s {
-            CpuStorage::F32(_) => CpuStorage::F32(gelu(contiguous::<f32, _>(OP, s, l)?)),
-            CpuStorage::F64(_) => CpuStorage::F64(gelu(contiguous::<f64, _>(OP, s, l)?)),
+            CpuStorage::F32(_) => {
+                CpuStorage::F32(gelu(contiguous::<f32, _>(OP, s, l)?, GeluApproximate::None))
+            }
+            CpuStorage::F64(_) => {
+                CpuStorage::F64(gelu(contiguous::<f64, _>(OP, s, l)?, GeluApproximate::None))
+            }
             _ => return Err(unsupported_dtype(OP, s.dtype())),
         };
         Ok((y, l.shape().clone()))
@@ -30,11 +34,13 @@ impl GeluErf {
         let (gs, gl) = grad.storage_and_layout();
         let dx = match x.dtype() {
             DType::F32 => {
-                let dx = gelu_grad::<f32>(contiguous(OP, &*xs, xl)?, contiguous(OP, &*gs, gl)?);
+                let (xv, gv) = (contiguous(OP, &*xs, xl)?, contiguous(OP, &*gs, gl)?);
+                let dx = gelu_grad::<f32>(xv, gv, GeluApproximate::None);
                 Tensor::from_vec(dx, x.shape(), x.device())?
             }
             DType::F64 => {
-                let dx = gelu_grad::<f64>(contiguous(OP, &*xs, xl)?, contiguous(OP, &*gs, gl)?);
+                let (xv, gv) = (contiguous(OP, &*xs, xl)?, contiguous(OP, &*gs, gl)?);
+                let dx = gelu_grad::<f64>(xv, gv, GeluApproximate::None);
                 Tensor::from_vec(dx, x.shape(), x.device())?
             }
             dt => return Err(unsupported_dtype(OP, dt)),

@@ -19,7 +19,7 @@ use crate::cpu::workspace::{self, AnyBuf, Buf};
 use crate::cpu::{
     contiguous, fused, gelu, gelu_grad_into, gelu_into, linear, linear_backward_kept,
     linear_backward_slice, linear_forward_into, linear_forward_kept, linear_out_len,
-    unsupported_dtype, Elem, Grads3, NeedsGrad, Stash,
+    unsupported_dtype, Elem, GeluApproximate, Grads3, NeedsGrad, Stash,
 };
 
 const OP: &str = "fused linear_gelu";
@@ -33,6 +33,8 @@ struct LinearGelu {
     /// `Some`: the activation stays in a pooled buffer for an [`MlpOutput`] (the op returns
     /// a one-element token that only links the two ops in the graph).
     hidden: Option<Hidden>,
+    /// Exact, or the tanh approximation.
+    approximate: GeluApproximate,
 }
 
 /// The MLP's hidden activation handed from [`LinearGelu`] to its [`MlpOutput`] instead of
@@ -55,10 +57,10 @@ impl LinearGelu {
         let mut pre = workspace::take::<T>(linear_out_len(x.1, w.1)?);
         let shape = linear_forward_into::<T>(x, w, Some(b), &mut pre)?;
         let out = match &self.hidden {
-            None => (gelu(&pre), shape),
+            None => (gelu(&pre, self.approximate), shape),
             Some(hidden) => {
                 let mut h = workspace::take::<T>(pre.len());
-                gelu_into(&pre, &mut h);
+                gelu_into(&pre, &mut h, self.approximate);
                 hidden.value.put((Arc::new(h.into()), shape));
                 (vec![T::ZERO], Shape::from(1))
             }
@@ -101,7 +103,7 @@ impl LinearGelu {
             )
         }
         let mut dpre = workspace::take::<T>(pre.len());
-        gelu_grad_into(pre, g, &mut dpre);
+        gelu_grad_into(pre, g, &mut dpre, self.approximate);
         linear_backward_slice(x, w, &dpre, needs)
     }
 }
@@ -147,6 +149,18 @@ impl LinearGelu {
 ///
 /// PyTorch equivalent: `F.gelu(F.linear(x, w, b))` (`approximate="none"`).
 pub fn linear_gelu(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+    linear_gelu_with(x, w, b, GeluApproximate::None)
+}
+
+/// [`linear_gelu`] with the exact GELU or its tanh approximation.
+///
+/// PyTorch equivalent: `F.gelu(F.linear(x, w, b), approximate=...)`.
+pub fn linear_gelu_with(
+    x: &Tensor,
+    w: &Tensor,
+    b: Option<&Tensor>,
+    approximate: GeluApproximate,
+) -> Result<Tensor> {
     match b {
         Some(b) if fused(x) && x.rank() >= 2 => {
             let x = match x.rank() {
@@ -154,9 +168,21 @@ pub fn linear_gelu(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor>
                 _ => x.contiguous()?,
             };
             crate::cpu::keep_weights(&[w]);
-            x.apply_op3(w, b, LinearGelu::default())
+            let op = LinearGelu {
+                approximate,
+                ..LinearGelu::default()
+            };
+            x.apply_op3(w, b, op)
         }
-        _ => super::gelu_erf(&linear(x, w, b)?),
+        _ => gelu_ops(&linear(x, w, b)?, approximate),
+    }
+}
+
+/// The GELU on candle's ops (other devices and dtypes, no bias).
+fn gelu_ops(x: &Tensor, approximate: GeluApproximate) -> Result<Tensor> {
+    match approximate {
+        GeluApproximate::None => super::gelu_erf(x),
+        GeluApproximate::Tanh => x.gelu(),
     }
 }
 
@@ -205,8 +231,20 @@ crate::cpu::op_with_optional_bias!(MlpOutput, "fused-mlp-output");
 /// PyTorch equivalent: `linear2(F.gelu(linear1(x)))`.
 pub fn mlp(
     x: &Tensor,
+    first: (&Tensor, Option<&Tensor>),
+    second: (&Tensor, Option<&Tensor>),
+) -> Result<Tensor> {
+    mlp_with(x, first, second, GeluApproximate::None)
+}
+
+/// [`mlp`] with the exact GELU or its tanh approximation (GPT-2's MLP).
+///
+/// PyTorch equivalent: `linear2(F.gelu(linear1(x), approximate=...))`.
+pub fn mlp_with(
+    x: &Tensor,
     (w1, b1): (&Tensor, Option<&Tensor>),
     (w2, b2): (&Tensor, Option<&Tensor>),
+    approximate: GeluApproximate,
 ) -> Result<Tensor> {
     match b1 {
         Some(b1) if fused(x) && x.rank() >= 2 => {
@@ -217,6 +255,7 @@ pub fn mlp(
             let first = LinearGelu {
                 pre: Stash::default(),
                 hidden: Some(Hidden::default()),
+                approximate,
             };
             crate::cpu::keep_weights(&[w1, w2]);
             let token = x.apply_op3(w1, b1, first.clone())?;
@@ -226,6 +265,6 @@ pub fn mlp(
                 None => token.apply_op2(w2, out),
             }
         }
-        _ => linear(&linear_gelu(x, w1, b1)?, w2, b2),
+        _ => linear(&linear_gelu_with(x, w1, b1, approximate)?, w2, b2),
     }
 }

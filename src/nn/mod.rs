@@ -23,6 +23,7 @@ mod rms_norm;
 mod rotary;
 mod swiglu;
 
+pub use crate::cpu::GeluApproximate;
 pub use cross_entropy::cross_entropy_rows;
 pub use embedding::embedding_sum;
 pub use embedding::Embedding;
@@ -30,7 +31,7 @@ pub(crate) use gelu::gelu_erf;
 pub use layer_norm::LayerNorm;
 pub use linear::Linear;
 pub use linear_cross_entropy::linear_cross_entropy;
-pub use linear_gelu::{linear_gelu, mlp};
+pub use linear_gelu::{linear_gelu, linear_gelu_with, mlp, mlp_with};
 pub use rms_norm::{RmsNorm, RmsNormKind};
 pub use rotary::{apply_rotary, RopeScaling, RotaryEmbedding, MAX_ROPE_HEAD_DIM};
 pub use swiglu::SwiGlu;

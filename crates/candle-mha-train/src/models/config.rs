@@ -99,6 +99,16 @@ pub enum Gelu {
     Tanh,
 }
 
+impl Gelu {
+    /// The core's name for it.
+    pub fn approximate(self) -> candle_mha::nn::GeluApproximate {
+        match self {
+            Gelu::Exact => candle_mha::nn::GeluApproximate::None,
+            Gelu::Tanh => candle_mha::nn::GeluApproximate::Tanh,
+        }
+    }
+}
+
 fn yes() -> bool {
     true
 }

@@ -46,16 +46,12 @@ impl Block {
         })
     }
 
-    /// The MLP on `h`: `fc2(gelu(fc1(h)))`. The exact GELU's two fused ops keep the hidden
-    /// activation out of the autograd graph; the tanh GELU goes through candle's ops.
+    /// The MLP on `h`: `fc2(gelu(fc1(h)))`, two fused ops that keep the hidden activation out
+    /// of the autograd graph.
     fn mlp(&self, h: &Tensor) -> Result<Tensor> {
         let (fc1, fc2) = (&self.fc1, &self.fc2);
-        match self.gelu {
-            Gelu::Exact => {
-                candle_mha::nn::mlp(h, (fc1.weight(), fc1.bias()), (fc2.weight(), fc2.bias()))
-            }
-            Gelu::Tanh => fc2.forward(&fc1.forward(h)?.gelu()?),
-        }
+        let (first, second) = ((fc1.weight(), fc1.bias()), (fc2.weight(), fc2.bias()));
+        candle_mha::nn::mlp_with(h, first, second, self.gelu.approximate())
     }
 
     /// The block's attention module.

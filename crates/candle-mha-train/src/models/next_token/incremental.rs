@@ -3,7 +3,7 @@
 
 use candle::{Module, Result, Tensor};
 
-use super::{Block, Gelu, NextTokenPredictor};
+use super::{Block, NextTokenPredictor};
 use candle_mha::attention::{IncrementalOptions, KvCache};
 use candle_mha::StackKvCache;
 
@@ -20,10 +20,8 @@ impl Block {
         let attn = self.attn.forward_incremental(&h, cache, opts)?;
         let x = (x + attn.output)?;
         let (fc1, h) = (&self.fc1, self.ln2.forward(&x)?);
-        let h = match self.gelu {
-            Gelu::Exact => candle_mha::nn::linear_gelu(&h, fc1.weight(), fc1.bias())?,
-            Gelu::Tanh => fc1.forward(&h)?.gelu()?,
-        };
+        let approximate = self.gelu.approximate();
+        let h = candle_mha::nn::linear_gelu_with(&h, fc1.weight(), fc1.bias(), approximate)?;
         x + self.fc2.forward(&h)?
     }
 }
