@@ -241,6 +241,23 @@ pub(crate) unsafe fn pack<S: Copy, E: Copy + Send + Default>(
     }
 }
 
+/// Whether the CPU has AMX-BF16 tiles (CPUID leaf 7, EDX bit 22; std's detection of it is
+/// not stable).
+#[cfg(feature = "mkl")]
+fn amx_bf16() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static AMX: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        // Leaf 7 is read only where leaf 0 lists it.
+        *AMX.get_or_init(|| {
+            use std::arch::x86_64::{__cpuid, __cpuid_count};
+            __cpuid(0).eax >= 7 && (__cpuid_count(7, 0).edx >> 22) & 1 == 1
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 /// `dst = [dst +] alpha · bf16(lhs) · bf16(rhs)`, f32 sums, on all threads when `all`: one of
 /// the products [`gemm_from`](super::gemm_from) runs with [`Threads::All`](super::Threads).
 ///
@@ -284,8 +301,10 @@ pub(crate) unsafe fn gemm(
         }
         return;
     }
+    // MKL's where it runs on AMX tiles, or where our AVX-512 BF16 kernel cannot run (on AMD
+    // CPUs MKL's bf16 product is slower than f32).
     #[cfg(feature = "mkl")]
-    {
+    if amx_bf16() || !super::gemm_bf16::available() {
         let a = weight_copy(lhs, m, k).unwrap_or_else(|| pack(lhs, m, k, round));
         let b = weight_copy(rhs, k, n).unwrap_or_else(|| pack(rhs, k, n, round));
         let parts = if all { super::gemm::num_threads() } else { 1 };
