@@ -2,9 +2,11 @@
 """transformers' side of `scripts/bench_llama.sh` (`load`: `from_pretrained` alone): a SmolLM2-135M-shaped LlamaForCausalLM
 (random weights, seeded) saved to DIR (`make DIR`), and one phase per process, as the Rust
 example measures it: `generate` (64 greedy tokens, cache, 16-token prompt), `eval` (4×1024,
-no grad), `train` (steps of 4×256: loss, backward, AdamW). Prints `phase tokens/s peak_rss_mib`.
+no grad), `train` (steps of 4×256: loss, backward, AdamW); `generate-bf16` and `train-bf16`
+inside `torch.autocast("cpu", torch.bfloat16)`. Prints `phase tokens/s peak_rss_mib`.
 """
 
+import contextlib
 import resource
 import sys
 import time
@@ -31,6 +33,9 @@ def peak():
 
 def main():
     what, d = sys.argv[1], sys.argv[2]
+    bf16 = what.endswith("-bf16")
+    what = what.removesuffix("-bf16")
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
     if what == "make":
         torch.manual_seed(0)
         LlamaForCausalLM(config()).save_pretrained(d)
@@ -46,7 +51,7 @@ def main():
         model.eval()
         prompt = tokens(16, v).unsqueeze(0)
         kw = dict(do_sample=False, use_cache=True, eos_token_id=None, pad_token_id=0)
-        with torch.no_grad():
+        with torch.no_grad(), ctx:
             model.generate(prompt, max_new_tokens=4, min_new_tokens=4, **kw)
             t = time.perf_counter()
             out = model.generate(prompt, max_new_tokens=64, min_new_tokens=64, **kw)
@@ -69,7 +74,8 @@ def main():
         times = []
         for _ in range(steps):
             t = time.perf_counter()
-            loss = model(ids, labels=ids).loss
+            with ctx:
+                loss = model(ids, labels=ids).loss
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)

@@ -169,62 +169,33 @@ mod x86 {
         accumulate: bool,
         alpha: f32,
     ) {
-        match rows {
-            12 => tile_rows::<12>(a, b, kp, cols, c, accumulate, alpha),
-            8..=11 => {
-                tile_rows::<8>(a, b, kp, cols, c, accumulate, alpha);
-                tile(
-                    &a[8 * kp..],
-                    b,
-                    kp,
-                    rows - 8,
-                    cols,
-                    (c.0.add(8 * c.1), c.1),
-                    accumulate,
-                    alpha,
-                )
-            }
-            4..=7 => {
-                tile_rows::<4>(a, b, kp, cols, c, accumulate, alpha);
-                tile(
-                    &a[4 * kp..],
-                    b,
-                    kp,
-                    rows - 4,
-                    cols,
-                    (c.0.add(4 * c.1), c.1),
-                    accumulate,
-                    alpha,
-                )
-            }
-            1..=3 => {
-                tile_rows::<1>(a, b, kp, cols, c, accumulate, alpha);
-                tile(
-                    &a[kp..],
-                    b,
-                    kp,
-                    rows - 1,
-                    cols,
-                    (c.0.add(c.1), c.1),
-                    accumulate,
-                    alpha,
-                )
-            }
-            _ => {}
+        let (mut a, mut c, mut rows) = (a, c, rows);
+        while rows > 0 {
+            let t = (b, kp, cols, c, accumulate, alpha);
+            let done = match rows {
+                12.. => tile_rows::<12>(a, t),
+                8..=11 => tile_rows::<8>(a, t),
+                4..=7 => tile_rows::<4>(a, t),
+                _ => tile_rows::<1>(a, t),
+            };
+            (a, c, rows) = (&a[done * kp..], (c.0.add(done * c.1), c.1), rows - done);
         }
     }
 
-    /// [`tile`] of exactly `R` rows.
+    /// [`tile`] of exactly `R` rows (`t`: its other arguments); returns `R`.
     #[inline(always)]
+    #[allow(clippy::type_complexity)]
     unsafe fn tile_rows<const R: usize>(
         a: &[u32],
-        b: &[u32],
-        kp: usize,
-        cols: usize,
-        (c, ldc): (*mut f32, usize),
-        accumulate: bool,
-        alpha: f32,
-    ) {
+        (b, kp, cols, (c, ldc), accumulate, alpha): (
+            &[u32],
+            usize,
+            usize,
+            (*mut f32, usize),
+            bool,
+            f32,
+        ),
+    ) -> usize {
         debug_assert!(R <= MR && a.len() >= R * kp && b.len() >= kp * NR);
         let mut acc = [[_mm512_setzero_ps(); 2]; R];
         let (ap, bp) = (a.as_ptr(), b.as_ptr());
@@ -254,6 +225,7 @@ mod x86 {
                 _mm512_mask_storeu_ps(p, mask, v);
             }
         }
+        R
     }
 }
 

@@ -1,7 +1,9 @@
 //! One phase of the Llama-family benchmark (`scripts/bench_llama.sh`) on a Hugging Face
 //! directory: `generate` (64 greedy tokens with the cache after a 16-token prompt), `eval`
-//! (4×1024 tokens, no gradient) or `train` (steps of 4×256 tokens: loss, backward, AdamW).
-//! Prints `phase tokens/s peak_rss_mib`; the peak is the process's (VmHWM).
+//! (4×1024 tokens, no gradient) or `train` (steps of 4×256 tokens: loss, backward, AdamW);
+//! `generate-bf16` and `train-bf16` the same with the products in bf16
+//! (`candle_mha::autocast`, as `torch.autocast("cpu", torch.bfloat16)`). Prints `phase
+//! tokens/s peak_rss_mib`; the peak is the process's (VmHWM).
 //!
 //! ```text
 //! cargo run --release -p candle-mha-train --example llama_bench -- DIR generate
@@ -11,6 +13,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use candle::{DType, Device, Tensor};
+use candle_mha::autocast::{autocast, Precision};
 use candle_mha::checkpoint::{load_into_varmap_owned, LoadOptions};
 use candle_mha::optim::{AdamW, AdamWConfig};
 use candle_mha::zeroed_var_builder;
@@ -37,14 +40,26 @@ fn tokens(n: usize, vocab: usize) -> Vec<u32> {
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let (Some(dir), Some(phase)) = (args.get(1), args.get(2)) else {
-        bail!("usage: llama_bench DIR generate|eval|train [steps]")
+        bail!("usage: llama_bench DIR generate|eval|train[-bf16] [steps]")
     };
+    let (phase, precision) = match phase.strip_suffix("-bf16") {
+        Some(p) => (p.to_string(), Precision::Bf16),
+        None => (phase.clone(), Precision::F32),
+    };
+    // Inside candle's pool, as `mha generate` and the trainer run (autocast is the thread's:
+    // set inside it).
+    Device::Cpu.with_context(|| run(dir, &phase, &args, precision))
+}
+
+fn run(dir: &str, phase: &str, args: &[String], precision: Precision) -> Result<()> {
     let steps: usize = args.get(3).map_or(Ok(3), |s| s.parse()).context("steps")?;
     let dev = Device::Cpu;
     let hf = read_hf_dir(std::path::Path::new(dir))?;
     let cfg = hf.config.clone();
     let varmap = VarMap::new();
-    let model = if phase == "train" {
+    // Variables where the weights are trained, or rounded to bf16 once (autocast keeps only
+    // variables); plain tensors otherwise (no autograd graph is kept: PyTorch's no_grad).
+    let model = if phase == "train" || precision == Precision::Bf16 {
         let model = Llama::new(cfg.clone(), zeroed_var_builder(&varmap, DType::F32, &dev))?;
         load_into_varmap_owned(
             &varmap,
@@ -53,7 +68,6 @@ fn main() -> Result<()> {
         )?;
         model
     } else {
-        // Plain tensors, not variables: no autograd graph is kept (PyTorch's no_grad).
         let tensors = hf.weights.tensors().iter().cloned().collect();
         Llama::new(
             cfg.clone(),
@@ -61,12 +75,17 @@ fn main() -> Result<()> {
         )?
     };
     let v = cfg.vocab_size;
-    match phase.as_str() {
+    match phase {
         "generate" => {
             let prompt = tokens(16, v);
-            model.generate_greedy(&prompt, 4, &[], true, &dev)?; // warm-up
+            let generate = |n| {
+                autocast(precision, || {
+                    model.generate_greedy(&prompt, n, &[], true, &dev)
+                })
+            };
+            generate(4)?; // warm-up
             let t = Instant::now();
-            let out = model.generate_greedy(&prompt, 64, &[], true, &dev)?;
+            let out = generate(64)?;
             let s = t.elapsed().as_secs_f64();
             println!(
                 "generate {:.2} {:.0} first={:?}",
@@ -104,8 +123,12 @@ fn main() -> Result<()> {
             let mut last = 0f32;
             for _ in 0..steps {
                 let t = Instant::now();
-                let loss = model.loss(&ids)?;
-                let grads = loss.backward()?;
+                // The scope ends before the update: its bf16 copies are of this step's weights.
+                let (loss, grads) = autocast(precision, || -> Result<_> {
+                    let loss = model.loss(&ids)?;
+                    let grads = loss.backward()?;
+                    Ok((loss, grads))
+                })?;
                 opt.step(&grads)?;
                 last = loss.to_scalar::<f32>()?;
                 times.push(t.elapsed().as_secs_f64());
