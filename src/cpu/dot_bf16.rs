@@ -72,22 +72,7 @@ pub(crate) fn dot_rounded(x: &[f32], w: &[f32]) -> f32 {
 
 #[inline(always)]
 fn dot_rounded_lanes(x: &[f32], w: &[f32]) -> f32 {
-    const LANES: usize = 16;
-    let mut acc = [0f32; LANES];
-    let n = x.len().min(w.len());
-    let (cx, cw) = (x[..n].chunks_exact(LANES), w[..n].chunks_exact(LANES));
-    let tail: f32 = cx
-        .remainder()
-        .iter()
-        .zip(cw.remainder())
-        .map(|(a, b)| a * widen(round(*b)))
-        .sum();
-    for (a, b) in cx.zip(cw) {
-        for k in 0..LANES {
-            acc[k] += a[k] * widen(round(b[k]));
-        }
-    }
-    acc.iter().sum::<f32>() + tail
+    super::simd::dot_lanes(x, w, |v| widen(round(v)))
 }
 
 #[cfg(target_arch = "x86_64")]
