@@ -5,7 +5,8 @@
 
 mod checks;
 mod config;
-pub mod dropout;
+/// Seeded dropout lives with the layers (LoRA uses it too); its attention-era path stays.
+pub use crate::nn::dropout;
 pub(crate) mod fused;
 mod kv_cache;
 pub mod mask;

@@ -10,7 +10,7 @@
 
 use candle::{DType, Device, Result, Shape, Tensor};
 
-use super::dropout::{seeded_dropout, DropoutMask};
+use crate::nn::dropout::{seeded_dropout, DropoutMask};
 use super::fused::{FusedSdpa, Geom};
 use super::options::AttentionKernel;
 use super::softmax::safe_softmax_last_dim;

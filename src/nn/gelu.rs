@@ -10,18 +10,19 @@ use crate::cpu::{contiguous, fused, gelu, gelu_grad, unsupported_dtype, GeluAppr
 
 const OP: &str = "fused gelu";
 
-struct GeluErf;
+/// The GELU as one op: exact (`GeluOp(None)`) or its tanh approximation.
+struct GeluOp(GeluApproximate);
 
-crate::cpu::custom_op!(CustomOp1 for GeluErf, "fused-gelu-erf", fwd: fwd, bwd: bwd);
+crate::cpu::custom_op!(CustomOp1 for GeluOp, "fused-gelu", fwd: fwd, bwd: bwd);
 
-impl GeluErf {
+impl GeluOp {
     fn fwd(&self, [(s, l)]: [CpuArg; 1]) -> Result<(CpuStorage, Shape)> {
         let y = match s {
             CpuStorage::F32(_) => {
-                CpuStorage::F32(gelu(contiguous::<f32, _>(OP, s, l)?, GeluApproximate::None))
+                CpuStorage::F32(gelu(contiguous::<f32, _>(OP, s, l)?, self.0))
             }
             CpuStorage::F64(_) => {
-                CpuStorage::F64(gelu(contiguous::<f64, _>(OP, s, l)?, GeluApproximate::None))
+                CpuStorage::F64(gelu(contiguous::<f64, _>(OP, s, l)?, self.0))
             }
             _ => return Err(unsupported_dtype(OP, s.dtype())),
         };
@@ -35,12 +36,12 @@ impl GeluErf {
         let dx = match x.dtype() {
             DType::F32 => {
                 let (xv, gv) = (contiguous(OP, &*xs, xl)?, contiguous(OP, &*gs, gl)?);
-                let dx = gelu_grad::<f32>(xv, gv, GeluApproximate::None);
+                let dx = gelu_grad::<f32>(xv, gv, self.0);
                 Tensor::from_vec(dx, x.shape(), x.device())?
             }
             DType::F64 => {
                 let (xv, gv) = (contiguous(OP, &*xs, xl)?, contiguous(OP, &*gs, gl)?);
-                let dx = gelu_grad::<f64>(xv, gv, GeluApproximate::None);
+                let dx = gelu_grad::<f64>(xv, gv, self.0);
                 Tensor::from_vec(dx, x.shape(), x.device())?
             }
             dt => return Err(unsupported_dtype(OP, dt)),
@@ -61,7 +62,7 @@ impl GeluErf {
 /// PyTorch equivalent: `F.gelu(x)` (`approximate="none"`).
 pub(crate) fn gelu_erf(x: &Tensor) -> Result<Tensor> {
     if fused(x) {
-        return x.contiguous()?.apply_op1(GeluErf);
+        return x.contiguous()?.apply_op1(GeluOp(GeluApproximate::None));
     }
     if x.track_op() && matches!(x.dtype(), DType::F32 | DType::F64) {
         return gelu_erf_ops(x);
@@ -73,4 +74,16 @@ pub(crate) fn gelu_erf(x: &Tensor) -> Result<Tensor> {
 /// training path of [`gelu_erf`], and the reference the fused op is tested against.
 pub(crate) fn gelu_erf_ops(x: &Tensor) -> Result<Tensor> {
     (((x * std::f64::consts::FRAC_1_SQRT_2)?.erf()? + 1.0)? * x)? * 0.5
+}
+
+/// The GELU, exact or its tanh approximation, elementwise: one op forward and backward on the
+/// CPU in f32/f64 (the formulas of `crate::cpu::gelu`), candle's ops elsewhere.
+///
+/// PyTorch equivalent: `F.gelu(x, approximate=...)`.
+pub fn gelu_with(x: &Tensor, approximate: GeluApproximate) -> Result<Tensor> {
+    match approximate {
+        GeluApproximate::None => gelu_erf(x),
+        GeluApproximate::Tanh if fused(x) => x.contiguous()?.apply_op1(GeluOp(approximate)),
+        GeluApproximate::Tanh => x.gelu(),
+    }
 }

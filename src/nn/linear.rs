@@ -1,21 +1,24 @@
 //! `nn.Linear` with PyTorch's initialisation; on the CPU in f32/f64 one op with its own
 //! backward (`crate::cpu::linear`: the bias is the product's starting value).
 //!
-//! candle-nn's `linear` uses another initialisation, so this one is written out.
+//! candle-nn's `linear` uses another initialisation, so this one is written out. A layer may
+//! carry a LoRA adapter ([`Linear::with_lora`]), added to its output.
 
 use candle::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
 
+use super::lora::{add_delta, Lora};
 use crate::init::linear_weight;
 
 /// `y = x Wᵀ + b` over the last dimension, for inputs of any rank.
 ///
 /// PyTorch equivalent: `nn.Linear(in_features, out_features)`: `weight [out, in]`, `bias [out]`,
-/// both initialised U(±1/√in).
+/// both initialised U(±1/√in). With an adapter, PEFT's `lora.Linear` around it.
 #[derive(Clone, Debug)]
 pub struct Linear {
     weight: Tensor,
     bias: Option<Tensor>,
+    lora: Option<Lora>,
 }
 
 impl Linear {
@@ -35,7 +38,11 @@ impl Linear {
             true => Some(vb.get_with_hints(out_features, "bias", linear_weight(in_features))?),
             false => None,
         };
-        Ok(Self { weight, bias })
+        Ok(Self {
+            weight,
+            bias,
+            lora: None,
+        })
     }
 
     /// A layer of the given parameters as they are (no copy, no check): `weight [out, in]`,
@@ -43,10 +50,53 @@ impl Linear {
     ///
     /// PyTorch equivalent: assigning `linear.weight` / `linear.bias`.
     pub fn from_weights(weight: Tensor, bias: Option<Tensor>) -> Self {
-        Self { weight, bias }
+        Self {
+            weight,
+            bias,
+            lora: None,
+        }
     }
 
-    /// `weight [out, in]`.
+    /// The layer with `lora`'s update added to its output: `x Wᵀ + b + s·B(A(dropout(x)))`.
+    /// Errors when the adapter's features are not the layer's.
+    ///
+    /// PyTorch equivalent: PEFT's `lora.Linear(base_layer, ...)`.
+    pub fn with_lora(mut self, lora: Lora) -> Result<Self> {
+        let (out, inp) = self.weight.dims2()?;
+        if lora.features()? != (inp, out) {
+            candle::bail!(
+                "LoRA: an adapter of {:?} features (in, out) on a linear layer of {:?}",
+                lora.features()?,
+                (inp, out)
+            )
+        }
+        self.lora = Some(lora);
+        Ok(self)
+    }
+
+    /// The adapter, if any.
+    pub fn lora(&self) -> Option<&Lora> {
+        self.lora.as_ref()
+    }
+
+    /// The layer with its adapter merged into the weight (the same layer without one).
+    ///
+    /// PyTorch equivalent: `merge_and_unload()`.
+    pub fn merged(&self) -> Result<Self> {
+        Ok(match &self.lora {
+            Some(l) => Self::from_weights(l.merge(&self.weight)?, self.bias.clone()),
+            None => self.clone(),
+        })
+    }
+
+    /// The output in training mode: the adapter's dropout drawn from `(seed, offset)` (see
+    /// [`Lora::delta`]); the same as `forward` without an adapter or dropout.
+    pub fn forward_train(&self, x: &Tensor, dropout: (u64, u64)) -> Result<Tensor> {
+        let y = crate::cpu::linear(x, &self.weight, self.bias.as_ref())?;
+        add_delta(y, self.lora.as_ref(), x, Some(dropout))
+    }
+
+    /// `weight [out, in]` (without the adapter's update).
     pub fn weight(&self) -> &Tensor {
         &self.weight
     }
@@ -59,6 +109,7 @@ impl Linear {
 
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        crate::cpu::linear(x, &self.weight, self.bias.as_ref())
+        let y = crate::cpu::linear(x, &self.weight, self.bias.as_ref())?;
+        add_delta(y, self.lora.as_ref(), x, None)
     }
 }

@@ -8,7 +8,7 @@ use candle::{DType, Module, Result, Tensor};
 use candle_nn::VarBuilder;
 
 use super::Activation;
-use crate::attention::dropout::{seeded_dropout, seeded_dropout_add};
+use crate::nn::dropout::{seeded_dropout, seeded_dropout_add};
 use crate::nn::Linear;
 use crate::rng::derive_seed;
 

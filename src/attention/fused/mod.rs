@@ -5,7 +5,7 @@
 //! (batch, head), runs over tiles of keys keeping a running row maximum and sum (online
 //! softmax), and stores only the output and the row log-sum-exp. The backward pass recomputes
 //! the probabilities of each tile from that log-sum-exp; dropout is a counter-based function
-//! of the element index ([`DropoutMask`](crate::attention::dropout::DropoutMask)), so the
+//! of the element index ([`DropoutMask`](crate::nn::dropout::DropoutMask)), so the
 //! forward and backward passes draw the same mask without storing it. The weights, when asked
 //! for, are written in a second pass from the same log-sum-exp.
 //!

@@ -17,7 +17,7 @@ use candle::backend::BackendStorage;
 use candle::{CpuStorage, DType, Device, Layout, Result, Shape, Tensor};
 
 use super::kernel::{self, Geom, Masks, RowMap, Rows, RowsMut};
-use crate::attention::dropout::DropoutMask;
+use crate::nn::dropout::DropoutMask;
 use crate::cpu::{contiguous, filled_vec, slice, unsupported_dtype, with_slice, Elem, Stash};
 
 /// The ops' name in errors.

@@ -5,7 +5,7 @@ use candle::{DType, Result, Tensor};
 use super::projection::Projected;
 use super::{Call, MultiheadAttention};
 use crate::attention::checks::Dims;
-use crate::attention::dropout::DropoutMask;
+use crate::nn::dropout::DropoutMask;
 use crate::attention::fused::{FusedAttention, FusedWeights, Geom};
 use crate::attention::mask::additive_mask;
 use crate::numerics::softmax_dtype;

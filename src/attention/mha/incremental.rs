@@ -51,6 +51,7 @@ impl MultiheadAttention {
         cache: &mut KvCache,
         opts: &IncrementalOptions,
     ) -> Result<AttentionOutput> {
+        self.check_no_lora("forward_incremental")?;
         let cfg = &self.config;
         let geometry = CacheGeometry::of(self);
         cache.check_module(&geometry)?;
@@ -105,6 +106,7 @@ impl MultiheadAttention {
         value: &Tensor,
         key_padding_mask: Option<&Tensor>,
     ) -> Result<MemoryCache> {
+        self.check_no_lora("project_memory")?;
         let geometry = CacheGeometry::of(self);
         let dims = check_memory_inputs(&self.config, &geometry, key, value, key_padding_mask)?;
         let kdt = softmax_dtype(geometry.dtype);
@@ -171,6 +173,7 @@ impl MultiheadAttention {
         memory: &MemoryCache,
         opts: &IncrementalOptions,
     ) -> Result<AttentionOutput> {
+        self.check_no_lora("forward_with_memory")?;
         let geometry = CacheGeometry::of(self);
         memory.geometry.check(&geometry, "memory")?;
         if let Some(m) = &opts.key_padding_mask {

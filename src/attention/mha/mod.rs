@@ -10,11 +10,12 @@ use super::checks::{check_inputs, Dims};
 use super::fused::{linear, projected_self_attention, projected_self_attention_output};
 use super::{AttentionKernel, AttentionOptions, AttentionOutput, MultiheadAttentionConfig};
 use crate::init::{linear_weight, xavier_normal, xavier_uniform};
-use crate::nn::Linear;
+use crate::nn::{Linear, Lora};
 use crate::rng::derive_seed;
 
 mod fused_path;
 mod incremental;
+mod lora;
 mod projection;
 mod reference_path;
 
@@ -79,6 +80,9 @@ pub struct MultiheadAttention {
     bias_k: Option<Tensor>,
     bias_v: Option<Tensor>,
     out_proj: Linear,
+    /// A LoRA adapter on the input projection (`[3E, E]` as one layer); the output
+    /// projection's is `out_proj`'s own.
+    in_proj_lora: Option<Lora>,
     /// Dropout calls so far: each call without an explicit seed draws a fresh mask.
     dropout_calls: Arc<AtomicU64>,
 }
@@ -143,6 +147,7 @@ impl MultiheadAttention {
             bias_k,
             bias_v,
             out_proj: Linear::from_weights(out_weight, out_bias),
+            in_proj_lora: None,
             dropout_calls: Arc::new(AtomicU64::new(0)),
         })
     }
@@ -324,7 +329,11 @@ impl MultiheadAttention {
             opts,
             dropout_seed,
         };
-        let path = AttentionPath::choose(opts, query.device(), dtype, self_attn, cfg);
+        let mut path = AttentionPath::choose(opts, query.device(), dtype, self_attn, cfg);
+        if self.has_lora() && path == AttentionPath::FusedWithProjection {
+            // The adapters add to the projections, which the whole-call op keeps inside.
+            path = AttentionPath::Fused;
+        }
         // ctx: (A, B, E) in the caller's layout; weights: batch-major.
         let (ctx, weights) = match (&self.in_proj_weight, path) {
             // Both projections around the fused op: the context never becomes a tensor.
@@ -347,10 +356,12 @@ impl MultiheadAttention {
             }
             (_, AttentionPath::Reference) => {
                 let projected = self.in_projection(&q_in, &k_in, &v_in, self_attn, kv_same)?;
+                let projected = self.add_in_proj_lora(projected, (&q_in, &k_in, &v_in), opts)?;
                 self.attend_reference(projected, &call)?
             }
             _ => {
                 let projected = self.in_projection(&q_in, &k_in, &v_in, self_attn, kv_same)?;
+                let projected = self.add_in_proj_lora(projected, (&q_in, &k_in, &v_in), opts)?;
                 self.attend_fused(projected, &call)?
             }
         };
@@ -365,6 +376,7 @@ impl MultiheadAttention {
             None => ctx,
         };
         let output = linear(&ctx, self.out_proj.weight(), self.out_proj.bias())?;
+        let output = self.add_out_proj_lora(output, &ctx, opts)?;
         in_caller_rank(output, weights, batched)
     }
 

@@ -4,6 +4,7 @@
 mod config;
 mod generate;
 pub mod llama;
+pub mod lora;
 mod next_token;
 
 pub use config::{Gelu, LlamaRecord, NextTokenPredictorConfig};

@@ -13,6 +13,7 @@ use candle_mha::nn::{Embedding, LayerNorm, Linear};
 use candle_mha::rng::derive_seed;
 
 mod incremental;
+mod lora;
 
 /// One pre-LayerNorm transformer block: `x + attn(ln1(x))`, then `x + mlp(ln2(x))`.
 ///
@@ -47,11 +48,17 @@ impl Block {
     }
 
     /// The MLP on `h`: `fc2(gelu(fc1(h)))`, two fused ops that keep the hidden activation out
-    /// of the autograd graph.
-    fn mlp(&self, h: &Tensor) -> Result<Tensor> {
+    /// of the autograd graph; with adapters, the layers one by one (`lora`: their dropout's
+    /// seed and the batch's first row in training).
+    fn mlp(&self, h: &Tensor, lora: Option<(u64, usize)>) -> Result<Tensor> {
         let (fc1, fc2) = (&self.fc1, &self.fc2);
-        let (first, second) = ((fc1.weight(), fc1.bias()), (fc2.weight(), fc2.bias()));
-        candle_mha::nn::mlp_with(h, first, second, self.gelu.approximate())
+        if fc1.lora().is_none() && fc2.lora().is_none() {
+            let (first, second) = ((fc1.weight(), fc1.bias()), (fc2.weight(), fc2.bias()));
+            return candle_mha::nn::mlp_with(h, first, second, self.gelu.approximate());
+        }
+        let pre = crate::models::lora::linear_t(fc1, h, lora, "fc1")?;
+        let act = candle_mha::nn::gelu_with(&pre, self.gelu.approximate())?;
+        crate::models::lora::linear_t(fc2, &act, lora, "fc2")
     }
 
     /// The block's attention module.
@@ -66,6 +73,7 @@ impl Block {
         x: &Tensor,
         opts: &AttentionOptions,
         resid: Option<(f64, u64, u64)>,
+        lora: Option<(u64, usize)>,
     ) -> Result<(Tensor, Option<Tensor>)> {
         // `x + dropout(branch)`, one op on the CPU.
         let add = |x: &Tensor, branch: &Tensor, label: &str| -> Result<Tensor> {
@@ -79,7 +87,7 @@ impl Block {
         let h = self.ln1.forward(x)?;
         let attn = self.attn.forward(&h, &h, &h, opts)?;
         let x = add(x, &attn.output, "attn")?;
-        let m = self.mlp(&self.ln2.forward(&x)?)?;
+        let m = self.mlp(&self.ln2.forward(&x)?, lora)?;
         Ok((add(&x, &m, "mlp")?, attn.weights))
     }
 }
@@ -281,8 +289,10 @@ impl NextTokenPredictor {
                     let (h, w) = m.hidden_with_weights(tokens)?;
                     return Ok((h, w));
                 }
-                // Llama-family models train without dropout (their attention_dropout is 0).
-                return Ok((cut(m.hidden_masked(tokens, kpm, graph)?), Vec::new()));
+                // Llama-family models train without dropout (their attention_dropout is 0); a
+                // LoRA adapter's dropout is drawn from the step's seed.
+                let train = dropout.map(|(seed, row)| (derive_seed(seed, "lora"), row));
+                return Ok((cut(m.hidden_train(tokens, kpm, graph, train)?), Vec::new()));
             }
         };
         let dropout_seed = dropout.map(|(seed, _)| seed);
@@ -324,7 +334,8 @@ impl NextTokenPredictor {
                     .with_dropout_first_row(first_row);
             }
             let resid = dropout_seed.map(|s| (p, derive_seed(s, &format!("resid/{i}")), offset));
-            let (y, w) = block.forward(&x, &opts, resid)?;
+            let lora = dropout.map(|(s, row)| (derive_seed(s, &format!("lora/{i}")), row));
+            let (y, w) = block.forward(&x, &opts, resid, lora)?;
             x = cut(y);
             weights.extend(w);
         }

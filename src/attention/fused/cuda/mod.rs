@@ -25,7 +25,7 @@ use candle::cuda_backend::{CudaDevice, CudaStorage, CudaStorageSlice, DeviceId, 
 use candle::{DType, Result};
 
 use super::kernel::{Geom, RowMap};
-use crate::attention::dropout::DropoutMask;
+use crate::nn::dropout::DropoutMask;
 
 pub(crate) use op::decode_attention_cuda;
 

@@ -7,7 +7,7 @@ use super::tiles::{
     weight_index, Keys, BC,
 };
 use super::{Geom, Masks, Rows, RowsMut};
-use crate::attention::dropout::DropoutMask;
+use crate::nn::dropout::DropoutMask;
 use crate::cpu::par::for_each_init;
 use crate::cpu::Elem;
 

@@ -7,7 +7,7 @@ use super::tiles::{
     BC, BR,
 };
 use super::{Geom, Masks, RowMap, Rows, RowsMut};
-use crate::attention::dropout::DropoutMask;
+use crate::nn::dropout::DropoutMask;
 use crate::cpu::par::for_each_init;
 use crate::cpu::Elem;
 

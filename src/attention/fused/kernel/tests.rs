@@ -4,7 +4,7 @@ use std::mem::MaybeUninit;
 
 use super::tiles::weight_index;
 use super::*;
-use crate::attention::dropout::DropoutMask;
+use crate::nn::dropout::DropoutMask;
 
 /// Deterministic values in [-1, 1).
 fn values(len: usize, seed: u64) -> Vec<f64> {

@@ -4,7 +4,7 @@
 use super::panels::{gemm_panels, pack_rows, pack_transposed, panels_len, Panels};
 use super::small_gemm::tile_gemm;
 use super::{Geom, Masks, RowMap, Rows};
-use crate::attention::dropout::DropoutMask;
+use crate::nn::dropout::DropoutMask;
 use crate::cpu::par::for_each_chunk_mut;
 use crate::cpu::workspace::{self, Buf};
 use crate::cpu::Elem;

@@ -13,7 +13,7 @@ use super::tiles::{
     drop_of, key_tiles, probs_tile, scores_tile, weight_index, AllHeadsKv, Drop, Keys, BC, BR,
 };
 use super::{Geom, Masks, RowMap, Rows, RowsMut};
-use crate::attention::dropout::DropoutMask;
+use crate::nn::dropout::DropoutMask;
 use crate::cpu::par::for_each_init;
 use crate::cpu::Elem;
 

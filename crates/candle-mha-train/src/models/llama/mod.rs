@@ -8,9 +8,16 @@ use candle_mha::nn::{Embedding, Linear, RmsNorm, RmsNormKind, RotaryEmbedding, S
 use candle_nn::{Init, VarBuilder};
 
 mod config;
+mod lora;
 
 pub(crate) use config::eos_ids;
 pub use config::{LlamaConfig, LlamaFamily};
+
+use crate::models::lora::linear_t;
+
+/// A training call's LoRA dropout: the layer's seed and the batch's first row (`None`:
+/// evaluation).
+type Train = Option<(u64, usize)>;
 
 /// Grouped-query self-attention with rotary positions.
 ///
@@ -48,12 +55,14 @@ impl LlamaAttention {
         x: &Tensor,
         rope: &RotaryEmbedding,
         offset: usize,
+        train: Train,
     ) -> Result<(Tensor, Tensor, Tensor)> {
         let (b, l, _) = x.dims3()?;
         let split = |t: Tensor, h: usize| t.reshape((b, l, h, self.head_dim))?.transpose(1, 2);
-        let q = rope.apply(&split(self.q.forward(x)?, self.heads)?, offset)?;
-        let k = rope.apply(&split(self.k.forward(x)?, self.kv_heads)?, offset)?;
-        Ok((q, k, split(self.v.forward(x)?, self.kv_heads)?))
+        let proj = |layer: &Linear, label: &str| linear_t(layer, x, train, label);
+        let q = rope.apply(&split(proj(&self.q, "q_proj")?, self.heads)?, offset)?;
+        let k = rope.apply(&split(proj(&self.k, "k_proj")?, self.kv_heads)?, offset)?;
+        Ok((q, k, split(proj(&self.v, "v_proj")?, self.kv_heads)?))
     }
 
     /// `x (B, L, E)` at positions `offset..offset + L` after the `cache`d ones (`(B, H_kv, S, D)`
@@ -64,6 +73,7 @@ impl LlamaAttention {
         rope: &RotaryEmbedding,
         cache: Option<&mut Option<(Tensor, Tensor)>>,
         pad: Option<&Tensor>,
+        train: Train,
     ) -> Result<Tensor> {
         let (b, l, _) = x.dims3()?;
         let d = self.head_dim;
@@ -71,7 +81,7 @@ impl LlamaAttention {
             Some(Some((k, _))) => k.dim(2)?,
             _ => 0,
         };
-        let (q, k, v) = self.heads_of(x, rope, offset)?;
+        let (q, k, v) = self.heads_of(x, rope, offset, train)?;
         let (k, v) = match cache {
             Some(slot) => {
                 let kv = match slot.take() {
@@ -116,7 +126,7 @@ impl LlamaAttention {
             .transpose(1, 2)?
             .contiguous()?
             .reshape((b, l, self.heads * d))?;
-        self.o.forward(&ctx)
+        linear_t(&self.o, &ctx, train, "o_proj")
     }
 
     /// [`forward`](Self::forward) from position 0 without a cache, and the per-query-head
@@ -124,7 +134,7 @@ impl LlamaAttention {
     fn forward_with_weights(&self, x: &Tensor, rope: &RotaryEmbedding) -> Result<(Tensor, Tensor)> {
         let (b, l, _) = x.dims3()?;
         let d = self.head_dim;
-        let (q, k, v) = self.heads_of(x, rope, 0)?;
+        let (q, k, v) = self.heads_of(x, rope, 0, None)?;
         let rep = self.heads / self.kv_heads;
         // Each key/value head repeated for its group (inspection only: the weights are L × L
         // per query head anyway).
@@ -189,12 +199,20 @@ impl LlamaBlock {
         rope: &RotaryEmbedding,
         cache: Option<&mut Option<(Tensor, Tensor)>>,
         pad: Option<&Tensor>,
+        train: Train,
     ) -> Result<Tensor> {
         let normed = self.input_layernorm.forward(x)?;
-        let h = (x + self.attn.forward(&normed, rope, cache, pad)?)?;
-        &h + self
-            .mlp
-            .forward(&self.post_attention_layernorm.forward(&h)?)?
+        let h = (x + self.attn.forward(&normed, rope, cache, pad, train)?)?;
+        let normed = self.post_attention_layernorm.forward(&h)?;
+        let m = match train {
+            Some((seed, row)) if self.has_lora() => {
+                let s = |l: &str| candle_mha::rng::derive_seed(seed, l);
+                let seeds = [s("gate_proj"), s("up_proj"), s("down_proj")];
+                self.mlp.forward_train(&normed, seeds, row)?
+            }
+            _ => self.mlp.forward(&normed)?,
+        };
+        &h + m
     }
 
     /// The block's attention.
@@ -354,6 +372,18 @@ impl Llama {
         pad: Option<&Tensor>,
         graph: bool,
     ) -> Result<Tensor> {
+        self.hidden_train(tokens, pad, graph, None)
+    }
+
+    /// [`hidden_masked`](Self::hidden_masked) in training mode when `train` is given: the
+    /// LoRA adapters' dropout drawn from its seed for rows `first_row..` of a larger batch.
+    pub fn hidden_train(
+        &self,
+        tokens: &Tensor,
+        pad: Option<&Tensor>,
+        graph: bool,
+        train: Option<(u64, usize)>,
+    ) -> Result<Tensor> {
         let (b, l) = self.check_tokens(tokens, 0)?;
         if let Some(p) = pad {
             if p.dims() != [b, l] {
@@ -366,8 +396,9 @@ impl Llama {
         }
         let cut = |t: Tensor| if graph { t } else { t.detach() };
         let mut x = cut(self.embed_tokens.forward(tokens)?);
-        for layer in &self.layers {
-            x = cut(layer.forward(&x, &self.rope, None, pad)?);
+        for (i, layer) in self.layers.iter().enumerate() {
+            let train = train.map(|(s, row)| (candle_mha::rng::derive_seed(s, &i.to_string()), row));
+            x = cut(layer.forward(&x, &self.rope, None, pad, train)?);
         }
         self.norm.forward(&x)
     }
@@ -420,7 +451,7 @@ impl Llama {
         self.check_tokens(tokens, cache.len())?;
         let mut x = self.embed_tokens.forward(tokens)?;
         for (layer, slot) in self.layers.iter().zip(cache.layers.iter_mut()) {
-            x = layer.forward(&x, &self.rope, Some(slot), None)?;
+            x = layer.forward(&x, &self.rope, Some(slot), None, None)?;
         }
         self.lm_head.forward(&self.norm.forward(&x)?)
     }

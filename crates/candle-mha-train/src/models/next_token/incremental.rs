@@ -59,6 +59,9 @@ impl NextTokenPredictor {
         key_padding_mask_new: Option<&Tensor>,
     ) -> Result<Tensor> {
         let (n, t) = self.check_tokens(tokens_new, key_padding_mask_new)?;
+        if self.has_lora() {
+            candle::bail!("forward_incremental: this model has LoRA adapters; decode with `merged()`")
+        }
         let g = self.gpt()?;
         if t == 0 {
             candle::bail!("forward_incremental: tokens_new must hold at least one column, got (N, T) = ({n}, 0)")
