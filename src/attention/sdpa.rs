@@ -10,12 +10,12 @@
 
 use candle::{DType, Device, Result, Shape, Tensor};
 
-use crate::nn::dropout::{seeded_dropout, DropoutMask};
 use super::fused::{FusedSdpa, Geom};
 use super::options::AttentionKernel;
 use super::softmax::safe_softmax_last_dim;
 use crate::cpu::fused;
 use crate::cpu::Stash;
+use crate::nn::dropout::{seeded_dropout, DropoutMask};
 
 /// The most heads, query or key/value, a call may have.
 pub const MAX_SDPA_HEADS: usize = 1 << 16;

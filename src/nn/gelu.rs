@@ -18,12 +18,8 @@ crate::cpu::custom_op!(CustomOp1 for GeluOp, "fused-gelu", fwd: fwd, bwd: bwd);
 impl GeluOp {
     fn fwd(&self, [(s, l)]: [CpuArg; 1]) -> Result<(CpuStorage, Shape)> {
         let y = match s {
-            CpuStorage::F32(_) => {
-                CpuStorage::F32(gelu(contiguous::<f32, _>(OP, s, l)?, self.0))
-            }
-            CpuStorage::F64(_) => {
-                CpuStorage::F64(gelu(contiguous::<f64, _>(OP, s, l)?, self.0))
-            }
+            CpuStorage::F32(_) => CpuStorage::F32(gelu(contiguous::<f32, _>(OP, s, l)?, self.0)),
+            CpuStorage::F64(_) => CpuStorage::F64(gelu(contiguous::<f64, _>(OP, s, l)?, self.0)),
             _ => return Err(unsupported_dtype(OP, s.dtype())),
         };
         Ok((y, l.shape().clone()))

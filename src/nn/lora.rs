@@ -109,9 +109,11 @@ impl Lora {
     ) -> Result<Self> {
         config.validate()?;
         let r = config.rank;
-        let a = vb
-            .pp("lora_A")
-            .get_with_hints((r, in_features), "weight", linear_weight(in_features))?;
+        let a = vb.pp("lora_A").get_with_hints(
+            (r, in_features),
+            "weight",
+            linear_weight(in_features),
+        )?;
         let b = vb
             .pp("lora_B")
             .get_with_hints((out_features, r), "weight", Init::Const(0.0))?;
@@ -187,7 +189,9 @@ impl Lora {
     /// PyTorch equivalent: PEFT's `get_delta_weight(adapter)` (before GPT-2's `Conv1D`
     /// transpose).
     pub fn delta_weight(&self) -> Result<Tensor> {
-        (self.b.matmul(&self.a)? * self.scaling)?.detach().contiguous()
+        (self.b.matmul(&self.a)? * self.scaling)?
+            .detach()
+            .contiguous()
     }
 
     /// `w + s·B·A` for the layer's `w [out, in]`, in `w`'s dtype (computed in f32 or f64):
@@ -270,7 +274,10 @@ mod tests {
         let lora = Lora::new(40, 6, &LoraConfig::default(), vb.pp("l"))?;
         // U(±1/√in): the bound is 1/√40 ≈ 0.158.
         let a_max = lora.a().abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?;
-        assert!(a_max > 0.1 && a_max <= 1.0 / 40f32.sqrt(), "A's largest {a_max}");
+        assert!(
+            a_max > 0.1 && a_max <= 1.0 / 40f32.sqrt(),
+            "A's largest {a_max}"
+        );
         let x = randn(&[3, 5, 40], 2)?;
         let adapted = base.clone().with_lora(lora)?;
         assert_eq!(max_diff(&adapted.forward(&x)?, &base.forward(&x)?)?, 0.0);
@@ -326,8 +333,15 @@ mod tests {
         let lora = Lora::from_weights(a, b, 1.0, 0.5)?;
         let layer = Linear::from_weights(w.clone(), None).with_lora(lora.clone())?;
         let x = randn(&[8, 10], 5)?;
-        let (t1, t2) = (layer.forward_train(&x, (9, 0))?, layer.forward_train(&x, (9, 0))?);
-        assert_eq!(max_diff(&t1, &t2)?, 0.0, "the same seed draws the same mask");
+        let (t1, t2) = (
+            layer.forward_train(&x, (9, 0))?,
+            layer.forward_train(&x, (9, 0))?,
+        );
+        assert_eq!(
+            max_diff(&t1, &t2)?,
+            0.0,
+            "the same seed draws the same mask"
+        );
         assert!(max_diff(&t1, &layer.forward(&x)?)? > 1e-3);
         // The base's part of the output is never dropped.
         let base = Linear::from_weights(w, None).forward(&x)?;

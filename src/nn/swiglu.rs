@@ -39,7 +39,11 @@ impl SwiGlu {
     ///
     /// PyTorch equivalent: PEFT's `lora.Linear` around `gate_proj`, `up_proj`, `down_proj`.
     pub fn with_lora(mut self, [gate, up, down]: [Option<Lora>; 3]) -> Result<Self> {
-        for (layer, lora) in [(&mut self.gate, gate), (&mut self.up, up), (&mut self.down, down)] {
+        for (layer, lora) in [
+            (&mut self.gate, gate),
+            (&mut self.up, up),
+            (&mut self.down, down),
+        ] {
             if let Some(l) = lora {
                 *layer = layer.clone().with_lora(l)?;
             }
@@ -59,7 +63,8 @@ impl SwiGlu {
     /// The output in training mode: each adapter's dropout drawn from `seeds` (`[gate, up,
     /// down]`) and the rows' `first_row` (see [`Linear::forward_train`]).
     pub fn forward_train(&self, x: &Tensor, seeds: [u64; 3], first_row: usize) -> Result<Tensor> {
-        let offset = |t: &Tensor| (first_row * t.elem_count() / t.dim(0).unwrap_or(1).max(1)) as u64;
+        let offset =
+            |t: &Tensor| (first_row * t.elem_count() / t.dim(0).unwrap_or(1).max(1)) as u64;
         let g = self.gate.forward_train(x, (seeds[0], offset(x)))?.silu()?;
         let h = (g * self.up.forward_train(x, (seeds[1], offset(x)))?)?;
         self.down.forward_train(&h, (seeds[2], offset(&h)))

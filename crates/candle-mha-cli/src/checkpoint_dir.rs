@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use candle_mha::candle::{DType, Device};
-use candle_mha::checkpoint::{load_into_varmap_owned, LoadOptions, StateDict};
+use candle_mha::checkpoint::{load_into_varmap_owned, LoadOptions};
 use candle_mha::zeroed_var_builder;
 use candle_mha_train::data::{checkpoint_corpus, Codec, Corpus, RunSplit};
 use candle_mha_train::models::{NextTokenPredictor, NextTokenPredictorConfig};
@@ -131,7 +131,11 @@ pub fn open(
     // The files below must be one checkpoint, not parts of two saves.
     candle_mha_train::verify_model_files(dir, trust(read.unverified))?;
     let cfg = NextTokenPredictorConfig::load(dir.join(CONFIG_FILE))?;
-    let path = dir.join(MODEL_FILE);
+    // A LoRA run's weights are its base's (checked by hash when read) plus a small adapter.
+    let path = match candle_mha_train::lora_run::LoraRecord::load(dir, &cfg)? {
+        Some(record) => record.base.dir.join(MODEL_FILE),
+        None => dir.join(MODEL_FILE),
+    };
     let file_bytes = std::fs::metadata(&path)
         .with_context(|| format!("reading {}", path.display()))?
         .len();
@@ -177,8 +181,8 @@ pub fn open(
     // Zeros that take no memory until the checkpoint's tensors fill them, each freed once
     // copied: the model is held once, not twice, while it loads.
     let varmap = VarMap::new();
-    let model = NextTokenPredictor::new(cfg, zeroed_var_builder(&varmap, dtype, device))?;
-    let weights = StateDict::load(&path)?;
+    let model = NextTokenPredictor::new(cfg.clone(), zeroed_var_builder(&varmap, dtype, device))?;
+    let weights = candle_mha_train::lora_run::model_weights(dir, &cfg)?;
     let opts = LoadOptions::new()
         .with_module("NextTokenPredictor")
         .with_source(&path.display().to_string());

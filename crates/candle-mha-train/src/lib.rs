@@ -49,6 +49,7 @@ pub mod data;
 pub mod formats;
 pub mod limits;
 pub mod lock;
+pub mod lora_run;
 pub mod models;
 pub mod run_dir;
 pub mod staged_dir;

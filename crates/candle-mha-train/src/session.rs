@@ -153,6 +153,10 @@ pub struct NewRun {
     pub init_from: Option<PathBuf>,
     /// Whether [`init_from`](Self::init_from) is read without its manifest.
     pub init_unverified: crate::Unverified,
+    /// Train LoRA adapters of this spec on [`init_from`](Self::init_from)'s frozen weights
+    /// (which the run references, not copies) instead of every weight; `None`: full
+    /// fine-tuning.
+    pub lora: Option<crate::models::lora::LoraSpec>,
 }
 
 /// The model, tokenization and weights of a checkpoint a new run starts from.
@@ -166,10 +170,11 @@ struct Init {
 impl Init {
     fn load(dir: &Path, unverified: crate::Unverified) -> Result<Self> {
         crate::verify_model_files(dir, unverified)?;
+        let config = NextTokenPredictorConfig::load(dir.join(CONFIG_FILE))?;
         Ok(Self {
-            config: NextTokenPredictorConfig::load(dir.join(CONFIG_FILE))?,
             codec: Codec::load_dir(dir)?,
-            weights: candle_mha::checkpoint::StateDict::load(dir.join(MODEL_FILE))?,
+            weights: crate::lora_run::model_weights(dir, &config)?,
+            config,
             source: dir.join(MODEL_FILE).display().to_string(),
         })
     }
@@ -198,6 +203,7 @@ impl NewRun {
             memory_limit: None,
             init_from: None,
             init_unverified: crate::Unverified::Refuse,
+            lora: None,
         }
     }
 }
@@ -277,6 +283,13 @@ impl Session {
         }
         check_dtype(run.dtype)?;
         run.train.validate()?;
+        if run.lora.is_some() && run.init_from.is_none() {
+            return Err(candle::Error::Msg(
+                "LoRA trains adapters on a model to start from: give init_from (--init-from)"
+                    .into(),
+            )
+            .into());
+        }
         if comm.rank() == 0 {
             check_fresh(dir, matches!(run.data, NewData::Text { .. }))?;
         }
@@ -320,26 +333,47 @@ impl Session {
         cfg.validate()?;
         if let Some(limit) = run.memory_limit {
             let tokens = run.train.batch_size as u128 * cfg.max_len as u128;
-            cfg.memory(run.dtype, tokens, true)
-                .check(limit, "training this model")?;
+            let mut need = cfg.memory(run.dtype, tokens, true);
+            if run.lora.is_some() {
+                need.parameters /= 4; // the frozen weights once: no gradient, no moments
+            }
+            need.check(limit, "training this model")?;
         }
-        let varmap = VarMap::new();
         let seed = run.train.seed;
-        // A checkpoint to start from fills every variable: no initialisation is drawn, and
-        // each of its tensors is let go once copied.
-        let vb = match &init {
-            Some(_) => zeroed_var_builder(&varmap, run.dtype, device),
-            None => seeded_var_builder(&varmap, seed, run.dtype, device),
+        let (model, varmap, lora) = match (init, &run.lora, &run.init_from) {
+            (Some(i), Some(lora), Some(base)) => {
+                let (model, varmap, record) = crate::lora_run::start_model(
+                    base,
+                    &i.config,
+                    i.weights,
+                    lora,
+                    (run.dtype, device, seed),
+                )?;
+                (model, varmap, Some(record))
+            }
+            (init, _, _) => {
+                let varmap = VarMap::new();
+                // A checkpoint to start from fills every variable: no initialisation is
+                // drawn, and each of its tensors is let go once copied.
+                let vb = match &init {
+                    Some(_) => zeroed_var_builder(&varmap, run.dtype, device),
+                    None => seeded_var_builder(&varmap, seed, run.dtype, device),
+                };
+                let model = NextTokenPredictor::new(cfg.clone(), vb)?;
+                if let Some(i) = init {
+                    let opts = candle_mha::checkpoint::LoadOptions::new()
+                        .with_module("NextTokenPredictor")
+                        .with_source(&i.source);
+                    candle_mha::checkpoint::load_into_varmap_owned(&varmap, i.weights, &opts)?;
+                }
+                (model, varmap, None)
+            }
         };
-        let model = NextTokenPredictor::new(cfg.clone(), vb)?;
-        if let Some(i) = init {
-            let opts = candle_mha::checkpoint::LoadOptions::new()
-                .with_module("NextTokenPredictor")
-                .with_source(&i.source);
-            candle_mha::checkpoint::load_into_varmap_owned(&varmap, i.weights, &opts)?;
-        }
         // Checks everything before anything is written into the directory.
-        let trainer = Trainer::new(model, varmap, run.train, Some(spec.clone()))?;
+        let mut trainer = Trainer::new(model, varmap, run.train, Some(spec.clone()))?;
+        if let Some(record) = lora {
+            trainer = trainer.with_lora_record(record);
+        }
         Ok(Self {
             dir: dir.to_path_buf(),
             trainer: trainer.with_codec(data.codec.clone()),
@@ -373,15 +407,19 @@ impl Session {
             });
         }
         let codec_file = Codec::file_in(dir)?;
+        let mut read = vec![
+            STATE_FILE,
+            CONFIG_FILE,
+            MODEL_FILE,
+            OPTIMIZER_FILE,
+            codec_file,
+        ];
+        if std::fs::symlink_metadata(dir.join(crate::run_dir::LORA_FILE)).is_ok() {
+            read.push(crate::run_dir::LORA_FILE);
+        }
         let files = SetFiles {
             allowed: &CHECKPOINT_FILES,
-            read: &[
-                STATE_FILE,
-                CONFIG_FILE,
-                MODEL_FILE,
-                OPTIMIZER_FILE,
-                codec_file,
-            ],
+            read: &read,
         };
         match comm.rank() {
             0 => recover_file_set(dir, files)?,
@@ -437,10 +475,8 @@ impl Session {
         }
         let codec = Codec::load_dir(dir)?;
         let data = spec.load(Some(codec), None, 0, Some(cfg.max_len + 1))?;
-        let varmap = VarMap::new();
         // The checkpoint fills every variable (checked strictly): no initialisation drawn.
-        let vb = zeroed_var_builder(&varmap, dtype, device);
-        let model = NextTokenPredictor::new(cfg.clone(), vb)?;
+        let (model, varmap) = crate::lora_run::resume_model(dir, &cfg, dtype, device)?;
         // The files were recovered (or verified) above: not hashed again. A run that recorded
         // no data records the data it was given from now on.
         let mut state = state;

@@ -1,7 +1,9 @@
 //! What a run records and reports: [`TrainerState`] (`trainer_state.json`), [`StepStats`],
 //! the [`TrainObserver`] hooks, and the file names of a checkpoint directory.
 
-use crate::run_dir::{CHECKPOINT_FILES, CONFIG_FILE, MANIFEST_FILE, MODEL_FILE, STATE_FILE};
+use crate::run_dir::{
+    CHECKPOINT_FILES, CONFIG_FILE, LORA_FILE, MANIFEST_FILE, MODEL_FILE, STATE_FILE,
+};
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -218,9 +220,18 @@ pub fn verify_checkpoint(
     Ok(())
 }
 
-/// [`verify_checkpoint`] for what a model is loaded from: `config.json`, `model.safetensors`
-/// and the tokenization file ([`Codec::file_in`](crate::data::Codec::file_in)).
+/// [`verify_checkpoint`] for what a model is loaded from: `config.json`, `model.safetensors`,
+/// the tokenization file ([`Codec::file_in`](crate::data::Codec::file_in)) and a LoRA run's
+/// `lora.json`.
 pub fn verify_model_files(dir: &Path, unverified: Unverified) -> crate::RunResult<()> {
-    let codec_file = crate::data::Codec::file_in(dir)?;
-    verify_checkpoint(dir, &[CONFIG_FILE, MODEL_FILE, codec_file], unverified)
+    verify_checkpoint(dir, &model_files(dir)?, unverified)
+}
+
+/// The files a checkpoint's model is read from (see [`verify_model_files`]).
+pub(crate) fn model_files(dir: &Path) -> candle::Result<Vec<&'static str>> {
+    let mut files = vec![CONFIG_FILE, MODEL_FILE, crate::data::Codec::file_in(dir)?];
+    if std::fs::symlink_metadata(dir.join(LORA_FILE)).is_ok() {
+        files.push(LORA_FILE);
+    }
+    Ok(files)
 }

@@ -13,8 +13,11 @@ use super::{evaluate_examples, Evaluation, LrSchedule, TrainConfig};
 use crate::commit::{recover_file_set, CommitPoint, FileSet, SetFiles};
 use crate::data::DataSpec;
 use crate::data::{Batch, Codec, Dataset, EvalSet, Example, TrainSource};
+use crate::lora_run::LoraRecord;
 use crate::models::NextTokenPredictor;
-use crate::run_dir::{CHECKPOINT_FILES, CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE};
+use crate::run_dir::{
+    CHECKPOINT_FILES, CONFIG_FILE, LORA_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE,
+};
 use crate::{RunError, RunResult};
 use candle_mha::autocast::{autocast, Precision};
 use candle_mha::checkpoint::{state_dict_of, NamedParameters, StateDict};
@@ -62,6 +65,8 @@ pub struct Trainer {
     // The loop of a run (run.rs) reads and updates it.
     pub(super) state: TrainerState,
     codec: Option<Codec>,
+    // A LoRA run's `lora.json`, written with every checkpoint.
+    lora: Option<LoraRecord>,
 }
 
 impl Trainer {
@@ -141,6 +146,7 @@ impl Trainer {
             schedule,
             state,
             codec: None,
+            lora: None,
         })
     }
 
@@ -200,7 +206,9 @@ impl Trainer {
             .with_source(&dir.join(MODEL_FILE).display().to_string());
         // Each tensor is let go once its variable holds it.
         candle_mha::checkpoint::load_into_varmap_owned(&varmap, weights, &opts)?;
+        let lora = LoraRecord::load(dir, model.config())?;
         let mut trainer = Self::new(model, varmap, state.config.clone(), state.data.clone())?;
+        trainer.lora = lora;
         trainer
             .optimizer
             .load_state_dict(&StateDict::load(dir.join(OPTIMIZER_FILE))?)?;
@@ -263,6 +271,18 @@ impl Trainer {
     pub fn with_codec(mut self, codec: Codec) -> Self {
         self.codec = Some(codec);
         self
+    }
+
+    /// The run as a LoRA run of `record` (its `lora.json` written with every checkpoint):
+    /// the model's adapters are its variables, its base weights plain tensors.
+    pub fn with_lora_record(mut self, record: LoraRecord) -> Self {
+        self.lora = Some(record);
+        self
+    }
+
+    /// A LoRA run's record.
+    pub fn lora_record(&self) -> Option<&LoraRecord> {
+        self.lora.as_ref()
     }
 
     /// The model.
@@ -546,6 +566,9 @@ impl Trainer {
         }
         set.add_streamed(MODEL_FILE, |w| model.write_safetensors(w))?;
         set.add(CONFIG_FILE, self.model.config().to_json().into_bytes())?;
+        if let Some(lora) = &self.lora {
+            set.add(LORA_FILE, lora.to_json().into_bytes())?;
+        }
         set.add_streamed(OPTIMIZER_FILE, |w| optimizer.write_safetensors(w))?;
         // The data's paths as seen from `dir`: a run moved as a whole still finds its data.
         let mut state = self.state.clone();

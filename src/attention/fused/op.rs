@@ -17,8 +17,8 @@ use candle::backend::BackendStorage;
 use candle::{CpuStorage, DType, Device, Layout, Result, Shape, Tensor};
 
 use super::kernel::{self, Geom, Masks, RowMap, Rows, RowsMut};
-use crate::nn::dropout::DropoutMask;
 use crate::cpu::{contiguous, filled_vec, slice, unsupported_dtype, with_slice, Elem, Stash};
+use crate::nn::dropout::DropoutMask;
 
 /// The ops' name in errors.
 pub(super) const OP: &str = "fused attention";

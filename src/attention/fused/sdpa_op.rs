@@ -9,8 +9,8 @@ use candle::{CpuStorage, DType, Device, Layout, Result, Shape, Tensor};
 
 use super::decode_op::head_map;
 use super::kernel::{self, Geom, Masks, RowMap, Rows, RowsMut};
-use crate::nn::dropout::DropoutMask;
 use crate::cpu::{contiguous, slice, unsupported_dtype, with_slice, CpuArg, Elem, Grads, Stash};
+use crate::nn::dropout::DropoutMask;
 
 const OP: &str = "fused scaled_dot_product_attention";
 

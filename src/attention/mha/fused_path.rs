@@ -5,9 +5,9 @@ use candle::{DType, Result, Tensor};
 use super::projection::Projected;
 use super::{Call, MultiheadAttention};
 use crate::attention::checks::Dims;
-use crate::nn::dropout::DropoutMask;
 use crate::attention::fused::{FusedAttention, FusedWeights, Geom};
 use crate::attention::mask::additive_mask;
+use crate::nn::dropout::DropoutMask;
 use crate::numerics::softmax_dtype;
 
 impl MultiheadAttention {

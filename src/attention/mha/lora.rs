@@ -21,7 +21,9 @@ impl MultiheadAttention {
     pub fn with_lora(mut self, in_proj: Option<Lora>, out_proj: Option<Lora>) -> Result<Self> {
         if let Some(l) = &in_proj {
             let InProjWeight::Packed(w) = &self.in_proj_weight else {
-                candle::bail!("LoRA on in_proj needs the packed in_proj_weight (kdim = vdim = embed_dim)")
+                candle::bail!(
+                    "LoRA on in_proj needs the packed in_proj_weight (kdim = vdim = embed_dim)"
+                )
             };
             let (out, inp) = w.dims2()?;
             if l.features()? != (inp, out) {

@@ -6,9 +6,9 @@ use candle::{Result, Tensor};
 use super::projection::Projected;
 use super::{Call, MultiheadAttention};
 use crate::attention::checks::Dims;
-use crate::nn::dropout::seeded_dropout_at;
 use crate::attention::mask::merged_mask;
 use crate::attention::softmax::{masked_softmax_fused, safe_softmax_last_dim};
+use crate::nn::dropout::seeded_dropout_at;
 use crate::numerics::softmax_dtype;
 
 impl MultiheadAttention {

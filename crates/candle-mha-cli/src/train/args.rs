@@ -101,6 +101,25 @@ pub struct TrainArgs {
     /// cannot be checked to be one save; refused without this).
     #[arg(long, requires = "init_from")]
     pub unverified: bool,
+    /// With --init-from: train LoRA adapters of this rank on the checkpoint's frozen weights
+    /// instead of every weight (PEFT's LoraConfig(r=...)); the run's checkpoints hold the
+    /// adapter and its optimizer, and reference the checkpoint by path and hash.
+    #[arg(long, requires = "init_from", value_parser = crate::bounds::count(1, candle_mha::nn::MAX_LORA_RANK as u64))]
+    pub lora_rank: Option<usize>,
+    /// LoRA's alpha: the update is scaled by alpha / rank [default: 8, PEFT's].
+    #[arg(long, requires = "lora_rank", value_parser = crate::bounds::finite)]
+    pub lora_alpha: Option<f64>,
+    /// Dropout on the LoRA adapters' input [default: 0, PEFT's].
+    #[arg(long, requires = "lora_rank", value_parser = crate::bounds::below(0.0, 1.0))]
+    pub lora_dropout: Option<f64>,
+    /// The Hugging Face module names that get adapters, comma-separated (GPT-2: c_attn,
+    /// c_proj, c_fc; Llama family: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj,
+    /// down_proj) [default: PEFT's for the family: c_attn; q_proj,v_proj].
+    #[arg(long, requires = "lora_rank", value_delimiter = ',')]
+    pub lora_targets: Vec<String>,
+    /// Scale the LoRA update by alpha / √rank (PEFT's use_rslora).
+    #[arg(long, requires = "lora_rank")]
+    pub lora_rslora: bool,
     /// Optimizer steps (with --resume: the new total).
     #[arg(long, value_parser = crate::bounds::count_u64(0, crate::bounds::MAX_STEPS), help = run_default("Optimizer steps (with --resume: the new total)", |c| c.steps))]
     pub steps: Option<u64>,

@@ -15,6 +15,7 @@ use anyhow::{bail, Result};
 use candle_mha::candle::DType;
 use candle_mha_train::data::{DataSpec, PrepareJob, DEFAULT_CHUNK_BYTES};
 use candle_mha_train::distributed::{rank_prefix, Communicator, GradientBuckets};
+use candle_mha_train::models::lora::LoraSpec;
 use candle_mha_train::models::NextTokenPredictorConfig;
 use candle_mha_train::run_dir::BEST_DIR;
 use candle_mha_train::{NewData, NewRun, ResumeRun, RunError, Session, TrainObserver};
@@ -218,6 +219,16 @@ fn plan(args: &TrainArgs) -> Result<Plan> {
     };
     run.init_from = args.init_from.clone();
     run.init_unverified = crate::checkpoint_dir::trust(args.unverified);
+    run.lora = args.lora_rank.map(|rank| {
+        let d = LoraSpec::default();
+        LoraSpec {
+            rank,
+            alpha: args.lora_alpha.unwrap_or(d.alpha),
+            dropout: args.lora_dropout.unwrap_or(d.dropout),
+            use_rslora: args.lora_rslora,
+            targets: args.lora_targets.clone(),
+        }
+    });
     run.verify_data = args.verify;
     run.memory_limit = crate::bounds::memory_limit();
     Ok(Plan::New(Box::new(run)))

@@ -12,7 +12,6 @@ use super::hf_dir::{hugging_face_weights, json};
 use super::{codec_for, hugging_face_tokenizer, Imported};
 use crate::data::Codec;
 use crate::models::{Gelu, NextTokenPredictorConfig};
-use crate::run_dir::MODEL_FILE;
 
 /// Reads a Hugging Face `GPT2LMHeadModel` directory (a Llama-family one goes to
 /// [`read_llama`](super::read_llama)): `config.json`, the weights (`Conv1D`
@@ -53,7 +52,7 @@ pub(super) fn write_export(run: &Path, cfg: &NextTokenPredictorConfig, dir: &Pat
             run.display()
         )
     }
-    let ours = StateDict::load(run.join(MODEL_FILE))?;
+    let ours = crate::lora_run::model_weights(run, cfg)?;
     let theirs = to_gpt2(&ours, Gpt2Format::HuggingFace, cfg)?;
     // GPT-2 has a bias in every Conv1D and LayerNorm: zeros add nothing.
     let with_biases = NextTokenPredictorConfig {

@@ -14,7 +14,6 @@ use super::{codec_for, hugging_face_tokenizer, Imported};
 use crate::data::Codec;
 use crate::models::llama::{eos_ids, parameter_shapes, LlamaConfig};
 use crate::models::{LlamaRecord, NextTokenPredictorConfig};
-use crate::run_dir::MODEL_FILE;
 use crate::staged_dir::StagedDir;
 
 /// What a Hugging Face Llama-family directory holds, checked against its `config.json`.
@@ -279,7 +278,8 @@ pub(super) fn write_export(
     dir: &Path,
 ) -> Result<()> {
     // The names are Hugging Face's already; each weight goes back in its source dtype.
-    let ours = StateDict::load(run.join(MODEL_FILE))?;
+    let cfg = crate::models::NextTokenPredictorConfig::load(run.join(crate::run_dir::CONFIG_FILE))?;
+    let ours = crate::lora_run::model_weights(run, &cfg)?;
     let weights = parameter_shapes(llama)
         .into_iter()
         .map(|(name, _)| match ours.get(&name) {

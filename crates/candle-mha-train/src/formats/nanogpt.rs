@@ -11,7 +11,7 @@ use super::gpt2_names::{from_gpt2, nanogpt_parameters, our_name, to_gpt2, Gpt2Fo
 use super::{codec_for, Imported};
 use crate::data::TextTokenizer;
 use crate::models::{Gelu, NextTokenPredictorConfig};
-use crate::run_dir::{CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE};
+use crate::run_dir::{CONFIG_FILE, OPTIMIZER_FILE, STATE_FILE};
 use crate::staged_dir::StagedDir;
 use crate::{verify_checkpoint, ImportedRecord, TrainConfig, TrainerState, Unverified};
 use candle_mha::io::short_shape;
@@ -599,12 +599,15 @@ fn from_json(v: &serde_json::Value) -> PickleValue {
 /// PyTorch equivalent: nanoGPT's `torch.save(checkpoint, os.path.join(out_dir, "ckpt.pt"))`.
 pub fn export_nanogpt(run: &Path, out: &Path, unverified: Unverified) -> Result<()> {
     let staged = StagedDir::new(out, "mha export")?;
-    let files = [CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE];
+    let mut files = crate::state::model_files(run)?;
+    files.extend([OPTIMIZER_FILE, STATE_FILE]);
     verify_checkpoint(run, &files, unverified)?;
     let cfg = NextTokenPredictorConfig::load(run.join(CONFIG_FILE))?;
     let args = NanoGptArgs::from_config(&cfg)
         .map_err(|e| candle::Error::Msg(format!("{}: {e}", run.display())))?;
-    let ours = StateDict::load(run.join(MODEL_FILE))?;
+    let ours = crate::lora_run::model_weights(run, &cfg)?;
+    // A LoRA run's moments are its adapter's: the merged model goes without any.
+    let lora = crate::lora_run::LoraRecord::load(run, &cfg)?.is_some();
     let theirs = to_gpt2(&ours, Gpt2Format::NanoGpt, &cfg)?;
     let state = TrainerState::load(run)?;
     let opt = StateDict::load(run.join(OPTIMIZER_FILE))?;
@@ -630,7 +633,10 @@ pub fn export_nanogpt(run: &Path, out: &Path, unverified: Unverified) -> Result<
                 ))
             })
         };
-        let step = get("step")?.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+        let step = match lora {
+            true => 0.0,
+            false => get("step")?.to_dtype(DType::F64)?.to_scalar::<f64>()?,
+        };
         if step == 0.0 {
             continue; // PyTorch keeps no state for a parameter never stepped
         }

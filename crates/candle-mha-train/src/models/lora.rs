@@ -28,7 +28,13 @@ use super::NextTokenPredictorConfig;
 pub const GPT_TARGETS: [&str; 3] = ["c_attn", "c_proj", "c_fc"];
 /// The targets of the Llama family.
 pub const LLAMA_TARGETS: [&str; 7] = [
-    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
 ];
 
 /// Which layers of a model get an adapter, and its hyper-parameters.
@@ -144,7 +150,14 @@ fn all_sites(cfg: &NextTokenPredictorConfig) -> Result<Vec<LoraSite>> {
     let mut push = |target, module: String, hf: String, features| {
         out.push(LoraSite {
             target,
-            weight: format!("{module}{}", if target == "c_attn" { "_weight" } else { ".weight" }),
+            weight: format!(
+                "{module}{}",
+                if target == "c_attn" {
+                    "_weight"
+                } else {
+                    ".weight"
+                }
+            ),
             module,
             hf_module: hf,
             features,
@@ -155,11 +168,20 @@ fn all_sites(cfg: &NextTokenPredictorConfig) -> Result<Vec<LoraSite>> {
         let (q, kv) = (l.num_heads * l.head_dim, l.num_kv_heads * l.head_dim);
         for n in 0..l.num_layers {
             let layer = format!("model.layers.{n}");
-            for (t, f) in [("q_proj", (e, q)), ("k_proj", (e, kv)), ("v_proj", (e, kv)), ("o_proj", (q, e))] {
+            for (t, f) in [
+                ("q_proj", (e, q)),
+                ("k_proj", (e, kv)),
+                ("v_proj", (e, kv)),
+                ("o_proj", (q, e)),
+            ] {
                 let m = format!("{layer}.self_attn.{t}");
                 push(t, m.clone(), m, f);
             }
-            for (t, f) in [("gate_proj", (e, i)), ("up_proj", (e, i)), ("down_proj", (i, e))] {
+            for (t, f) in [
+                ("gate_proj", (e, i)),
+                ("up_proj", (e, i)),
+                ("down_proj", (i, e)),
+            ] {
                 let m = format!("{layer}.mlp.{t}");
                 push(t, m.clone(), m, f);
             }
@@ -169,10 +191,30 @@ fn all_sites(cfg: &NextTokenPredictorConfig) -> Result<Vec<LoraSite>> {
     let (e, ff) = (cfg.embed_dim, cfg.ff_dim);
     for n in 0..cfg.num_layers {
         let (ours, hf) = (format!("blocks.{n}"), format!("transformer.h.{n}"));
-        push("c_attn", format!("{ours}.attn.in_proj"), format!("{hf}.attn.c_attn"), (e, 3 * e));
-        push("c_proj", format!("{ours}.attn.out_proj"), format!("{hf}.attn.c_proj"), (e, e));
-        push("c_fc", format!("{ours}.mlp.fc1"), format!("{hf}.mlp.c_fc"), (e, ff));
-        push("c_proj", format!("{ours}.mlp.fc2"), format!("{hf}.mlp.c_proj"), (ff, e));
+        push(
+            "c_attn",
+            format!("{ours}.attn.in_proj"),
+            format!("{hf}.attn.c_attn"),
+            (e, 3 * e),
+        );
+        push(
+            "c_proj",
+            format!("{ours}.attn.out_proj"),
+            format!("{hf}.attn.c_proj"),
+            (e, e),
+        );
+        push(
+            "c_fc",
+            format!("{ours}.mlp.fc1"),
+            format!("{hf}.mlp.c_fc"),
+            (e, ff),
+        );
+        push(
+            "c_proj",
+            format!("{ours}.mlp.fc2"),
+            format!("{hf}.mlp.c_proj"),
+            (ff, e),
+        );
     }
     Ok(out)
 }
@@ -189,14 +231,20 @@ pub(crate) fn adapters(
         .into_iter()
         .map(|s| {
             let (i, o) = s.features;
-            Ok((s.module.clone(), Lora::new(i, o, &config, vb.pp(&s.module))?))
+            Ok((
+                s.module.clone(),
+                Lora::new(i, o, &config, vb.pp(&s.module))?,
+            ))
         })
         .collect()
 }
 
 /// Names of an adapter's two tensors under `module`.
 pub fn lora_names(module: &str) -> (String, String) {
-    (format!("{module}.lora_A.weight"), format!("{module}.lora_B.weight"))
+    (
+        format!("{module}.lora_A.weight"),
+        format!("{module}.lora_B.weight"),
+    )
 }
 
 /// The base weights with `adapter` (our names: `{module}.lora_A.weight`, …) merged in:
@@ -213,7 +261,8 @@ pub fn merge_into(
     let sites = spec.sites(cfg)?;
     check_adapter(adapter, &sites, spec.rank)?;
     let scaling = spec.config().scaling();
-    let by_weight: HashMap<&str, &LoraSite> = sites.iter().map(|s| (s.weight.as_str(), s)).collect();
+    let by_weight: HashMap<&str, &LoraSite> =
+        sites.iter().map(|s| (s.weight.as_str(), s)).collect();
     let mut merged = Vec::with_capacity(base.len());
     let mut found = 0;
     for (name, w) in base.tensors() {
@@ -222,7 +271,12 @@ pub fn merge_into(
                 found += 1;
                 let (a, b) = lora_names(&site.module);
                 let (a, b) = (adapter_tensor(adapter, &a)?, adapter_tensor(adapter, &b)?);
-                let lora = Lora::from_weights(a.to_dtype(DType::F32)?, b.to_dtype(DType::F32)?, scaling, 0.0)?;
+                let lora = Lora::from_weights(
+                    a.to_dtype(DType::F32)?,
+                    b.to_dtype(DType::F32)?,
+                    scaling,
+                    0.0,
+                )?;
                 lora.merge(w)?
             }
             None => w.clone(),

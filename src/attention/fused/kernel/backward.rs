@@ -7,9 +7,9 @@ use super::tiles::{
     weight_index, Keys, BC,
 };
 use super::{Geom, Masks, Rows, RowsMut};
-use crate::nn::dropout::DropoutMask;
 use crate::cpu::par::for_each_init;
 use crate::cpu::Elem;
+use crate::nn::dropout::DropoutMask;
 
 /// Query rows and key columns per backward tile without a causal mask: 256 at long sequences
 /// (larger products amortise each tile's packing and row bookkeeping better than 128 do; see

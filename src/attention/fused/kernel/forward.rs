@@ -7,9 +7,9 @@ use super::tiles::{
     BC, BR,
 };
 use super::{Geom, Masks, RowMap, Rows, RowsMut};
-use crate::nn::dropout::DropoutMask;
 use crate::cpu::par::for_each_init;
 use crate::cpu::Elem;
+use crate::nn::dropout::DropoutMask;
 
 /// Scratch buffers of the forward tasks, made once per rayon job and reused by every task
 /// (query tile, head) it runs.

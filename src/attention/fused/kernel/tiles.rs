@@ -4,10 +4,10 @@
 use super::panels::{gemm_panels, pack_rows, pack_transposed, panels_len, Panels};
 use super::small_gemm::tile_gemm;
 use super::{Geom, Masks, RowMap, Rows};
-use crate::nn::dropout::DropoutMask;
 use crate::cpu::par::for_each_chunk_mut;
 use crate::cpu::workspace::{self, Buf};
 use crate::cpu::Elem;
+use crate::nn::dropout::DropoutMask;
 
 /// Query rows per forward (and weights) tile.
 pub(super) const BR: usize = 64;

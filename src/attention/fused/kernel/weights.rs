@@ -13,9 +13,9 @@ use super::tiles::{
     drop_of, key_tiles, probs_tile, scores_tile, weight_index, AllHeadsKv, Drop, Keys, BC, BR,
 };
 use super::{Geom, Masks, RowMap, Rows, RowsMut};
-use crate::nn::dropout::DropoutMask;
 use crate::cpu::par::for_each_init;
 use crate::cpu::Elem;
+use crate::nn::dropout::DropoutMask;
 
 /// The weights buffer `(N, H, L, S')`, or `(N, L, S')` for the head mean (h ignored), as rows.
 fn weight_rows<T>(g: &Geom, out: &mut [MaybeUninit<T>], average: bool) -> RowsMut<T> {

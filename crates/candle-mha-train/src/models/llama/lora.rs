@@ -9,11 +9,19 @@ use super::{Llama, LlamaBlock};
 impl Llama {
     /// The model with the adapter `take(module)` gives on each projection, by Hugging Face's
     /// module name (`model.layers.{i}.self_attn.q_proj`, …, `model.layers.{i}.mlp.down_proj`).
-    pub(crate) fn with_lora(mut self, take: &mut dyn FnMut(String) -> Option<Lora>) -> Result<Self> {
+    pub(crate) fn with_lora(
+        mut self,
+        take: &mut dyn FnMut(String) -> Option<Lora>,
+    ) -> Result<Self> {
         for (i, layer) in self.layers.iter_mut().enumerate() {
             let p = format!("model.layers.{i}");
             let a = &mut layer.attn;
-            for (name, l) in [("q_proj", &mut a.q), ("k_proj", &mut a.k), ("v_proj", &mut a.v), ("o_proj", &mut a.o)] {
+            for (name, l) in [
+                ("q_proj", &mut a.q),
+                ("k_proj", &mut a.k),
+                ("v_proj", &mut a.v),
+                ("o_proj", &mut a.o),
+            ] {
                 if let Some(lora) = take(format!("{p}.self_attn.{name}")) {
                     *l = l.clone().with_lora(lora)?;
                 }
@@ -48,7 +56,7 @@ impl Llama {
 impl LlamaBlock {
     pub(super) fn has_lora(&self) -> bool {
         let adapted = |l: &Linear| l.lora().is_some();
-        self.attn.projections().into_iter().any(adapted) || self.mlp.layers().into_iter().any(adapted)
+        self.attn.projections().into_iter().any(adapted)
+            || self.mlp.layers().into_iter().any(adapted)
     }
 }
-

@@ -397,7 +397,8 @@ impl Llama {
         let cut = |t: Tensor| if graph { t } else { t.detach() };
         let mut x = cut(self.embed_tokens.forward(tokens)?);
         for (i, layer) in self.layers.iter().enumerate() {
-            let train = train.map(|(s, row)| (candle_mha::rng::derive_seed(s, &i.to_string()), row));
+            let train =
+                train.map(|(s, row)| (candle_mha::rng::derive_seed(s, &i.to_string()), row));
             x = cut(layer.forward(&x, &self.rope, None, pad, train)?);
         }
         self.norm.forward(&x)

@@ -60,7 +60,9 @@ impl NextTokenPredictor {
     ) -> Result<Tensor> {
         let (n, t) = self.check_tokens(tokens_new, key_padding_mask_new)?;
         if self.has_lora() {
-            candle::bail!("forward_incremental: this model has LoRA adapters; decode with `merged()`")
+            candle::bail!(
+                "forward_incremental: this model has LoRA adapters; decode with `merged()`"
+            )
         }
         let g = self.gpt()?;
         if t == 0 {

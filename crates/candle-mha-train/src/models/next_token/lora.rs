@@ -22,7 +22,10 @@ impl NextTokenPredictor {
             Arch::Gpt(g) => {
                 for (i, block) in g.blocks.iter_mut().enumerate() {
                     let p = format!("blocks.{i}");
-                    let (inp, out) = (take(format!("{p}.attn.in_proj")), take(format!("{p}.attn.out_proj")));
+                    let (inp, out) = (
+                        take(format!("{p}.attn.in_proj")),
+                        take(format!("{p}.attn.out_proj")),
+                    );
                     block.attn = block.attn.clone().with_lora(inp, out)?;
                     if let Some(l) = take(format!("{p}.mlp.fc1")) {
                         block.fc1 = block.fc1.clone().with_lora(l)?;
