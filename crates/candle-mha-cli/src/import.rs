@@ -1,5 +1,6 @@
 //! `mha import`: a GPT-2-family checkpoint (a Hugging Face `GPT2LMHeadModel` directory, or
-//! nanoGPT's `ckpt.pt`) into a run directory that every other command takes.
+//! nanoGPT's `ckpt.pt`) into a run directory that every other command takes; with `--base RUN`,
+//! PEFT's LoRA adapter directory into a LoRA run on `RUN`.
 
 use std::path::PathBuf;
 
@@ -22,12 +23,31 @@ pub struct ImportArgs {
     /// A tokenizers `tokenizer.json` (default: the source's own; without one, token ids).
     #[arg(long, conflicts_with = "meta")]
     pub tokenizer: Option<PathBuf>,
+    /// SOURCE is PEFT's LoRA adapter directory (adapter_config.json and
+    /// adapter_model.safetensors) trained on this run's model (its `--format hf` export):
+    /// write a LoRA run on it.
+    #[arg(long, value_name = "RUN", conflicts_with_all = ["meta", "tokenizer"])]
+    pub base: Option<PathBuf>,
+    /// With --base: read a base run that has no checkpoint.json.
+    #[arg(long, requires = "base")]
+    pub unverified: bool,
 }
 
 /// Runs `mha import`.
 pub fn run(args: &ImportArgs) -> Result<()> {
     // Refused before the checkpoint is read: the run directory must be new.
     candle_mha_train::staged_dir::StagedDir::check(&args.out, "mha import")?;
+    if let Some(base) = &args.base {
+        let trust = crate::checkpoint_dir::trust(args.unverified);
+        candle_mha_train::formats::import_peft(&args.source, base, &args.out, trust)?;
+        println!(
+            "imported the LoRA adapter {} into {} (a LoRA run on {})",
+            args.source.display(),
+            args.out.display(),
+            base.display()
+        );
+        return Ok(());
+    }
     let imported = match detect(&args.source)? {
         Gpt2Format::HuggingFace => {
             if args.meta.is_some() {

@@ -1,7 +1,8 @@
 //! The checkpoint formats a run comes from and goes back to, one module each, holding its
 //! read and its write: [`hf_gpt2`] (Hugging Face `GPT2LMHeadModel`), [`nanogpt`] (nanoGPT's
 //! `ckpt.pt` with its optimizer, step and settings, and its `meta.pkl`), [`hf_llama`] (Hugging
-//! Face `LlamaForCausalLM`, `Qwen2ForCausalLM`, `MistralForCausalLM`). GPT-2's and nanoGPT's
+//! Face `LlamaForCausalLM`, `Qwen2ForCausalLM`, `MistralForCausalLM`), [`peft`] (PEFT's LoRA
+//! adapter directory). GPT-2's and nanoGPT's
 //! names for our blocks are [`gpt2_names`]'s; `hf_dir` reads what every Hugging Face
 //! directory shares.
 //!
@@ -28,10 +29,12 @@ pub(crate) mod hf_dir;
 pub mod hf_gpt2;
 pub mod hf_llama;
 pub mod nanogpt;
+pub mod peft;
 
 pub use hf_gpt2::read_hugging_face;
 pub use hf_llama::{read_hf_dir, read_llama, write_hf_dir, HfWeights};
 pub use nanogpt::{export_nanogpt, read_nanogpt};
+pub use peft::{export_peft, import_peft};
 
 /// A checkpoint read for import: our configuration, weights and (nanoGPT) optimizer state,
 /// the step it was at, the training settings it recorded, and its tokenization.
