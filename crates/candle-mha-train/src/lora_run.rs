@@ -198,9 +198,11 @@ pub(crate) fn start_model(
 }
 
 /// The model of the run saved in `dir` (configuration `cfg`) and the variables its
-/// checkpoint fills: a LoRA run's base, verified and frozen, with its adapters as the
-/// variables; any other run's every parameter. The variables are zeros until loaded.
-pub(crate) fn resume_model(
+/// `model.safetensors` fills (zeros until loaded): a LoRA run's base, verified by hash and
+/// frozen, with its adapters as the variables; any other run's every parameter.
+///
+/// PyTorch equivalent: `PeftModel.from_pretrained(base, dir, is_trainable=True)`.
+pub fn resume_model(
     dir: &Path,
     cfg: &NextTokenPredictorConfig,
     dtype: DType,

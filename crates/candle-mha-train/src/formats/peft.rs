@@ -81,7 +81,10 @@ pub fn export_peft(run: &Path, out: &Path, unverified: Unverified) -> Result<()>
     let text = serde_json::to_string_pretty(&config)
         .map_err(|e| candle::Error::Msg(format!("writing {ADAPTER_CONFIG_FILE}: {e}")))?;
     std::fs::write(staged.path().join(ADAPTER_CONFIG_FILE), text).map_err(|e| {
-        candle::Error::Msg(format!("writing {ADAPTER_CONFIG_FILE} in {}: {e}", out.display()))
+        candle::Error::Msg(format!(
+            "writing {ADAPTER_CONFIG_FILE} in {}: {e}",
+            out.display()
+        ))
     })?;
     staged.finish()
 }
@@ -109,13 +112,26 @@ fn spec_of(config: &Value, path: &Path) -> Result<LoraSpec> {
         Some(v) if !ok(v) => Err(bad(format!("{k} {v} is not supported (plain LoRA only)"))),
         _ => Ok(()),
     };
-    let empty = |v: &Value| v.as_object().is_some_and(|o| o.is_empty()) || v.as_array().is_some_and(|a| a.is_empty());
+    let empty = |v: &Value| {
+        v.as_object().is_some_and(|o| o.is_empty()) || v.as_array().is_some_and(|a| a.is_empty())
+    };
     unsupported("bias", &|v| v == "none")?;
     unsupported("use_dora", &|v| v == &Value::Bool(false))?;
     unsupported("modules_to_save", &empty)?;
     unsupported("rank_pattern", &empty)?;
     unsupported("alpha_pattern", &empty)?;
     unsupported("layers_to_transform", &empty)?;
+    for k in [
+        "exclude_modules",
+        "trainable_token_indices",
+        "target_parameters",
+        "layer_replication",
+    ] {
+        unsupported(k, &empty)?;
+    }
+    for k in ["lora_bias", "use_qalora"] {
+        unsupported(k, &|v| v == &Value::Bool(false))?;
+    }
     let targets = match field("target_modules") {
         Some(Value::Array(a)) => a
             .iter()
@@ -132,7 +148,9 @@ fn spec_of(config: &Value, path: &Path) -> Result<LoraSpec> {
         rank,
         alpha: number("lora_alpha", 8.0)?,
         dropout: number("lora_dropout", 0.0)?,
-        use_rslora: field("use_rslora").and_then(Value::as_bool).unwrap_or(false),
+        use_rslora: field("use_rslora")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
         targets,
     })
 }
@@ -171,7 +189,10 @@ pub fn import_peft(dir: &Path, base: &Path, out: &Path, unverified: Unverified) 
             )
         };
         if !crate::trainer::all_finite(t)? {
-            candle::bail!("{}: {name} holds NaN or infinite values", weights_path.display())
+            candle::bail!(
+                "{}: {name} holds NaN or infinite values",
+                weights_path.display()
+            )
         }
         tensors.push((ours.clone(), t.to_dtype(DType::F32)?));
     }
@@ -179,7 +200,10 @@ pub fn import_peft(dir: &Path, base: &Path, out: &Path, unverified: Unverified) 
     check_adapter(&adapter, &sites, spec.rank)
         .map_err(|e| candle::Error::Msg(format!("{}: {e}", weights_path.display())))?;
     if LoraRecord::load(base, &cfg)?.is_some() {
-        candle::bail!("{} is a LoRA run; give the run it adapts as --base", base.display())
+        candle::bail!(
+            "{} is a LoRA run; give the run it adapts as --base",
+            base.display()
+        )
     }
     let record = LoraRecord::new(&spec, &cfg, base)?;
     let (dev, source) = (Device::Cpu, base.join(MODEL_FILE).display().to_string());
