@@ -184,6 +184,19 @@ impl Lora {
         crate::cpu::linear(&u, &self.b, None)
     }
 
+    /// The dropout on the adapter's input.
+    pub fn dropout(&self) -> f64 {
+        self.dropout
+    }
+
+    /// `w + s·B·A` with the gradient flowing to `A` and `B` (and `w` where it is a
+    /// variable): the adapted weight of one call, for an op that takes its weight whole. Its
+    /// backward pass costs one weight-sized product `gᵀ·x` (which the adapter's own two
+    /// rank-`r` products avoid), so it is for ops whose other savings outweigh that.
+    pub fn adapted_weight(&self, w: &Tensor) -> Result<Tensor> {
+        w + (self.b.matmul(&self.a)? * self.scaling)?
+    }
+
     /// `s·B·A [out, in]`, in the dtype of `A`.
     ///
     /// PyTorch equivalent: PEFT's `get_delta_weight(adapter)` (before GPT-2's `Conv1D`

@@ -66,6 +66,26 @@ impl MultiheadAttention {
         Ok(m)
     }
 
+    /// The packed input and the output projection's weights with their adapters folded in
+    /// (`W + s·B·A`, differentiable in A and B), for the op that keeps both projections
+    /// inside: taking them out of it would cost more than the one weight-sized product the
+    /// fold adds to each backward pass. `None` when an adapter drops its input in this call
+    /// (its dropout touches the adapter's path only, which a folded weight cannot).
+    pub(super) fn folded_weights(&self, opts: &AttentionOptions) -> Result<Option<(Tensor, Tensor)>> {
+        let InProjWeight::Packed(w) = &self.in_proj_weight else {
+            return Ok(None);
+        };
+        let lora = [self.in_proj_lora.as_ref(), self.out_proj.lora()];
+        if opts.train && lora.iter().flatten().any(|l| l.dropout() > 0.0) {
+            return Ok(None);
+        }
+        let fold = |l: Option<&Lora>, w: &Tensor| match l {
+            Some(l) => l.adapted_weight(w),
+            None => Ok(w.clone()),
+        };
+        Ok(Some((fold(lora[0], w)?, fold(lora[1], self.out_proj.weight())?)))
+    }
+
     /// Errors when the module has adapters: `what` computes from the weights alone.
     pub(super) fn check_no_lora(&self, what: &str) -> Result<()> {
         if self.has_lora() {

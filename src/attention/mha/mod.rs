@@ -330,8 +330,12 @@ impl MultiheadAttention {
             dropout_seed,
         };
         let mut path = AttentionPath::choose(opts, query.device(), dtype, self_attn, cfg);
-        if self.has_lora() && path == AttentionPath::FusedWithProjection {
-            // The adapters add to the projections, which the whole-call op keeps inside.
+        // The adapters ride inside the whole-call op as folded weights where they can.
+        let folded = match self.has_lora() && path == AttentionPath::FusedWithProjection {
+            true => self.folded_weights(opts)?,
+            false => None,
+        };
+        if self.has_lora() && folded.is_none() && path == AttentionPath::FusedWithProjection {
             path = AttentionPath::Fused;
         }
         // ctx: (A, B, E) in the caller's layout; weights: batch-major.
@@ -341,10 +345,14 @@ impl MultiheadAttention {
                 if opts.head_mask.is_none() =>
             {
                 let op = self.fused_op(&call, 0, dtype)?;
+                let (w, out_w) = match &folded {
+                    Some((w, out_w)) => (w, out_w),
+                    None => (w, self.out_proj.weight()),
+                };
                 let (output, weights) = projected_self_attention_output(
                     &q_in,
                     (w, self.in_proj_bias.as_ref()),
-                    (self.out_proj.weight(), self.out_proj.bias()),
+                    (out_w, self.out_proj.bias()),
                     op,
                 )?;
                 return in_caller_rank(output, weights, batched);
@@ -352,6 +360,8 @@ impl MultiheadAttention {
             (InProjWeight::Packed(w), AttentionPath::FusedWithProjection) => {
                 let op = self.fused_op(&call, 0, dtype)?;
                 let b = self.in_proj_bias.as_ref();
+                // The output adapter is added after the context below, as on the other paths.
+                let w = folded.as_ref().map_or(w, |(w, _)| w);
                 projected_self_attention(&q_in, w, b, op)?
             }
             (_, AttentionPath::Reference) => {
