@@ -230,9 +230,9 @@ fn transformer_fixtures() -> Vec<std::path::PathBuf> {
 
 /// The module of a fixture, whatever its kind, behind one forward.
 enum Module {
-    EncoderLayer(TransformerEncoderLayer),
+    EncoderLayer(Box<TransformerEncoderLayer>),
     Encoder(TransformerEncoder),
-    DecoderLayer(TransformerDecoderLayer),
+    DecoderLayer(Box<TransformerDecoderLayer>),
     Decoder(TransformerDecoder),
     Transformer(Transformer),
 }
@@ -268,11 +268,12 @@ fn build(f: &Fixture, vb: VarBuilder) -> Result<Module> {
     };
     let n = f.usize("num_layers")?;
     Ok(match f.str("kind") {
-        "encoder_layer" => Module::EncoderLayer(TransformerEncoderLayer::new(cfg, vb)?),
+        "encoder_layer" => Module::EncoderLayer(Box::new(TransformerEncoderLayer::new(cfg, vb)?)),
         "encoder" => Module::Encoder(TransformerEncoder::new(cfg, n, final_norm, vb)?),
-        "decoder_layer" => {
-            Module::DecoderLayer(TransformerDecoderLayer::new(decoder_config(cfg), vb)?)
-        }
+        "decoder_layer" => Module::DecoderLayer(Box::new(TransformerDecoderLayer::new(
+            decoder_config(cfg),
+            vb,
+        )?)),
         "decoder" => Module::Decoder(TransformerDecoder::new(
             decoder_config(cfg),
             n,

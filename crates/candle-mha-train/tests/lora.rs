@@ -246,6 +246,9 @@ fn a_peft_adapter_comes_back_tensor_for_tensor() -> Result<()> {
     Ok(())
 }
 
+/// An edit of an adapter's `adapter_config.json`.
+type Edit = Box<dyn Fn(&mut serde_json::Value)>;
+
 /// A copy of the GPT-2 adapter with `edit` applied to its config.
 fn edited_adapter(tmp: &Path, edit: impl Fn(&mut serde_json::Value)) -> Result<PathBuf> {
     let dir = tmp.join("edited");
@@ -266,7 +269,7 @@ fn edited_adapter(tmp: &Path, edit: impl Fn(&mut serde_json::Value)) -> Result<P
 fn what_a_lora_run_cannot_hold_is_refused_by_name() -> Result<()> {
     let tmp = tempfile::tempdir()?;
     let (base, run) = runs(tmp.path(), "gpt2", "gpt2/hf")?;
-    let cases: [(&str, Box<dyn Fn(&mut serde_json::Value)>); 5] = [
+    let cases: [(&str, Edit); 5] = [
         ("use_dora", Box::new(|c| c["use_dora"] = true.into())),
         ("peft_type", Box::new(|c| c["peft_type"] = "IA3".into())),
         (

@@ -71,7 +71,10 @@ impl MultiheadAttention {
     /// inside: taking them out of it would cost more than the one weight-sized product the
     /// fold adds to each backward pass. `None` when an adapter drops its input in this call
     /// (its dropout touches the adapter's path only, which a folded weight cannot).
-    pub(super) fn folded_weights(&self, opts: &AttentionOptions) -> Result<Option<(Tensor, Tensor)>> {
+    pub(super) fn folded_weights(
+        &self,
+        opts: &AttentionOptions,
+    ) -> Result<Option<(Tensor, Tensor)>> {
         let InProjWeight::Packed(w) = &self.in_proj_weight else {
             return Ok(None);
         };
@@ -83,7 +86,10 @@ impl MultiheadAttention {
             Some(l) => l.adapted_weight(w),
             None => Ok(w.clone()),
         };
-        Ok(Some((fold(lora[0], w)?, fold(lora[1], self.out_proj.weight())?)))
+        Ok(Some((
+            fold(lora[0], w)?,
+            fold(lora[1], self.out_proj.weight())?,
+        )))
     }
 
     /// Errors when the module has adapters: `what` computes from the weights alone.
