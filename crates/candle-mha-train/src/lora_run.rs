@@ -171,6 +171,20 @@ pub fn frozen_model(
     )
 }
 
+impl crate::Trainer {
+    /// The run as a LoRA run of `record` (its `lora.json` written with every checkpoint):
+    /// the model's adapters are its variables, its base weights plain tensors.
+    pub fn with_lora_record(mut self, record: LoraRecord) -> Self {
+        self.lora = Some(record);
+        self
+    }
+
+    /// A LoRA run's record.
+    pub fn lora_record(&self) -> Option<&LoraRecord> {
+        self.lora.as_ref()
+    }
+}
+
 /// A new LoRA run's model on the checkpoint `base` (its configuration `cfg` and weights):
 /// the base frozen, adapters of `spec` drawn from `seed` as PEFT initialises them (B zeros:
 /// step 0 is the base exactly) and the variables they are, and the run's record. Errors when

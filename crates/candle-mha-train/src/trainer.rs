@@ -65,8 +65,8 @@ pub struct Trainer {
     // The loop of a run (run.rs) reads and updates it.
     pub(super) state: TrainerState,
     codec: Option<Codec>,
-    // A LoRA run's `lora.json`, written with every checkpoint.
-    lora: Option<LoraRecord>,
+    // A LoRA run's `lora.json`, written with every checkpoint (lora_run.rs sets it).
+    pub(crate) lora: Option<LoraRecord>,
 }
 
 impl Trainer {
@@ -271,18 +271,6 @@ impl Trainer {
     pub fn with_codec(mut self, codec: Codec) -> Self {
         self.codec = Some(codec);
         self
-    }
-
-    /// The run as a LoRA run of `record` (its `lora.json` written with every checkpoint):
-    /// the model's adapters are its variables, its base weights plain tensors.
-    pub fn with_lora_record(mut self, record: LoraRecord) -> Self {
-        self.lora = Some(record);
-        self
-    }
-
-    /// A LoRA run's record.
-    pub fn lora_record(&self) -> Option<&LoraRecord> {
-        self.lora.as_ref()
     }
 
     /// The model.
