@@ -46,8 +46,8 @@ pub struct BaseRef {
 }
 
 fn sha256_of(path: &Path) -> Result<String> {
-    let file = std::fs::File::open(path)
-        .map_err(|e| candle::Error::Msg(format!("cannot read {}: {e}", path.display())))?;
+    // The path comes from an untrusted lora.json: a device or FIFO is refused, not read.
+    let file = candle_mha::io::open_input(path)?;
     let (_, hash) = crate::commit::size_and_sha256(file)
         .map_err(|e| candle::Error::Msg(format!("reading {}: {e}", path.display())))?;
     Ok(hash)
