@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
-# LoRA fine-tuning of GPT-2 small (12 layers, E 768, 50,257 ids; random weights through
-# `mha import`): training steps of 4 x 256 tokens with rank-8 adapters on `c_attn` (PEFT's
-# default for GPT-2) against our full fine-tuning and against PEFT + transformers with the same
-# adapter, optimizer, threads and inputs, in the same run: tokens/s (median of steps 2..) and
-# peak RSS (GNU time).
+# LoRA fine-tuning of GPT-2 small (12 layers, E 768, 50,257 ids), or with
+# MHA_BENCH_MODEL=smollm2 of SmolLM2-135M's shape (scripts/bench_llama.py's), random weights
+# through `mha import`: training steps of 4 x 256 tokens with rank-8 adapters on PEFT's default
+# targets (GPT-2 `c_attn`, Llama `q_proj,v_proj`) against our full fine-tuning and against
+# PEFT + transformers with the same adapter, optimizer, threads and inputs, in the same run:
+# tokens/s (median of steps 2..) and peak RSS (GNU time).
 #
-#   MHA_BENCH_PYTHON=VENV/bin/python scripts/bench_lora.sh [WORKDIR]
+#   MHA_BENCH_PYTHON=VENV/bin/python [MHA_BENCH_MODEL=gpt2|smollm2] scripts/bench_lora.sh [WORKDIR]
 #
 # The Python needs torch, safetensors, transformers and peft. WORKDIR (default
 # target/bench-lora) receives the 500 MB model, the runs and the logs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${MHA_BENCH_PYTHON:?set MHA_BENCH_PYTHON to a Python with torch, transformers and peft}
-work=${1:-target/bench-lora}
+model=${MHA_BENCH_MODEL:-gpt2}
+work=${1:-target/bench-lora-$model}
 mha=${MHA:-target/release/mha}
 threads=${MHA_BENCH_THREADS:-2}
 steps=${MHA_BENCH_STEPS:-6}
@@ -22,16 +24,22 @@ export RAYON_NUM_THREADS=$threads OMP_NUM_THREADS=$threads
 mkdir -p "$work"
 rm -rf "$work"/train-*
 
-"$py" - "$work" <<'PY'
+case $model in
+  gpt2) targets=c_attn; vocab=50257 ;;
+  smollm2) targets=q_proj,v_proj; vocab=49152
+    [ -f "$work/hf/model.safetensors" ] || "$py" scripts/bench_llama.py make "$work/hf" 2>/dev/null ;;
+  *) echo "MHA_BENCH_MODEL: gpt2 or smollm2, not $model" >&2; exit 2 ;;
+esac
+"$py" - "$work" "$vocab" <<'PY'
 import os, random, sys, torch
 from transformers import GPT2Config, GPT2LMHeadModel
-work = sys.argv[1]
+work, vocab = sys.argv[1], int(sys.argv[2])
 if not os.path.exists(os.path.join(work, "hf", "model.safetensors")):
     torch.manual_seed(0)
     GPT2LMHeadModel(GPT2Config()).save_pretrained(os.path.join(work, "hf"), safe_serialization=True)
 random.seed(0)
 open(os.path.join(work, "ids.txt"), "w").write(
-    " ".join(str(random.randrange(50257)) for _ in range(64 * 1024)) + "\n")
+    " ".join(str(random.randrange(vocab)) for _ in range(64 * 1024)) + "\n")
 PY
 [ -f "$work/run/checkpoint.json" ] || "$mha" import "$work/hf" --out "$work/run" > /dev/null
 
@@ -49,18 +57,19 @@ common=(--text "$work/ids.txt" --max-len 256 --batch-size 4 --steps "$steps" --e
         --save-every 0 --quiet --init-from "$work/run")
 measure "train full (mha)" "$mha" train "${common[@]}" --out "$work/train-full"
 rates "$work/train-full/metrics.jsonl"
-measure "train LoRA r=$rank c_attn (mha)" "$mha" train "${common[@]}" --out "$work/train-lora" \
+measure "train LoRA r=$rank $targets (mha)" "$mha" train "${common[@]}" --out "$work/train-lora" \
   --lora-rank "$rank"
 rates "$work/train-lora/metrics.jsonl"
-measure "train LoRA r=$rank c_attn (peft)" "$py" - "$work" "$threads" "$steps" "$rank" <<'PY'
+measure "train LoRA r=$rank $targets (peft)" "$py" - "$work" "$threads" "$steps" "$rank" "$targets" <<'PY'
 import statistics, sys, time, torch
-from transformers import GPT2LMHeadModel
+from transformers import AutoModelForCausalLM
 from peft import LoraConfig, get_peft_model
 work, threads, steps, rank = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+targets = sys.argv[5].split(",")
 torch.set_num_threads(threads)
-m = GPT2LMHeadModel.from_pretrained(f"{work}/hf")
-m = get_peft_model(m, LoraConfig(r=rank, lora_alpha=8, target_modules=["c_attn"],
-                                 lora_dropout=0.0, fan_in_fan_out=True, task_type="CAUSAL_LM"))
+m = AutoModelForCausalLM.from_pretrained(f"{work}/hf", dtype=torch.float32)
+m = get_peft_model(m, LoraConfig(r=rank, lora_alpha=8, target_modules=targets, lora_dropout=0.0,
+                                 fan_in_fan_out=targets == ["c_attn"], task_type="CAUSAL_LM"))
 m.train()
 params = [p for p in m.parameters() if p.requires_grad]
 opt = torch.optim.AdamW(params, lr=2e-3, betas=(0.9, 0.98), weight_decay=0.1)
@@ -80,4 +89,4 @@ for step in range(steps):
     rates.append(4 * 256 / (time.perf_counter() - t0))
 print(f"  tokens/s (median of steps 2..): {statistics.median(rates[1:] or rates):.0f}", file=sys.stderr)
 PY
-grep -h "tokens/s" "$work/train LoRA r=$rank c_attn (peft).err"
+grep -h "tokens/s" "$work/train LoRA r=$rank $targets (peft).err"
