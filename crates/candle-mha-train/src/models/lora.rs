@@ -1,4 +1,4 @@
-//! LoRA on a [`NextTokenPredictor`]: which layers an adapter goes on ([`LoraSpec`], Hugging
+//! LoRA on a [`NextTokenPredictor`](super::NextTokenPredictor): which layers an adapter goes on ([`LoraSpec`], Hugging
 //! Face's module names of the model's family), where each one is ([`LoraSite`]: our module
 //! name, the base weight it updates, PEFT's name), and the merge of an adapter into the base
 //! weights.
