@@ -406,17 +406,9 @@ impl Session {
                 dir: dir.to_path_buf(),
             });
         }
-        let codec_file = Codec::file_in(dir)?;
-        let mut read = vec![
-            STATE_FILE,
-            CONFIG_FILE,
-            MODEL_FILE,
-            OPTIMIZER_FILE,
-            codec_file,
-        ];
-        if std::fs::symlink_metadata(dir.join(crate::run_dir::LORA_FILE)).is_ok() {
-            read.push(crate::run_dir::LORA_FILE);
-        }
+        // The model's files (a LoRA run's lora.json among them), the optimizer and the state.
+        let mut read = crate::state::model_files(dir)?;
+        read.extend([STATE_FILE, OPTIMIZER_FILE]);
         let files = SetFiles {
             allowed: &CHECKPOINT_FILES,
             read: &read,

@@ -207,7 +207,9 @@ pub fn import_peft(dir: &Path, base: &Path, out: &Path, unverified: Unverified) 
     }
     let record = LoraRecord::new(&spec, &cfg, base)?;
     let (dev, source) = (Device::Cpu, base.join(MODEL_FILE).display().to_string());
-    let model = frozen_model(&cfg, record.base_weights(&cfg)?, DType::F32, &dev, &source)?;
+    // Hashed just now by the record: read once more, not hashed again.
+    let base_weights = StateDict::load(base.join(MODEL_FILE))?;
+    let model = frozen_model(&cfg, base_weights, DType::F32, &dev, &source)?;
     let varmap = candle_nn::VarMap::new();
     let vb = candle_mha::zeroed_var_builder(&varmap, DType::F32, &dev);
     let model = model.with_lora(&spec, vb)?;
