@@ -331,13 +331,15 @@ impl Session {
             None => (run.model)(data.codec.vocab_size(), data.longest),
         };
         cfg.validate()?;
+        // A checkpoint fine-tuned on shorter windows than its context trains (and resumes) on
+        // those: they, not the context, size a step.
+        let window = max_tokens
+            .filter(|&t| t <= cfg.max_len)
+            .filter(|_| init.is_some());
         if let Some(limit) = run.memory_limit {
-            let tokens = run.train.batch_size as u128 * cfg.max_len as u128;
-            let mut need = cfg.memory(run.dtype, tokens, true);
-            if run.lora.is_some() {
-                need.parameters /= 4; // the frozen weights once: no gradient, no moments
-            }
-            need.check(limit, "training this model")?;
+            let context = window.map_or(cfg.max_len, |t| t - 1);
+            let step = (run.train.batch_size, context, run.lora.is_some());
+            check_memory(&cfg, run.dtype, step, limit)?;
         }
         let seed = run.train.seed;
         let (model, varmap, lora) = match (init, &run.lora, &run.init_from) {
@@ -370,7 +372,8 @@ impl Session {
             }
         };
         // Checks everything before anything is written into the directory.
-        let mut trainer = Trainer::new(model, varmap, run.train, Some(spec.clone()))?;
+        let mut trainer =
+            Trainer::new(model, varmap, run.train, Some(spec.clone()))?.with_max_tokens(window);
         if let Some(record) = lora {
             trainer = trainer.with_lora_record(record);
         }
@@ -460,13 +463,25 @@ impl Session {
             verify(&spec, observer)?;
         }
         let cfg = NextTokenPredictorConfig::load(dir.join(CONFIG_FILE))?;
+        let max_tokens = match state.max_tokens {
+            None => cfg.max_len + 1,
+            Some(t) if (2..=cfg.max_len).contains(&t) => t,
+            Some(t) => {
+                return Err(candle::Error::Msg(format!(
+                    "{}: max_tokens {t}, expected 2..={} (shorter than the model's context + 1)",
+                    dir.join(STATE_FILE).display(),
+                    cfg.max_len
+                ))
+                .into())
+            }
+        };
         if let Some(limit) = how.memory_limit {
-            let tokens = state.config.batch_size as u128 * cfg.max_len as u128;
-            cfg.memory(dtype, tokens, true)
-                .check(limit, "training this model")?;
+            let lora = read.contains(&crate::run_dir::LORA_FILE);
+            let step = (state.config.batch_size, max_tokens - 1, lora);
+            check_memory(&cfg, dtype, step, limit)?;
         }
         let codec = Codec::load_dir(dir)?;
-        let data = spec.load(Some(codec), None, 0, Some(cfg.max_len + 1))?;
+        let data = spec.load(Some(codec), None, 0, Some(max_tokens))?;
         // The checkpoint fills every variable (checked strictly): no initialisation drawn.
         let (model, varmap) = crate::lora_run::resume_model(dir, &cfg, dtype, device)?;
         // The files were recovered (or verified) above: not hashed again. A run that recorded
@@ -705,4 +720,19 @@ fn verify(spec: &DataSpec, observer: &mut dyn SetupObserver) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Checks that training `cfg` in `dtype` on steps of `(batch, context, lora)` (sequences of
+/// `context` tokens; LoRA: the weights frozen) fits in `limit` bytes.
+fn check_memory(
+    cfg: &NextTokenPredictorConfig,
+    dtype: DType,
+    (batch, context, lora): (usize, usize, bool),
+    limit: u64,
+) -> candle::Result<()> {
+    let mut need = cfg.memory(dtype, batch as u128 * context as u128, true);
+    if lora {
+        need.parameters /= 4; // the frozen weights once: no gradient, no moments
+    }
+    need.check(limit, "training this model")
 }

@@ -57,6 +57,11 @@ pub struct TrainerState {
     /// handed back by `mha export`; `None` for a run `mha train` started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub imported: Option<ImportedRecord>,
+    /// Tokens in a training sequence (the context + 1) when the run trains on windows shorter
+    /// than its model's context (a checkpoint fine-tuned with a shorter `max_len`), which a
+    /// resume keeps; `None`: the model's context + 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<usize>,
 }
 
 /// What an imported nanoGPT checkpoint recorded beyond the model, its optimizer and the

@@ -128,6 +128,7 @@ impl Trainer {
             best: None,
             stopped_early: false,
             imported: None,
+            max_tokens: None,
             version: STATE_VERSION,
             dtype: first.as_ref().map(|(d, _)| d.as_str().to_string()),
             device: first.as_ref().map(|(_, d)| device_kind(d).to_string()),
@@ -264,6 +265,13 @@ impl Trainer {
     /// arithmetic of the steps to come, not the weights, batches or optimizer.
     pub fn set_autocast_bf16(&mut self, on: bool) {
         self.state.config.autocast_bf16 = on;
+    }
+
+    /// Records that the run trains on sequences of `max_tokens` tokens, shorter than its
+    /// model's context + 1 ([`TrainerState::max_tokens`]), for a resume to keep.
+    pub fn with_max_tokens(mut self, max_tokens: Option<usize>) -> Self {
+        self.state.max_tokens = max_tokens;
+        self
     }
 
     /// Saves `codec` (`vocab.json` / `tokenizer.json`) with every checkpoint, `best/`

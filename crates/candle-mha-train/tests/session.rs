@@ -325,3 +325,64 @@ fn a_text_run_records_its_data_relative_to_the_run() -> Result<()> {
     }
     Ok(())
 }
+
+/// A checkpoint fine-tuned on windows shorter than its context: the windows, not the context,
+/// size the memory check, and a resume keeps them (it continues as the uninterrupted run).
+#[test]
+fn a_fine_tune_on_shorter_windows_resumes_on_them() -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let base = tmp.path().join("base");
+    let small = |vocab| NextTokenPredictorConfig {
+        max_len: 64,
+        embed_dim: 16,
+        num_heads: 2,
+        num_layers: 1,
+        ff_dim: 32,
+        ..NextTokenPredictorConfig::for_text(vocab)
+    };
+    let run = NewRun::new(gpl_text_data(), config(1))
+        .with_model(Box::new(move |vocab, _| small(vocab)))
+        .with_max_len(64);
+    Session::start(&base, run, &Device::Cpu, &SingleProcess, &mut ())?
+        .run(&SingleProcess, &mut ())?;
+
+    // A limit between a step of 8 windows of 8 tokens and one of the context's 64.
+    let cfg = small(300);
+    let (short, full) = (
+        cfg.memory(DType::F32, 8 * 8, true).total(),
+        cfg.memory(DType::F32, 8 * 64, true).total(),
+    );
+    assert!(short < full);
+    let limit = ((short + full) / 2) as u64;
+    let fine_tune = |dir: &std::path::Path, steps, max_len| {
+        let mut run = NewRun::new(gpl_text_data(), config(steps)).with_max_len(max_len);
+        run.init_from = Some(base.clone());
+        run.memory_limit = Some(limit);
+        Session::start(dir, run, &Device::Cpu, &SingleProcess, &mut ())
+    };
+    let refused = fine_tune(&tmp.path().join("whole"), 4, 64);
+    assert!(
+        refused
+            .as_ref()
+            .err()
+            .is_some_and(|e| e.to_string().contains("training this model")),
+        "{:?}",
+        refused.err()
+    );
+    let mut whole = fine_tune(&tmp.path().join("whole"), 4, 8)?;
+    whole.run(&SingleProcess, &mut ())?;
+    assert_eq!(whole.trainer.state().max_tokens, Some(9));
+
+    let split = tmp.path().join("split");
+    fine_tune(&split, 2, 8)?.run(&SingleProcess, &mut ())?;
+    let how = ResumeRun {
+        steps: Some(4),
+        memory_limit: Some(limit),
+        ..ResumeRun::default()
+    };
+    let mut resumed = Session::resume(&split, how, &Device::Cpu, &SingleProcess, &mut ())?;
+    assert_eq!(resumed.data.longest, 9);
+    resumed.run(&SingleProcess, &mut ())?;
+    assert_eq!(resumed.trainer.state().losses, whole.trainer.state().losses);
+    Ok(())
+}
