@@ -11,8 +11,8 @@
 //! else the `gemm` crate): whether the kernels should call the library instead.
 //!
 //! ```sh
-//! cargo bench --bench products
-//! RAYON_NUM_THREADS=2 MHA_BENCH_PYTHON=VENV/bin/python cargo bench --bench products
+//! cargo bench --features bench-internals --bench products
+//! RAYON_NUM_THREADS=2 MHA_BENCH_PYTHON=VENV/bin/python cargo bench --features bench-internals --bench products
 //! ```
 //!
 //! Per model (`medium`, `large`: `T = N·L` tokens, embedding `E`, feed-forward `4E`, vocabulary

@@ -1,5 +1,5 @@
-//! The crate's own f32 matrix products, for `benches/products.rs`: not part of the API (hidden
-//! from the docs; may change with any release).
+//! The crate's own f32 matrix products, for `benches/products.rs` (the `bench-internals`
+//! feature): not part of the API, may change with any release.
 //!
 //! - [`linear_product`]: the product of the linear layers, on candle's threads (the `gemm`
 //!   crate; with the `mkl` feature MKL, one sequential call per rayon thread);

@@ -29,8 +29,9 @@
 //!    crate-private CPU kernel layer every fused op shares.
 //! 1. [`nn`]: plain layers ([`nn::Linear`], [`nn::LayerNorm`], [`nn::Embedding`], the fused
 //!    GELU, MLP and cross-entropy ops).
-//! 2. [`attention`]: the module itself, its key/value caches and fused kernels; beside it the
-//!    hidden `bench_internals` (the CPU products and attention tiles, for the benches).
+//! 2. [`attention`]: the module itself, its key/value caches and fused kernels; beside it, with
+//!    the `bench-internals` feature only, `bench_internals` (the CPU products and attention
+//!    tiles, for `benches/products.rs`).
 //! 3. [`checkpoint`]: PyTorch state_dicts in and out; [`optim`]: AdamW and clipping.
 //! 4. [`transformer`]: PyTorch's Transformer layers, stacks and `nn.Transformer`, with their
 //!    loaders from checkpoints.
@@ -52,7 +53,7 @@ pub use candle_nn;
 pub mod attention;
 pub mod autocast;
 pub mod autograd;
-#[doc(hidden)]
+#[cfg(feature = "bench-internals")]
 pub mod bench_internals;
 pub mod checkpoint;
 mod cpu;
@@ -76,7 +77,8 @@ pub use init::{seeded_var_builder, zeroed_var_builder};
 pub use transformer::{
     Activation, DecoderOptions, EncoderOptions, Transformer, TransformerConfig, TransformerDecoder,
     TransformerDecoderLayer, TransformerDecoderLayerConfig, TransformerEncoder,
-    TransformerEncoderLayer, TransformerEncoderLayerConfig, TransformerOptions,
+    TransformerEncoderLayer, TransformerEncoderLayerConfig, TransformerLayerConfig,
+    TransformerOptions,
 };
 
 /// The guides' examples of this crate's API, compiled and run as doctests.

@@ -1,8 +1,7 @@
 //! [`Activation`] and the constructor arguments of the encoder and decoder layers
-//! ([`TransformerEncoderLayerConfig`], [`TransformerDecoderLayerConfig`]).
-//!
-//! The two configs take the same arguments in PyTorch; they are two types (one macro) so that
-//! each layer's constructor names its own.
+//! ([`TransformerLayerConfig`], named [`TransformerEncoderLayerConfig`] and
+//! [`TransformerDecoderLayerConfig`] at each layer's constructor: PyTorch's two layer classes
+//! take the same arguments).
 
 use candle::{Result, Tensor};
 use serde::{Deserialize, Serialize};
@@ -71,138 +70,116 @@ impl std::fmt::Display for Activation {
     }
 }
 
-macro_rules! layer_config {
-    ($(#[$doc:meta])* $name:ident, $other:ident) => {
-        $(#[$doc])*
-        #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-        pub struct $name {
-            /// Model width `E` (the last dimension of the inputs).
-            pub d_model: usize,
-            /// Attention heads; must divide `d_model`.
-            pub nhead: usize,
-            /// Width of the feed-forward block. Default 2048.
-            pub dim_feedforward: usize,
-            /// Dropout probability (attention weights and every residual branch), applied only
-            /// in training mode. Default 0.1.
-            pub dropout: f64,
-            /// The feed-forward activation. Default [`Activation::Relu`].
-            pub activation: Activation,
-            /// `eps` of the layer norms. Default 1e-5.
-            pub layer_norm_eps: f64,
-            /// Inputs and outputs `(N, L, E)` when `true`, `(L, N, E)` when `false`.
-            /// Default `false`.
-            pub batch_first: bool,
-            /// Layer norm before each block (pre-norm) when `true`, after the residual sum
-            /// (post-norm) when `false`. Default `false`.
-            pub norm_first: bool,
-            /// Biases in the linear layers, the attention and the layer norms. Default `true`.
-            pub bias: bool,
-            /// Seed of the dropout masks (candle's generator cannot be seeded). Default 0.
-            /// Not in PyTorch, where dropout uses the global generator.
-            pub dropout_seed: u64,
-        }
-
-        impl $name {
-            /// PyTorch's defaults for `d_model` and `nhead`.
-            pub fn new(d_model: usize, nhead: usize) -> Self {
-                Self {
-                    d_model,
-                    nhead,
-                    dim_feedforward: 2048,
-                    dropout: 0.1,
-                    activation: Activation::Relu,
-                    layer_norm_eps: 1e-5,
-                    batch_first: false,
-                    norm_first: false,
-                    bias: true,
-                    dropout_seed: 0,
-                }
-            }
-
-            /// The attention's config: same width, heads, dropout, bias and layout.
-            pub fn attention_config(&self) -> crate::MultiheadAttentionConfig {
-                crate::MultiheadAttentionConfig::new(self.d_model, self.nhead)
-                    .with_dropout(self.dropout)
-                    .with_bias(self.bias)
-                    .with_batch_first(self.batch_first)
-                    .with_dropout_seed(self.dropout_seed)
-            }
-
-            /// Checks the sizes and the dropout probability, naming the bad argument.
-            pub fn validate(&self) -> Result<()> {
-                if self.d_model == 0 || self.nhead == 0 || self.d_model % self.nhead != 0 {
-                    candle::bail!(
-                        "{}: nhead ({}) must be positive and divide d_model ({})",
-                        stringify!($name),
-                        self.nhead,
-                        self.d_model
-                    )
-                }
-                if self.dim_feedforward == 0 {
-                    candle::bail!("{}: dim_feedforward must be positive, got 0", stringify!($name))
-                }
-                if !(0.0..=1.0).contains(&self.dropout) {
-                    candle::bail!(
-                        "{}: dropout must be in [0, 1], got {}",
-                        stringify!($name),
-                        self.dropout
-                    )
-                }
-                Ok(())
-            }
-        }
-
-        crate::setters! {
-            $name {
-                with_dim_feedforward(dim_feedforward: usize);
-                with_dropout(dropout: f64);
-                with_activation(activation: Activation);
-                with_layer_norm_eps(layer_norm_eps: f64);
-                with_batch_first(batch_first: bool);
-                with_norm_first(norm_first: bool);
-                with_bias(bias: bool);
-                with_dropout_seed(dropout_seed: u64);
-            }
-        }
-
-        /// The same arguments for the other kind of layer (PyTorch's two layer classes take
-        /// the same constructor arguments).
-        impl From<$other> for $name {
-            fn from(c: $other) -> Self {
-                let $other { d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
-                    batch_first, norm_first, bias, dropout_seed } = c;
-                Self { d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
-                    batch_first, norm_first, bias, dropout_seed }
-            }
-        }
-    };
+/// The constructor arguments of an encoder or a decoder layer, which PyTorch's two layer
+/// classes share ([`TransformerEncoderLayerConfig`] and [`TransformerDecoderLayerConfig`] are
+/// its names at each layer's constructor).
+///
+/// PyTorch equivalent: the arguments of `nn.TransformerEncoderLayer` / `nn.TransformerDecoderLayer(d_model,
+/// nhead, dim_feedforward=2048, dropout=0.1, activation="relu", layer_norm_eps=1e-5,
+/// batch_first=False, norm_first=False, bias=True)`, with the same defaults.
+///
+/// ```
+/// use candle_mha::transformer::{Activation, TransformerEncoderLayerConfig};
+/// let cfg = TransformerEncoderLayerConfig::new(16, 2)
+///     .with_dim_feedforward(32)
+///     .with_activation(Activation::Gelu)
+///     .with_norm_first(true);
+/// assert_eq!((cfg.dropout, cfg.layer_norm_eps, cfg.bias), (0.1, 1e-5, true));
+/// ```
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TransformerLayerConfig {
+    /// Model width `E` (the last dimension of the inputs).
+    pub d_model: usize,
+    /// Attention heads; must divide `d_model`.
+    pub nhead: usize,
+    /// Width of the feed-forward block. Default 2048.
+    pub dim_feedforward: usize,
+    /// Dropout probability (attention weights and every residual branch), applied only in
+    /// training mode. Default 0.1.
+    pub dropout: f64,
+    /// The feed-forward activation. Default [`Activation::Relu`].
+    pub activation: Activation,
+    /// `eps` of the layer norms. Default 1e-5.
+    pub layer_norm_eps: f64,
+    /// Inputs and outputs `(N, L, E)` when `true`, `(L, N, E)` when `false`. Default `false`.
+    pub batch_first: bool,
+    /// Layer norm before each block (pre-norm) when `true`, after the residual sum
+    /// (post-norm) when `false`. Default `false`.
+    pub norm_first: bool,
+    /// Biases in the linear layers, the attention and the layer norms. Default `true`.
+    pub bias: bool,
+    /// Seed of the dropout masks (candle's generator cannot be seeded). Default 0. Not in
+    /// PyTorch, where dropout uses the global generator.
+    pub dropout_seed: u64,
 }
 
-layer_config!(
-    /// The configuration of a [`TransformerEncoderLayer`](super::TransformerEncoderLayer).
-    ///
-    /// PyTorch equivalent: the arguments of `nn.TransformerEncoderLayer(d_model, nhead,
-    /// dim_feedforward=2048, dropout=0.1, activation="relu", layer_norm_eps=1e-5,
-    /// batch_first=False, norm_first=False, bias=True)`, with the same defaults.
-    ///
-    /// ```
-    /// use candle_mha::transformer::{Activation, TransformerEncoderLayerConfig};
-    /// let cfg = TransformerEncoderLayerConfig::new(16, 2)
-    ///     .with_dim_feedforward(32)
-    ///     .with_activation(Activation::Gelu)
-    ///     .with_norm_first(true);
-    /// assert_eq!((cfg.dropout, cfg.layer_norm_eps, cfg.bias), (0.1, 1e-5, true));
-    /// ```
-    TransformerEncoderLayerConfig,
-    TransformerDecoderLayerConfig
-);
+/// The configuration of a [`TransformerEncoderLayer`](super::TransformerEncoderLayer).
+///
+/// PyTorch equivalent: the arguments of `nn.TransformerEncoderLayer`.
+pub type TransformerEncoderLayerConfig = TransformerLayerConfig;
 
-layer_config!(
-    /// The configuration of a [`TransformerDecoderLayer`](super::TransformerDecoderLayer).
-    ///
-    /// PyTorch equivalent: the arguments of `nn.TransformerDecoderLayer(d_model, nhead,
-    /// dim_feedforward=2048, dropout=0.1, activation="relu", layer_norm_eps=1e-5,
-    /// batch_first=False, norm_first=False, bias=True)`, with the same defaults.
-    TransformerDecoderLayerConfig,
-    TransformerEncoderLayerConfig
-);
+/// The configuration of a [`TransformerDecoderLayer`](super::TransformerDecoderLayer).
+///
+/// PyTorch equivalent: the arguments of `nn.TransformerDecoderLayer`.
+pub type TransformerDecoderLayerConfig = TransformerLayerConfig;
+
+impl TransformerLayerConfig {
+    /// PyTorch's defaults for `d_model` and `nhead`.
+    pub fn new(d_model: usize, nhead: usize) -> Self {
+        Self {
+            d_model,
+            nhead,
+            dim_feedforward: 2048,
+            dropout: 0.1,
+            activation: Activation::Relu,
+            layer_norm_eps: 1e-5,
+            batch_first: false,
+            norm_first: false,
+            bias: true,
+            dropout_seed: 0,
+        }
+    }
+
+    /// The attention's config: same width, heads, dropout, bias and layout.
+    pub fn attention_config(&self) -> crate::MultiheadAttentionConfig {
+        crate::MultiheadAttentionConfig::new(self.d_model, self.nhead)
+            .with_dropout(self.dropout)
+            .with_bias(self.bias)
+            .with_batch_first(self.batch_first)
+            .with_dropout_seed(self.dropout_seed)
+    }
+
+    /// Checks the sizes and the dropout probability, naming the bad argument.
+    pub fn validate(&self) -> Result<()> {
+        if self.d_model == 0 || self.nhead == 0 || !self.d_model.is_multiple_of(self.nhead) {
+            candle::bail!(
+                "transformer layer: nhead ({}) must be positive and divide d_model ({})",
+                self.nhead,
+                self.d_model
+            )
+        }
+        if self.dim_feedforward == 0 {
+            candle::bail!("transformer layer: dim_feedforward must be positive, got 0")
+        }
+        if !(0.0..=1.0).contains(&self.dropout) {
+            candle::bail!(
+                "transformer layer: dropout must be in [0, 1], got {}",
+                self.dropout
+            )
+        }
+        Ok(())
+    }
+}
+
+crate::setters! {
+    TransformerLayerConfig {
+        with_dim_feedforward(dim_feedforward: usize);
+        with_dropout(dropout: f64);
+        with_activation(activation: Activation);
+        with_layer_norm_eps(layer_norm_eps: f64);
+        with_batch_first(batch_first: bool);
+        with_norm_first(norm_first: bool);
+        with_bias(bias: bool);
+        with_dropout_seed(dropout_seed: u64);
+    }
+}

@@ -279,7 +279,7 @@ impl LoadTransformer for TransformerDecoderLayer {
         vb: VarBuilder,
     ) -> Result<Self> {
         let layer = InferredTransformerLayer::infer(state_dict, prefix)?;
-        Self::new(opts.layer(&layer)?.into(), vb)
+        Self::new(opts.layer(&layer)?, vb)
     }
 }
 
@@ -322,7 +322,7 @@ impl LoadTransformer for TransformerDecoder {
     ) -> Result<Self> {
         let s = InferredTransformerStack::infer(state_dict, prefix)?;
         Self::new(
-            opts.layer(&s.layer)?.into(),
+            opts.layer(&s.layer)?,
             s.num_layers,
             final_norm(s.final_norm),
             vb,

@@ -20,6 +20,7 @@ mod transformer;
 
 pub use config::{
     Activation, FinalNorm, TransformerDecoderLayerConfig, TransformerEncoderLayerConfig,
+    TransformerLayerConfig,
 };
 pub use decoder::TransformerDecoder;
 pub use decoder_layer::TransformerDecoderLayer;

@@ -85,7 +85,7 @@ impl TransformerConfig {
     pub fn decoder_layer_config(&self) -> TransformerDecoderLayerConfig {
         TransformerDecoderLayerConfig {
             dropout_seed: derive_seed(self.dropout_seed, "decoder"),
-            ..self.encoder_layer_config().into()
+            ..self.encoder_layer_config()
         }
     }
 
@@ -155,50 +155,26 @@ pub struct TransformerOptions {
     pub dropout_seed: Option<u64>,
 }
 
-macro_rules! setters {
-    ($($(#[$doc:meta])* $fn:ident: $field:ident = $ty:tt;)*) => {
-        $(
-            $(#[$doc])*
-            pub fn $fn(mut self, v: $ty) -> Self {
-                self.$field = setters!(@wrap $ty, v);
-                self
-            }
-        )*
-    };
-    (@wrap Tensor, $v:ident) => { Some($v) };
-    (@wrap u64, $v:ident) => { Some($v) };
-    (@wrap bool, $v:ident) => { $v };
+crate::setters! {
+    TransformerOptions {
+        with_src_mask(src_mask: Some(Tensor));
+        with_tgt_mask(tgt_mask: Some(Tensor));
+        with_memory_mask(memory_mask: Some(Tensor));
+        with_src_key_padding_mask(src_key_padding_mask: Some(Tensor));
+        with_tgt_key_padding_mask(tgt_key_padding_mask: Some(Tensor));
+        with_memory_key_padding_mask(memory_key_padding_mask: Some(Tensor));
+        with_src_is_causal(src_is_causal: bool);
+        with_tgt_is_causal(tgt_is_causal: bool);
+        with_memory_is_causal(memory_is_causal: bool);
+        with_train(train: bool);
+        with_dropout_seed(dropout_seed: Some(u64));
+    }
 }
 
 impl TransformerOptions {
     /// No masks, not causal, eval mode.
     pub fn new() -> Self {
         Self::default()
-    }
-
-    setters! {
-        /// Sets [`src_mask`](Self::src_mask).
-        with_src_mask: src_mask = Tensor;
-        /// Sets [`tgt_mask`](Self::tgt_mask).
-        with_tgt_mask: tgt_mask = Tensor;
-        /// Sets [`memory_mask`](Self::memory_mask).
-        with_memory_mask: memory_mask = Tensor;
-        /// Sets [`src_key_padding_mask`](Self::src_key_padding_mask).
-        with_src_key_padding_mask: src_key_padding_mask = Tensor;
-        /// Sets [`tgt_key_padding_mask`](Self::tgt_key_padding_mask).
-        with_tgt_key_padding_mask: tgt_key_padding_mask = Tensor;
-        /// Sets [`memory_key_padding_mask`](Self::memory_key_padding_mask).
-        with_memory_key_padding_mask: memory_key_padding_mask = Tensor;
-        /// Sets [`src_is_causal`](Self::src_is_causal).
-        with_src_is_causal: src_is_causal = bool;
-        /// Sets [`tgt_is_causal`](Self::tgt_is_causal).
-        with_tgt_is_causal: tgt_is_causal = bool;
-        /// Sets [`memory_is_causal`](Self::memory_is_causal).
-        with_memory_is_causal: memory_is_causal = bool;
-        /// Sets [`train`](Self::train).
-        with_train: train = bool;
-        /// Sets [`dropout_seed`](Self::dropout_seed).
-        with_dropout_seed: dropout_seed = u64;
     }
 
     /// The encoder's share of the arguments.

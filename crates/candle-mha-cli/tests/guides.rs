@@ -28,30 +28,6 @@ struct Shown {
     varies: bool,
 }
 
-/// Splits a shell command line on spaces, honouring double quotes (all the guides use).
-fn shell_words(line: &str) -> Result<Vec<String>> {
-    let (mut words, mut word, mut quoted, mut any) = (Vec::new(), String::new(), false, false);
-    for c in line.chars() {
-        match c {
-            '"' => (quoted, any) = (!quoted, true),
-            ' ' if !quoted => {
-                if any {
-                    words.push(std::mem::take(&mut word));
-                }
-                any = false;
-            }
-            c => (word, any) = (word + &c.to_string(), true),
-        }
-    }
-    if quoted {
-        bail!("unbalanced quotes in {line:?}")
-    }
-    if any {
-        words.push(word);
-    }
-    Ok(words)
-}
-
 /// The shown commands of one Markdown file.
 fn shown_commands(name: &str, text: &str) -> Result<Vec<Shown>> {
     let mut out = Vec::new();
@@ -71,7 +47,7 @@ fn shown_commands(name: &str, text: &str) -> Result<Vec<Shown>> {
         let Some(command) = block.first().and_then(|l| l.strip_prefix("$ ")) else {
             continue;
         };
-        let words = shell_words(command)?;
+        let words = common::shell_words(command)?;
         let args = match words.iter().map(String::as_str).collect::<Vec<_>>()[..] {
             ["mha", ..] => words[1..].to_vec(),
             ["cargo", "run", "--release", "--", ..] => words[4..].to_vec(),
@@ -249,8 +225,4 @@ fn the_matcher_allows_only_what_is_marked() {
     assert_eq!(masked("layer 1, 4 heads: 12.5%"), "layer 1, 4 heads: #%");
     assert_eq!(masked("v1. 3.x"), "v1. 3.x");
     assert_ne!(masked("layer 1: 0.5"), masked("layer 2: 0.5"));
-    assert_eq!(
-        shell_words(r#"inspect --input "k3 v1 ? k5" --png a.png"#).unwrap(),
-        ["inspect", "--input", "k3 v1 ? k5", "--png", "a.png"]
-    );
 }

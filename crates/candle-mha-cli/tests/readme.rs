@@ -15,26 +15,6 @@ fn sh_block(readme: &str, first: &str) -> Result<Vec<String>> {
     Ok(block[..end].lines().map(str::to_string).collect())
 }
 
-/// The words of a command line: blanks separate them, double quotes group them.
-fn words(line: &str) -> Vec<String> {
-    let (mut out, mut word, mut quoted) = (Vec::new(), String::new(), false);
-    for c in line.chars() {
-        match c {
-            '"' => quoted = !quoted,
-            c if c.is_whitespace() && !quoted => {
-                if !word.is_empty() {
-                    out.push(std::mem::take(&mut word));
-                }
-            }
-            c => word.push(c),
-        }
-    }
-    if !word.is_empty() {
-        out.push(word);
-    }
-    out
-}
-
 #[test]
 fn the_text_training_commands_run_as_written() -> Result<()> {
     let readme = std::fs::read_to_string(common::repo_root().join("README.md"))?;
@@ -45,7 +25,7 @@ fn the_text_training_commands_run_as_written() -> Result<()> {
     std::fs::create_dir_all(&text)?;
     std::fs::copy(common::gpl_text(), text.join("gpl-3.0.txt"))?;
     for line in &lines {
-        let args = words(line);
+        let args = common::shell_words(line)?;
         if args.first().map(String::as_str) != Some("mha") {
             bail!("README line {line:?} is not an mha command")
         }

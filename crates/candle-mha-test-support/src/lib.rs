@@ -200,8 +200,7 @@ pub fn gpl_text() -> String {
 /// [`words`].
 pub const TINY_TEXT_MODEL: &str = "--vocab-size 300 --embed-dim 16 --num-heads 2 --num-layers 1";
 
-/// The words of a command line without quoting (flags and plain values): `line` split at
-/// whitespace.
+/// The words of a list of flags and plain values (no quoting: see [`shell_words`]).
 pub fn words(line: &'static str) -> Vec<&'static str> {
     line.split_whitespace().collect()
 }
@@ -220,37 +219,56 @@ pub fn run_program<S: AsRef<std::ffi::OsStr>>(
     ))
 }
 
-/// Arguments written as a command line: `template` split at whitespace (a `'…'` word keeps
-/// its spaces), each `{}` word replaced by the next of `args`, whole (a path with spaces stays
-/// one argument).
+/// The words of a command line as a shell splits it: whitespace separates them, `"…"` and
+/// `'…'` group them (the quotes are dropped; no escapes, variables or globs).
+///
+/// ```
+/// let w = candle_mha_test_support::shell_words(r#"inspect --input "k3 v1" --title 'a b'"#);
+/// assert_eq!(w.unwrap(), ["inspect", "--input", "k3 v1", "--title", "a b"]);
+/// assert!(candle_mha_test_support::shell_words("eval 'open").is_err());
+/// ```
+pub fn shell_words(line: &str) -> Result<Vec<String>> {
+    let (mut words, mut word, mut quote, mut any) = (Vec::new(), String::new(), None, false);
+    for c in line.chars() {
+        match (quote, c) {
+            (None, '"' | '\'') => (quote, any) = (Some(c), true),
+            (Some(q), c) if c == q => quote = None,
+            (None, c) if c.is_whitespace() => {
+                if any {
+                    words.push(std::mem::take(&mut word));
+                }
+                any = false;
+            }
+            (_, c) => (word, any) = (word + &c.to_string(), true),
+        }
+    }
+    if quote.is_some() {
+        bail!("unbalanced quotes in {line:?}")
+    }
+    if any {
+        words.push(word);
+    }
+    Ok(words)
+}
+
+/// Arguments written as a command line: `template`'s [`shell_words`], each `{}` word replaced
+/// by the next of `args`, whole (a path with spaces stays one argument).
 ///
 /// ```
 /// let a = candle_mha_test_support::argv("eval --checkpoint {} --input 'T1 T2'", &["/a b/run"]);
 /// assert_eq!(a, ["eval", "--checkpoint", "/a b/run", "--input", "T1 T2"]);
 /// ```
 pub fn argv(template: &str, args: &[&str]) -> Vec<String> {
-    let mut words = Vec::new();
-    let mut rest = template.trim_start();
-    while !rest.is_empty() {
-        let (word, tail) = match rest.strip_prefix('\'') {
-            Some(quoted) => {
-                let end = quoted.find('\'').expect("argv: unclosed quote");
-                (&quoted[..end], &quoted[end + 1..])
-            }
-            None => rest.split_at(rest.find(char::is_whitespace).unwrap_or(rest.len())),
-        };
-        words.push(word);
-        rest = tail.trim_start();
-    }
     let mut args = args.iter();
-    let out: Vec<String> = words
+    let out: Vec<String> = shell_words(template)
+        .expect("argv: a template with balanced quotes")
         .into_iter()
-        .map(|w| match w {
+        .map(|w| match w.as_str() {
             "{}" => args
                 .next()
                 .expect("argv: more {} than arguments")
                 .to_string(),
-            w => w.to_string(),
+            _ => w,
         })
         .collect();
     assert!(args.next().is_none(), "argv: more arguments than {{}}");

@@ -9,7 +9,7 @@ use candle_mha_test_support as common;
 use std::path::PathBuf;
 
 use anyhow::Result;
-use candle_mha::candle::{DType, Device, Tensor, D};
+use candle_mha::candle::{DType, Device, Tensor};
 use candle_mha::checkpoint::{load_into_varmap, LoadOptions, StateDict};
 use candle_mha::optim::{clip_grad_norm, AdamW, AdamWConfig};
 use candle_mha::seeded_var_builder;
@@ -250,7 +250,6 @@ fn hugging_face_round_trip_is_exact() -> Result<()> {
         let cfg_back = hf_gpt2::config_from_hf(&hf_gpt2::config_to_hf(&cfg))?;
         assert_eq!(cfg_back, cfg, "{name}");
     }
-    let _ = D::Minus1;
     Ok(())
 }
 

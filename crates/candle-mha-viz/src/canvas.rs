@@ -15,6 +15,8 @@ pub(crate) const MAX_PIXELS: u64 = 1 << 26;
 pub(crate) const WHITE: [u8; 3] = [255, 255, 255];
 /// Text, frames and outlines, on heatmaps and line charts alike (`#141414`).
 pub(crate) const INK: [u8; 3] = [20, 20, 20];
+/// Text on light cells of a heatmap.
+pub(crate) const BLACK: [u8; 3] = [0, 0, 0];
 
 /// `s` cut to at most `max` characters: the first `max − 1` and a `~` (empty for `max = 0`).
 pub(crate) fn fit(s: &str, max: usize) -> String {

@@ -6,7 +6,7 @@ use candle::{DType, Result, Tensor};
 use super::text::{cell_text, plot_tick};
 use super::{colormap, HeatmapOptions};
 use crate::canvas::{chars, fit, MAX_PIXELS};
-pub(super) use crate::canvas::{INK, WHITE};
+pub(super) use crate::canvas::INK;
 use crate::font::{ADVANCE, DESCENT, GLYPH_H};
 
 /// Text scale for labels, titles and ticks: the 5×7 font at ×2.
@@ -30,7 +30,6 @@ pub(super) const MAX_TITLE: usize = 100;
 /// Values are printed in matrices up to this many rows and columns.
 pub(super) const MAX_VALUES_SIDE: usize = 16;
 pub(super) const GREY: [u8; 3] = [128, 128, 128];
-pub(super) const BLACK: [u8; 3] = [0, 0, 0];
 
 /// Everything needed to draw, validated once and shared by the PNG and SVG writers.
 pub(super) struct Plot {

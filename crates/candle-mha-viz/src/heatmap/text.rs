@@ -1,7 +1,7 @@
 //! How a heatmap writes numbers: colour-bar ticks, the short value text inside a cell, the
 //! full value of an SVG `<title>`, and the text colour that reads on a cell's colour.
 
-use super::layout::{BLACK, WHITE};
+use crate::canvas::{BLACK, WHITE};
 
 /// The colour-bar tick text for `v` on a scale whose largest magnitude is `m` (module docs).
 pub(super) fn tick(v: f64, m: f64) -> String {

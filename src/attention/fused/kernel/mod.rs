@@ -19,6 +19,8 @@ mod weights;
 pub(crate) use backward::backward;
 pub(crate) use decode::{decode, DecodeGeom};
 pub(crate) use forward::forward;
+// The products bench's way in to the tiles (`bench_internals`).
+#[cfg(feature = "bench-internals")]
 pub(crate) use panels::{gemm_panels, pack_rows, pack_transposed, panels_len, Panels};
 pub(crate) use weights::{forward_with_weights, weights};
 
