@@ -6,8 +6,9 @@ use anyhow::{Context, Result};
 use candle_mha::candle::{DType, Device};
 use candle_mha::checkpoint::{load_into_varmap_owned, LoadOptions};
 use candle_mha::zeroed_var_builder;
-use candle_mha_train::data::{checkpoint_corpus, Codec, Corpus, RunSplit};
+use candle_mha_train::data::{Codec, Corpus, RunSplit};
 use candle_mha_train::models::{NextTokenPredictor, NextTokenPredictorConfig};
+use candle_mha_train::run::checkpoint_corpus;
 use candle_mha_train::run_dir::{CONFIG_FILE, MODEL_FILE};
 use candle_nn::VarMap;
 
@@ -132,7 +133,7 @@ pub fn open(
     candle_mha_train::verify_model_files(dir, trust(read.unverified))?;
     let cfg = NextTokenPredictorConfig::load(dir.join(CONFIG_FILE))?;
     // A LoRA run's weights are its base's (checked by hash when read) plus a small adapter.
-    let path = match candle_mha_train::lora_run::LoraRecord::load(dir, &cfg)? {
+    let path = match candle_mha_train::run::lora::LoraRecord::load(dir, &cfg)? {
         Some(record) => record.base.dir.join(MODEL_FILE),
         None => dir.join(MODEL_FILE),
     };
@@ -182,7 +183,7 @@ pub fn open(
     // copied: the model is held once, not twice, while it loads.
     let varmap = VarMap::new();
     let model = NextTokenPredictor::new(cfg.clone(), zeroed_var_builder(&varmap, dtype, device))?;
-    let weights = candle_mha_train::lora_run::model_weights(dir, &cfg)?;
+    let weights = candle_mha_train::run::lora::model_weights(dir, &cfg)?;
     let opts = LoadOptions::new()
         .with_module("NextTokenPredictor")
         .with_source(&path.display().to_string());

@@ -15,9 +15,9 @@ use candle_mha_train::{evaluate_examples, BigramBaseline, Evaluation};
 use super::checkpoint_dir::CorpusRun;
 use super::choices::Baseline;
 use candle_mha_train::data::{
-    example_text_bytes, run_data_spec, target_bytes, Corpus, DataSpec, RunSplit,
-    DEFAULT_EVAL_WINDOWS,
+    example_text_bytes, target_bytes, Corpus, DataSpec, RunSplit, DEFAULT_EVAL_WINDOWS,
 };
+use candle_mha_train::run::run_data_spec;
 
 /// Arguments of `mha eval`. Without a data option it evaluates on the run's own validation
 /// set, rebuilt from the checkpoint.

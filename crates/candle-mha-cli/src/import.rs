@@ -36,7 +36,7 @@ pub struct ImportArgs {
 /// Runs `mha import`.
 pub fn run(args: &ImportArgs) -> Result<()> {
     // Refused before the checkpoint is read: the run directory must be new.
-    candle_mha_train::staged_dir::StagedDir::check(&args.out, "mha import")?;
+    candle_mha_train::run::staged_dir::StagedDir::check(&args.out, "mha import")?;
     if let Some(base) = &args.base {
         let trust = crate::checkpoint_dir::trust(args.unverified);
         candle_mha_train::formats::import_peft(&args.source, base, &args.out, trust)?;

@@ -103,8 +103,8 @@ pub fn run(args: &PrepareArgs) -> Result<()> {
         skip_unknown: args.skip_unknown,
     };
     // One process writes a data directory at a time; a failure takes away what it made.
-    let undo = candle_mha_train::undo::Undo::note(&args.out);
-    let lock = candle_mha_train::lock::DirLock::acquire(&args.out, "mha prepare")?;
+    let undo = candle_mha_train::run::undo::Undo::note(&args.out);
+    let lock = candle_mha_train::run::lock::DirLock::acquire(&args.out, "mha prepare")?;
     let undo = undo.locked();
     let mut notices = Notices::new(args.quiet, true)?;
     let prepared = job.run(&args.out, &mut notices);

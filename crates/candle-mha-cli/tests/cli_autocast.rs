@@ -8,10 +8,7 @@ use std::path::Path;
 
 use anyhow::Result;
 use common::run_mha;
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("UTF-8 temp path")
-}
+use common::s;
 
 fn state(run: &Path) -> Result<serde_json::Value> {
     Ok(serde_json::from_slice(&std::fs::read(

@@ -10,10 +10,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use candle_mha::checkpoint::{load_pickle, save_torch, PickleValue};
 use common::run_mha;
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("UTF-8 temp path")
-}
+use common::s;
 
 fn gpt2() -> PathBuf {
     common::fixtures_dir().join("gpt2")

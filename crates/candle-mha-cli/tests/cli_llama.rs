@@ -14,10 +14,7 @@ use anyhow::Result;
 use candle_mha::candle::DType;
 use candle_mha::checkpoint::StateDict;
 use common::run_mha;
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("UTF-8 temp path")
-}
+use common::s;
 
 fn fixture(case: &str) -> PathBuf {
     common::fixtures_dir().join("llama").join(case)

@@ -10,10 +10,7 @@ use std::path::Path;
 use anyhow::Result;
 use candle_mha::checkpoint::StateDict;
 use common::run_mha;
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("UTF-8 temp path")
-}
+use common::s;
 
 /// The Hugging Face GPT-2 fixture imported into `tmp/base`, and a text to train on.
 fn base(tmp: &Path) -> Result<(std::path::PathBuf, std::path::PathBuf)> {

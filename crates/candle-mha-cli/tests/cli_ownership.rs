@@ -5,7 +5,7 @@
 mod common;
 
 use anyhow::Result;
-use candle_mha_train::lock::DirLock;
+use candle_mha_train::run::lock::DirLock;
 use common::{gpl_text as text, mha, run_mha, words, TINY_TEXT_MODEL};
 
 /// Every file of `dir` with its bytes, but the lock file (which holds its last owner's pid).

@@ -7,14 +7,11 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
+use common::s;
 use common::{mha, run_mha};
 
 fn english() -> PathBuf {
     common::fixtures_dir().join("text/gpl-3.0.txt")
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
 }
 
 /// Entropy (nats) of the unigram distribution of the u16 ids in `tokens.bin`, counted here.

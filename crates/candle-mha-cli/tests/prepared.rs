@@ -67,12 +67,12 @@ fn text_prepared_in_small_pieces_equals_the_whole_file_encoded() -> Result<()> {
     // The source's hash is SHA-256 of its bytes (a known value for the empty string checks
     // the helper itself).
     assert_eq!(
-        candle_mha_train::commit::sha256_hex(b""),
+        candle_mha_train::checksum::sha256_hex(b""),
         "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
     );
     assert_eq!(
         meta.sources[0].sha256,
-        candle_mha_train::commit::sha256_hex(text.as_bytes())
+        candle_mha_train::checksum::sha256_hex(text.as_bytes())
     );
     // The codec is stored beside the data and matches; another tokenizer does not.
     assert_eq!(data.codec()?.vocab_size(), tok.vocab_size());

@@ -8,6 +8,7 @@ pub mod bench;
 pub mod browser;
 pub mod csv;
 pub mod image;
+pub mod layering;
 pub mod xml;
 
 use std::collections::HashMap;

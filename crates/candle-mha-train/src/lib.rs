@@ -3,7 +3,7 @@
 //! Next-token predictors on [candle-mha](candle_mha): data ([`data`]: vocabularies, BPE on a
 //! user's text, prepared token directories, seeded batching), the model and its generation
 //! ([`models`]), and training ([`Trainer`]: one step, evaluation, checkpoints written as one
-//! unit ([`commit::FileSet`]), exact resume, data-parallel runs over MPI/NCCL). [`Session`] is the
+//! unit ([`run::commit::FileSet`]), exact resume, data-parallel runs over MPI/NCCL). [`Session`] is the
 //! one call behind `mha train`; the pieces below it are public for your own loop:
 //!
 //! ```
@@ -27,62 +27,49 @@
 //! # }
 //! ```
 //!
-//! - `config.rs`: [`TrainConfig`], the run's hyper-parameters and their defaults (token
-//!   sequences: `Default`; text: [`TrainConfig::for_text`]), which `mha train` reads.
-//! - `trainer.rs`: [`Trainer`], one step, evaluation, checkpoints, resume; `run.rs`: the loop
-//!   of a whole run; `state.rs`: what a run records ([`TrainerState`]) and reports
-//!   ([`StepStats`], [`TrainObserver`]).
-//! - `data_parallel.rs`: one data-parallel step ([`Trainer::train_step_distributed`] on a
-//!   rank's [`StepShard`]); `distributed/`: the [`distributed::Communicator`] and its
-//!   backends (one process; MPI and NCCL behind the `mpi` and `nccl` features).
-//! - [`candle_mha::optim::AdamW`] is the optimizer (re-exported here);
-//!   `schedule.rs` ([`LrSchedule`]), `evaluate.rs`, `metrics.rs` (`metrics.jsonl`),
-//!   `baseline.rs` (count models).
+//! The crate, from the bottom (`tests/layering.rs` keeps every import pointing down):
+//!
+//! 0. `error.rs` ([`RunError`]), [`limits`] (sizes and memory checked before allocation),
+//!    [`checksum`] (SHA-256 as every record writes it), [`run_dir`] (the names of a run
+//!    directory's files).
+//! 1. [`models`]: the next-token predictor (GPT-2 and nanoGPT's blocks, the Llama family),
+//!    LoRA on it, generation.
+//! 2. [`data`]: vocabularies and tokenizers, BPE on a user's text, prepared token directories,
+//!    seeded batching.
+//! 3. [`distributed`]: the [`distributed::Communicator`] and its backends (one process; MPI and
+//!    NCCL behind the `mpi` and `nccl` features).
+//! 4. [`run`]: a run and its directory: [`TrainConfig`], [`Trainer`] (one step, evaluation,
+//!    checkpoints, exact resume, the loop, the data-parallel step), [`TrainerState`], the
+//!    checkpoint files written as one unit ([`run::commit`]) under a lock ([`run::lock`]),
+//!    `metrics.jsonl`, LoRA runs ([`run::lora`]) and [`Session`].
+//! 5. [`formats`]: PyTorch and Hugging Face checkpoints (GPT-2, nanoGPT, the Llama family,
+//!    PEFT adapters) in and out of run directories.
+//!
+//! [`candle_mha::optim::AdamW`] is the optimizer.
 
 #![warn(missing_docs)]
 
 /// The attention core this crate builds on (re-exported so users match its version).
 pub use candle_mha;
 
-pub mod commit;
+pub mod checksum;
 pub mod data;
-pub mod formats;
-pub mod limits;
-pub mod lock;
-pub mod lora_run;
-pub mod models;
-pub mod run_dir;
-pub mod staged_dir;
-pub mod undo;
-
-mod baseline;
-mod config;
-mod data_parallel;
 pub mod distributed;
 mod error;
-mod evaluate;
-mod metrics;
-mod run;
-mod schedule;
-mod session;
-mod state;
-mod trainer;
+pub mod formats;
+pub mod limits;
+pub mod models;
+pub mod run;
+pub mod run_dir;
 
-pub use baseline::{BaselineEvaluation, BigramBaseline};
-pub use config::TrainConfig;
-pub use data_parallel::StepShard;
 pub use error::{RunError, RunResult};
-pub use evaluate::{evaluate, evaluate_examples, Evaluation};
-pub use metrics::{
-    append_metrics, read_metrics, truncate_metrics, MetricsLog, MetricsRecord, MAX_METRICS_BYTES,
+pub use run::{
+    append_metrics, device_kind, evaluate, evaluate_examples, read_metrics, truncate_metrics,
+    verify_checkpoint, verify_model_files, BaselineEvaluation, BigramBaseline, EvalRecord,
+    Evaluation, ImportedRecord, LrSchedule, MetricsLog, MetricsRecord, ModelFor, NewData, NewRun,
+    ResumeRun, Session, StepShard, StepStats, TrainConfig, TrainObserver, Trainer, TrainerState,
+    Unverified, MAX_METRICS_BYTES, STATE_VERSION,
 };
-pub use schedule::LrSchedule;
-pub use session::{ModelFor, NewData, NewRun, ResumeRun, Session};
-pub use state::{
-    device_kind, verify_checkpoint, verify_model_files, EvalRecord, ImportedRecord, StepStats,
-    TrainObserver, TrainerState, Unverified, STATE_VERSION,
-};
-pub use trainer::Trainer;
 
 /// The guide's example of the Llama-family API, compiled as a doctest.
 #[cfg(doctest)]

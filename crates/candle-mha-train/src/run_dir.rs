@@ -9,7 +9,7 @@
 //!   config.json            CONFIG_FILE
 //!   optimizer.safetensors  OPTIMIZER_FILE
 //!   trainer_state.json     STATE_FILE
-//!   lora.json              LORA_FILE: a LoRA run's adapter spec and base (crate::lora_run)
+//!   lora.json              LORA_FILE: a LoRA run's adapter spec and base (crate::run::lora)
 //!   vocab.json | tokenizer.json   VOCAB_FILE | TOKENIZER_FILE
 //!   metrics.jsonl          METRICS_FILE
 //!   best/                  BEST_DIR: the checkpoint of the best validation loss
@@ -31,7 +31,7 @@ pub const VOCAB_FILE: &str = "vocab.json";
 /// The file a `tokenizers` tokenizer is stored in, beside the model (and in a data
 /// directory).
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
-/// A LoRA run's adapter configuration and base run ([`crate::lora_run::LoraRecord`]).
+/// A LoRA run's adapter configuration and base run ([`crate::run::lora::LoraRecord`]).
 pub const LORA_FILE: &str = "lora.json";
 /// Every file a checkpoint's manifest may list.
 pub const CHECKPOINT_FILES: [&str; 7] = [

@@ -13,9 +13,9 @@ use candle_mha::candle::{DType, Device, Tensor};
 use candle_mha::checkpoint::{load_into_varmap, LoadOptions, StateDict};
 use candle_mha::optim::{clip_grad_norm, AdamW, AdamWConfig};
 use candle_mha_train::formats::{export_hugging_face, export_peft, import_peft, read_hugging_face};
-use candle_mha_train::lora_run::{resume_model, LoraRecord};
 use candle_mha_train::models::lora::lora_names;
 use candle_mha_train::models::{NextTokenPredictor, NextTokenPredictorConfig};
+use candle_mha_train::run::lora::{resume_model, LoraRecord};
 use candle_mha_train::Unverified;
 use candle_nn::VarMap;
 

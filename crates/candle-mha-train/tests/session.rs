@@ -6,9 +6,10 @@ use candle_mha_test_support as common;
 
 use anyhow::Result;
 use candle_mha::candle::{DType, Device};
-use candle_mha_train::data::{run_data_spec, DataSpec, PrepareJob};
+use candle_mha_train::data::{DataSpec, PrepareJob};
 use candle_mha_train::distributed::SingleProcess;
 use candle_mha_train::models::NextTokenPredictorConfig;
+use candle_mha_train::run::run_data_spec;
 use candle_mha_train::run_dir::STATE_FILE;
 use candle_mha_train::{NewData, NewRun, ResumeRun, RunError, Session, TrainConfig};
 
@@ -101,7 +102,7 @@ fn a_run_starts_saves_and_resumes_in_its_directory() -> Result<()> {
         other => panic!("expected StrayFiles, got {:?}", other.err()),
     }
     // Another owner's lock.
-    let held = candle_mha_train::lock::DirLock::acquire(&stray, "a test")?;
+    let held = candle_mha_train::run::lock::DirLock::acquire(&stray, "a test")?;
     let locked = start_in(&stray);
     assert!(
         matches!(locked, Err(RunError::Locked { .. })) || cfg!(not(unix)),
@@ -111,7 +112,7 @@ fn a_run_starts_saves_and_resumes_in_its_directory() -> Result<()> {
     drop(held);
     // A text run whose data directory another process is preparing: the same variant.
     let texts = tmp.path().join("texts");
-    let held = candle_mha_train::lock::DirLock::acquire(&texts.join("data"), "a test")?;
+    let held = candle_mha_train::run::lock::DirLock::acquire(&texts.join("data"), "a test")?;
     let locked = Session::start(
         &texts,
         NewRun::new(gpl_text_data(), config(6)),

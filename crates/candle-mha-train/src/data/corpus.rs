@@ -1,14 +1,11 @@
 //! [`Corpus`]: the data an evaluation or analysis reads from a checkpoint's run: a file given
-//! for it, or the run's own split rebuilt from its [`DataSpec`].
+//! for it, or the run's own split rebuilt from its [`DataSpec`](super::DataSpec).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use candle::Result;
 
-use super::spec::{open_prepared, run_data_spec};
-use super::{
-    consecutive_windows, Codec, DataSpec, Dataset, Example, TextTokenizer, TextWindows, TokenData,
-};
+use super::{consecutive_windows, Dataset, Example, TextTokenizer, TextWindows, TokenData};
 
 /// Which part of a run's own data to use when no file is given.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,104 +51,4 @@ impl Corpus {
             ),
         })
     }
-}
-
-/// The data an analysis or evaluation command reads: `tokens`, `text` or `data` when given
-/// (encoded with, or checked against, the checkpoint's `codec`), else the run's own `split`
-/// rebuilt from `trainer_state.json`. Returns a description for messages and the corpus.
-pub fn checkpoint_corpus(
-    checkpoint: &Path,
-    tokens: Option<&Path>,
-    text: Option<&Path>,
-    data: Option<&Path>,
-    codec: &Codec,
-    max_tokens: usize,
-    split: RunSplit,
-) -> Result<(String, Corpus)> {
-    if let Some(p) = tokens {
-        let spec = DataSpec::Tokens {
-            path: p.to_path_buf(),
-            val_fraction: 0.0,
-            seed: 0,
-        };
-        let Some(d) = spec
-            .load(Some(codec.clone()), None, 0, Some(max_tokens))?
-            .train
-            .into_sequences()
-        else {
-            unreachable!("token files load as sequences")
-        };
-        return Ok((p.display().to_string(), Corpus::Sequences(d)));
-    }
-    if let Some(p) = text {
-        let Codec::Text(tok) = codec else {
-            candle::bail!(
-                "this checkpoint uses a symbol vocabulary: give it a token file, not text"
-            )
-        };
-        return Ok((
-            p.display().to_string(),
-            Corpus::Text {
-                path: p.to_path_buf(),
-                tok: tok.clone(),
-            },
-        ));
-    }
-    if let Some(dir) = data {
-        let (d, _) = open_prepared(dir, Some(codec), "the checkpoint's tokenizer")?;
-        let range = match split {
-            RunSplit::Train => d.meta().train_range(),
-            RunSplit::Val => d.meta().val_range(),
-        };
-        let name = format!(
-            "{} ({} part, {} tokens)",
-            dir.display(),
-            if split == RunSplit::Train {
-                "training"
-            } else {
-                "validation"
-            },
-            range.end - range.start
-        );
-        return Ok((
-            name,
-            Corpus::Prepared {
-                data: Box::new(d),
-                range,
-            },
-        ));
-    }
-    let spec = run_data_spec(checkpoint).map_err(|e| {
-        candle::Error::Msg(format!(
-            "the checkpoint's own data cannot be rebuilt (give a token file, a text or a data directory): {e}"
-        ))
-    })?;
-    if let (
-        DataSpec::Prepared {
-            dir, train_tokens, ..
-        },
-        RunSplit::Train,
-    ) = (&spec, split)
-    {
-        let (d, _) = open_prepared(dir, Some(codec), "the checkpoint's tokenizer")?;
-        spec.check_prepared(&d)?;
-        return Ok((
-            "the run's training tokens".to_string(),
-            Corpus::Prepared {
-                data: Box::new(d),
-                range: 0..*train_tokens,
-            },
-        ));
-    }
-    let data = spec.load(Some(codec.clone()), None, 0, Some(max_tokens))?;
-    Ok(match split {
-        RunSplit::Train => match data.train.into_sequences() {
-            Some(d) => ("the run's training set".to_string(), Corpus::Sequences(d)),
-            None => unreachable!("streams are handled above"),
-        },
-        RunSplit::Val => (
-            "the run's validation set".to_string(),
-            Corpus::Sequences(data.val),
-        ),
-    })
 }

@@ -8,7 +8,8 @@
 //!   token files ([`read_token_file`], [`encode_sequences`]) and text through a
 //!   [`TextTokenizer`] ([`text_dataset`]).
 //! - [`DataSpec`]: what a run trains on, as its checkpoint records it; [`DataSpec::load`]
-//!   opens it ([`RunData`]); [`checkpoint_corpus`] rebuilds a run's split for evaluation.
+//!   opens it ([`RunData`]); [`Corpus`] is what an evaluation reads (a run rebuilds its own
+//!   split: [`crate::run::checkpoint_corpus`]).
 //! - Corpora of any size: [`prepare_text`] / [`prepare_token_files`] encode once, in bounded
 //!   memory, into a data directory ([`TokenData`], memory-mapped); [`TokenWindows`] draws
 //!   training windows from it by (seed, step) and fixes the validation windows;
@@ -36,7 +37,7 @@ mod vocab;
 mod windows;
 
 pub use batch::{batches, Batch};
-pub use corpus::{checkpoint_corpus, Corpus, RunSplit};
+pub use corpus::{Corpus, RunSplit};
 pub use dataset::Dataset;
 pub use example::Example;
 pub use prepare::{prepare_text, prepare_token_files, PrepareOptions, PrepareProgress};
@@ -46,8 +47,7 @@ pub use prepare_job::{
 };
 pub use source::{EvalSet, TrainSource, WindowSource};
 pub use spec::{
-    example_text_bytes, open_prepared, run_data_spec, target_bytes, DataSpec, RunData,
-    DEFAULT_EVAL_WINDOWS,
+    example_text_bytes, open_prepared, target_bytes, DataSpec, RunData, DEFAULT_EVAL_WINDOWS,
 };
 pub use synthetic::AssociativeRecall;
 pub use text::{text_dataset, TextTokenizer, MAX_BPE_VOCAB, MIN_BPE_VOCAB};

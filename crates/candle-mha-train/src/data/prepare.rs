@@ -16,7 +16,7 @@ use super::token_data::{
 };
 use super::tokenizer::Codec;
 use super::vocab::{Vocab, BOS_ID, EOS_ID, UNK_ID};
-use crate::commit::hex;
+use crate::checksum::hex;
 use crate::run_dir::{TOKENIZER_FILE, VOCAB_FILE};
 use candle_mha::io::write_atomic;
 
@@ -121,7 +121,7 @@ impl TokenWriter {
 
 /// Size and SHA-256 of a file, read in pieces.
 fn hash_file(path: &Path) -> Result<(u64, String)> {
-    crate::commit::size_and_sha256(candle_mha::io::open_input(path)?)
+    crate::checksum::size_and_sha256(candle_mha::io::open_input(path)?)
         .map_err(|e| candle::Error::Msg(format!("reading {}: {e}", path.display())))
 }
 

@@ -136,20 +136,6 @@ pub fn target_bytes(codec: &Codec, examples: &[Example]) -> Result<Option<u64>> 
     Ok(Some(bytes))
 }
 
-/// The data description a run recorded in the `trainer_state.json` of checkpoint directory
-/// `run` (its paths resolved: see [`crate::TrainerState::load`]); errors when the run was
-/// trained on data it did not describe (a library caller's own dataset).
-pub fn run_data_spec(run: &Path) -> Result<DataSpec> {
-    let state = crate::TrainerState::load(run)?;
-    match state.data {
-        Some(spec) => Ok(spec),
-        None => candle::bail!(
-            "{} does not say what the run was trained on (its trainer was given its data directly)",
-            run.join(crate::run_dir::STATE_FILE).display()
-        ),
-    }
-}
-
 /// Opens prepared data, checking `codec` (a checkpoint's or a given tokenizer's) against it.
 pub fn open_prepared(dir: &Path, codec: Option<&Codec>, what: &str) -> Result<(TokenData, Codec)> {
     let data = TokenData::open(dir)?;

@@ -440,7 +440,7 @@ impl TokenData {
             for part in &self.parts {
                 hasher.update(&part[..]);
             }
-            crate::commit::hex(&hasher.finalize())
+            crate::checksum::hex(&hasher.finalize())
         };
         if &got != want {
             candle::bail!(

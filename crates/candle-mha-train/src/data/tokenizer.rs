@@ -74,7 +74,7 @@ impl Codec {
     /// the same ids. Prepared data records it, so a checkpoint or tokenizer that does not
     /// match the data is caught.
     pub fn fingerprint(&self) -> Result<String> {
-        Ok(crate::commit::sha256_hex(self.to_json()?.as_bytes()))
+        Ok(crate::checksum::sha256_hex(self.to_json()?.as_bytes()))
     }
 
     /// This tokenization leaving out text it cannot encode instead of refusing it

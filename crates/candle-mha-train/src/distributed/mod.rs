@@ -9,7 +9,7 @@
 //! - `watchdog.rs`: the timeout on collectives that stops a run whose peer died or hangs.
 //! - `buckets.rs`: gradients flattened in the optimizer's fixed order into buckets.
 //!
-//! The trainer (`data_parallel.rs`) uses this module; nothing here knows the trainer.
+//! The trainer (`run/data_parallel.rs`) uses this module; nothing here knows the trainer.
 
 mod buckets;
 #[cfg(feature = "mpi")]

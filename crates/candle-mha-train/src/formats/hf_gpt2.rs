@@ -52,7 +52,7 @@ pub(super) fn write_export(run: &Path, cfg: &NextTokenPredictorConfig, dir: &Pat
             run.display()
         )
     }
-    let ours = crate::lora_run::model_weights(run, cfg)?;
+    let ours = crate::run::lora::model_weights(run, cfg)?;
     let theirs = to_gpt2(&ours, Gpt2Format::HuggingFace, cfg)?;
     // GPT-2 has a bias in every Conv1D and LayerNorm: zeros add nothing.
     let with_biases = NextTokenPredictorConfig {

@@ -14,7 +14,7 @@ use super::{codec_for, hugging_face_tokenizer, Imported};
 use crate::data::Codec;
 use crate::models::llama::{eos_ids, parameter_shapes, LlamaConfig};
 use crate::models::{LlamaRecord, NextTokenPredictorConfig};
-use crate::staged_dir::StagedDir;
+use crate::run::staged_dir::StagedDir;
 
 /// What a Hugging Face Llama-family directory holds, checked against its `config.json`.
 ///
@@ -119,7 +119,7 @@ pub fn read_hf_dir(dir: &Path) -> Result<HfWeights> {
             ),
         }
         let f = t.to_dtype(DType::F32)?;
-        if !crate::trainer::all_finite(&f)? {
+        if !crate::run::trainer::all_finite(&f)? {
             candle::bail!("{}: {name} holds NaN or infinite values", dir.display())
         }
         dtypes.push((name.clone(), t.dtype()));
@@ -279,7 +279,7 @@ pub(super) fn write_export(
 ) -> Result<()> {
     // The names are Hugging Face's already; each weight goes back in its source dtype.
     let cfg = crate::models::NextTokenPredictorConfig::load(run.join(crate::run_dir::CONFIG_FILE))?;
-    let ours = crate::lora_run::model_weights(run, &cfg)?;
+    let ours = crate::run::lora::model_weights(run, &cfg)?;
     let weights = parameter_shapes(llama)
         .into_iter()
         .map(|(name, _)| match ours.get(&name) {

@@ -18,8 +18,8 @@ use candle_nn::VarMap;
 
 use crate::data::{Codec, TextTokenizer};
 use crate::models::{NextTokenPredictor, NextTokenPredictorConfig};
+use crate::run::staged_dir::StagedDir;
 use crate::run_dir::CONFIG_FILE;
-use crate::staged_dir::StagedDir;
 use crate::{verify_model_files, ImportedRecord, TrainConfig, Trainer, Unverified};
 use gpt2_names::{Gpt2Format, Gpt2Report};
 use hf_dir::json;
@@ -222,7 +222,7 @@ impl Imported {
         }
         // Caught here, by name: a NaN weight would be trained on and saved by every step.
         for (name, t) in self.weights.tensors() {
-            if !crate::trainer::all_finite(t)? {
+            if !crate::run::trainer::all_finite(t)? {
                 candle::bail!(
                     "{}: {} holds NaN or infinite values; expected finite weights",
                     self.source,

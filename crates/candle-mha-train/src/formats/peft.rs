@@ -15,11 +15,11 @@ use candle_mha::checkpoint::{load_into_varmap_owned, LoadOptions, StateDict};
 use serde_json::{json, Value};
 
 use super::hf_dir::json;
-use crate::lora_run::{frozen_model, LoraRecord};
 use crate::models::lora::{check_adapter, lora_names, LoraSite, LoraSpec};
 use crate::models::NextTokenPredictorConfig;
+use crate::run::lora::{frozen_model, LoraRecord};
+use crate::run::staged_dir::StagedDir;
 use crate::run_dir::{CONFIG_FILE, MODEL_FILE};
-use crate::staged_dir::StagedDir;
 use crate::{verify_model_files, TrainConfig, Trainer, Unverified};
 
 /// PEFT's adapter configuration file.
@@ -188,7 +188,7 @@ pub fn import_peft(dir: &Path, base: &Path, out: &Path, unverified: Unverified) 
                 spec.targets
             )
         };
-        if !crate::trainer::all_finite(t)? {
+        if !crate::run::trainer::all_finite(t)? {
             candle::bail!(
                 "{}: {name} holds NaN or infinite values",
                 weights_path.display()

@@ -5,8 +5,8 @@ use candle::{DType, Result, Tensor};
 
 use super::text::{cell_text, plot_tick};
 use super::{colormap, HeatmapOptions};
-use crate::canvas::{chars, fit, MAX_PIXELS};
 pub(super) use crate::canvas::INK;
+use crate::canvas::{chars, fit, MAX_PIXELS};
 use crate::font::{ADVANCE, DESCENT, GLYPH_H};
 
 /// Text scale for labels, titles and ticks: the 5×7 font at ×2.

@@ -57,23 +57,26 @@ use candle::{DType, Device, Result};
 use candle_mha::{seeded_var_builder, zeroed_var_builder};
 use candle_nn::VarMap;
 
-use crate::commit::{finish_interrupted_commit, recover_file_set, verify_file_set, SetFiles};
 use crate::data::{
     expand_sources, open_prepared, same_sources, split_point, Codec, DataSpec, PrepareJob, RunData,
     SetupObserver, TextTokenizer, TokenData, META_FILE,
 };
 use crate::distributed::{Communicator, SingleProcess};
-use crate::lock::DirLock;
-use crate::metrics::read_metrics;
 use crate::models::{NextTokenPredictor, NextTokenPredictorConfig};
+use crate::run::commit::{finish_interrupted_commit, recover_file_set, verify_file_set, SetFiles};
+use crate::run::lock::DirLock;
+use crate::run::metrics::read_metrics;
+use crate::run::state::device_kind;
 use crate::run_dir::{
     BEST_DIR, CHECKPOINT_FILES, CONFIG_FILE, METRICS_FILE, MODEL_FILE, OPTIMIZER_FILE,
     RUN_DATA_DIR, STATE_FILE,
 };
-use crate::state::device_kind;
 use crate::{Evaluation, TrainConfig, TrainObserver, Trainer, TrainerState};
 use crate::{RunError, RunResult};
 use candle_mha::io::{refuse_link, remove_stale_temps};
+
+mod resume;
+mod start;
 
 /// What a new run trains on.
 #[derive(Clone, Debug)]
@@ -159,27 +162,6 @@ pub struct NewRun {
     pub lora: Option<crate::models::lora::LoraSpec>,
 }
 
-/// The model, tokenization and weights of a checkpoint a new run starts from.
-struct Init {
-    config: NextTokenPredictorConfig,
-    codec: Codec,
-    weights: candle_mha::checkpoint::StateDict,
-    source: String,
-}
-
-impl Init {
-    fn load(dir: &Path, unverified: crate::Unverified) -> Result<Self> {
-        crate::verify_model_files(dir, unverified)?;
-        let config = NextTokenPredictorConfig::load(dir.join(CONFIG_FILE))?;
-        Ok(Self {
-            codec: Codec::load_dir(dir)?,
-            weights: crate::lora_run::model_weights(dir, &config)?,
-            config,
-            source: dir.join(MODEL_FILE).display().to_string(),
-        })
-    }
-}
-
 impl NewRun {
     /// A run of `train` on `data`, the default model for the data, f32.
     pub fn new(data: NewData, train: TrainConfig) -> Self {
@@ -258,247 +240,14 @@ impl Session {
         }
         // A start that fails takes away what it made (the directory, its lock, its data/),
         // and only that: undone by the lock's holder, noted again once the lock is held.
-        let undo = (comm.rank() == 0).then(|| crate::undo::Undo::note(dir));
+        let undo = (comm.rank() == 0).then(|| crate::run::undo::Undo::note(dir));
         let lock = own(dir, comm)?;
-        let undo = undo.map(crate::undo::Undo::locked);
+        let undo = undo.map(crate::run::undo::Undo::locked);
         let started = Self::start_new(dir, run, device, comm, observer, lock);
         if let (Err(_), Some(undo)) = (&started, undo) {
             undo.undo();
         }
         started
-    }
-
-    fn start_new(
-        dir: &Path,
-        mut run: NewRun,
-        device: &Device,
-        comm: &dyn Communicator,
-        observer: &mut dyn SetupObserver,
-        lock: Option<DirLock>,
-    ) -> RunResult<Self> {
-        if dir.join(STATE_FILE).exists() {
-            return Err(RunError::RunExists {
-                dir: dir.to_path_buf(),
-            });
-        }
-        check_dtype(run.dtype)?;
-        run.train.validate()?;
-        if run.lora.is_some() && run.init_from.is_none() {
-            return Err(candle::Error::Msg(
-                "LoRA trains adapters on a model to start from: give init_from (--init-from)"
-                    .into(),
-            )
-            .into());
-        }
-        if comm.rank() == 0 {
-            check_fresh(dir, matches!(run.data, NewData::Text { .. }))?;
-        }
-        // Text for a checkpoint's model is encoded with its tokenizer, not a new BPE.
-        if let (Some(init), NewData::Text { job, .. }) = (&run.init_from, &mut run.data) {
-            let own = init.join(crate::run_dir::TOKENIZER_FILE);
-            if job.tokenizer.is_none() && own.exists() {
-                job.tokenizer = Some(own);
-            }
-        }
-        let (spec, data_lock) = new_spec(dir, run.data, comm, observer)?;
-        if run.verify_data && comm.rank() == 0 {
-            verify(&spec, observer)?;
-        }
-        let init = run
-            .init_from
-            .as_deref()
-            .map(|d| Init::load(d, run.init_unverified))
-            .transpose()?;
-        let max_tokens = match &init {
-            // Windows up to the checkpoint's context (shorter ones train its first positions).
-            Some(i) => match run.max_len {
-                Some(m) if m > i.config.max_len => {
-                    return Err(candle::Error::Msg(format!(
-                        "max_len {m}: longer than the context of the checkpoint to start from ({})",
-                        i.config.max_len
-                    ))
-                    .into())
-                }
-                Some(m) => Some(m + 1),
-                None => Some(i.config.max_len + 1),
-            },
-            None => run.max_len.map(|m| m + 1),
-        };
-        // Data for a checkpoint's model must be in its tokenization (checked by the load).
-        let data = spec.load(init.as_ref().map(|i| i.codec.clone()), None, 0, max_tokens)?;
-        let cfg = match &init {
-            Some(i) => i.config.clone(),
-            None => (run.model)(data.codec.vocab_size(), data.longest),
-        };
-        cfg.validate()?;
-        // A checkpoint fine-tuned on shorter windows than its context trains (and resumes) on
-        // those: they, not the context, size a step.
-        let window = max_tokens
-            .filter(|&t| t <= cfg.max_len)
-            .filter(|_| init.is_some());
-        if let Some(limit) = run.memory_limit {
-            let context = window.map_or(cfg.max_len, |t| t - 1);
-            let step = (run.train.batch_size, context, run.lora.is_some());
-            check_memory(&cfg, run.dtype, step, limit)?;
-        }
-        let seed = run.train.seed;
-        let (model, varmap, lora) = match (init, &run.lora, &run.init_from) {
-            (Some(i), Some(lora), Some(base)) => {
-                let (model, varmap, record) = crate::lora_run::start_model(
-                    base,
-                    &i.config,
-                    i.weights,
-                    lora,
-                    (run.dtype, device, seed),
-                )?;
-                (model, varmap, Some(record))
-            }
-            (init, _, _) => {
-                let varmap = VarMap::new();
-                // A checkpoint to start from fills every variable: no initialisation is
-                // drawn, and each of its tensors is let go once copied.
-                let vb = match &init {
-                    Some(_) => zeroed_var_builder(&varmap, run.dtype, device),
-                    None => seeded_var_builder(&varmap, seed, run.dtype, device),
-                };
-                let model = NextTokenPredictor::new(cfg.clone(), vb)?;
-                if let Some(i) = init {
-                    let opts = candle_mha::checkpoint::LoadOptions::new()
-                        .with_module("NextTokenPredictor")
-                        .with_source(&i.source);
-                    candle_mha::checkpoint::load_into_varmap_owned(&varmap, i.weights, &opts)?;
-                }
-                (model, varmap, None)
-            }
-        };
-        // Checks everything before anything is written into the directory.
-        let mut trainer =
-            Trainer::new(model, varmap, run.train, Some(spec.clone()))?.with_max_tokens(window);
-        if let Some(record) = lora {
-            trainer = trainer.with_lora_record(record);
-        }
-        Ok(Self {
-            dir: dir.to_path_buf(),
-            trainer: trainer.with_codec(data.codec.clone()),
-            spec,
-            data,
-            model: cfg,
-            resumed: false,
-            _lock: lock,
-            _data_lock: data_lock,
-        })
-    }
-
-    /// Continues the run saved in `dir` with its data, tokenizer, model, dtype and
-    /// configuration; `steps` replaces its total when given. Finishes a save that a kill
-    /// interrupted first. The data must be the run's: the same tokenizer, number of ids and
-    /// recorded SHA-256 (a data directory inside the run is found wherever the run was moved).
-    ///
-    /// PyTorch equivalent: `model.load_state_dict(...)`, `optimizer.load_state_dict(...)` and
-    /// the script's own step counter.
-    pub fn resume(
-        dir: &Path,
-        how: ResumeRun,
-        device: &Device,
-        comm: &dyn Communicator,
-        observer: &mut dyn SetupObserver,
-    ) -> RunResult<Self> {
-        let lock = own(dir, comm)?;
-        if !dir.join(STATE_FILE).exists() {
-            return Err(RunError::NoRun {
-                dir: dir.to_path_buf(),
-            });
-        }
-        // The model's files (a LoRA run's lora.json among them), the optimizer and the state.
-        let mut read = crate::state::model_files(dir)?;
-        read.extend([STATE_FILE, OPTIMIZER_FILE]);
-        let files = SetFiles {
-            allowed: &CHECKPOINT_FILES,
-            read: &read,
-        };
-        match comm.rank() {
-            0 => recover_file_set(dir, files)?,
-            _ => verify_file_set(dir, files)?,
-        };
-        let state = TrainerState::load(dir)?;
-        let dtype = state.dtype()?;
-        match how.dtype {
-            Some(d) if d != dtype => {
-                return Err(candle::Error::Msg(format!(
-                    "dtype {}: the run in {} trains in {} (a resumed run keeps its dtype)",
-                    d.as_str(),
-                    dir.display(),
-                    dtype.as_str()
-                ))
-                .into())
-            }
-            _ => {}
-        }
-        check_dtype(dtype)?;
-        let (spec, new_lock) = match (state.data.clone(), how.data) {
-            (Some(spec), _) => (spec, None),
-            (None, Some(data)) => new_spec(dir, data, comm, observer)?,
-            (None, None) => return Err(candle::Error::Msg(format!(
-                "{} does not say what the run trains on (an imported checkpoint, or a trainer given its data directly): give its data",
-                dir.join(STATE_FILE).display()
-            )).into()),
-        };
-        if let Some(kind) = state.device.as_deref() {
-            if kind != device_kind(device) && comm.rank() == 0 {
-                observer.notice(&format!(
-                    "the run trained on {kind} and continues on {}: its numbers will differ from an uninterrupted run's in the last bits",
-                    device_kind(device)
-                ));
-            }
-        }
-        // The run's own data directory is the run's: no `mha prepare` may change it meanwhile.
-        let data_lock = match (&spec, comm.rank(), new_lock) {
-            (_, _, Some(lock)) => Some(lock),
-            (DataSpec::Prepared { dir: data, .. }, 0, None) if inside(data, dir) => {
-                Some(DirLock::acquire(data, "training (its data)")?)
-            }
-            _ => None,
-        };
-        if how.verify_data && comm.rank() == 0 {
-            verify(&spec, observer)?;
-        }
-        let cfg = NextTokenPredictorConfig::load(dir.join(CONFIG_FILE))?;
-        let max_tokens = match state.max_tokens {
-            None => cfg.max_len + 1,
-            Some(t) if (2..=cfg.max_len).contains(&t) => t,
-            Some(t) => {
-                return Err(candle::Error::Msg(format!(
-                    "{}: max_tokens {t}, expected 2..={} (shorter than the model's context + 1)",
-                    dir.join(STATE_FILE).display(),
-                    cfg.max_len
-                ))
-                .into())
-            }
-        };
-        if let Some(limit) = how.memory_limit {
-            let lora = read.contains(&crate::run_dir::LORA_FILE);
-            let step = (state.config.batch_size, max_tokens - 1, lora);
-            check_memory(&cfg, dtype, step, limit)?;
-        }
-        let codec = Codec::load_dir(dir)?;
-        let data = spec.load(Some(codec), None, 0, Some(max_tokens))?;
-        // The checkpoint fills every variable (checked strictly): no initialisation drawn.
-        let (model, varmap) = crate::lora_run::resume_model(dir, &cfg, dtype, device)?;
-        // The files were recovered (or verified) above: not hashed again. A run that recorded
-        // no data records the data it was given from now on.
-        let mut state = state;
-        state.data = Some(spec.clone());
-        let trainer = Trainer::resume_loaded(model, varmap, dir, state, how.steps)?;
-        Ok(Self {
-            dir: dir.to_path_buf(),
-            trainer: trainer.with_codec(data.codec.clone()),
-            spec,
-            data,
-            model: cfg,
-            resumed: true,
-            _lock: lock,
-            _data_lock: data_lock,
-        })
     }
 
     /// Trains to the end of the run (or until `observer` stops it), evaluating and saving
@@ -546,63 +295,6 @@ fn inside(path: &Path, dir: &Path) -> bool {
         (Ok(p), Ok(d)) => p.starts_with(d),
         _ => false,
     }
-}
-
-/// Errors, listing them, when the directory of a new run holds files a run does not write
-/// (checked before any work): only its lock, the `data/` of text runs, a `best/` checkpoint
-/// and a `metrics.jsonl` of an earlier attempt that stopped before its first checkpoint, and
-/// temporary files may be there. A link at any of these names is refused too.
-pub(crate) fn check_fresh(dir: &Path, text: bool) -> RunResult<()> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Ok(());
-    };
-    let mut stray = Vec::new();
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let path = entry.path();
-        let Ok(md) = std::fs::symlink_metadata(&path) else {
-            continue;
-        };
-        if md.file_type().is_symlink() {
-            refuse_link(&path)?;
-        }
-        let ours = match name.as_str() {
-            crate::run_dir::LOCK_FILE => true,
-            RUN_DATA_DIR => text && md.is_dir(),
-            BEST_DIR => md.is_dir() && holds_only_checkpoint(&path),
-            METRICS_FILE => read_metrics(&path).is_ok_and(|log| log.skipped.is_empty()),
-            n => is_scratch(n),
-        };
-        if !ours {
-            stray.push(name);
-        }
-    }
-    if !stray.is_empty() {
-        stray.sort();
-        return Err(RunError::StrayFiles {
-            dir: dir.to_path_buf(),
-            files: stray,
-        });
-    }
-    Ok(())
-}
-
-/// Whether directory `dir` holds nothing but a checkpoint's files (and its bookkeeping).
-fn holds_only_checkpoint(dir: &Path) -> bool {
-    std::fs::read_dir(dir).is_ok_and(|entries| {
-        entries.flatten().all(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            CHECKPOINT_FILES.contains(&name.as_str())
-                || name == crate::run_dir::MANIFEST_FILE
-                || is_scratch(&name)
-        })
-    })
-}
-
-/// Whether `name` is a save's scratch file: a temporary (`.NAME.tmp-…`) or staged
-/// (`.NAME.staged`) file.
-fn is_scratch(name: &str) -> bool {
-    name.starts_with('.') && (name.contains(".tmp-") || name.ends_with(".staged"))
 }
 
 /// The [`DataSpec`] of a new run: as given, or prepared data (made from text into

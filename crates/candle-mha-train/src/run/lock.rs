@@ -5,7 +5,7 @@ use std::path::Path;
 
 use candle_mha::io::open_no_follow;
 
-use crate::commit::io_err;
+use crate::run::commit::io_err;
 use crate::run_dir::LOCK_FILE;
 
 /// An advisory lock on a directory: while it lives, no other process gets one on the same

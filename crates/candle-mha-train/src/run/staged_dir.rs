@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use candle::Result;
 
-use crate::commit::io_err;
+use crate::run::commit::io_err;
 use crate::run_dir::{MANIFEST_FILE, STATE_FILE};
 
 /// A directory written whole or not at all: its files go into a hidden temporary directory
@@ -31,7 +31,7 @@ impl StagedDir {
     pub fn new(out: &Path, role: &str) -> Result<Self> {
         check_new(out, role)?;
         let parent = parent_of(out);
-        let made = crate::undo::missing_ancestors(parent);
+        let made = crate::run::undo::missing_ancestors(parent);
         std::fs::create_dir_all(parent)
             .map_err(|e| io_err("cannot create directory", parent, e))?;
         let mut staged = Self {

@@ -10,11 +10,11 @@ use candle_nn::VarMap;
 
 use super::state::{device_kind, EvalRecord, StepStats, TrainerState, STATE_VERSION};
 use super::{evaluate_examples, Evaluation, LrSchedule, TrainConfig};
-use crate::commit::{recover_file_set, CommitPoint, FileSet, SetFiles};
 use crate::data::DataSpec;
 use crate::data::{Batch, Codec, Dataset, EvalSet, Example, TrainSource};
-use crate::lora_run::LoraRecord;
 use crate::models::NextTokenPredictor;
+use crate::run::commit::{recover_file_set, CommitPoint, FileSet, SetFiles};
+use crate::run::lora::LoraRecord;
 use crate::run_dir::{
     CHECKPOINT_FILES, CONFIG_FILE, LORA_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE,
 };
@@ -65,7 +65,7 @@ pub struct Trainer {
     // The loop of a run (run.rs) reads and updates it.
     pub(super) state: TrainerState,
     codec: Option<Codec>,
-    // A LoRA run's `lora.json`, written with every checkpoint (lora_run.rs sets it).
+    // A LoRA run's `lora.json`, written with every checkpoint (run/lora.rs sets it).
     pub(crate) lora: Option<LoraRecord>,
 }
 

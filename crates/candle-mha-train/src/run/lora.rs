@@ -48,7 +48,7 @@ pub struct BaseRef {
 fn sha256_of(path: &Path) -> Result<String> {
     // The path comes from an untrusted lora.json: a device or FIFO is refused, not read.
     let file = candle_mha::io::open_input(path)?;
-    let (_, hash) = crate::commit::size_and_sha256(file)
+    let (_, hash) = crate::checksum::size_and_sha256(file)
         .map_err(|e| candle::Error::Msg(format!("reading {}: {e}", path.display())))?;
     Ok(hash)
 }

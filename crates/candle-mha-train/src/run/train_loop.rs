@@ -7,11 +7,11 @@ use std::time::Instant;
 
 use candle::Result;
 
-use super::distributed::{Communicator, SingleProcess};
 use super::metrics::{append_metrics, truncate_metrics, MetricsRecord};
 use super::state::{EvalRecord, TrainObserver};
 use super::{Evaluation, Trainer};
 use crate::data::{Dataset, EvalSet, TrainSource};
+use crate::distributed::{Communicator, SingleProcess};
 use crate::run_dir::{BEST_DIR, METRICS_FILE};
 use crate::{RunError, RunResult};
 

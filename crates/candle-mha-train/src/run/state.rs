@@ -168,12 +168,12 @@ pub trait TrainObserver {
     /// After a validation evaluation that set a new best loss and was saved into `dir`.
     fn on_best(&mut self, _step: u64, _eval: &Evaluation, _dir: &Path) {}
     /// At each point of a checkpoint save into `dir` (before and after each file write and
-    /// rename, [`crate::commit::CommitPoint`]): an error stops the save there, leaving the files
+    /// rename, [`crate::run::commit::CommitPoint`]): an error stops the save there, leaving the files
     /// as a crash at that point would. For fault-injection tests; the default does nothing.
     fn at_commit_point(
         &mut self,
         _dir: &Path,
-        _point: &crate::commit::CommitPoint,
+        _point: &crate::run::commit::CommitPoint,
     ) -> candle::Result<()> {
         Ok(())
     }
@@ -202,20 +202,20 @@ pub enum Unverified {
 /// waited for a moment, then reported as [`RunError::SaveInProgress`](crate::RunError), a
 /// file that does not match as [`RunError::Damaged`](crate::RunError). A directory without
 /// a manifest is an error unless `unverified` allows it. See
-/// [`crate::commit::verify_file_set`].
+/// [`crate::run::commit::verify_file_set`].
 pub fn verify_checkpoint(
     dir: &Path,
     read: &[&str],
     unverified: Unverified,
 ) -> crate::RunResult<()> {
-    let state = crate::commit::verify_file_set(
+    let state = crate::run::commit::verify_file_set(
         dir,
-        crate::commit::SetFiles {
+        crate::run::commit::SetFiles {
             allowed: &CHECKPOINT_FILES,
             read,
         },
     )?;
-    if state == crate::commit::FileSetState::Unrecorded && unverified == Unverified::Refuse {
+    if state == crate::run::commit::FileSetState::Unrecorded && unverified == Unverified::Refuse {
         return Err(candle::Error::Msg(format!(
             "{} has no {MANIFEST_FILE}: its files cannot be checked to be one checkpoint (runs that `mha train` and `mha import` write have one); pass --unverified to read them anyway",
             dir.display()
@@ -239,4 +239,17 @@ pub(crate) fn model_files(dir: &Path) -> candle::Result<Vec<&'static str>> {
         files.push(LORA_FILE);
     }
     Ok(files)
+}
+/// The data description a run recorded in the `trainer_state.json` of checkpoint directory
+/// `run` (its paths resolved: see [`TrainerState::load`]); errors when the run was
+/// trained on data it did not describe (a library caller's own dataset).
+pub fn run_data_spec(run: &Path) -> candle::Result<DataSpec> {
+    let state = TrainerState::load(run)?;
+    match state.data {
+        Some(spec) => Ok(spec),
+        None => candle::bail!(
+            "{} does not say what the run was trained on (its trainer was given its data directly)",
+            run.join(crate::run_dir::STATE_FILE).display()
+        ),
+    }
 }

@@ -16,11 +16,11 @@ use std::time::Instant;
 use candle::backprop::GradStore;
 use candle::{DType, Device, Result};
 
-use super::distributed::{shard_range, Communicator, GradientBuckets, DEFAULT_BUCKET_BYTES};
 use super::state::StepStats;
 use super::trainer::{no_position, StepSizes};
 use super::Trainer;
 use crate::data::{Batch, Example, TrainSource};
+use crate::distributed::{shard_range, Communicator, GradientBuckets, DEFAULT_BUCKET_BYTES};
 use crate::{RunError, RunResult};
 
 /// One rank's part of a step, and the sizes of the whole global batch (every rank's part).
