@@ -22,7 +22,8 @@
 //! Layering, from the bottom (a module imports only from its own floor or below; the test
 //! `tests/layering.rs` checks every `crate::` path of `src/`):
 //!
-//! 0. Foundations: [`rng`] (seeded, portable randomness), [`init`] (PyTorch's initialisers),
+//! 0. Foundations: [`error`] (typed errors carried through `candle::Error`), [`rng`] (seeded,
+//!    portable randomness), [`init`] (PyTorch's initialisers),
 //!    [`autograd`] (backward from a given gradient), [`device`] (a device from a string),
 //!    [`io`] (atomic file writes), [`autocast`] (bf16 products in a scope), [`runtime`] (the process settings a program may opt into;
 //!    the library sets none), `numerics` (the dtype a reduction computes in) and `cpu`, the
@@ -58,6 +59,7 @@ pub mod bench_internals;
 pub mod checkpoint;
 mod cpu;
 pub mod device;
+pub mod error;
 pub mod init;
 pub mod io;
 pub mod nn;

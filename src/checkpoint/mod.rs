@@ -6,6 +6,8 @@
 //!   `{"format": "pt"}`, atomically. [`cast`] converts dtypes, float8 included.
 //! - [`load_into_varmap`] loads any model tree held in a `VarMap`, strictly or not, with a
 //!   [`LoadReport`] like PyTorch's `load_state_dict`.
+//! - [`CheckpointError`]: the failures a caller can match (unreadable, invalid, a strict
+//!   load's mismatches, an unsupported setting), carried through `candle::Error`.
 //! - [`find_attention_modules`] lists the attention layers of a checkpoint;
 //!   [`load_attention`] builds one, inferring its configuration; [`save_modules`] writes
 //!   modules at their prefixes.
@@ -17,6 +19,7 @@
 mod attention_io;
 mod cast;
 mod discover;
+mod error;
 mod load;
 mod pickle;
 mod report;
@@ -29,6 +32,7 @@ pub use attention_io::{
 };
 pub use cast::cast;
 pub use discover::{find_attention_modules, InferredAttention};
+pub use error::CheckpointError;
 pub use load::{load_into_varmap, load_into_varmap_owned, LoadOptions};
 pub use pickle::{load_pickle, parse_plain_pickle, save_torch, PickleValue};
 pub use report::{DtypeCast, LoadReport, ShapeMismatch};

@@ -87,11 +87,11 @@ impl LoadReport {
     /// The error of a strict load that found [`problems`](Self::problems), with `hint` (a
     /// sentence, or empty) after them and the full report below.
     pub fn strict_error(&self, hint: &str) -> candle::Error {
-        candle::Error::Msg(format!(
-            "Error(s) in loading state_dict for {}: {}; nothing was loaded (strict).{hint}\n{self}",
-            self.module,
-            self.problems()
-        ))
+        super::CheckpointError::Mismatch {
+            report: Box::new(self.clone()),
+            hint: hint.to_string(),
+        }
+        .into_candle()
     }
 }
 

@@ -72,24 +72,34 @@ impl CheckpointFormat {
 }
 
 fn io_err(path: &Path, e: std::io::Error) -> candle::Error {
-    candle::Error::Msg(format!("cannot read checkpoint {}: {e}", path.display()))
+    unreadable(path, e.to_string())
+}
+
+fn unreadable(path: &Path, reason: String) -> candle::Error {
+    super::CheckpointError::Unreadable {
+        path: path.to_path_buf(),
+        reason,
+    }
+    .into_candle()
 }
 
 fn open(path: &Path) -> Result<std::fs::File> {
     if path.is_dir() {
-        candle::bail!(
-            "cannot read checkpoint {}: it is a directory, expected a file",
-            path.display()
-        )
+        return Err(unreadable(
+            path,
+            "it is a directory, expected a file".into(),
+        ));
     }
     // A device or a FIFO (`/dev/zero`, `/dev/urandom`) has no end to read to.
     let meta = std::fs::metadata(path).map_err(|e| io_err(path, e))?;
     if !meta.is_file() {
-        candle::bail!(
-            "cannot read checkpoint {}: not a regular file ({:?}); expected a safetensors or torch.save file",
-            path.display(),
-            meta.file_type()
-        )
+        return Err(unreadable(
+            path,
+            format!(
+                "not a regular file ({:?}); expected a safetensors or torch.save file",
+                meta.file_type()
+            ),
+        ));
     }
     std::fs::File::open(path).map_err(|e| io_err(path, e))
 }
@@ -112,8 +122,14 @@ impl StateDict {
     /// PyTorch equivalent: `safetensors.torch.load_file(path)` / `torch.load(path)["state_dict"]`.
     pub fn load(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let ctx = |e: candle::Error| {
-            candle::Error::Msg(format!("cannot read checkpoint {}: {e}", path.display()))
+        // What went wrong inside the file; an error that already says which it is stays.
+        let ctx = |e: candle::Error| match crate::error::find::<super::CheckpointError>(&e) {
+            Some(_) => e,
+            None => super::CheckpointError::Invalid {
+                path: path.to_path_buf(),
+                reason: e.to_string(),
+            }
+            .into_candle(),
         };
         match CheckpointFormat::detect(path)? {
             CheckpointFormat::Safetensors => Self::read_safetensors(path).map_err(ctx),

@@ -4,13 +4,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use candle_mha::candle::{DType, Device};
-use candle_mha::checkpoint::{load_into_varmap_owned, LoadOptions};
-use candle_mha::zeroed_var_builder;
 use candle_mha_train::data::{Codec, Corpus, RunSplit};
-use candle_mha_train::models::{NextTokenPredictor, NextTokenPredictorConfig};
+use candle_mha_train::models::NextTokenPredictor;
 use candle_mha_train::run::checkpoint_corpus;
-use candle_mha_train::run_dir::{CONFIG_FILE, MODEL_FILE};
-use candle_nn::VarMap;
 
 /// The options `mha eval` and `mha vocab-matrix` share: a checkpoint, the corpus to run it
 /// over, the batch and the device.
@@ -110,11 +106,11 @@ pub struct Checkpoint {
     pub codec: Codec,
 }
 
-/// Loads `config.json`, `model.safetensors` (strictly: a config that does not match the
-/// weights is an error with the load report) and the vocabulary or tokenizer, after checking
-/// them against the checkpoint's `checkpoint.json`. What `config.json` says is bounded before
-/// anything is built (a directory without `checkpoint.json` only with `--unverified`; the codec skipping unknown text with `--skip-unknown`): its sizes as the options' ranges, its parameters by the weights file's
-/// size, and the model with batches of `batch` sequences by this machine's memory.
+/// Opens the checkpoint directory ([`candle_mha_train::Checkpoint::open`]: one save, its
+/// configuration bounded and sized against its weights; a directory without
+/// `checkpoint.json` only with `--unverified`), checks the model with batches of `batch`
+/// sequences against this machine's memory, and loads it strictly (the codec skipping unknown
+/// text with `--skip-unknown`).
 pub fn open(
     dir: &Path,
     read: &ReadOptions,
@@ -122,32 +118,8 @@ pub fn open(
     device: &Device,
     batch: usize,
 ) -> Result<Checkpoint> {
-    let config = dir.join(CONFIG_FILE);
-    if std::fs::symlink_metadata(&config).is_err() {
-        anyhow::bail!(
-            "cannot read model config {}: no such file; expected a checkpoint directory written by `mha train`",
-            config.display()
-        )
-    }
-    // The files below must be one checkpoint, not parts of two saves.
-    candle_mha_train::verify_model_files(dir, trust(read.unverified))?;
-    let cfg = NextTokenPredictorConfig::load(dir.join(CONFIG_FILE))?;
-    // A LoRA run's weights are its base's (checked by hash when read) plus a small adapter.
-    let path = match candle_mha_train::run::lora::LoraRecord::load(dir, &cfg)? {
-        Some(record) => record.base.dir.join(MODEL_FILE),
-        None => dir.join(MODEL_FILE),
-    };
-    let file_bytes = std::fs::metadata(&path)
-        .with_context(|| format!("reading {}", path.display()))?
-        .len();
-    // Every parameter takes at least 2 bytes in the file (bf16/f16; the trainer writes f32).
-    let params = cfg.parameter_count();
-    if u128::from(file_bytes) < params * 2 {
-        anyhow::bail!(
-            "{}: config.json describes a model of {params} parameters, but {MODEL_FILE} has only {file_bytes} bytes: they are not one checkpoint",
-            dir.display()
-        )
-    }
+    let ckpt = candle_mha_train::Checkpoint::open(dir, trust(read.unverified))?;
+    let cfg = &ckpt.config;
     if let Some(limit) = crate::bounds::memory_limit() {
         let need = |b: usize| cfg.memory(dtype, b as u128 * cfg.max_len as u128, false);
         let batch = batch.max(1);
@@ -163,35 +135,20 @@ pub fn open(
                 None => anyhow::bail!("{first}"),
             }
         }
-        if file_bytes > limit {
+        if ckpt.weights_bytes > limit {
             anyhow::bail!(
-                "{}: {file_bytes} bytes, more than this machine's memory ({limit} bytes)",
-                path.display()
+                "{}: {} bytes, more than this machine's memory ({limit} bytes)",
+                ckpt.weights_file.display(),
+                ckpt.weights_bytes
             )
         }
     }
-    let codec = Codec::load_dir(dir)?;
-    if codec.vocab_size() > cfg.vocab_size {
-        anyhow::bail!(
-            "{}: the tokenization has {} ids but config.json says vocab_size {}",
-            dir.display(),
-            codec.vocab_size(),
-            cfg.vocab_size
-        )
-    }
-    // Zeros that take no memory until the checkpoint's tensors fill them, each freed once
-    // copied: the model is held once, not twice, while it loads.
-    let varmap = VarMap::new();
-    let model = NextTokenPredictor::new(cfg.clone(), zeroed_var_builder(&varmap, dtype, device))?;
-    let weights = candle_mha_train::run::lora::model_weights(dir, &cfg)?;
-    let opts = LoadOptions::new()
-        .with_module("NextTokenPredictor")
-        .with_source(&path.display().to_string());
-    load_into_varmap_owned(&varmap, weights, &opts)
+    let model = ckpt
+        .model(dtype, device)
         .with_context(|| format!("loading {}", dir.display()))?;
     let codec = match read.skip_unknown {
-        true => codec.skipping_unknown(),
-        false => codec,
+        true => ckpt.codec.skipping_unknown(),
+        false => ckpt.codec,
     };
     Ok(Checkpoint { model, codec })
 }

@@ -214,7 +214,7 @@ fn bad_data_and_checkpoints_are_clear_errors() -> Result<()> {
     );
     let (ok, _, stderr) = mha(&["eval", "--checkpoint", &p("missing")])?;
     assert!(
-        !ok && stderr.contains("cannot read model config"),
+        !ok && stderr.contains("config.json: no such file"),
         "{stderr}"
     );
     Ok(())

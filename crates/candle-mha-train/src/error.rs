@@ -4,9 +4,18 @@
 use std::path::PathBuf;
 
 /// The failures a caller of [`Session`](crate::Session) or [`Trainer`](crate::Trainer) may
-/// want to tell apart; everything
-/// else (a disk error, a bad option, a damaged file) is [`Other`](Self::Other). Converts into
-/// `candle::Error` (its message kept), so `?` works in code returning `candle::Result`.
+/// want to tell apart; everything else (a disk error, a bad option) is [`Other`](Self::Other),
+/// where [`candle_mha::error::find`] finds the typed errors of checkpoints
+/// ([`candle_mha::checkpoint::CheckpointError`]) and data ([`crate::data::DataError`]).
+/// Converts into `candle::Error` as itself, so `?` works in code returning `candle::Result` and
+/// a caller of such code still matches it:
+///
+/// ```
+/// use candle_mha_train::RunError;
+/// let e: candle_mha::candle::Error = RunError::NoRun { dir: "runs/x".into() }.into();
+/// assert!(matches!(candle_mha::error::find(&e), Some(RunError::NoRun { .. })));
+/// assert!(matches!(RunError::from(e), RunError::NoRun { .. }));
+/// ```
 ///
 /// PyTorch equivalent: none (a training script raises `RuntimeError`s).
 #[derive(Debug, thiserror::Error)]
@@ -106,15 +115,25 @@ pub enum RunError {
     },
     /// Any other failure.
     #[error(transparent)]
-    Other(#[from] candle::Error),
+    Other(candle::Error),
 }
 
+/// A variant travels as itself ([`candle_mha::error::typed`]): `candle_mha::error::find` and
+/// `RunError::from` get it back.
 impl From<RunError> for candle::Error {
     fn from(e: RunError) -> Self {
         match e {
             RunError::Other(e) => e,
-            e => candle::Error::Msg(e.to_string()),
+            e => candle_mha::error::typed(e),
         }
+    }
+}
+
+/// The variant a `candle::Error` carries (one that went through `?` into `candle::Result`),
+/// else [`RunError::Other`].
+impl From<candle::Error> for RunError {
+    fn from(e: candle::Error) -> Self {
+        candle_mha::error::take::<RunError>(e).unwrap_or_else(RunError::Other)
     }
 }
 
@@ -135,7 +154,12 @@ mod tests {
             text,
             "runs/x already holds a run: resume it, or choose another directory"
         );
-        assert_eq!(candle::Error::from(e).to_string(), text);
+        let carried = candle::Error::from(e);
+        assert_eq!(carried.to_string(), text);
+        assert!(matches!(
+            RunError::from(carried),
+            RunError::RunExists { dir } if dir == std::path::Path::new("runs/x")
+        ));
         let inner = candle::Error::Msg("disk full".into());
         assert!(matches!(RunError::from(inner), RunError::Other(_)));
     }

@@ -65,10 +65,10 @@ pub mod run_dir;
 pub use error::{RunError, RunResult};
 pub use run::{
     append_metrics, device_kind, evaluate, evaluate_examples, read_metrics, truncate_metrics,
-    verify_checkpoint, verify_model_files, BaselineEvaluation, BigramBaseline, EvalRecord,
-    Evaluation, ImportedRecord, LrSchedule, MetricsLog, MetricsRecord, ModelFor, NewData, NewRun,
-    ResumeRun, Session, StepShard, StepStats, TrainConfig, TrainObserver, Trainer, TrainerState,
-    Unverified, MAX_METRICS_BYTES, STATE_VERSION,
+    verify_checkpoint, verify_model_files, BaselineEvaluation, BigramBaseline, Checkpoint,
+    EvalRecord, Evaluation, ImportedRecord, LrSchedule, MetricsLog, MetricsRecord, ModelFor,
+    NewData, NewRun, ResumeRun, Session, StepShard, StepStats, TrainConfig, TrainObserver, Trainer,
+    TrainerState, Unverified, MAX_METRICS_BYTES, STATE_VERSION,
 };
 
 /// The guide's example of the Llama-family API, compiled as a doctest.

@@ -122,17 +122,13 @@ fn new_data(args: &TrainArgs) -> NewData {
 }
 
 /// The data a resumed run is given when it records none (an imported checkpoint): the
-/// options' data, text encoded with the run's own tokenizer unless --tokenizer says.
+/// options' data (text encoded with the run's own tokenizer unless --tokenizer says:
+/// [`NewData::encoded_for`]).
 fn resume_data(args: &TrainArgs) -> Option<NewData> {
     if args.tokens.is_none() && args.data.is_none() && args.text.is_empty() {
         return None;
     }
-    let mut data = new_data(args);
-    if let NewData::Text { job, .. } = &mut data {
-        let own = args.out.join(candle_mha_train::run_dir::TOKENIZER_FILE);
-        job.tokenizer = job.tokenizer.clone().or(Some(own));
-    }
-    Some(data)
+    Some(new_data(args))
 }
 
 /// Runs `mha train`: one process, or one rank of a data-parallel run (`mpirun -n N`), which

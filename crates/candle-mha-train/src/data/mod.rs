@@ -19,6 +19,7 @@
 mod batch;
 mod corpus;
 mod dataset;
+mod error;
 mod example;
 mod prepare;
 mod prepare_job;
@@ -39,6 +40,7 @@ mod windows;
 pub use batch::{batches, Batch};
 pub use corpus::{Corpus, RunSplit};
 pub use dataset::Dataset;
+pub use error::DataError;
 pub use example::Example;
 pub use prepare::{prepare_text, prepare_token_files, PrepareOptions, PrepareProgress};
 pub use prepare_job::{

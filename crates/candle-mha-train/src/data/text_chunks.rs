@@ -205,7 +205,7 @@ pub fn expand_sources(sources: &[PathBuf]) -> Result<Vec<PathBuf>> {
         } else if src.exists() {
             vec![src.clone()]
         } else {
-            candle::bail!("{}: no such file or directory", src.display())
+            return Err(super::DataError::NotFound { path: src.clone() }.into());
         };
         for p in found {
             // A file reached twice (named twice, or through a symbolic link) is read once.

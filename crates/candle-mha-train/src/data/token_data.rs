@@ -414,15 +414,20 @@ impl TokenData {
                 "nanogpt" => NANOGPT_FILES[p],
                 _ => TOKENS_FILE,
             };
-            candle::bail!(
-                "{}: id {id} at offset {i} (byte {}) is {}; the file is damaged or not this data's: prepare the data again",
-                self.dir.join(file).display(),
-                i * self.meta.dtype.width(),
-                match u64::from(id) >= vocab {
-                    true => format!("outside the vocabulary of {vocab} ids"),
-                    false => format!("above the largest id prepared, {}", limit - 1),
-                }
-            )
+            return Err(super::DataError::IdOutOfRange {
+                path: self.dir.join(file),
+                id: id.into(),
+                vocab,
+                detail: format!(
+                    "id {id} at offset {i} (byte {}) is {}; the file is damaged or not this data's: prepare the data again",
+                    i * self.meta.dtype.width(),
+                    match u64::from(id) >= vocab {
+                        true => format!("outside the vocabulary of {vocab} ids"),
+                        false => format!("above the largest id prepared, {}", limit - 1),
+                    }
+                ),
+            }
+            .into());
         }
         Ok(())
     }
@@ -536,24 +541,33 @@ impl TokenData {
             // nanoGPT's data without meta.pkl records no tokenizer: its ids must fit.
             let need = self.meta.max_id.map_or(0, |m| m as usize + 1);
             if codec.vocab_size() < need {
-                candle::bail!(
-                    "{what} has {} ids, but the data in {} holds id {}",
-                    codec.vocab_size(),
-                    self.dir.display(),
-                    need - 1
-                )
+                return Err(super::DataError::IdOutOfRange {
+                    path: self.dir.clone(),
+                    id: need as u64 - 1,
+                    vocab: codec.vocab_size() as u64,
+                    detail: format!(
+                        "the data holds id {}, but {what} has {} ids",
+                        need - 1,
+                        codec.vocab_size()
+                    ),
+                }
+                .into());
             }
             return Ok(());
         }
         let fp = codec.fingerprint()?;
         if fp != self.meta.codec_sha256 {
-            candle::bail!(
-                "{what} does not match the data in {}: the tokens were made with another tokenization (hash {}…, the data's {}…); use the data's own {} or prepare the data again",
-                self.dir.display(),
-                &fp[..12],
-                &self.meta.codec_sha256[..12.min(self.meta.codec_sha256.len())],
-                self.meta.codec_file
-            )
+            return Err(super::DataError::TokenizerMismatch {
+                dir: self.dir.clone(),
+                what: what.to_string(),
+                detail: format!(
+                    "the tokens were made with another tokenization (hash {}…, the data's {}…); use the data's own {} or prepare the data again",
+                    &fp[..12],
+                    &self.meta.codec_sha256[..12.min(self.meta.codec_sha256.len())],
+                    self.meta.codec_file
+                ),
+            }
+            .into());
         }
         Ok(())
     }

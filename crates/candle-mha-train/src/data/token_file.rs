@@ -36,6 +36,12 @@ pub fn read_token_file(path: &Path, max_tokens: usize) -> Result<Vec<Vec<String>
             path.display()
         )));
     }
+    if std::fs::symlink_metadata(path).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound) {
+        return Err(super::DataError::NotFound {
+            path: path.to_path_buf(),
+        }
+        .into());
+    }
     let bytes = candle_mha::io::read_input(path, MAX_TOKEN_FILE_BYTES)
         .map_err(|e| candle::Error::Msg(format!("reading token file: {e}")))?;
     let text = String::from_utf8(bytes).map_err(|e| {

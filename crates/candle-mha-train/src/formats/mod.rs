@@ -19,8 +19,7 @@ use candle_nn::VarMap;
 use crate::data::{Codec, TextTokenizer};
 use crate::models::{NextTokenPredictor, NextTokenPredictorConfig};
 use crate::run::staged_dir::StagedDir;
-use crate::run_dir::CONFIG_FILE;
-use crate::{verify_model_files, ImportedRecord, TrainConfig, Trainer, Unverified};
+use crate::{ImportedRecord, TrainConfig, Trainer, Unverified};
 use gpt2_names::{Gpt2Format, Gpt2Report};
 use hf_dir::json;
 
@@ -155,8 +154,7 @@ pub(crate) fn codec_for(
 /// PyTorch equivalent: `model.save_pretrained(out)`.
 pub fn export_hugging_face(run: &Path, out: &Path, unverified: Unverified) -> Result<&'static str> {
     let staged = StagedDir::new(out, "mha export")?;
-    verify_model_files(run, unverified)?;
-    let cfg = NextTokenPredictorConfig::load(run.join(CONFIG_FILE))?;
+    let cfg = crate::Checkpoint::open(run, unverified)?.config;
     let class = match (cfg.llama_config()?, &cfg.llama) {
         (Some(llama), Some(record)) => {
             hf_llama::write_export(run, &llama, record, staged.path())?;

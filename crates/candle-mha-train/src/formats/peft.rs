@@ -11,16 +11,15 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use candle::{DType, Device, Result};
-use candle_mha::checkpoint::{load_into_varmap_owned, LoadOptions, StateDict};
+use candle_mha::checkpoint::{load_into_varmap_owned, CheckpointError, LoadOptions, StateDict};
 use serde_json::{json, Value};
 
 use super::hf_dir::json;
 use crate::models::lora::{check_adapter, lora_names, LoraSite, LoraSpec};
-use crate::models::NextTokenPredictorConfig;
 use crate::run::lora::{frozen_model, LoraRecord};
 use crate::run::staged_dir::StagedDir;
-use crate::run_dir::{CONFIG_FILE, MODEL_FILE};
-use crate::{verify_model_files, TrainConfig, Trainer, Unverified};
+use crate::run_dir::MODEL_FILE;
+use crate::{TrainConfig, Trainer, Unverified};
 
 /// PEFT's adapter configuration file.
 pub const ADAPTER_CONFIG_FILE: &str = "adapter_config.json";
@@ -37,9 +36,9 @@ fn peft_name(site: &LoraSite, which: char) -> String {
 /// base run's `--format hf` export. Errors for a run without an adapter.
 pub fn export_peft(run: &Path, out: &Path, unverified: Unverified) -> Result<()> {
     let staged = StagedDir::new(out, "mha export")?;
-    verify_model_files(run, unverified)?;
-    let cfg = NextTokenPredictorConfig::load(run.join(CONFIG_FILE))?;
-    let Some(record) = LoraRecord::load(run, &cfg)? else {
+    let ckpt = crate::Checkpoint::open(run, unverified)?;
+    let cfg = ckpt.config;
+    let Some(record) = ckpt.lora else {
         candle::bail!(
             "{} is not a LoRA run (no lora.json): export its model with --format hf",
             run.display()
@@ -96,7 +95,14 @@ fn spec_of(config: &Value, path: &Path) -> Result<LoraSpec> {
     let field = |k: &str| config.get(k).filter(|v| !v.is_null());
     match field("peft_type").and_then(Value::as_str) {
         Some("LORA") => {}
-        other => return Err(bad(format!("peft_type {other:?}; expected \"LORA\""))),
+        other => {
+            return Err(CheckpointError::Unsupported {
+                path: path.to_path_buf(),
+                key: "peft_type".into(),
+                reason: format!("{other:?}; expected \"LORA\""),
+            }
+            .into_candle())
+        }
     }
     let rank = field("r")
         .and_then(Value::as_u64)
@@ -109,7 +115,12 @@ fn spec_of(config: &Value, path: &Path) -> Result<LoraSpec> {
             .ok_or_else(|| bad(format!("{k} is {v}; expected a number"))),
     };
     let unsupported = |k: &str, ok: &dyn Fn(&Value) -> bool| match field(k) {
-        Some(v) if !ok(v) => Err(bad(format!("{k} {v} is not supported (plain LoRA only)"))),
+        Some(v) if !ok(v) => Err(CheckpointError::Unsupported {
+            path: path.to_path_buf(),
+            key: k.to_string(),
+            reason: format!("{v} is not supported (plain LoRA only)"),
+        }
+        .into_candle()),
         _ => Ok(()),
     };
     let empty = |v: &Value| {
@@ -162,8 +173,8 @@ fn spec_of(config: &Value, path: &Path) -> Result<LoraSpec> {
 /// base has, or settings a LoRA run cannot hold.
 pub fn import_peft(dir: &Path, base: &Path, out: &Path, unverified: Unverified) -> Result<()> {
     let staged = StagedDir::new(out, "mha import")?;
-    verify_model_files(base, unverified)?;
-    let cfg = NextTokenPredictorConfig::load(base.join(CONFIG_FILE))?;
+    let base_ckpt = crate::Checkpoint::open(base, unverified)?;
+    let cfg = base_ckpt.config.clone();
     let config_path = dir.join(ADAPTER_CONFIG_FILE);
     let spec = spec_of(&json(&config_path)?, &config_path)?.resolved(&cfg)?;
     let weights_path = dir.join(ADAPTER_WEIGHTS_FILE);
@@ -222,7 +233,7 @@ pub fn import_peft(dir: &Path, base: &Path, out: &Path, unverified: Unverified) 
         ..TrainConfig::for_text()
     };
     let trainer = Trainer::from_imported(model, varmap, train, None, 0, None)?
-        .with_codec(crate::data::Codec::load_dir(base)?)
+        .with_codec(base_ckpt.codec.clone())
         .with_lora_record(record);
     trainer.save(staged.path())?;
     staged.finish()

@@ -6,6 +6,8 @@
 //! directories ([`staged_dir`]), what a refused command undoes ([`undo`]), LoRA runs on a
 //! frozen base ([`lora`]), and [`Session`], the one call behind `mha train`.
 //!
+//! A checkpoint directory is opened by [`Checkpoint::open`], for every reader.
+//!
 //! Also here: [`LrSchedule`], [`evaluate`], the count models of `baseline.rs`
 //! ([`BigramBaseline`]), and [`checkpoint_corpus`] (a run's own data, for evaluation).
 
@@ -16,6 +18,7 @@ pub mod staged_dir;
 pub mod undo;
 
 mod baseline;
+mod checkpoint;
 mod config;
 mod corpus;
 mod data_parallel;
@@ -28,6 +31,7 @@ mod train_loop;
 pub(crate) mod trainer;
 
 pub use baseline::{BaselineEvaluation, BigramBaseline};
+pub use checkpoint::Checkpoint;
 pub use config::TrainConfig;
 pub use corpus::checkpoint_corpus;
 pub use data_parallel::StepShard;

@@ -68,8 +68,7 @@ use crate::run::lock::DirLock;
 use crate::run::metrics::read_metrics;
 use crate::run::state::device_kind;
 use crate::run_dir::{
-    BEST_DIR, CHECKPOINT_FILES, CONFIG_FILE, METRICS_FILE, MODEL_FILE, OPTIMIZER_FILE,
-    RUN_DATA_DIR, STATE_FILE,
+    BEST_DIR, CHECKPOINT_FILES, CONFIG_FILE, METRICS_FILE, OPTIMIZER_FILE, RUN_DATA_DIR, STATE_FILE,
 };
 use crate::{Evaluation, TrainConfig, TrainObserver, Trainer, TrainerState};
 use crate::{RunError, RunResult};
@@ -119,8 +118,9 @@ pub struct ResumeRun {
     /// Bytes of memory the run may need at most ([`crate::limits::MemoryEstimate`], checked
     /// before the model is built); `None`: no check.
     pub memory_limit: Option<u64>,
-    /// What to train on when the run does not say (an imported checkpoint: `mha import`);
-    /// ignored when it does (its own data is kept).
+    /// What to train on when the run does not say (an imported checkpoint: `mha import`),
+    /// text encoded with the run's own tokenizer unless the job names one
+    /// ([`NewData::encoded_for`]); ignored when it does (its own data is kept).
     pub data: Option<NewData>,
 }
 
@@ -160,6 +160,21 @@ pub struct NewRun {
     /// (which the run references, not copies) instead of every weight; `None`: full
     /// fine-tuning.
     pub lora: Option<crate::models::lora::LoraSpec>,
+}
+
+impl NewData {
+    /// Text for the model of checkpoint `dir` is encoded with its tokenizer (its
+    /// `tokenizer.json`), not a new BPE, unless the job names one: the one place that default
+    /// is decided (a new run's `init_from`, a resumed run given data).
+    pub fn encoded_for(mut self, dir: &Path) -> Self {
+        if let NewData::Text { job, .. } = &mut self {
+            let own = dir.join(crate::run_dir::TOKENIZER_FILE);
+            if job.tokenizer.is_none() && own.exists() {
+                job.tokenizer = Some(own);
+            }
+        }
+        self
+    }
 }
 
 impl NewRun {

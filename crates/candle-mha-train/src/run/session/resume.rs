@@ -51,7 +51,7 @@ impl Session {
         check_dtype(dtype)?;
         let (spec, new_lock) = match (state.data.clone(), how.data) {
             (Some(spec), _) => (spec, None),
-            (None, Some(data)) => new_spec(dir, data, comm, observer)?,
+            (None, Some(data)) => new_spec(dir, data.encoded_for(dir), comm, observer)?,
             (None, None) => return Err(candle::Error::Msg(format!(
                 "{} does not say what the run trains on (an imported checkpoint, or a trainer given its data directly): give its data",
                 dir.join(STATE_FILE).display()

@@ -13,13 +13,12 @@ struct Init {
 
 impl Init {
     fn load(dir: &Path, unverified: crate::Unverified) -> Result<Self> {
-        crate::verify_model_files(dir, unverified)?;
-        let config = NextTokenPredictorConfig::load(dir.join(CONFIG_FILE))?;
+        let ckpt = crate::Checkpoint::open(dir, unverified)?;
         Ok(Self {
-            codec: Codec::load_dir(dir)?,
-            weights: crate::run::lora::model_weights(dir, &config)?,
-            config,
-            source: dir.join(MODEL_FILE).display().to_string(),
+            weights: ckpt.weights()?,
+            source: ckpt.weights_file.display().to_string(),
+            config: ckpt.config,
+            codec: ckpt.codec,
         })
     }
 }
@@ -50,12 +49,8 @@ impl Session {
         if comm.rank() == 0 {
             check_fresh(dir, matches!(run.data, NewData::Text { .. }))?;
         }
-        // Text for a checkpoint's model is encoded with its tokenizer, not a new BPE.
-        if let (Some(init), NewData::Text { job, .. }) = (&run.init_from, &mut run.data) {
-            let own = init.join(crate::run_dir::TOKENIZER_FILE);
-            if job.tokenizer.is_none() && own.exists() {
-                job.tokenizer = Some(own);
-            }
+        if let Some(init) = &run.init_from {
+            run.data = run.data.encoded_for(init);
         }
         let (spec, data_lock) = new_spec(dir, run.data, comm, observer)?;
         if run.verify_data && comm.rank() == 0 {
