@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use candle_mha::candle::{DType, Device};
-use candle_mha_train::data::{Codec, Corpus, RunSplit};
+use candle_mha_train::data::{Codec, Corpus, DataSource, RunSplit};
 use candle_mha_train::models::NextTokenPredictor;
 use candle_mha_train::run::checkpoint_corpus;
 
@@ -49,15 +49,10 @@ impl CorpusArgs {
             self.batch_size,
         )?;
         let len = ckpt.model.config().max_len + 1;
-        let (name, corpus) = checkpoint_corpus(
-            &self.checkpoint,
-            self.tokens.as_deref(),
-            self.text.as_deref(),
-            self.data.as_deref(),
-            &ckpt.codec,
-            len,
-            split,
-        )?;
+        let text: Vec<PathBuf> = self.text.iter().cloned().collect();
+        let source = DataSource::from_options(self.tokens.as_deref(), &text, self.data.as_deref())?;
+        let (name, corpus) =
+            checkpoint_corpus(&self.checkpoint, source.as_ref(), &ckpt.codec, len, split)?;
         Ok(CorpusRun {
             ckpt,
             device,

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use candle_mha::candle::DType;
-use candle_mha_train::data::{DataSpec, PrepareJob, DEFAULT_CHUNK_BYTES};
+use candle_mha_train::data::{DataSource, DataSpec, PrepareJob, DEFAULT_CHUNK_BYTES};
 use candle_mha_train::distributed::{rank_prefix, Communicator, GradientBuckets};
 use candle_mha_train::models::lora::LoraSpec;
 use candle_mha_train::models::NextTokenPredictorConfig;
@@ -77,58 +77,61 @@ fn check_options(args: &TrainArgs) -> Result<()> {
     Ok(())
 }
 
-/// What a new run trains on, from `--tokens`, `--text`, `--data` or the synthetic task.
-fn new_data(args: &TrainArgs) -> NewData {
-    if let Some(p) = &args.tokens {
-        return NewData::Spec(DataSpec::Tokens {
-            path: p.clone(),
-            val_fraction: args.val_fraction(),
-            seed: args.seed(),
-        });
-    }
-    if let Some(dir) = &args.data {
-        return NewData::Prepared {
-            dir: dir.clone(),
-            tokenizer: args.tokenizer.clone(),
-            val_fraction: args.val_fraction,
-            eval_windows: args.eval_windows(),
-        };
-    }
-    if !args.text.is_empty() {
-        let job = PrepareJob {
-            text: args.text.clone(),
-            tokens: Vec::new(),
-            tokenizer: args.tokenizer.clone(),
-            vocab_size: args.bpe_vocab(),
-            bpe_sample_mb: args.bpe_sample_mb(),
-            val_fraction: args.val_fraction(),
-            chunk_bytes: DEFAULT_CHUNK_BYTES,
-            skip_unknown: args.skip_unknown,
-        };
-        return NewData::Text {
-            job,
-            eval_windows: args.eval_windows(),
-        };
+/// What a new run trains on: `--tokens`, `--text` or `--data`, else the synthetic task.
+fn new_data(args: &TrainArgs) -> Result<NewData> {
+    match DataSource::from_options(args.tokens.as_deref(), &args.text, args.data.as_deref())? {
+        Some(DataSource::Tokens(path)) => {
+            return Ok(NewData::Spec(DataSpec::Tokens {
+                path,
+                val_fraction: args.val_fraction(),
+                seed: args.seed(),
+            }))
+        }
+        Some(DataSource::Prepared(dir)) => {
+            return Ok(NewData::Prepared {
+                dir,
+                tokenizer: args.tokenizer.clone(),
+                val_fraction: args.val_fraction,
+                eval_windows: args.eval_windows(),
+            })
+        }
+        Some(DataSource::Text(text)) => {
+            let job = PrepareJob {
+                text,
+                tokens: Vec::new(),
+                tokenizer: args.tokenizer.clone(),
+                vocab_size: args.bpe_vocab(),
+                bpe_sample_mb: args.bpe_sample_mb(),
+                val_fraction: args.val_fraction(),
+                chunk_bytes: DEFAULT_CHUNK_BYTES,
+                skip_unknown: args.skip_unknown,
+            };
+            return Ok(NewData::Text {
+                job,
+                eval_windows: args.eval_windows(),
+            });
+        }
+        None => {}
     }
     let (num_keys, num_values, pairs, train_examples) = args.synthetic();
-    NewData::Spec(DataSpec::Synthetic {
+    Ok(NewData::Spec(DataSpec::Synthetic {
         num_keys,
         num_values,
         pairs,
         train_examples,
         val_examples: 1000,
         seed: args.seed(),
-    })
+    }))
 }
 
 /// The data a resumed run is given when it records none (an imported checkpoint): the
 /// options' data (text encoded with the run's own tokenizer unless --tokenizer says:
 /// [`NewData::encoded_for`]).
-fn resume_data(args: &TrainArgs) -> Option<NewData> {
+fn resume_data(args: &TrainArgs) -> Result<Option<NewData>> {
     if args.tokens.is_none() && args.data.is_none() && args.text.is_empty() {
-        return None;
+        return Ok(None);
     }
-    Some(new_data(args))
+    new_data(args).map(Some)
 }
 
 /// Runs `mha train`: one process, or one rank of a data-parallel run (`mpirun -n N`), which
@@ -199,10 +202,10 @@ fn plan(args: &TrainArgs) -> Result<Plan> {
             dtype: None,
             verify_data: args.verify,
             memory_limit: crate::bounds::memory_limit(),
-            data: resume_data(args),
+            data: resume_data(args)?,
         }));
     }
-    let mut run = NewRun::new(new_data(args), args.train_config())
+    let mut run = NewRun::new(new_data(args)?, args.train_config())
         .with_model(Box::new({
             let args = args.clone();
             move |vocab, longest| args.model_config(vocab, longest)

@@ -24,6 +24,7 @@ mod example;
 mod prepare;
 mod prepare_job;
 mod source;
+mod source_args;
 mod spec;
 mod synthetic;
 mod text;
@@ -48,6 +49,7 @@ pub use prepare_job::{
     DEFAULT_BPE_VOCAB,
 };
 pub use source::{EvalSet, TrainSource, WindowSource};
+pub use source_args::DataSource;
 pub use spec::{
     example_text_bytes, open_prepared, target_bytes, DataSpec, RunData, DEFAULT_EVAL_WINDOWS,
 };

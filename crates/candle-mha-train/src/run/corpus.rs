@@ -6,21 +6,19 @@ use std::path::Path;
 use candle::Result;
 
 use super::run_data_spec;
-use crate::data::{open_prepared, Codec, Corpus, DataSpec, RunSplit};
+use crate::data::{open_prepared, Codec, Corpus, DataSource, DataSpec, RunSplit};
 
-/// The data an analysis or evaluation command reads: `tokens`, `text` or `data` when given
-/// (encoded with, or checked against, the checkpoint's `codec`), else the run's own `split`
+/// The data an analysis or evaluation command reads: `source` when given (encoded with, or
+/// checked against, the checkpoint's `codec`; text: one file), else the run's own `split`
 /// rebuilt from `trainer_state.json`. Returns a description for messages and the corpus.
 pub fn checkpoint_corpus(
     checkpoint: &Path,
-    tokens: Option<&Path>,
-    text: Option<&Path>,
-    data: Option<&Path>,
+    source: Option<&DataSource>,
     codec: &Codec,
     max_tokens: usize,
     split: RunSplit,
 ) -> Result<(String, Corpus)> {
-    if let Some(p) = tokens {
+    if let Some(DataSource::Tokens(p)) = source {
         let spec = DataSpec::Tokens {
             path: p.to_path_buf(),
             val_fraction: 0.0,
@@ -35,7 +33,13 @@ pub fn checkpoint_corpus(
         };
         return Ok((p.display().to_string(), Corpus::Sequences(d)));
     }
-    if let Some(p) = text {
+    if let Some(DataSource::Text(files)) = source {
+        let [p] = &files[..] else {
+            candle::bail!(
+                "--text: {} files; an evaluation reads one text file",
+                files.len()
+            )
+        };
         let Codec::Text(tok) = codec else {
             candle::bail!(
                 "this checkpoint uses a symbol vocabulary: give it a token file, not text"
@@ -49,7 +53,7 @@ pub fn checkpoint_corpus(
             },
         ));
     }
-    if let Some(dir) = data {
+    if let Some(DataSource::Prepared(dir)) = source {
         let (d, _) = open_prepared(dir, Some(codec), "the checkpoint's tokenizer")?;
         let range = match split {
             RunSplit::Train => d.meta().train_range(),
