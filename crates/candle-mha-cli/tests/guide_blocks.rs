@@ -1,6 +1,7 @@
-//! Every `sh` block of the guides a user follows to train and to bring a model in
-//! (`docs/training.md`, `bring-your-own-gpt.md`, `llama.md`, `lora.md`) runs here, in order, in
-//! one scratch directory per guide. A block that cannot run here follows a line
+//! Every `sh` block of the guides (`docs/*.md` but the benchmarks' page, whose commands are
+//! the benchmarks) runs here, in order, in one scratch directory per guide: `mha` commands and
+//! the examples (`cargo run --release --example NAME`: the binary `cargo test` built beside
+//! `mha`). A block that cannot run here (a GPU, Python, MPI, CI itself) follows a line
 //! `<!-- guides: not run: REASON -->`, and its guide says why in its text.
 //!
 //! What the blocks name as the user's own is put in place first, under the names the guides
@@ -17,13 +18,8 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 
-/// The guides whose blocks run.
-const GUIDES: [&str; 4] = [
-    "training.md",
-    "bring-your-own-gpt.md",
-    "llama.md",
-    "lora.md",
-];
+/// The pages of `docs/` that are not guides: their commands are the benchmarks.
+const NOT_GUIDES: [&str; 1] = ["benchmarks.md"];
 
 /// The marker of a block that cannot run here.
 const NOT_RUN: &str = "<!-- guides: not run:";
@@ -65,7 +61,8 @@ fn without_comment(line: &str) -> &str {
     line.trim_end()
 }
 
-/// The commands of a block: continued lines joined, comments and blank lines dropped.
+/// The commands of a block: continued lines joined, `&&` split, comments and blank lines
+/// dropped.
 fn commands(block: &[String]) -> Vec<String> {
     let mut out = Vec::new();
     let mut current = String::new();
@@ -75,8 +72,11 @@ fn commands(block: &[String]) -> Vec<String> {
             Some(part) => current.push_str(part),
             None => {
                 current.push_str(line);
-                if !current.trim().is_empty() {
-                    out.push(current.trim().to_string());
+                // `a && b` runs both (the test stops at the first failure anyway).
+                for part in current.split(" && ") {
+                    if !part.trim().is_empty() {
+                        out.push(part.trim().to_string());
+                    }
                 }
                 current.clear();
             }
@@ -85,16 +85,57 @@ fn commands(block: &[String]) -> Vec<String> {
     out
 }
 
-/// The arguments after `mha` of a command as a guide shows it (`mha …`, `cargo run
-/// --release -- …`, `target/release/mha …`).
-fn mha_args(command: &str) -> Result<Vec<String>> {
+/// What a guide's command runs: `mha` (`mha …`, `cargo run --release -- …`,
+/// `target/release/mha …`) or an example (`cargo run --release --example NAME [-- …]`), and
+/// its arguments.
+#[derive(Debug, PartialEq)]
+enum Program {
+    Mha,
+    Example(String),
+}
+
+fn program(command: &str) -> Result<(Program, Vec<String>)> {
     let words = common::shell_words(command)?;
-    let at = match words.iter().map(String::as_str).collect::<Vec<_>>()[..] {
-        ["mha", ..] | ["target/release/mha", ..] => 1,
-        ["cargo", "run", "--release", "--", ..] => 4,
-        _ => bail!("{command:?} is not an mha command (mark its block {NOT_RUN} … -->)"),
+    let w: Vec<&str> = words.iter().map(String::as_str).collect();
+    let (program, at) = match w[..] {
+        ["mha", ..] | ["target/release/mha", ..] => (Program::Mha, 1),
+        ["cargo", "run", "--release", "--", ..] => (Program::Mha, 4),
+        ["cargo", "run", "--release", "--example", name, "--", ..] => {
+            (Program::Example(name.to_string()), 6)
+        }
+        ["cargo", "run", "--release", "--example", name] => (Program::Example(name.to_string()), 5),
+        _ => bail!(
+            "{command:?} is not an mha command or an example (mark its block {NOT_RUN} … -->)"
+        ),
     };
-    Ok(words[at..].to_vec())
+    Ok((program, words[at..].to_vec()))
+}
+
+/// [`program`]'s arguments of an `mha` command.
+#[cfg(test)]
+fn mha_args(command: &str) -> Result<Vec<String>> {
+    match program(command)? {
+        (Program::Mha, args) => Ok(args),
+        (other, _) => bail!("{command:?} runs {other:?}"),
+    }
+}
+
+/// The binary of `program`: `mha`, or an example's beside it (`cargo test` at the root builds
+/// every example).
+fn binary(program: &Program) -> Result<std::path::PathBuf> {
+    let mha = Path::new(common::mha_exe()?);
+    match program {
+        Program::Mha => Ok(mha.to_path_buf()),
+        Program::Example(name) => {
+            let exe = mha.with_file_name("examples").join(name);
+            anyhow::ensure!(
+                exe.exists(),
+                "{}: not built; `cargo test --release` at the workspace's root builds every example",
+                exe.display()
+            );
+            Ok(exe)
+        }
+    }
 }
 
 /// `args` with its training cut short: 2 steps for a new run, 2 more than the run holds for a
@@ -175,6 +216,10 @@ fn user_files(dir: &Path) -> Result<()> {
         &guides.join("shakespeare_char"),
         &dir.join("data/shakespeare_char"),
     )?;
+    // checkpoints.md reads a fixture by its path in the repository.
+    let ckpt = "tests/fixtures/checkpoints/encoder_bf.pt";
+    std::fs::create_dir_all(dir.join("tests/fixtures/checkpoints"))?;
+    std::fs::copy(common::repo_root().join(ckpt), dir.join(ckpt))?;
     std::fs::create_dir_all(dir.join("out-shakespeare-char"))?;
     std::fs::copy(
         fixtures.join("gpt2/nanogpt-own/ckpt.pt"),
@@ -185,39 +230,48 @@ fn user_files(dir: &Path) -> Result<()> {
 
 #[test]
 fn every_guide_block_runs_or_says_why_not() -> Result<()> {
-    let root = common::repo_root();
-    for guide in GUIDES {
-        let text = std::fs::read_to_string(root.join("docs").join(guide))?;
-        let blocks = sh_blocks(&text);
-        assert!(!blocks.is_empty(), "{guide}: no sh block");
+    let docs = common::repo_root().join("docs");
+    let mut guides: Vec<String> = std::fs::read_dir(&docs)?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".md") && !NOT_GUIDES.contains(&n.as_str()))
+        .collect();
+    guides.sort();
+    assert!(guides.len() >= 8, "{guides:?}");
+    let mut ran = 0;
+    for guide in &guides {
+        let text = std::fs::read_to_string(docs.join(guide))?;
         let tmp = tempfile::tempdir()?;
         let dir = tmp.path();
         user_files(dir)?;
-        let mut ran = 0;
-        for (block, marked) in &blocks {
-            if *marked {
+        for (block, marked) in sh_blocks(&text) {
+            if marked {
                 continue;
             }
-            for command in commands(block) {
+            for command in commands(&block) {
                 // The guides name the Debian machine's licenses; here they are the GPL's text.
                 let command = command.replace("/usr/share/common-licenses", "licenses");
-                let args = short(mha_args(&command).context(guide)?, dir)?;
-                eprintln!("{guide}: mha {}", args.join(" "));
-                let out = std::process::Command::new(common::mha_exe()?)
+                let (program, args) = program(&command).context(guide.clone())?;
+                let args = match program {
+                    Program::Mha => short(args, dir)?,
+                    Program::Example(_) => args,
+                };
+                eprintln!("{guide}: {program:?} {}", args.join(" "));
+                let out = std::process::Command::new(binary(&program)?)
                     .args(&args)
                     .current_dir(dir)
                     .output()?;
                 assert!(
                     out.status.success(),
-                    "{guide}: {command}\n(run as mha {args:?})\n{}\n{}",
+                    "{guide}: {command}\n(run as {program:?} {args:?})\n{}\n{}",
                     String::from_utf8_lossy(&out.stdout),
                     String::from_utf8_lossy(&out.stderr)
                 );
                 ran += 1;
             }
         }
-        assert!(ran > 0, "{guide}: no command ran");
     }
+    assert!(ran >= 40, "only {ran} commands ran");
     Ok(())
 }
 
@@ -228,18 +282,26 @@ fn blocks_are_read_as_a_shell_would() -> Result<()> {
         "mha train --text \"my # notes\" \\",
         "  --steps 5   # a comment",
         "",
-        "cargo run --release -- eval --checkpoint runs/x",
+        "cargo run --release -- eval --checkpoint runs/x && mha info runs/x",
     ]
     .map(str::to_string)
     .to_vec();
     let c = commands(&block);
-    assert_eq!(c.len(), 2);
+    assert_eq!(c.len(), 3);
+    assert_eq!(c[2], "mha info runs/x");
     assert_eq!(
         mha_args(&c[0])?,
         ["train", "--text", "my # notes", "--steps", "5"]
     );
     assert_eq!(mha_args(&c[1])?, ["eval", "--checkpoint", "runs/x"]);
-    assert!(mha_args("python -c 'import torch'").is_err());
+    assert!(program("python -c 'import torch'").is_err());
+    assert_eq!(
+        program("cargo run --release --example quickstart -- a b")?,
+        (
+            Program::Example("quickstart".into()),
+            vec!["a".into(), "b".into()]
+        )
+    );
     let tmp = tempfile::tempdir()?;
     assert_eq!(
         short(mha_args(&c[0])?, tmp.path())?,
