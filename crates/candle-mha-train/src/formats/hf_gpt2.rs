@@ -45,14 +45,15 @@ pub fn read_hugging_face(dir: &Path, tokenizer: Option<&Path>) -> Result<Importe
 /// `lm_head` has none).
 ///
 /// PyTorch equivalent: `model.save_pretrained(out)`.
-pub(super) fn write_export(run: &Path, cfg: &NextTokenPredictorConfig, dir: &Path) -> Result<()> {
+pub(super) fn write_export(run: &crate::Checkpoint, dir: &Path) -> Result<()> {
+    let cfg = &run.config;
     if cfg.head_has_bias() {
         candle::bail!(
             "{}: the model's head is not tied to the token embedding and has a bias (a run made before heads lost theirs by default); GPT2LMHeadModel's lm_head has none",
-            run.display()
+            run.dir.display()
         )
     }
-    let ours = crate::run::lora::model_weights(run, cfg)?;
+    let ours = run.weights()?;
     let theirs = to_gpt2(&ours, Gpt2Format::HuggingFace, cfg)?;
     // GPT-2 has a bias in every Conv1D and LayerNorm: zeros add nothing.
     let with_biases = NextTokenPredictorConfig {
@@ -76,7 +77,7 @@ pub(super) fn write_export(run: &Path, cfg: &NextTokenPredictorConfig, dir: &Pat
             .chain(zero_biases),
     );
     let mut config = config_to_hf(cfg);
-    let codec = Codec::load_dir(run)?;
+    let codec = &run.codec;
     // Written even when unknown (null): GPT2Config's defaults (50256) lie outside a smaller
     // vocabulary, which transformers warns about.
     config["bos_token_id"] = codec.bos_id().into();

@@ -272,19 +272,18 @@ fn dtype_name(d: DType) -> &'static str {
 /// `generation_config.json`, the weights under their names in their source dtypes
 /// ([`write_hf_dir`]'s files), the tokenizer.
 pub(super) fn write_export(
-    run: &Path,
+    run: &crate::Checkpoint,
     llama: &LlamaConfig,
     record: &LlamaRecord,
     dir: &Path,
 ) -> Result<()> {
     // The names are Hugging Face's already; each weight goes back in its source dtype.
-    let cfg = crate::models::NextTokenPredictorConfig::load(run.join(crate::run_dir::CONFIG_FILE))?;
-    let ours = crate::run::lora::model_weights(run, &cfg)?;
+    let ours = run.weights()?;
     let weights = parameter_shapes(llama)
         .into_iter()
         .map(|(name, _)| match ours.get(&name) {
             Some(t) => Ok((name, t.clone())),
-            None => candle::bail!("{}: model.safetensors lacks {name}", run.display()),
+            None => candle::bail!("{}: model.safetensors lacks {name}", run.dir.display()),
         })
         .collect::<Result<Vec<_>>>()?;
     let dtypes: Vec<(String, DType)> = record
@@ -307,9 +306,8 @@ pub(super) fn write_export(
         &weights,
         &dtypes,
     )?;
-    let codec = Codec::load_dir(run)?;
-    if let Codec::Text(_) = codec {
-        codec.save_dir(dir)?;
+    if let Codec::Text(_) = run.codec {
+        run.codec.save_dir(dir)?;
     }
     Ok(())
 }

@@ -154,14 +154,14 @@ pub(crate) fn codec_for(
 /// PyTorch equivalent: `model.save_pretrained(out)`.
 pub fn export_hugging_face(run: &Path, out: &Path, unverified: Unverified) -> Result<&'static str> {
     let staged = StagedDir::new(out, "mha export")?;
-    let cfg = crate::Checkpoint::open(run, unverified)?.config;
-    let class = match (cfg.llama_config()?, &cfg.llama) {
+    let ckpt = crate::Checkpoint::open(run, unverified)?;
+    let class = match (ckpt.config.llama_config()?, &ckpt.config.llama) {
         (Some(llama), Some(record)) => {
-            hf_llama::write_export(run, &llama, record, staged.path())?;
+            hf_llama::write_export(&ckpt, &llama, record, staged.path())?;
             llama.family.architecture()
         }
         _ => {
-            hf_gpt2::write_export(run, &cfg, staged.path())?;
+            hf_gpt2::write_export(&ckpt, staged.path())?;
             "GPT2LMHeadModel"
         }
     };

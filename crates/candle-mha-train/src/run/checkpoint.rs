@@ -8,7 +8,7 @@ use candle::{DType, Device, Result};
 use candle_mha::checkpoint::{load_into_varmap_owned, CheckpointError, LoadOptions, StateDict};
 use candle_nn::VarMap;
 
-use super::lora::{model_weights, LoraRecord};
+use super::lora::{merged_weights, LoraRecord};
 use super::state::{verify_model_files, Unverified};
 use crate::data::Codec;
 use crate::models::{NextTokenPredictor, NextTokenPredictorConfig};
@@ -98,7 +98,7 @@ impl Checkpoint {
     /// The model's weights under our names (a LoRA run's merged into its base's, the base
     /// checked by its hash).
     pub fn weights(&self) -> Result<StateDict> {
-        model_weights(&self.dir, &self.config)
+        merged_weights(&self.dir, &self.config, self.lora.as_ref())
     }
 
     /// The model in `dtype` on `device`, loaded strictly (a `config.json` that does not match

@@ -132,8 +132,17 @@ impl LoraRecord {
 ///
 /// PyTorch equivalent: `PeftModel.from_pretrained(base, dir).merge_and_unload().state_dict()`.
 pub fn model_weights(dir: &Path, cfg: &NextTokenPredictorConfig) -> Result<StateDict> {
+    merged_weights(dir, cfg, LoraRecord::load(dir, cfg)?.as_ref())
+}
+
+/// [`model_weights`] of the checkpoint in `dir` whose `lora.json` was already read (`lora`).
+pub(crate) fn merged_weights(
+    dir: &Path,
+    cfg: &NextTokenPredictorConfig,
+    lora: Option<&LoraRecord>,
+) -> Result<StateDict> {
     let own = StateDict::load(dir.join(MODEL_FILE))?;
-    match LoraRecord::load(dir, cfg)? {
+    match lora {
         Some(record) => merge_into(record.base_weights(cfg)?, &own, cfg, &record.spec)
             .map_err(|e| candle::Error::Msg(format!("{}: {e}", dir.display()))),
         None => Ok(own),
@@ -190,20 +199,20 @@ impl crate::Trainer {
 /// step 0 is the base exactly) and the variables they are, and the run's record. Errors when
 /// `base` is itself a LoRA run (adapt its merged export instead).
 pub(crate) fn start_model(
-    base: &Path,
-    cfg: &NextTokenPredictorConfig,
+    base: &super::Checkpoint,
     weights: StateDict,
     spec: &LoraSpec,
     (dtype, device, seed): (DType, &Device, u64),
 ) -> Result<(NextTokenPredictor, VarMap, LoraRecord)> {
-    if LoraRecord::load(base, cfg)?.is_some() {
+    if base.lora.is_some() {
         candle::bail!(
             "{} is a LoRA run: a LoRA run adapts a run of full weights (export this one with --format hf and import it, or fine-tune it without LoRA)",
-            base.display()
+            base.dir.display()
         )
     }
-    let record = LoraRecord::new(spec, cfg, base)?;
-    let source = base.join(MODEL_FILE).display().to_string();
+    let cfg = &base.config;
+    let record = LoraRecord::new(spec, cfg, &base.dir)?;
+    let source = base.weights_file.display().to_string();
     let model = frozen_model(cfg, weights, dtype, device, &source)?;
     let varmap = VarMap::new();
     let vb = candle_mha::seeded_var_builder(&varmap, seed, dtype, device);

@@ -3,12 +3,10 @@
 
 use super::*;
 
-/// The model, tokenization and weights of a checkpoint a new run starts from.
+/// The checkpoint a new run starts from, and its weights.
 struct Init {
-    config: NextTokenPredictorConfig,
-    codec: Codec,
+    ckpt: crate::Checkpoint,
     weights: candle_mha::checkpoint::StateDict,
-    source: String,
 }
 
 impl Init {
@@ -16,9 +14,7 @@ impl Init {
         let ckpt = crate::Checkpoint::open(dir, unverified)?;
         Ok(Self {
             weights: ckpt.weights()?,
-            source: ckpt.weights_file.display().to_string(),
-            config: ckpt.config,
-            codec: ckpt.codec,
+            ckpt,
         })
     }
 }
@@ -64,22 +60,27 @@ impl Session {
         let max_tokens = match &init {
             // Windows up to the checkpoint's context (shorter ones train its first positions).
             Some(i) => match run.max_len {
-                Some(m) if m > i.config.max_len => {
+                Some(m) if m > i.ckpt.config.max_len => {
                     return Err(candle::Error::Msg(format!(
                         "max_len {m}: longer than the context of the checkpoint to start from ({})",
-                        i.config.max_len
+                        i.ckpt.config.max_len
                     ))
                     .into())
                 }
                 Some(m) => Some(m + 1),
-                None => Some(i.config.max_len + 1),
+                None => Some(i.ckpt.config.max_len + 1),
             },
             None => run.max_len.map(|m| m + 1),
         };
         // Data for a checkpoint's model must be in its tokenization (checked by the load).
-        let data = spec.load(init.as_ref().map(|i| i.codec.clone()), None, 0, max_tokens)?;
+        let data = spec.load(
+            init.as_ref().map(|i| i.ckpt.codec.clone()),
+            None,
+            0,
+            max_tokens,
+        )?;
         let cfg = match &init {
-            Some(i) => i.config.clone(),
+            Some(i) => i.ckpt.config.clone(),
             None => (run.model)(data.codec.vocab_size(), data.longest),
         };
         cfg.validate()?;
@@ -94,18 +95,17 @@ impl Session {
             check_memory(&cfg, run.dtype, step, limit)?;
         }
         let seed = run.train.seed;
-        let (model, varmap, lora) = match (init, &run.lora, &run.init_from) {
-            (Some(i), Some(lora), Some(base)) => {
+        let (model, varmap, lora) = match (init, &run.lora) {
+            (Some(i), Some(lora)) => {
                 let (model, varmap, record) = crate::run::lora::start_model(
-                    base,
-                    &i.config,
+                    &i.ckpt,
                     i.weights,
                     lora,
                     (run.dtype, device, seed),
                 )?;
                 (model, varmap, Some(record))
             }
-            (init, _, _) => {
+            (init, _) => {
                 let varmap = VarMap::new();
                 // A checkpoint to start from fills every variable: no initialisation is
                 // drawn, and each of its tensors is let go once copied.
@@ -117,7 +117,7 @@ impl Session {
                 if let Some(i) = init {
                     let opts = candle_mha::checkpoint::LoadOptions::new()
                         .with_module("NextTokenPredictor")
-                        .with_source(&i.source);
+                        .with_source(&i.ckpt.weights_file.display().to_string());
                     candle_mha::checkpoint::load_into_varmap_owned(&varmap, i.weights, &opts)?;
                 }
                 (model, varmap, None)
