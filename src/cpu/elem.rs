@@ -8,7 +8,7 @@ use candle::WithDType;
 use super::gelu::GeluApproximate;
 use super::lanes::Lanes;
 use super::workspace::{AnyBuf, Pool};
-use super::{gelu, gelu_tanh, simd};
+use super::{gelu, gelu_tanh, silu, simd};
 
 /// An element type the CPU kernels run in (f32, f64): arithmetic, the scalar functions they
 /// need, the row primitives the attention, GELU, cross-entropy and optimizer loops share, and
@@ -53,6 +53,10 @@ pub(crate) trait Elem:
     fn gelu_row(x: &[Self], y: &mut [Self], approximate: GeluApproximate);
     /// `dx = g·gelu'(x)` (exact: `g·(Φ(x) + x·φ(x))`).
     fn gelu_grad_row(x: &[Self], g: &[Self], dx: &mut [Self], approximate: GeluApproximate);
+    /// `y = silu(g)·u`.
+    fn silu_mul_row(g: &[Self], u: &[Self], y: &mut [Self]);
+    /// The gradients of `g` and `u` given the output's `d`.
+    fn silu_mul_grad_row(g: &[Self], u: &[Self], d: &[Self], dg: &mut [Self], du: &mut [Self]);
     /// The process's pool of scratch buffers of this dtype.
     fn pool() -> &'static Pool<Self>;
     /// A pooled buffer of either dtype as this dtype, if it is.
@@ -60,6 +64,12 @@ pub(crate) trait Elem:
 }
 
 impl Elem for f64 {
+    fn silu_mul_row(g: &[Self], u: &[Self], y: &mut [Self]) {
+        silu::forward_row_f64(g, u, y)
+    }
+    fn silu_mul_grad_row(g: &[Self], u: &[Self], d: &[Self], dg: &mut [Self], du: &mut [Self]) {
+        silu::backward_row_f64(g, u, d, dg, du)
+    }
     fn pool() -> &'static Pool<Self> {
         static POOL: Pool<f64> = Pool::new();
         &POOL
@@ -113,6 +123,12 @@ impl Elem for f64 {
 }
 
 impl Elem for f32 {
+    fn silu_mul_row(g: &[Self], u: &[Self], y: &mut [Self]) {
+        silu::forward_row_f32(g, u, y)
+    }
+    fn silu_mul_grad_row(g: &[Self], u: &[Self], d: &[Self], dg: &mut [Self], du: &mut [Self]) {
+        silu::backward_row_f32(g, u, d, dg, du)
+    }
     fn pool() -> &'static Pool<Self> {
         static POOL: Pool<f32> = Pool::new();
         &POOL

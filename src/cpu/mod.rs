@@ -1,7 +1,8 @@
 //! The CPU kernel layer every fused op shares: the one element trait ([`Elem`]: f32 and
 //! f64), the one way of reading a storage ([`slice`], [`contiguous`]), the one matrix product
-//! ([`gemm`]), the SIMD math (`exp`, row reductions, the exact GELU), the fused linear op,
-//! the dtype rule ([`fused`], [`unsupported_dtype`]) and the one side channel ([`Stash`]).
+//! ([`gemm`]), the SIMD math (`exp`, row reductions, the exact GELU, SwiGLU's gate), the
+//! fused linear op, the dtype rule ([`fused`], [`unsupported_dtype`]) and the one side
+//! channel ([`Stash`]).
 //!
 //! The lowest layer besides `rng` and `init`: it imports nothing else of the crate, and the
 //! attention core, the `nn` layers and the training loops build on it.
@@ -20,6 +21,7 @@ mod linear;
 #[cfg(feature = "mkl")]
 pub(crate) mod mkl;
 pub(crate) mod par;
+mod silu;
 pub(crate) mod simd;
 mod slice;
 mod stash;
@@ -36,6 +38,7 @@ pub(crate) use linear::{
     linear, linear_backward_kept, linear_backward_slice, linear_forward, linear_forward_into,
     linear_forward_kept, linear_out_len,
 };
+pub(crate) use silu::{silu_mul, silu_mul_grad};
 pub(crate) use slice::{contiguous, filled_vec, slice, with_slice, written_vec};
 pub(crate) use stash::Stash;
 

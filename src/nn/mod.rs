@@ -38,6 +38,6 @@ pub use linear_gelu::{linear_gelu, linear_gelu_with, mlp, mlp_with};
 pub use lora::{Lora, LoraConfig, MAX_LORA_RANK};
 pub use rms_norm::{RmsNorm, RmsNormKind};
 pub use rotary::{apply_rotary, RopeScaling, RotaryEmbedding, MAX_ROPE_HEAD_DIM};
-pub use swiglu::SwiGlu;
+pub use swiglu::{silu_mul, SwiGlu};
 #[cfg(test)]
 mod tests;
