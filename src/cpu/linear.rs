@@ -5,7 +5,7 @@
 //! PyTorch equivalent: `F.linear(x, w, b)` (`addmm`).
 
 use candle::backend::BackendStorage;
-use candle::{CpuStorage, Device, Layout, Result, Shape, Storage, Tensor};
+use candle::{CpuStorage, DType, Device, Layout, Result, Shape, Storage, Tensor};
 use rayon::prelude::*;
 
 use super::workspace::{self, AnyBuf, Buf};
@@ -433,23 +433,32 @@ pub(crate) fn linear_forward_kept(
 /// The backward pass of [`linear_forward_kept`]'s layer from its output gradient: `d x = g·w`
 /// into a pooled buffer handed to `keep` (for the op that made `x`) when the token needs a
 /// gradient, the token then a zero one (what links the two backward passes in candle's
-/// graph); `d w = gᵀ·x` and `d b` the column sums of `g`, as `needs` says.
+/// graph); `d w = gᵀ·x` and `d b` the column sums of `g`, as `needs` says. `x` is `None` when
+/// the forward pass let it go, the weight taking no gradient.
 pub(crate) fn linear_backward_kept(
     op: &str,
-    x: &AnyBuf,
+    x: Option<&AnyBuf>,
     (token, w, grad): (&Tensor, &Tensor, &Tensor),
     needs: NeedsGrad,
     keep: impl FnOnce(AnyBuf) -> Result<()>,
 ) -> Result<Grads3> {
-    match x {
-        AnyBuf::F32(x) => backward_kept::<f32>(op, x, (token, w, grad), needs, keep),
-        AnyBuf::F64(x) => backward_kept::<f64>(op, x, (token, w, grad), needs, keep),
+    let mismatch = || candle::Error::Msg(format!("{op}: the kept input has another dtype"));
+    match grad.dtype() {
+        DType::F32 => {
+            let x = x.map(|x| f32::of_any(x).ok_or_else(mismatch)).transpose()?;
+            backward_kept::<f32>(op, x, (token, w, grad), needs, keep)
+        }
+        DType::F64 => {
+            let x = x.map(|x| f64::of_any(x).ok_or_else(mismatch)).transpose()?;
+            backward_kept::<f64>(op, x, (token, w, grad), needs, keep)
+        }
+        dt => Err(unsupported_dtype(op, dt)),
     }
 }
 
 fn backward_kept<T: Elem>(
     op: &str,
-    x: &[T],
+    x: Option<&[T]>,
     (token, w, grad): (&Tensor, &Tensor, &Tensor),
     needs: NeedsGrad,
     keep: impl FnOnce(AnyBuf) -> Result<()>,
@@ -458,15 +467,20 @@ where
     AnyBuf: From<Buf<T>>,
 {
     let (n, k) = w.dims2()?;
-    let m = x.len() / k.max(1);
     with_slice(op, grad, |g: &[T]| {
-        if g.len() != m * n || x.len() != m * k {
+        let m = g.len() / n.max(1);
+        if g.len() != m * n || x.is_some_and(|x| x.len() != m * k) {
             candle::bail!(
-                "{op}: output gradient of {} elements for a ({m}, {n}) output of an input of {}",
+                "{op}: output gradient of {} elements for a ({m}, {n}) output of an input of {:?}",
                 g.len(),
-                x.len()
+                x.map(<[T]>::len)
             )
         }
+        let x = match (x, needs.w) {
+            (Some(x), _) => x,
+            (None, false) => &[],
+            (None, true) => candle::bail!("{op}: the weight's gradient needs the input it let go"),
+        };
         let d_token = needs
             .x
             .then(|| {

@@ -35,8 +35,8 @@ pub use gelu::GeluApproximate;
 pub(crate) use gelu::{gelu, gelu_grad, gelu_grad_into, gelu_into};
 pub(crate) use gemm::{gemm, gemm_from, Operand, Start, Threads};
 pub(crate) use linear::{
-    linear, linear_backward_kept, linear_backward_slice, linear_forward, linear_forward_into,
-    linear_forward_kept, linear_out_len,
+    input_grad_into, linear, linear_backward_kept, linear_backward_slice, linear_forward,
+    linear_forward_into, linear_forward_kept, linear_out_len,
 };
 pub(crate) use silu::{silu_mul, silu_mul_grad};
 pub(crate) use slice::{contiguous, filled_vec, slice, with_slice, written_vec};

@@ -75,13 +75,21 @@ impl CrossEntropy {
 
     /// `Σ (lse(row) − row[target])` over the kept rows, in f64.
     fn forward<T: Elem>(&self, x: &[T], v: usize) -> f64 {
+        self.chunk_sums(x, v, 0).into_iter().sum()
+    }
+
+    /// The terms of [`Self::forward`] for rows `first..` given as `x` (`first` a multiple of
+    /// `ROWS_PER_TASK`), one per chunk of that many rows: adding the chunks of successive
+    /// calls in order gives the sum of one call over all the rows, bit for bit.
+    pub(super) fn chunk_sums<T: Elem>(&self, x: &[T], v: usize, first: usize) -> Vec<f64> {
+        debug_assert_eq!(first % ROWS, 0);
         x.par_chunks(v * ROWS)
             .enumerate()
             .map(|(k, rows)| {
                 let mut buf = vec![T::ZERO; v];
                 let mut sum = 0f64;
                 for (i, row) in rows.chunks_exact(v).enumerate() {
-                    let r = k * ROWS + i;
+                    let r = first + k * ROWS + i;
                     if !self.keep[r] {
                         continue;
                     }
@@ -95,9 +103,7 @@ impl CrossEntropy {
             })
             // Collected in chunk order and added in that order: the same sum whichever thread
             // ran which chunk (rayon's own `sum` follows its work-stealing splits).
-            .collect::<Vec<f64>>()
-            .into_iter()
-            .sum()
+            .collect()
     }
 
     /// `g/count · (softmax(row) − onehot(target))` on kept rows, zeros elsewhere.
@@ -132,11 +138,22 @@ impl CrossEntropy {
     /// where the row counts, zeros elsewhere: the gradient of `scale·count` times the mean
     /// loss.
     pub(super) fn grad_in_place<T: Elem>(&self, d: &mut [T], v: usize, scale: f64) {
+        self.grad_in_place_from(d, v, scale, 0)
+    }
+
+    /// [`Self::grad_in_place`] on rows `first..` of the logits, given as `d`.
+    pub(super) fn grad_in_place_from<T: Elem>(
+        &self,
+        d: &mut [T],
+        v: usize,
+        scale: f64,
+        first: usize,
+    ) {
         d.par_chunks_mut(v * ROWS)
             .enumerate()
             .for_each(|(k, rows)| {
                 for (i, d) in rows.chunks_exact_mut(v).enumerate() {
-                    self.grad_row(k * ROWS + i, d, scale);
+                    self.grad_row(first + k * ROWS + i, d, scale);
                 }
             });
     }

@@ -13,6 +13,11 @@
 //! The gradient is computed for an upstream gradient of 1 (what `loss.backward()` seeds) and
 //! scaled by the actual one in the backward pass; for 1 the results equal the two ops' bit for
 //! bit.
+//!
+//! A frozen head (no gradient for `w` or `b`: LoRA, a tied embedding that is not trained)
+//! needs only `dx = d·w` from the logits' gradient, so the forward pass makes it there, a block
+//! of rows at a time, and keeps `dx (R, K)` instead of `d (R, V)`: the logits are never whole,
+//! and what stays until the backward pass is `V / K` times smaller (65× for GPT-2).
 
 use crate::cpu::CpuArg;
 use std::sync::Mutex;
@@ -23,20 +28,27 @@ use candle::{CpuStorage, Result, Shape, Tensor};
 use super::cross_entropy::{cross_entropy_rows, last_dim, CrossEntropy};
 use crate::cpu::workspace;
 use crate::cpu::{
-    fused, linear, linear_backward_slice, linear_forward, unsupported_dtype, Elem, Grads3,
-    NeedsGrad,
+    contiguous, filled_vec, fused, input_grad_into, linear, linear_backward_slice, linear_forward,
+    linear_forward_into, unsupported_dtype, Elem, Grads3, NeedsGrad, ROWS_PER_TASK as ROWS,
 };
 
 const OP: &str = "fused linear cross-entropy";
 
-/// The op over `(x, w, b)`: targets and kept rows are data of the op; the logits' gradient is
-/// kept between the passes.
+/// Bytes of logits a frozen head computes at once: large enough that each block's two
+/// products stream the weight for many rows, small next to a step's activations.
+const BLOCK_BYTES: usize = 32 << 20;
+
+/// The op over `(x, w, b)`: targets and kept rows are data of the op; the logits' gradient
+/// (or, for a frozen head, the input's) is kept between the passes.
 struct LinearCrossEntropy {
     ce: CrossEntropy,
     /// A plain allocation, not the workspace pool's: a pooled buffer held from the forward pass
     /// to the end of the graph left the pool short of the blocks' scratch buffers, which it then
     /// dropped and made anew every step (more page faults per step in a scratch probe).
     grad: Mutex<Option<CpuStorage>>,
+    /// `Some(rows)`: `w` and `b` take no gradient; `grad` holds `dx`, made `rows` rows (a
+    /// multiple of `ROWS_PER_TASK`) at a time.
+    frozen_block: Option<usize>,
 }
 
 impl LinearCrossEntropy {
@@ -50,6 +62,9 @@ impl LinearCrossEntropy {
     }
 
     fn fwd_as<T: Elem>(&self, x: CpuArg, w: CpuArg, b: Option<CpuArg>) -> Result<f64> {
+        if let Some(rows) = self.frozen_block {
+            return self.fwd_frozen::<T>(x, w, b, rows);
+        }
         let (mut logits, shape) = linear_forward::<T>(x, w, b)?;
         let v = last_dim(shape.dims())?;
         let loss = self.ce.mean(&logits, v);
@@ -59,9 +74,67 @@ impl LinearCrossEntropy {
         Ok(loss)
     }
 
+    /// The loss and `dx` of a frozen head, `rows` rows of logits at a time in one reused
+    /// buffer: each block's logits, its loss terms, its gradient in place, then its rows of
+    /// `dx = d·w`: the whole product's numbers within rounding (a short block's products may
+    /// round otherwise), the loss terms added in the same order.
+    fn fwd_frozen<T: Elem>(
+        &self,
+        (xs, xl): CpuArg,
+        w: CpuArg,
+        b: Option<CpuArg>,
+        rows: usize,
+    ) -> Result<f64> {
+        let (xd, wd) = (
+            contiguous::<T, _>(OP, xs, xl)?,
+            contiguous::<T, _>(OP, w.0, w.1)?,
+        );
+        let (v, k) = w.1.shape().dims2()?;
+        let m = xd.len() / k.max(1);
+        // Not the workspace pool's: a block this large would stay in it, handed to the
+        // blocks' smaller scratch buffers, whose sizes the pool then makes anew.
+        let mut logits = vec![T::ZERO; rows.min(m) * v];
+        let scale = 1.0 / self.ce.count();
+        let mut sum = 0f64;
+        // SAFETY: every block writes its `rr·k` elements of dx (the product overwrites).
+        let dx = unsafe {
+            filled_vec(m * k, |dx| {
+                for first in (0..m).step_by(rows) {
+                    let rr = rows.min(m - first);
+                    let at = xl.start_offset() + first * k;
+                    let block = candle::Layout::contiguous_with_offset((rr, k), at);
+                    let d = &mut logits[..rr * v];
+                    linear_forward_into((xs, &block), w, b, d)?;
+                    sum = (self.ce.chunk_sums(d, v, first).into_iter()).fold(sum, |s, c| s + c);
+                    self.ce.grad_in_place_from(d, v, scale, first);
+                    input_grad_into(d, wd, (rr, k, v), dx[first * k..].as_mut_ptr().cast());
+                }
+                Ok(())
+            })?
+        };
+        *self.grad.lock().unwrap_or_else(|p| p.into_inner()) = Some(T::to_cpu_storage_owned(dx));
+        Ok(sum / self.ce.count())
+    }
+
     fn bwd(&self, [x, w, _, grad]: [&Tensor; 4], needs: NeedsGrad) -> Result<Grads3> {
         let g = grad.to_dtype(candle::DType::F64)?.to_scalar::<f64>()?;
         let kept = self.grad.lock().unwrap_or_else(|p| p.into_inner());
+        if self.frozen_block.is_some() {
+            if needs.w || needs.b {
+                candle::bail!("{OP}: the head was frozen when the loss was computed")
+            }
+            let dx = match kept.as_ref() {
+                Some(CpuStorage::F32(dx)) => Tensor::from_slice(dx, x.shape(), x.device())?,
+                Some(CpuStorage::F64(dx)) => Tensor::from_slice(dx, x.shape(), x.device())?,
+                Some(_) => candle::bail!("{OP}: the kept gradient has another dtype"),
+                None => candle::bail!("{OP}: backward pass without a forward pass"),
+            };
+            let dx = match g == 1.0 {
+                true => dx,
+                false => dx.affine(g, 0.0)?,
+            };
+            return Ok((needs.x.then_some(dx), None, None));
+        }
         match kept.as_ref() {
             Some(CpuStorage::F32(d)) => backward_scaled(x, w, d, g, needs),
             Some(CpuStorage::F64(d)) => backward_scaled(x, w, d, g, needs),
@@ -107,6 +180,18 @@ pub fn linear_cross_entropy(
     targets: &Tensor,
     mask: &Tensor,
 ) -> Result<Tensor> {
+    linear_cross_entropy_blocked(x, w, b, targets, mask, BLOCK_BYTES)
+}
+
+/// [`linear_cross_entropy`] with a frozen head's logits made about `block_bytes` at a time.
+pub(super) fn linear_cross_entropy_blocked(
+    x: &Tensor,
+    w: &Tensor,
+    b: Option<&Tensor>,
+    targets: &Tensor,
+    mask: &Tensor,
+    block_bytes: usize,
+) -> Result<Tensor> {
     if !(fused(x) && x.rank() >= 2) {
         return cross_entropy_rows(&linear(x, w, b)?, targets, mask);
     }
@@ -118,9 +203,12 @@ pub fn linear_cross_entropy(
             w.dims()
         )
     }
+    let frozen = !w.track_op() && !b.is_some_and(|b| b.track_op()) && w.is_contiguous();
+    let row_bytes = v.max(1) * x.dtype().size_in_bytes();
     let op = LinearCrossEntropy {
         ce: CrossEntropy::new(targets, mask, x.elem_count() / k.max(1), v)?,
         grad: Mutex::new(None),
+        frozen_block: frozen.then(|| (block_bytes / row_bytes / ROWS).max(1) * ROWS),
     };
     let x = x.contiguous()?;
     crate::cpu::keep_weights(&[w]);

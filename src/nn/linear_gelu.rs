@@ -195,6 +195,9 @@ fn gelu_ops(x: &Tensor, approximate: GeluApproximate) -> Result<Tensor> {
 struct MlpOutput {
     /// The first layer's op of the same call (sharing its stashes).
     first: LinearGelu,
+    /// Whether `h` stays for the backward pass: only `d w2` reads it, so a frozen `w2` (LoRA)
+    /// lets it go once the forward pass has used it.
+    keep_hidden: bool,
 }
 
 impl MlpOutput {
@@ -206,15 +209,24 @@ impl MlpOutput {
     }
 
     fn fwd(&self, _token: CpuArg, w: CpuArg, b: Option<CpuArg>) -> Result<(CpuStorage, Shape)> {
-        let (h, shape) = self.hidden()?.value.get(OP)?;
+        let value = &self.hidden()?.value;
+        let (h, shape) = match self.keep_hidden {
+            true => value.get(OP)?,
+            false => value
+                .take()
+                .ok_or_else(|| candle::Error::Msg(format!("{OP}: the first layer has not run")))?,
+        };
         linear_forward_kept((&h, &shape), w, b)
     }
 
     /// `d h = g · w2` (into a pooled buffer for the first layer, when the token needs a
     /// gradient), `d w2 = gᵀ · h`, `d b2` the column sums of `g`.
     fn bwd(&self, [token, w, _, grad]: [&Tensor; 4], needs: NeedsGrad) -> Result<Grads3> {
-        let (h, _) = self.hidden()?.value.get(OP)?;
-        linear_backward_kept(OP, &h, (token, w, grad), needs, |dh| {
+        let h = match self.keep_hidden {
+            true => Some(self.hidden()?.value.get(OP)?.0),
+            false => None,
+        };
+        linear_backward_kept(OP, h.as_deref(), (token, w, grad), needs, |dh| {
             self.hidden()?.grad.put(dh);
             Ok(())
         })
@@ -259,7 +271,10 @@ pub fn mlp_with(
             };
             crate::cpu::keep_weights(&[w1, w2]);
             let token = x.apply_op3(w1, b1, first.clone())?;
-            let out = MlpOutput { first };
+            let out = MlpOutput {
+                first,
+                keep_hidden: w2.track_op(),
+            };
             match b2 {
                 Some(b2) => token.apply_op3(w2, b2, out),
                 None => token.apply_op2(w2, out),

@@ -5,10 +5,12 @@
 //! gets no gradient when it is frozen (a tensor no variable leads to): its backward pass
 //! computes `dx = g·W` and skips `gᵀ·x`, the product as large as the forward's.
 
-use candle::{Result, Tensor};
+use candle::backend::BackendStorage;
+use candle::{CpuStorage, Result, Shape, Tensor};
 use candle_nn::{Init, VarBuilder};
 
 use super::dropout::seeded_dropout_at;
+use crate::cpu::{contiguous, fused, gemm, unsupported_dtype, CpuArg, Elem, Grads, Threads};
 use crate::init::linear_weight;
 
 /// Largest rank a [`LoraConfig`] takes (PEFT does not bound it; ranks beyond a few hundred
@@ -194,7 +196,25 @@ impl Lora {
     /// backward pass costs one weight-sized product `gᵀ·x` (which the adapter's own two
     /// rank-`r` products avoid), so it is for ops whose other savings outweigh that.
     pub fn adapted_weight(&self, w: &Tensor) -> Result<Tensor> {
-        w + (self.b.matmul(&self.a)? * self.scaling)?
+        let (a, b) = (&self.a, &self.b);
+        let one_op = fused(w)
+            && [a, b]
+                .iter()
+                .all(|t| t.dtype() == w.dtype() && t.device().is_cpu())
+            && [w, a, b].iter().all(|t| t.is_contiguous());
+        if !one_op {
+            return w + (b.matmul(a)? * self.scaling)?;
+        }
+        let (out, inp) = w.dims2()?;
+        if b.dims2()?.0 != out || a.dims2()?.1 != inp {
+            candle::bail!(
+                "LoRA: lora_B {:?} · lora_A {:?} cannot adapt a weight of {:?}",
+                b.dims(),
+                a.dims(),
+                w.dims()
+            )
+        }
+        w.apply_op3(a, b, AdaptedWeight(self.scaling))
     }
 
     /// `s·B·A [out, in]`, in the dtype of `A`.
@@ -226,6 +246,70 @@ impl Lora {
         (w.to_dtype(dt)?.detach() + delta)?.to_dtype(w.dtype())
     }
 }
+
+/// `w + s·B·A` as one op on contiguous CPU tensors of one dtype (f32/f64): as three candle ops
+/// the graph would keep `B·A` and `s·B·A` (two weight-sized tensors per adapted layer) until
+/// the end of the step. Its backward pass: `dw = g`, `dB = s·g·Aᵀ`, `dA = s·Bᵀ·g`.
+struct AdaptedWeight(f64);
+
+const ADAPTED: &str = "LoRA adapted weight";
+
+impl AdaptedWeight {
+    fn forward<T: Elem>(&self, [(ws, wl), (as_, al), (bs, bl)]: [CpuArg; 3]) -> Result<Vec<T>> {
+        let w = contiguous::<T, _>(ADAPTED, ws, wl)?;
+        let (a, b) = (
+            contiguous::<T, _>(ADAPTED, as_, al)?,
+            contiguous::<T, _>(ADAPTED, bs, bl)?,
+        );
+        let ((out, inp), (r, _)) = (wl.shape().dims2()?, al.shape().dims2()?);
+        if a.len() != r * inp || b.len() != out * r {
+            candle::bail!(
+                "{ADAPTED}: A {:?} and B {:?} do not chain",
+                al.dims(),
+                bl.dims()
+            )
+        }
+        let mut y = w.to_vec();
+        // SAFETY: y is out×in, B out×r, A r×in, all contiguous (checked above).
+        unsafe {
+            gemm(
+                (out, inp, r),
+                (y.as_mut_ptr(), inp, 1),
+                true,
+                (b.as_ptr(), r, 1),
+                (a.as_ptr(), inp, 1),
+                T::from_f64(self.0),
+                Threads::All,
+            )
+        }
+        Ok(y)
+    }
+
+    fn fwd(&self, args: [CpuArg; 3]) -> Result<(CpuStorage, Shape)> {
+        let shape = args[0].1.shape().clone();
+        let y = match args[0].0 {
+            CpuStorage::F32(_) => CpuStorage::F32(self.forward(args)?),
+            CpuStorage::F64(_) => CpuStorage::F64(self.forward(args)?),
+            other => return Err(unsupported_dtype(ADAPTED, other.dtype())),
+        };
+        Ok((y, shape))
+    }
+
+    fn bwd(&self, [w, a, b]: [&Tensor; 3], _: &Tensor, grad: &Tensor) -> Result<Grads<3>> {
+        let g = grad.detach();
+        let da = a
+            .track_op()
+            .then(|| b.detach().t()?.matmul(&g)? * self.0)
+            .transpose()?;
+        let db = b
+            .track_op()
+            .then(|| g.matmul(&a.detach().t()?)? * self.0)
+            .transpose()?;
+        Ok([w.track_op().then_some(g), da, db])
+    }
+}
+
+crate::cpu::custom_op!(CustomOp3 for AdaptedWeight, "lora-adapted-weight", fwd: fwd, bwd: bwd);
 
 /// `y + lora.delta(x)` when there is an adapter, `y` otherwise.
 pub(crate) fn add_delta(
@@ -336,6 +420,38 @@ mod tests {
         let scale = max_diff(&expected, &expected.zeros_like()?)?;
         assert!(max_diff(gb, &expected)? < 1e-5 * scale);
         assert!(grads.get(a.as_tensor()).is_some());
+        Ok(())
+    }
+
+    /// The adapted weight's one op against candle's `w + (B·A)·s`: the weight and the
+    /// gradients of w, A and B (f32, f64), and no gradient for a frozen w.
+    #[test]
+    fn the_adapted_weight_op_equals_candle_ops() -> Result<()> {
+        for (dtype, tol) in [(DType::F32, 1e-5), (DType::F64, 1e-12)] {
+            let var = |s: &[usize], seed| -> Result<Var> {
+                Var::from_tensor(&randn(s, seed)?.to_dtype(dtype)?)
+            };
+            let (w, a, b) = (var(&[9, 14], 1)?, var(&[3, 14], 2)?, var(&[9, 3], 3)?);
+            let r = randn(&[9, 14], 4)?.to_dtype(dtype)?;
+            let lora = Lora::from_weights(a.as_tensor().clone(), b.as_tensor().clone(), 0.7, 0.0)?;
+            let op = lora.adapted_weight(&w)?;
+            let ops = (w.as_tensor() + (b.matmul(&a)? * 0.7)?)?;
+            let rel = |x: &Tensor, y: &Tensor| -> Result<f64> {
+                Ok(max_diff(x, y)? / max_diff(y, &y.zeros_like()?)?)
+            };
+            assert!(rel(&op, &ops)? < tol, "{dtype:?} weight");
+            let (g1, g2) = (
+                (&op * &r)?.sum_all()?.backward()?,
+                (&ops * &r)?.sum_all()?.backward()?,
+            );
+            for (name, v) in [("w", &w), ("A", &a), ("B", &b)] {
+                let (x, y) = (g1.get(v).expect("op grad"), g2.get(v).expect("ops grad"));
+                assert!(rel(x, y)? < tol, "{dtype:?} d{name}");
+            }
+            let frozen = lora.adapted_weight(&w.as_tensor().detach())?;
+            let g = frozen.sum_all()?.backward()?;
+            assert!(g.get(&w).is_none() && g.get(&a).is_some() && g.get(&b).is_some());
+        }
         Ok(())
     }
 

@@ -460,6 +460,50 @@ fn mlp_matches_separate_layers_forward_and_gradients() -> Result<()> {
     Ok(())
 }
 
+/// A frozen second layer (`w2`, `b2` plain tensors, as under LoRA): the pair lets the hidden
+/// activation go after its forward pass and still gives the separate layers' output and the
+/// gradients of x, w1 and b1, twice from one graph; `w2` gets none.
+#[test]
+fn mlp_with_a_frozen_second_layer_keeps_no_hidden_activation() -> Result<()> {
+    use crate::cpu::linear;
+    let dev = Device::Cpu;
+    for (case, &(lead, k, dtype, transpose)) in CASES.iter().enumerate() {
+        let seed = 750 + 10 * case as u64;
+        let (f, n) = (2 * k + 3, k + 2);
+        let shape: Vec<usize> = lead.iter().copied().chain([k]).collect();
+        let x = Var::from_tensor(&normal(0.0, 1.0, shape.clone(), dtype, &dev, seed)?)?;
+        let w1 = Var::from_tensor(&normal(0.0, 0.5, (f, k), dtype, &dev, seed + 1)?)?;
+        let b1 = Var::from_tensor(&normal(0.0, 0.5, f, dtype, &dev, seed + 3)?)?;
+        let w2 = normal(0.0, 0.5, (n, f), dtype, &dev, seed + 2)?;
+        let b2 = normal(0.0, 0.5, n, dtype, &dev, seed + 4)?;
+        let input = maybe_transposed(&x, transpose)?;
+        let fused = mlp(&input, (&w1, Some(&b1)), (&w2, Some(&b2)))?;
+        let reference = linear(&linear_gelu(&input, &w1, Some(&b1))?, &w2, Some(&b2))?;
+        let what = format!("case {case} {shape:?} {dtype:?} frozen w2");
+        let r = normal(0.0, 1.0, fused.shape(), dtype, &dev, seed + 5)?;
+        let loss = (&fused * &r)?.sum_all()?;
+        let (g1, g2) = (loss.backward()?, loss.backward()?);
+        assert!(
+            g1.get(&w2).is_none() && g1.get(&b2).is_none(),
+            "{what}: w2 grads"
+        );
+        let a = g2.get(&x).expect("dx");
+        assert_eq!(
+            rel_err(g1.get(&x).expect("dx"), a)?,
+            0.0,
+            "{what}: second backward"
+        );
+        check_op(
+            &what,
+            fused,
+            reference,
+            seed + 5,
+            &[("dx", &x), ("dw1", &w1), ("db1", &b1)],
+        )?;
+    }
+    Ok(())
+}
+
 /// The head + loss op against the linear op and the cross-entropy op: the same loss and, for
 /// `loss.backward()`, the same gradients of x, w and b bit for bit (f32, f64; with and
 /// without the bias; rows that do not count, one with a target outside the vocabulary); a
@@ -531,5 +575,52 @@ fn linear_cross_entropy_equals_the_two_ops() -> Result<()> {
     let t6 = Tensor::full(5u32, 6, &dev)?;
     let e = linear_cross_entropy(&x, &w, None, &t6, &m6).unwrap_err();
     assert!(e.to_string().contains("targets must be in [0, 5)"), "{e}");
+    Ok(())
+}
+
+/// A frozen head (`w` and `b` plain tensors): the loss and `dx` made a block of rows at a
+/// time in the forward pass equal the two ops' within rounding (a short block's products may
+/// round otherwise), in one block or several (the last one short), for an upstream 1 and
+/// another; `w` and `b` get no gradient.
+#[test]
+fn a_frozen_head_makes_dx_in_blocks_as_the_two_ops() -> Result<()> {
+    use super::linear_cross_entropy::linear_cross_entropy_blocked;
+    use crate::cpu::linear;
+    let dev = Device::Cpu;
+    let (r, k, v) = (75, 6, 13);
+    let targets: Vec<u32> = (0..r as u32).map(|i| (i * 5) % v as u32).collect();
+    let keep: Vec<u8> = (0..r).map(|i| u8::from(i % 5 != 3)).collect();
+    let (t, m) = (
+        Tensor::from_vec(targets, r, &dev)?,
+        Tensor::from_vec(keep, r, &dev)?,
+    );
+    for dtype in [DType::F32, DType::F64] {
+        let x = Var::from_tensor(&normal(0.0, 1.0, (3, 25, k), dtype, &dev, 31)?)?;
+        let w = normal(0.0, 0.7, (v, k), dtype, &dev, 32)?;
+        let b = normal(0.0, 0.5, v, dtype, &dev, 33)?;
+        let two = cross_entropy_rows(&linear(&x, &w, Some(&b))?, &t, &m)?;
+        let g_two = two.backward()?;
+        let dx_two = g_two.get(&x).expect("two ops: dx");
+        // 1 byte: blocks of 32 rows (32 + 32 + 11); the default: one block.
+        for block_bytes in [1, 1 << 20] {
+            let what = format!("{dtype:?} blocks of {block_bytes} bytes");
+            let fused = linear_cross_entropy_blocked(&x, &w, Some(&b), &t, &m, block_bytes)?;
+            check(&format!("{what}: loss"), &fused, &two, tol(dtype))?;
+            let g = fused.backward()?;
+            assert!(
+                g.get(&w).is_none() && g.get(&b).is_none(),
+                "{what}: head grads"
+            );
+            check(
+                &format!("{what}: dx"),
+                g.get(&x).expect("dx"),
+                dx_two,
+                tol(dtype),
+            )?;
+            let scaled = (&fused * 2.5)?.backward()?;
+            let expected = (dx_two * 2.5)?;
+            check(&what, scaled.get(&x).expect("dx"), &expected, tol(dtype))?;
+        }
+    }
     Ok(())
 }

@@ -30,7 +30,7 @@ impl ProjectedOutput {
     /// gradient), `d out_w = gᵀ · ctx`, `d out_b` the column sums of `g`.
     fn bwd(&self, [token, w, _, grad]: [&Tensor; 4], needs: NeedsGrad) -> Result<Grads3> {
         let (ctx, _) = self.op.context()?.value.get(OP)?;
-        linear_backward_kept(OP, &ctx, (token, w, grad), needs, |d_ctx| {
+        linear_backward_kept(OP, Some(&ctx), (token, w, grad), needs, |d_ctx| {
             self.op.context()?.grad.put(d_ctx);
             Ok(())
         })
