@@ -36,10 +36,10 @@ pub(crate) use gelu::{gelu, gelu_grad, gelu_grad_into, gelu_into};
 pub(crate) use gemm::{gemm, gemm_from, Operand, Start, Threads};
 pub(crate) use linear::{
     input_grad_into, linear, linear_backward_kept, linear_backward_slice, linear_forward,
-    linear_forward_into, linear_forward_kept, linear_out_len,
+    linear_forward_into, linear_forward_kept, linear_forward_slice, linear_out_len, weight_grad,
 };
 pub(crate) use silu::{silu_mul, silu_mul_grad};
-pub(crate) use slice::{contiguous, filled_vec, slice, with_slice, written_vec};
+pub(crate) use slice::{contiguous, filled_vec, slice, with_slice, written_vec, AsCpu};
 pub(crate) use stash::Stash;
 
 /// Rows per rayon task of the row ops. Fixed, not derived from the thread count, so that sums

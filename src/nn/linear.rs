@@ -8,6 +8,7 @@ use candle::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
 
 use super::lora::{add_delta, Lora};
+use super::lora_linear::lora_linear;
 use crate::init::linear_weight;
 
 /// `y = x Wᵀ + b` over the last dimension, for inputs of any rank.
@@ -92,8 +93,20 @@ impl Linear {
     /// The output in training mode: the adapter's dropout drawn from `(seed, offset)` (see
     /// [`Lora::delta`]); the same as `forward` without an adapter or dropout.
     pub fn forward_train(&self, x: &Tensor, dropout: (u64, u64)) -> Result<Tensor> {
+        self.forward_with(x, Some(dropout))
+    }
+
+    /// The output, the adapter in one op with the frozen layer where it can be.
+    fn forward_with(&self, x: &Tensor, train: Option<(u64, u64)>) -> Result<Tensor> {
+        if let Some(l) = &self.lora {
+            let dropout_now = train.is_some() && l.dropout() > 0.0;
+            let bias = self.bias.as_ref();
+            if let Some(y) = lora_linear(x, &self.weight, bias, l, dropout_now)? {
+                return Ok(y);
+            }
+        }
         let y = crate::cpu::linear(x, &self.weight, self.bias.as_ref())?;
-        add_delta(y, self.lora.as_ref(), x, Some(dropout))
+        add_delta(y, self.lora.as_ref(), x, train)
     }
 
     /// `weight [out, in]` (without the adapter's update).
@@ -109,7 +122,6 @@ impl Linear {
 
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = crate::cpu::linear(x, &self.weight, self.bias.as_ref())?;
-        add_delta(y, self.lora.as_ref(), x, None)
+        self.forward_with(x, None)
     }
 }

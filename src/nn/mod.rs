@@ -21,6 +21,7 @@ mod linear;
 mod linear_cross_entropy;
 mod linear_gelu;
 mod lora;
+mod lora_linear;
 mod rms_norm;
 mod rotary;
 mod swiglu;
@@ -38,6 +39,6 @@ pub use linear_gelu::{linear_gelu, linear_gelu_with, mlp, mlp_with};
 pub use lora::{Lora, LoraConfig, MAX_LORA_RANK};
 pub use rms_norm::{RmsNorm, RmsNormKind};
 pub use rotary::{apply_rotary, RopeScaling, RotaryEmbedding, MAX_ROPE_HEAD_DIM};
-pub use swiglu::{silu_mul, SwiGlu};
+pub use swiglu::{silu_mul, silu_mul_linear, SwiGlu};
 #[cfg(test)]
 mod tests;

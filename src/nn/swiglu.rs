@@ -10,7 +10,10 @@ use candle::{CpuStorage, DType, Device, Module, Result, Shape, Tensor};
 use candle_nn::VarBuilder;
 
 use super::{Linear, Lora};
-use crate::cpu::{contiguous, fused, unsupported_dtype, with_slice, CpuArg, Elem, Grads};
+use crate::cpu::{
+    contiguous, fused, input_grad_into, linear_forward_slice, unsupported_dtype, weight_grad,
+    with_slice, written_vec, CpuArg, Elem, Grads,
+};
 
 const OP: &str = "fused silu_mul";
 
@@ -72,6 +75,104 @@ impl SiluMul {
             dt => Err(unsupported_dtype(OP, dt)),
         }
     }
+}
+
+/// `(silu(g)·u)·wᵀ` on contiguous CPU tensors of one dtype (f32/f64): SwiGLU's gate and its
+/// down projection, keeping `g`, `u` and `w` only. The hidden `h = silu(g)·u (…, I)`, the
+/// block's widest activation, lives during the forward pass and again, remade, in the
+/// backward pass when `w` takes a gradient.
+struct SiluMulLinear;
+
+crate::cpu::custom_op!(CustomOp3 for SiluMulLinear, "fused-silu-mul-linear", fwd: fwd, bwd: bwd);
+
+impl SiluMulLinear {
+    fn fwd(&self, [g, u, w]: [CpuArg; 3]) -> Result<(CpuStorage, Shape)> {
+        fn run<T: Elem>(g: CpuArg, u: CpuArg, w: CpuArg) -> Result<(Vec<T>, Shape)> {
+            let h = SiluMul::forward::<T>([g, u])?;
+            linear_forward_slice((&h, g.1.dims()), w, None)
+        }
+        match g.0 {
+            CpuStorage::F32(_) => run::<f32>(g, u, w).map(|(y, s)| (CpuStorage::F32(y), s)),
+            CpuStorage::F64(_) => run::<f64>(g, u, w).map(|(y, s)| (CpuStorage::F64(y), s)),
+            other => Err(unsupported_dtype(OP, other.dtype())),
+        }
+    }
+
+    /// `dh = grad·w`, then `dg`, `du` from it; `dw = gradᵀ·h` with `h` made again.
+    fn backward<T: Elem>([g, u, w]: [&Tensor; 3], grad: &Tensor) -> Result<Grads<3>> {
+        let (n, k) = w.dims2()?;
+        let [gd, ud, d, wd] = [g, u, grad, w].map(|t| t.contiguous());
+        let (gd, ud, d, wd) = (gd?, ud?, d?, wd?);
+        with_slice::<T, _>(OP, &gd, |gs| {
+            with_slice::<T, _>(OP, &ud, |us| {
+                with_slice::<T, _>(OP, &d, |ds| {
+                    with_slice::<T, _>(OP, &wd, |ws| {
+                        let m = gs.len() / k.max(1);
+                        if gs.len() != m * k || us.len() != gs.len() || ds.len() != m * n {
+                            candle::bail!(
+                                "{OP}: gate {:?}, up {:?} and output gradient {:?} for a weight {:?}",
+                                g.dims(),
+                                u.dims(),
+                                grad.dims(),
+                                w.dims()
+                            )
+                        }
+                        // SAFETY: dh is m·k elements, every one written by the product.
+                        let dh = unsafe {
+                            written_vec(m * k, |dh| {
+                                input_grad_into(ds, ws, (m, k, n), dh.as_mut_ptr())
+                            })
+                        };
+                        let dw = w
+                            .track_op()
+                            .then(|| weight_grad(ds, &crate::cpu::silu_mul(gs, us), (m, k, n)))
+                            .transpose()?;
+                        let (dg, du) = crate::cpu::silu_mul_grad(gs, us, &dh);
+                        let tensor = |v: Vec<T>, like: &Tensor| {
+                            Tensor::from_vec(v, like.shape(), &Device::Cpu)
+                        };
+                        Ok([
+                            g.track_op().then(|| tensor(dg, g)).transpose()?,
+                            u.track_op().then(|| tensor(du, u)).transpose()?,
+                            dw,
+                        ])
+                    })
+                })
+            })
+        })
+    }
+
+    fn bwd(&self, args: [&Tensor; 3], _: &Tensor, grad: &Tensor) -> Result<Grads<3>> {
+        match args[0].dtype() {
+            DType::F32 => Self::backward::<f32>(args, grad),
+            DType::F64 => Self::backward::<f64>(args, grad),
+            dt => Err(unsupported_dtype(OP, dt)),
+        }
+    }
+}
+
+/// `(silu(g)·u)·wᵀ`: SwiGLU's gate and a bias-free down projection `w (N, I)`, as one op on
+/// the CPU in f32/f64 (the hidden `silu(g)·u` is never a tensor of the graph), [`silu_mul`]
+/// and a linear layer otherwise.
+///
+/// PyTorch equivalent: `F.linear(F.silu(g) * u, w)`.
+///
+/// # Shapes
+/// `g (…, I)`, `u` the same, `w (N, I)` → `(…, N)`.
+pub fn silu_mul_linear(g: &Tensor, u: &Tensor, w: &Tensor) -> Result<Tensor> {
+    let one_op = fused(g)
+        && [u, w]
+            .iter()
+            .all(|t| t.dtype() == g.dtype() && t.device().is_cpu())
+        && g.dims() == u.dims()
+        && g.rank() >= 2
+        && w.dims2().is_ok_and(|(_, k)| g.dims().last() == Some(&k));
+    if !one_op {
+        return crate::cpu::linear(&silu_mul(g, u)?, w, None);
+    }
+    crate::cpu::keep_weights(&[w]);
+    g.contiguous()?
+        .apply_op3(&u.contiguous()?, w, SiluMulLinear)
 }
 
 /// `silu(g) · u` (SwiGLU's gate): one op forward and backward on the CPU in f32/f64, candle's
@@ -156,15 +257,33 @@ impl SwiGlu {
         let offset =
             |t: &Tensor| (first_row * t.elem_count() / t.dim(0).unwrap_or(1).max(1)) as u64;
         let g = self.gate.forward_train(x, (seeds[0], offset(x)))?;
-        let h = silu_mul(&g, &self.up.forward_train(x, (seeds[1], offset(x)))?)?;
-        self.down.forward_train(&h, (seeds[2], offset(&h)))
+        let u = self.up.forward_train(x, (seeds[1], offset(x)))?;
+        match self.plain_down() {
+            Some(w) => silu_mul_linear(&g, &u, w),
+            None => {
+                let h = silu_mul(&g, &u)?;
+                self.down.forward_train(&h, (seeds[2], offset(&h)))
+            }
+        }
+    }
+
+    /// The down projection's weight when the layer is just that (no bias, no adapter: the
+    /// case [`silu_mul_linear`] covers).
+    fn plain_down(&self) -> Option<&Tensor> {
+        match (self.down.bias(), self.down.lora()) {
+            (None, None) => Some(self.down.weight()),
+            _ => None,
+        }
     }
 }
 
 impl Module for SwiGlu {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let h = silu_mul(&self.gate.forward(x)?, &self.up.forward(x)?)?;
-        self.down.forward(&h)
+        let (g, u) = (self.gate.forward(x)?, self.up.forward(x)?);
+        match self.plain_down() {
+            Some(w) => silu_mul_linear(&g, &u, w),
+            None => self.down.forward(&silu_mul(&g, &u)?),
+        }
     }
 }
 
@@ -207,6 +326,53 @@ mod tests {
                     diff(a, b)?
                 );
             }
+        }
+        Ok(())
+    }
+
+    /// The gate and down projection as one op against candle's `linear(silu(g)·u, w)`:
+    /// output and the gradients of g, u and w (f64, f32), none for a frozen w.
+    #[test]
+    fn gate_and_down_projection_equal_candle_ops() -> Result<()> {
+        for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-5)] {
+            let g = Var::from_tensor(&ramp(36, dtype, |i| i as f64 * 0.4 - 7.0)?)?;
+            let u = Var::from_tensor(&ramp(36, dtype, |i| (i % 5) as f64 * 0.6 - 1.1)?)?;
+            let w = Var::from_tensor(
+                &Tensor::from_vec(
+                    (0..60).map(|i| ((i * 7) % 11) as f64 * 0.1 - 0.5).collect(),
+                    (5, 12),
+                    &Device::Cpu,
+                )?
+                .to_dtype(dtype)?,
+            )?;
+            let d = Tensor::from_vec(
+                (0..15).map(|i| 1.0 - (i % 3) as f64 * 0.7).collect(),
+                (3, 5),
+                &Device::Cpu,
+            )?
+            .to_dtype(dtype)?;
+            let fused = silu_mul_linear(&g, &u, &w)?;
+            let ops = (g.silu()? * u.as_tensor())?.matmul(&w.t()?)?;
+            let rel = |a: &Tensor, b: &Tensor| -> Result<f64> {
+                let err = (a - b)?
+                    .abs()?
+                    .flatten_all()?
+                    .max(0)?
+                    .to_dtype(DType::F64)?;
+                let size = b.abs()?.flatten_all()?.max(0)?.to_dtype(DType::F64)?;
+                Ok(err.to_scalar::<f64>()? / size.to_scalar::<f64>()?)
+            };
+            assert!(rel(&fused, &ops)? <= tol, "{dtype:?} forward");
+            let gf = (&fused * &d)?.sum_all()?.backward()?;
+            let go = (&ops * &d)?.sum_all()?.backward()?;
+            for (name, v) in [("g", &g), ("u", &u), ("w", &w)] {
+                let (a, b) = (gf.get(v).expect("fused"), go.get(v).expect("ops"));
+                assert!(rel(a, b)? <= tol, "{dtype:?} d{name}");
+            }
+            let frozen = silu_mul_linear(&g, &u, &w.as_tensor().detach())?;
+            let gz = (&frozen * &d)?.sum_all()?.backward()?;
+            assert!(gz.get(&w).is_none(), "a frozen weight got a gradient");
+            assert!(rel(gz.get(&g).expect("dg"), go.get(&g).expect("dg"))? <= tol);
         }
         Ok(())
     }
