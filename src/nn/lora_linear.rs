@@ -85,14 +85,12 @@ impl LoraLinear {
         let u = T::cpu_storage_as_slice(&kept)?;
         let ((n, k), (r, _)) = (self.w.dims2()?, a.dims2()?);
         let s = T::from_f64(self.scaling);
-        let [xc, ac, bc, wc, gc] = [x, a, b, &self.w, grad].map(|t| t.contiguous());
-        let (xc, ac, bc, wc, gc) = (xc?, ac?, bc?, wc?, gc?);
-        with_slice::<T, _>(OP, &gc, |g| {
+        with_slice::<T, _>(OP, grad, |g| {
             let m = g.len() / n.max(1);
             if g.len() != m * n || u.len() != m * r {
                 candle::bail!("{OP}: output gradient {:?} for {m} rows", grad.dims())
             }
-            let (du, db) = with_slice::<T, _>(OP, &bc, |bd| {
+            let (du, db) = with_slice::<T, _>(OP, b, |bd| {
                 // SAFETY: du is m×r, every element written by the product.
                 let du = unsafe {
                     written_vec(m * r, |du| {
@@ -113,7 +111,7 @@ impl LoraLinear {
                     .transpose()?;
                 Ok((du, db))
             })?;
-            let da = with_slice::<T, _>(OP, &xc, |xd| {
+            let da = with_slice::<T, _>(OP, x, |xd| {
                 a.track_op()
                     .then(|| weight_grad(&du, xd, (m, k, r)))
                     .transpose()
@@ -121,8 +119,8 @@ impl LoraLinear {
             let dx = x
                 .track_op()
                 .then(|| {
-                    with_slice::<T, _>(OP, &wc, |wd| {
-                        with_slice::<T, _>(OP, &ac, |ad| {
+                    with_slice::<T, _>(OP, &self.w, |wd| {
+                        with_slice::<T, _>(OP, a, |ad| {
                             // SAFETY: dx is m×k: written by the first product, added to by the
                             // second; W n×k, A r×k, du m×r.
                             let dx = unsafe {

@@ -101,12 +101,10 @@ impl SiluMulLinear {
     /// `dh = grad·w`, then `dg`, `du` from it; `dw = gradᵀ·h` with `h` made again.
     fn backward<T: Elem>([g, u, w]: [&Tensor; 3], grad: &Tensor) -> Result<Grads<3>> {
         let (n, k) = w.dims2()?;
-        let [gd, ud, d, wd] = [g, u, grad, w].map(|t| t.contiguous());
-        let (gd, ud, d, wd) = (gd?, ud?, d?, wd?);
-        with_slice::<T, _>(OP, &gd, |gs| {
-            with_slice::<T, _>(OP, &ud, |us| {
-                with_slice::<T, _>(OP, &d, |ds| {
-                    with_slice::<T, _>(OP, &wd, |ws| {
+        with_slice::<T, _>(OP, g, |gs| {
+            with_slice::<T, _>(OP, u, |us| {
+                with_slice::<T, _>(OP, grad, |ds| {
+                    with_slice::<T, _>(OP, w, |ws| {
                         let m = gs.len() / k.max(1);
                         if gs.len() != m * k || us.len() != gs.len() || ds.len() != m * n {
                             candle::bail!(

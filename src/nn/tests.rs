@@ -5,7 +5,7 @@ use candle::{DType, Device, Result, Tensor, Var, D};
 
 use super::gelu::gelu_erf_ops;
 use super::layer_norm::layer_norm;
-use super::{cross_entropy_rows, gelu_erf, linear_cross_entropy, linear_gelu, mlp};
+use super::{cross_entropy_rows, gelu_erf, linear_gelu, mlp};
 use crate::rng::normal;
 
 fn rel_err(a: &Tensor, b: &Tensor) -> Result<f64> {
@@ -23,13 +23,13 @@ fn rel_err(a: &Tensor, b: &Tensor) -> Result<f64> {
     Ok(worst / scale)
 }
 
-fn check(what: &str, a: &Tensor, b: &Tensor, tol: f64) -> Result<()> {
+pub(super) fn check(what: &str, a: &Tensor, b: &Tensor, tol: f64) -> Result<()> {
     let e = rel_err(a, b)?;
     assert!(e <= tol, "{what}: relative error {e:.3e} > {tol:.1e}");
     Ok(())
 }
 
-fn tol(dtype: DType) -> f64 {
+pub(super) fn tol(dtype: DType) -> f64 {
     match dtype {
         DType::F64 => 1e-12,
         _ => 1e-5,
@@ -500,127 +500,6 @@ fn mlp_with_a_frozen_second_layer_keeps_no_hidden_activation() -> Result<()> {
             seed + 5,
             &[("dx", &x), ("dw1", &w1), ("db1", &b1)],
         )?;
-    }
-    Ok(())
-}
-
-/// The head + loss op against the linear op and the cross-entropy op: the same loss and, for
-/// `loss.backward()`, the same gradients of x, w and b bit for bit (f32, f64; with and
-/// without the bias; rows that do not count, one with a target outside the vocabulary); a
-/// scaled loss within rounding; the graph backpropagated twice; errors that name the problem.
-#[test]
-fn linear_cross_entropy_equals_the_two_ops() -> Result<()> {
-    use crate::cpu::linear;
-    let dev = Device::Cpu;
-    let (r, k, v) = (15, 7, 11);
-    let mut targets: Vec<u32> = (0..r as u32).map(|i| (i * 4) % v as u32).collect();
-    let keep: Vec<u8> = (0..r).map(|i| u8::from(i % 4 != 2)).collect();
-    targets[2] = 99; // not counted: any value
-    let t = Tensor::from_vec(targets, r, &dev)?;
-    let m = Tensor::from_vec(keep, r, &dev)?;
-    let bits =
-        |a: &Tensor| -> Result<Vec<f64>> { a.to_dtype(DType::F64)?.flatten_all()?.to_vec1() };
-    for (case, dtype) in [DType::F32, DType::F64].into_iter().enumerate() {
-        for with_bias in [true, false] {
-            let seed = 900 + 10 * case as u64;
-            let x = Var::from_tensor(&normal(0.0, 1.0, (3, 5, k), dtype, &dev, seed)?)?;
-            let w = Var::from_tensor(&normal(0.0, 0.7, (v, k), dtype, &dev, seed + 1)?)?;
-            let b = Var::from_tensor(&normal(0.0, 0.5, v, dtype, &dev, seed + 2)?)?;
-            let b = with_bias.then_some(b.as_tensor());
-            let fused = linear_cross_entropy(&x, &w, b, &t, &m)?;
-            // The graph is the op and its variables: no logits node.
-            assert_eq!(fused.sorted_nodes().len(), 3 + usize::from(with_bias));
-            let two = cross_entropy_rows(&linear(&x, &w, b)?, &t, &m)?;
-            let what = format!("{dtype:?} bias {with_bias}");
-            assert_eq!(bits(&fused)?, bits(&two)?, "{what} loss");
-            let (gf, gt) = (fused.backward()?, two.backward()?);
-            let mut vars = vec![("x", x.as_tensor()), ("w", w.as_tensor())];
-            vars.extend(b.map(|b| ("b", b)));
-            for (name, var) in &vars {
-                let (a, e) = (gf.get(var).expect("fused"), gt.get(var).expect("two ops"));
-                assert_eq!(bits(a)?, bits(e)?, "{what} d{name}");
-            }
-            // Again from the same graph: the kept gradient was not used up.
-            let again = fused.backward()?;
-            assert_eq!(
-                bits(again.get(&x).expect("x"))?,
-                bits(gf.get(&x).expect("x"))?
-            );
-            // An upstream gradient other than 1 (gradient accumulation's weights).
-            let (sf, st) = ((&fused * 2.5)?.backward()?, (&two * 2.5)?.backward()?);
-            for (name, var) in &vars {
-                let (a, e) = (sf.get(var).expect("fused"), st.get(var).expect("two ops"));
-                check(&format!("{what} scaled d{name}"), a, e, tol(dtype))?;
-            }
-        }
-    }
-    let x = Tensor::zeros((2, 3, 4), DType::F32, &dev)?;
-    let w = Tensor::zeros((5, 6), DType::F32, &dev)?;
-    let (t6, m6) = (
-        Tensor::zeros(6, DType::U32, &dev)?,
-        Tensor::ones(6, DType::U8, &dev)?,
-    );
-    let e = linear_cross_entropy(&x, &w, None, &t6, &m6).unwrap_err();
-    assert!(
-        e.to_string()
-            .contains("x [2, 3, 4] must end in the weight's K = 6"),
-        "{e}"
-    );
-    let w = Tensor::zeros((5, 4), DType::F32, &dev)?;
-    let e = linear_cross_entropy(&x, &w, None, &t6, &m6.zeros_like()?).unwrap_err();
-    assert!(
-        e.to_string().contains("the loss mask selects no position"),
-        "{e}"
-    );
-    let t6 = Tensor::full(5u32, 6, &dev)?;
-    let e = linear_cross_entropy(&x, &w, None, &t6, &m6).unwrap_err();
-    assert!(e.to_string().contains("targets must be in [0, 5)"), "{e}");
-    Ok(())
-}
-
-/// A frozen head (`w` and `b` plain tensors): the loss and `dx` made a block of rows at a
-/// time in the forward pass equal the two ops' within rounding (a short block's products may
-/// round otherwise), in one block or several (the last one short), for an upstream 1 and
-/// another; `w` and `b` get no gradient.
-#[test]
-fn a_frozen_head_makes_dx_in_blocks_as_the_two_ops() -> Result<()> {
-    use super::linear_cross_entropy::linear_cross_entropy_blocked;
-    use crate::cpu::linear;
-    let dev = Device::Cpu;
-    let (r, k, v) = (75, 6, 13);
-    let targets: Vec<u32> = (0..r as u32).map(|i| (i * 5) % v as u32).collect();
-    let keep: Vec<u8> = (0..r).map(|i| u8::from(i % 5 != 3)).collect();
-    let (t, m) = (
-        Tensor::from_vec(targets, r, &dev)?,
-        Tensor::from_vec(keep, r, &dev)?,
-    );
-    for dtype in [DType::F32, DType::F64] {
-        let x = Var::from_tensor(&normal(0.0, 1.0, (3, 25, k), dtype, &dev, 31)?)?;
-        let w = normal(0.0, 0.7, (v, k), dtype, &dev, 32)?;
-        let b = normal(0.0, 0.5, v, dtype, &dev, 33)?;
-        let two = cross_entropy_rows(&linear(&x, &w, Some(&b))?, &t, &m)?;
-        let g_two = two.backward()?;
-        let dx_two = g_two.get(&x).expect("two ops: dx");
-        // 1 byte: blocks of 32 rows (32 + 32 + 11); the default: one block.
-        for block_bytes in [1, 1 << 20] {
-            let what = format!("{dtype:?} blocks of {block_bytes} bytes");
-            let fused = linear_cross_entropy_blocked(&x, &w, Some(&b), &t, &m, block_bytes)?;
-            check(&format!("{what}: loss"), &fused, &two, tol(dtype))?;
-            let g = fused.backward()?;
-            assert!(
-                g.get(&w).is_none() && g.get(&b).is_none(),
-                "{what}: head grads"
-            );
-            check(
-                &format!("{what}: dx"),
-                g.get(&x).expect("dx"),
-                dx_two,
-                tol(dtype),
-            )?;
-            let scaled = (&fused * 2.5)?.backward()?;
-            let expected = (dx_two * 2.5)?;
-            check(&what, scaled.get(&x).expect("dx"), &expected, tol(dtype))?;
-        }
     }
     Ok(())
 }
